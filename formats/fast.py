@@ -42,6 +42,7 @@ STOP_EOF = "eof"  # fewer than 8 bytes left
 STOP_BAD_MAGIC = "bad_magic"
 STOP_BAD_SIZE = "bad_size"  # TOTALSIZE < minimum record size
 STOP_TORN = "torn"  # TOTALSIZE runs past the end of the segment
+STOP_CHUNK = "chunk"  # max_records reached: more records may follow at ``stop``
 STOP_INVALID = "invalid"  # the record at the stop position failed validation (see reason)
 
 
@@ -56,7 +57,7 @@ class Walk:
     magic: int
 
 
-def walk(buf, pos: int = 0, end: int | None = None, magics=(MAGIC_V1, MAGIC_V2)) -> Walk:
+def walk(buf, pos: int = 0, end: int | None = None, magics=(MAGIC_V1, MAGIC_V2), max_records: int = 1 << 62) -> Walk:
     """Follow the TOTALSIZE chain from ``pos``; stop at a BLANK, zeros, or anything not a record.
 
     Only the 8-byte size/magic pair is read per record (~250 ns); validation of the rest
@@ -72,6 +73,10 @@ def walk(buf, pos: int = 0, end: int | None = None, magics=(MAGIC_V1, MAGIC_V2))
     size = magic = 0
     kind = STOP_EOF
     while pos + 8 <= end:
+        if len(out) >= max_records:
+            kind = STOP_CHUNK
+            size = magic = 0
+            break
         size, magic = unpack(buf, pos)
         if magic == v1 or magic == v2:
             if size < min_size:

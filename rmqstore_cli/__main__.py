@@ -1,0 +1,3 @@
+from rmqstore_cli.app import main
+
+main()

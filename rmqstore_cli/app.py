@@ -1,0 +1,32 @@
+"""The ``rmqstore`` command line: a Typer root that each ``commands`` module registers into."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="rmqstore",
+    help="Inspect, verify, append to and repair Apache RocketMQ broker store directories, offline.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _register() -> None:
+    from commands import dump
+
+    for module in (dump,):
+        module.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

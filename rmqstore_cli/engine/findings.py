@@ -1,0 +1,25 @@
+"""Findings: what verify, recover and the readers report about a store.
+
+Every finding has a stable ``code`` (see docs in README), a ``severity``
+(``error``: the data is wrong or the broker would stumble; ``warning``: suspicious but
+readable; ``info``), a location (file path and byte offset in it) and one line of text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Finding:
+    code: str
+    severity: str
+    path: str | None
+    offset: int | None
+    message: str
+    extra: dict = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        d = {"code": self.code, "severity": self.severity, "path": self.path, "offset": self.offset, "message": self.message}
+        d.update(self.extra)
+        return d

@@ -1,0 +1,194 @@
+"""A store root opened offline (the broker's DefaultMessageStore, read side).
+
+``Store.open`` never creates, locks or changes anything: every file is opened read-only.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+from dataclasses import dataclass
+
+from .checkpoint import Checkpoint, read_checkpoint
+from .commitlog import CommitLog
+from .config import StoreConfig, apply_settings, infer_geometry, read_broker_conf
+from .consumequeue import ConsumeQueue, ConsumeQueueExt, list_queues
+from .errors import NotAStoreError, UsageError
+from .findings import Finding
+from .index import IndexService
+
+KNOWN_ENTRIES = {
+    "commitlog", "consumequeue", "consumequeue_ext", "batchconsumequeue", "index", "checkpoint", "abort",
+    "lock", "config", "timerwheel", "timerlog", "compaction", "epochFileCheckpoint", "brokerIdentity",
+    "transaction", "abort.bak", "timercheck", "timermetrics", "rocksdbstore", "dledger",
+}
+
+
+@dataclass
+class LockState:
+    exists: bool
+    held: bool | None  # None: could not probe (no permission)
+    detail: str = ""
+
+
+def probe_lock(root: str) -> LockState:
+    """Is the broker's ``lock`` file locked (fcntl record lock on byte 0, §12.2)?
+
+    Probed with F_GETLK so nothing is acquired and the file is never created or changed.
+    """
+    path = os.path.join(root, "lock")
+    if not os.path.isfile(path):
+        return LockState(False, False)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        return LockState(True, None, e.strerror or "")
+    try:
+        import struct
+
+        # struct flock { short l_type; short l_whence; off_t l_start; off_t l_len; pid_t l_pid; }
+        req = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
+        try:
+            res = fcntl.fcntl(fd, fcntl.F_GETLK, req)
+        except OSError as e:
+            return LockState(True, None, e.strerror or "")
+        l_type, _, _, _, pid = struct.unpack("hhqqi4x", res)
+        if l_type == fcntl.F_UNLCK:
+            return LockState(True, False)
+        return LockState(True, True, f"held by pid {pid}")
+    finally:
+        os.close(fd)
+
+
+class Store:
+    """The parts of a store root: commitlog, consume queues, ext, index, checkpoint, flags."""
+
+    def __init__(self, root: str, config: StoreConfig):
+        self.root = root
+        self.config = config
+        cl_dir = config.storePathCommitLog or os.path.join(root, "commitlog")
+        self.commitlog = CommitLog(cl_dir, config)
+        self._index: IndexService | None = None
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._exts: dict[tuple[str, int], ConsumeQueueExt] = {}
+
+    # --- opening -------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, root: str, *, config_file: str | None = None, overrides: dict | None = None) -> "Store":
+        root = os.path.abspath(os.path.expanduser(root))
+        if not os.path.exists(root):
+            raise UsageError(f"store directory {root} does not exist")
+        if not os.path.isdir(root):
+            raise UsageError(f"{root} is a file, not a store directory")
+        if not os.access(root, os.R_OK | os.X_OK):
+            raise UsageError(f"store directory {root} is not readable")
+        cfg = StoreConfig()
+        if config_file:
+            cfg = apply_settings(cfg, read_broker_conf(config_file))
+        if overrides:
+            cfg = apply_settings(cfg, {k: v for k, v in overrides.items() if v is not None})
+        try:
+            cfg = infer_geometry(cfg, root)
+        except OSError as e:
+            raise UsageError(f"cannot read {root}: {e.strerror}") from None
+        store = cls(root, cfg)
+        store._check_is_store()
+        return store
+
+    def _check_is_store(self) -> None:
+        entries = set(os.listdir(self.root))
+        markers = {"commitlog", "consumequeue", "index", "checkpoint"}
+        if not (entries & markers) and not os.path.isdir(self.commitlog.directory):
+            if not entries:
+                raise NotAStoreError(f"{self.root} is empty: not a RocketMQ store (no commitlog/, consumequeue/, index/ or checkpoint)")
+            raise NotAStoreError(f"{self.root} is not a RocketMQ store (no commitlog/, consumequeue/, index/ or checkpoint)")
+
+    # --- parts ---------------------------------------------------------------------
+
+    @property
+    def index(self) -> IndexService:
+        if self._index is None:
+            self._index = IndexService(self.root, self.config)
+        return self._index
+
+    def queues(self) -> list[tuple[str, int]]:
+        return list_queues(self.root, "consumequeue")
+
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        key = (topic, queue_id)
+        if key not in self._queues:
+            self._queues[key] = ConsumeQueue(self.root, topic, queue_id, self.config)
+        return self._queues[key]
+
+    def ext(self, topic: str, queue_id: int) -> ConsumeQueueExt:
+        key = (topic, queue_id)
+        if key not in self._exts:
+            self._exts[key] = ConsumeQueueExt(self.root, topic, queue_id, self.config)
+        return self._exts[key]
+
+    def ext_queues(self) -> list[tuple[str, int]]:
+        return list_queues(self.root, "consumequeue_ext")
+
+    def checkpoint(self) -> Checkpoint:
+        return read_checkpoint(os.path.join(self.root, "checkpoint"))
+
+    @property
+    def abort_exists(self) -> bool:
+        return os.path.exists(os.path.join(self.root, "abort"))
+
+    def lock_state(self) -> LockState:
+        return probe_lock(self.root)
+
+    def stray_entries(self) -> list[Finding]:
+        out = []
+        for name in sorted(os.listdir(self.root)):
+            if name not in KNOWN_ENTRIES and not name.startswith("dledger-"):
+                out.append(Finding("STORE_STRAY", "info", os.path.join(self.root, name), None,
+                                   f"unexpected entry {name!r} in the store root"))
+        return out
+
+    def read_config_json(self, name: str) -> dict | None:
+        """A ``config/*.json`` file written by fastjson (bare integer keys), falling back to ``.bak``."""
+        for candidate in (name, name + ".bak"):
+            path = os.path.join(self.root, "config", candidate)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.EISDIR):
+                    continue
+                raise UsageError(f"cannot read {path}: {e.strerror}") from None
+            if not text.strip():
+                continue
+            try:
+                return parse_fastjson(text)
+            except ValueError:
+                continue
+        return None
+
+    def close(self) -> None:
+        self.commitlog.close()
+        if self._index:
+            self._index.close()
+        for q in self._queues.values():
+            q.segments.close()
+        for e in self._exts.values():
+            e.segments.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_BARE_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
+
+
+def parse_fastjson(text: str) -> dict:
+    """fastjson writes non-string map keys without quotes (``{0:250}``); quote them first."""
+    return json.loads(_BARE_KEY.sub(r'\1"\2"\3', text))

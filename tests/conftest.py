@@ -1,0 +1,83 @@
+"""Shared test fixtures: the broker-written stores in ../shared/stores and safe copies of them."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import stat
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+STORES = SHARED / "stores"
+FIXTURES = REPO / "fixtures"
+STORE_NAMES = ["4.9.3-clean", "4.9.3-crash", "4.9.3-ext", "5.3.3-clean", "5.3.3-v2topic"]
+CLEAN_STORES = ["4.9.3-clean", "4.9.3-ext", "5.3.3-clean", "5.3.3-v2topic"]
+
+
+def require_shared() -> None:
+    if not STORES.is_dir():
+        pytest.fail(f"broker-written stores not found at {STORES}: CI must have ../shared beside the checkout")
+
+
+@lru_cache(maxsize=None)
+def broker_read(name: str) -> dict:
+    """broker-read.jsonl.gz of a shared store, grouped by line type."""
+    require_shared()
+    out: dict[str, list] = {}
+    with gzip.open(STORES / name / "broker-read.jsonl.gz", "rt", encoding="utf-8") as f:
+        for line in f:
+            o = json.loads(line)
+            out.setdefault(o["type"], []).append(o)
+    return out
+
+
+@lru_cache(maxsize=None)
+def broker_puts(name: str) -> list[dict]:
+    require_shared()
+    with gzip.open(STORES / name / "puts.jsonl.gz", "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def shared_store(name: str) -> Path:
+    require_shared()
+    return STORES / name / "store"
+
+
+def copy_store(name: str, dest: Path) -> Path:
+    """A writable copy of a shared store's root (never modify the originals)."""
+    src = shared_store(name)
+    shutil.copytree(src, dest, symlinks=True)
+    for dirpath, dirnames, filenames in os.walk(dest):
+        os.chmod(dirpath, os.stat(dirpath).st_mode | stat.S_IWUSR)
+        for fn in filenames:
+            p = os.path.join(dirpath, fn)
+            os.chmod(p, os.stat(p).st_mode | stat.S_IWUSR)
+    return dest
+
+
+def tree_digest(root: Path) -> dict[str, tuple[str, int]]:
+    """{relative path: (sha256, mtime_ns)} of every file under root (read-only checks)."""
+    out = {}
+    for dirpath, _, filenames in os.walk(root):
+        for fn in filenames:
+            p = os.path.join(dirpath, fn)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, root)] = (hashlib.sha256(f.read()).hexdigest(), os.stat(p).st_mtime_ns)
+    return out
+
+
+@pytest.fixture
+def store_copy(tmp_path):
+    """Factory: store_copy("4.9.3-clean") -> Path of a writable copy in tmp_path."""
+
+    def make(name: str, sub: str | None = None) -> Path:
+        return copy_store(name, tmp_path / (sub or name))
+
+    return make
