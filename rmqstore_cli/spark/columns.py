@@ -1,0 +1,193 @@
+"""Commitlog records -> Arrow record batches, column by column.
+
+Fixed fields come from :func:`formats.fast.decode_headers` (numpy columns). Variable-length
+fields (body, topic, properties) are cut out of the mapped segment by Arrow itself: the
+segment range is wrapped zero-copy as one large-binary array whose values alternate
+"field bytes" and "bytes up to the next field", and ``take`` keeps every other value, so
+no Python object is made per record for them. Only the property string is parsed in
+Python (one dict per record), as the broker's parser defines the rules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from formats.fast import R_OK, Headers
+from formats.msgid import host_to_str
+from formats.properties import parse_properties
+from formats.records import TRANSACTION_NAMES
+
+# Spark column name -> Spark SQL type (DDL). RocketMQ's own field names, as in ``dump --json``.
+COLUMNS = [
+    ("store", "string"),
+    ("segment", "string"),
+    ("commitLogOffset", "bigint"),  # from the record's position (the field itself is checked by verify)
+    ("storeSize", "int"),
+    ("magicVersion", "int"),
+    ("topic", "string"),
+    ("queueId", "int"),
+    ("queueOffset", "bigint"),
+    ("sysFlag", "int"),
+    ("transactionType", "string"),
+    ("flag", "int"),
+    ("bornTimestamp", "timestamp"),
+    ("storeTimestamp", "timestamp"),
+    ("bornHost", "string"),
+    ("storeHost", "string"),
+    ("reconsumeTimes", "int"),
+    ("preparedTransactionOffset", "bigint"),
+    ("bodyCRC", "int"),
+    ("crcOk", "boolean"),
+    ("tags", "string"),
+    ("keys", "array<string>"),
+    ("uniqKey", "string"),
+    ("properties", "map<string,string>"),
+    ("physicalOffsetField", "bigint"),
+    ("finding", "string"),
+    ("findingMessage", "string"),
+    ("body", "binary"),
+]
+BODY_COLUMN = "body"
+
+
+def ddl(with_body: bool) -> str:
+    return ", ".join(f"`{n}` {t}" for n, t in COLUMNS if with_body or n != BODY_COLUMN)
+
+
+def _slices(data: pa.Buffer, base: int, starts: np.ndarray, lens: np.ndarray) -> pa.Array:
+    """Binary array of data[start-base : start-base+len] for each row (starts must not overlap)."""
+    n = len(starts)
+    if n == 0:
+        return pa.array([], type=pa.large_binary())
+    s = starts.astype(np.int64) - base
+    e = s + lens.astype(np.int64)
+    offs = np.empty(2 * n + 1, dtype=np.int64)
+    offs[0:2 * n:2] = s
+    offs[1:2 * n:2] = e
+    offs[2 * n] = e[-1]
+    # A value "between" fields runs from one field's end to the next field's start.
+    both = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 2 * n, [None, pa.py_buffer(offs), data])
+    return both.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int64)))
+
+
+def _strings(binary: pa.Array) -> pa.Array:
+    """UTF-8 text as Java would decode it (malformed bytes become U+FFFD)."""
+    try:
+        return binary.cast(pa.large_string()).cast(pa.string())
+    except pa.ArrowInvalid:
+        return pa.array([None if b is None else b.decode("utf-8", "replace") for b in binary.to_pylist()], pa.string())
+
+
+def _hosts(u8: np.ndarray, starts: np.ndarray, widths: np.ndarray) -> pa.Array:
+    """``ip:port`` / ``[v6]:port`` strings; hosts repeat, so format each distinct one once."""
+    n = len(starts)
+    if n == 0:
+        return pa.array([], pa.string())
+    idx = starts[:, None] + np.arange(21, dtype=np.int64)
+    np.clip(idx, 0, len(u8) - 1, out=idx)
+    raw = u8[idx]
+    raw[widths == 8, 8:] = 0
+    raw[:, 20] = widths  # the width is part of the identity (v4 vs v6)
+    keyed = np.ascontiguousarray(raw).view(np.dtype((np.void, 21))).reshape(-1)
+    uniq, inverse = np.unique(keyed, return_inverse=True)
+    texts = []
+    for k, w in zip(uniq, widths[np.unique(inverse, return_index=True)[1]]):
+        b = bytes(k)
+        ip, port = b[: int(w) - 4], int.from_bytes(b[int(w) - 4 : int(w)], "big", signed=True)
+        s = host_to_str(ip)
+        texts.append(f"[{s}]:{port}" if len(ip) == 16 else f"{s}:{port}")
+    return pa.array(texts, pa.string()).take(pa.array(inverse.reshape(-1).astype(np.int64)))
+
+
+def _timestamps(ms: np.ndarray) -> pa.Array:
+    return pa.array(ms.astype(np.int64) * 1000, pa.timestamp("us", tz="UTC"))
+
+
+_TX_NAMES = pa.array([TRANSACTION_NAMES[k] for k in (0, 4, 8, 12)], pa.string())
+
+
+def _property_columns(props: pa.Array, ok: np.ndarray):
+    """tags, keys, uniqKey and the property map, parsed with the broker's rules."""
+    tags, uniq, key_off, key_vals, map_off, map_keys, map_vals = [], [], [0], [], [0], [], []
+    for text, good in zip(props.to_pylist(), ok.tolist()):
+        d = parse_properties(text) if (good and text) else {}
+        tags.append(d.get("TAGS"))
+        uniq.append(d.get("UNIQ_KEY"))
+        ks = d.get("KEYS")
+        if ks:
+            key_vals.extend(k for k in ks.split(" ") if k)
+        key_off.append(len(key_vals))
+        map_keys.extend(d.keys())
+        map_vals.extend(d.values())
+        map_off.append(len(map_keys))
+    keys = pa.ListArray.from_arrays(pa.array(key_off, pa.int32()), pa.array(key_vals, pa.string()))
+    pmap = pa.MapArray.from_arrays(pa.array(map_off, pa.int32()), pa.array(map_keys, pa.string()),
+                                   pa.array(map_vals, pa.string()))
+    return pa.array(tags, pa.string()), keys, pa.array(uniq, pa.string()), pmap
+
+
+def build_batch(schema: pa.Schema, *, store: str, segment: str, seg_start: int, buf, u8: np.ndarray, h: Headers,
+                crc_ok: np.ndarray, findings: list[str | None], messages: list[str | None],
+                with_body: bool) -> pa.RecordBatch:
+    """One Arrow batch for the records of ``h`` (a slice of one segment)."""
+    n = len(h)
+    ok = h.reason == R_OK
+    lo = int(h.offsets[0]) if n else 0
+    hi = int((h.offsets + h.totalSize.astype(np.int64)).max()) if n else 0
+    hi = min(max(hi, lo), len(u8))
+    data = pa.py_buffer(memoryview(buf)[lo:hi]) if n else pa.py_buffer(b"")
+    # Fields of broken records may point anywhere: give them empty ranges at the record start.
+    def field(starts, lens):
+        st = np.where(ok, starts, h.offsets)
+        ln = np.where(ok, np.maximum(lens, 0), 0)
+        return _slices(data, lo, st, ln)
+
+    topic_bin = field(h.topicStart, h.topicLength)
+    props_bin = field(h.propsStart, h.propsLength)
+    topic = _strings(topic_bin)
+    props = _strings(props_bin)
+    tags, keys, uniq, pmap = _property_columns(props, ok)
+    null_if_bad = pa.array(~ok)
+    cols = {
+        "store": pa.array([store] * n, pa.string()),
+        "segment": pa.array([segment] * n, pa.string()),
+        "commitLogOffset": pa.array(h.offsets + seg_start, pa.int64()),
+        "storeSize": pa.array(h.totalSize, pa.int32()),
+        "magicVersion": pa.array(np.where(h.magicCode == -626843477, 2, 1).astype(np.int32)),
+        "topic": pc.if_else(null_if_bad, pa.scalar(None, pa.string()), topic),
+        "queueId": pa.array(h.queueId, pa.int32()),
+        "queueOffset": pa.array(h.queueOffset, pa.int64()),
+        "sysFlag": pa.array(h.sysFlag, pa.int32()),
+        "transactionType": _TX_NAMES.take(pa.array(((h.sysFlag & 0xC) >> 2).astype(np.int64))),
+        "flag": pa.array(h.flag, pa.int32()),
+        "bornTimestamp": _timestamps(h.bornTimestamp),
+        "storeTimestamp": _timestamps(h.storeTimestamp),
+        "bornHost": _hosts(u8, h.bornHostStart, h.bornHostLen),
+        "storeHost": _hosts(u8, h.storeHostStart, h.storeHostLen),
+        "reconsumeTimes": pa.array(h.reconsumeTimes, pa.int32()),
+        "preparedTransactionOffset": pa.array(h.preparedTransactionOffset, pa.int64()),
+        "bodyCRC": pa.array(h.bodyCRC, pa.int32()),
+        "crcOk": pa.array(crc_ok, pa.bool_()),
+        "tags": tags,
+        "keys": keys,
+        "uniqKey": uniq,
+        "properties": pmap,
+        "physicalOffsetField": pa.array(h.physicalOffset, pa.int64()),
+        "finding": pa.array(findings, pa.string()),
+        "findingMessage": pa.array(messages, pa.string()),
+    }
+    if with_body:
+        cols["body"] = pc.if_else(null_if_bad, pa.scalar(None, pa.large_binary()), field(h.bodyStart, h.bodyLength))
+    arrays = [cols[f.name].cast(f.type) if cols[f.name].type != f.type else cols[f.name] for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def finding_batch(schema: pa.Schema, *, store: str, segment: str, offset: int, code: str, message: str,
+                  size: int | None = None) -> pa.RecordBatch:
+    """A single row for a region that is not a record (bad magic, torn tail, ...)."""
+    values = {"store": store, "segment": segment, "commitLogOffset": offset, "storeSize": size, "finding": code,
+              "findingMessage": message, "crcOk": None}
+    arrays = [pa.array([values.get(f.name)], type=f.type) for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -1,0 +1,205 @@
+"""``spark.read.format("rocketmq")``: one row per commitlog record, across any number of stores.
+
+Mirrors the broker's commitlog read path (CommitLog + checkMessageAndReturnSize): record
+boundaries come from TOTALSIZE, validity from the engine's rules. The driver plans
+message-aligned byte ranges by following only the size+magic chain of each segment
+(:func:`formats.fast.walk`); executors map the segment read-only, re-walk their range and
+yield Arrow batches. A region that is not a record becomes a row with ``finding`` set
+(mode ``permissive``, the default) or fails the task (``failfast``).
+
+Options: ``body`` (true), ``mode`` (permissive|failfast), ``splitSize`` (bytes per task,
+64 MiB), ``batchRows`` (65536), ``checkCrc`` (true), ``brokerVersion``, ``commitlogFileSize``,
+``config`` (a broker.conf).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from formats import fast
+from rmqstore_cli.engine.commitlog import CommitLog
+from rmqstore_cli.engine.config import StoreConfig
+from rmqstore_cli.engine.segments import Segment
+from rmqstore_cli.engine.store import Store
+
+from . import codes
+from .columns import build_batch, ddl, finding_batch
+
+DEFAULT_SPLIT = 64 << 20
+DEFAULT_BATCH_ROWS = 65536
+
+
+def _flag(options, name: str, default: bool) -> bool:
+    v = options.get(name)
+    return default if v is None else str(v).strip().lower() in ("true", "1", "yes")
+
+
+def store_roots(path_option: str | None, paths: list[str] | None = None) -> list[str]:
+    roots = list(paths or [])
+    if path_option:
+        roots += [p for p in (x.strip() for x in path_option.split(",")) if p]
+    return [os.path.abspath(os.path.expanduser(r)) for r in roots]
+
+
+def open_store_from_options(root: str, options) -> Store:
+    overrides = {}
+    if options.get("brokerVersion"):
+        overrides["version"] = int(options["brokerVersion"])
+    if options.get("commitlogFileSize"):
+        overrides["mappedFileSizeCommitLog"] = int(options["commitlogFileSize"])
+    return Store.open(root, config_file=options.get("config"), overrides=overrides)
+
+
+@dataclass
+class SegmentRange(InputPartition):
+    """Records of one segment whose starts lie in [pos, end); ``tail`` says how the walk ended there."""
+
+    store: str
+    path: str
+    name: str
+    start: int
+    size: int
+    pos: int
+    end: int
+    version: int
+    force_prop_crc: bool
+    tail_kind: str | None  # fast.STOP_* when this range holds the segment's end, else None
+    tail_size: int = 0
+    tail_magic: int = 0
+
+    def __post_init__(self):
+        InputPartition.__init__(self, None)
+
+
+def plan_segment(store: str, seg: Segment, file_size: int, cfg: StoreConfig, split: int) -> list[SegmentRange]:
+    """Cut one segment into message-aligned ranges of about ``split`` bytes (size+magic reads only)."""
+    if seg.size == 0:
+        return [SegmentRange(store, seg.path, seg.name, seg.start, 0, 0, 0, cfg.version, cfg.forceVerifyPropCRC,
+                             fast.STOP_EOF)]
+    limit = min(seg.size, file_size)
+    w = fast.walk(seg.buffer(), 0, limit)
+    offs = w.offsets
+    cuts = [0]
+    while True:
+        k = int(np.searchsorted(offs, cuts[-1] + split))
+        if k >= len(offs):
+            break
+        cuts.append(int(offs[k]))
+    bounds = cuts + [w.stop]
+    out = []
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        last = i == len(bounds) - 2
+        out.append(SegmentRange(store, seg.path, seg.name, seg.start, seg.size, a, b, cfg.version, cfg.forceVerifyPropCRC,
+                                w.kind if last else None, w.size if last else 0, w.magic if last else 0))
+    return out
+
+
+def plan(roots: list[str], options) -> list[SegmentRange]:
+    split = int(options.get("splitSize") or DEFAULT_SPLIT)
+    parts: list[SegmentRange] = []
+    for root in roots:
+        st = open_store_from_options(root, options)
+        try:
+            cl = st.commitlog
+            for seg in cl.segments:
+                parts.extend(plan_segment(st.root, seg, cl.segments.file_size, st.config, split))
+        finally:
+            st.close()
+    return parts
+
+
+class RocketMQDataSource(DataSource):
+    """The ``rocketmq`` format: ``load("store1,store2")`` or ``option("paths", ...)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rocketmq"
+
+    def schema(self):
+        return ddl(_flag(self.options, "body", True))
+
+    def reader(self, schema):
+        return RocketMQReader(dict(self.options), schema)
+
+
+class RocketMQReader(DataSourceReader):
+    def __init__(self, options: dict, schema):
+        self.options = options
+        self.schema = schema
+        self.roots = store_roots(options.get("path"), [p for p in (options.get("paths") or "").split(",") if p])
+        if not self.roots:
+            raise ValueError("rocketmq: give one or more store roots: load('store1,store2')")
+        mode = (options.get("mode") or "permissive").lower()
+        if mode not in ("permissive", "failfast"):
+            raise ValueError(f"rocketmq: mode must be permissive or failfast, not {mode!r}")
+        self.failfast = mode == "failfast"
+        self.with_body = _flag(options, "body", True)
+        self.check_crc = _flag(options, "checkCrc", True)
+        self.batch_rows = int(options.get("batchRows") or DEFAULT_BATCH_ROWS)
+
+    def partitions(self):
+        return plan(self.roots, self.options) or [SegmentRange("", "", "", 0, 0, 0, 0, 4, False, None)]
+
+    def read(self, partition: SegmentRange) -> Iterator:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        schema = to_arrow_schema(self.schema, timezone="UTC")
+        yield from read_range(partition, schema, with_body=self.with_body, check_crc=self.check_crc,
+                              batch_rows=self.batch_rows, failfast=self.failfast)
+
+
+class CorruptRecordError(RuntimeError):
+    """Raised in failfast mode at the first finding."""
+
+
+def read_range(p: SegmentRange, schema, *, with_body: bool, check_crc: bool, batch_rows: int, failfast: bool):
+    if not p.path or p.end <= p.pos and p.tail_kind in (None, fast.STOP_EOF, fast.STOP_ZERO, fast.STOP_BLANK):
+        return
+    seg = Segment(p.path, p.name, p.start, p.size)
+    cl = CommitLog.__new__(CommitLog)  # only the validation rules are needed, not a directory listing
+    cl.config = StoreConfig(version=p.version, forceVerifyPropCRC=p.force_prop_crc)
+    try:
+        buf = seg.buffer()
+        u8 = fast.as_u8(buf) if p.size else np.zeros(0, np.uint8)
+        pos = p.pos
+        w = None
+        while pos < p.end:
+            w = fast.walk(buf, pos, p.end, max_records=batch_rows)
+            if len(w.offsets):
+                h = fast.decode_headers(buf, w.offsets, u8)
+                cl.validate(buf, u8, h, check_crc)
+                crc_ok = h.reason != fast.R_BODY_CRC
+                bad = np.flatnonzero(h.reason != fast.R_OK)
+                found: list[str | None] = [None] * len(h)
+                texts: list[str | None] = [None] * len(h)
+                for i in bad.tolist():
+                    r = int(h.reason[i])
+                    found[i] = codes.REASON_CODES[r]
+                    texts[i] = fast.REASON_TEXT[r]
+                    if failfast:
+                        raise CorruptRecordError(f"{found[i]} at commitlog offset {p.start + int(h.offsets[i])} "
+                                                 f"({p.path}): {texts[i]}")
+                yield build_batch(schema, store=p.store, segment=p.name, seg_start=p.start, buf=buf, u8=u8, h=h,
+                                  crc_ok=crc_ok if check_crc else np.ones(len(h), bool), findings=found,
+                                  messages=texts, with_body=with_body)
+                del h
+            pos = w.stop
+            if w.kind != fast.STOP_CHUNK:
+                break
+        kind, size, magic, at = p.tail_kind, p.tail_size, p.tail_magic, p.end
+        if w is not None and w.kind not in (fast.STOP_CHUNK, fast.STOP_EOF):
+            kind, size, magic, at = w.kind, w.size, w.magic, w.stop  # the file changed since planning
+        if kind in codes.STOP_CODES:
+            code, text = codes.STOP_CODES[kind]
+            msg = f"{text} (TOTALSIZE {size}, magic 0x{magic & 0xFFFFFFFF:08X}); the broker stops reading here"
+            if failfast:
+                raise CorruptRecordError(f"{code} at commitlog offset {p.start + at} ({p.path}): {msg}")
+            yield finding_batch(schema, store=p.store, segment=p.name, offset=p.start + at, code=code, message=msg,
+                                size=size)
+    finally:
+        seg.close()
