@@ -1,0 +1,100 @@
+"""``rmqstore index query``: the broker's IndexService query (FORMAT.md §10.5/§10.6), read-only."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+from rmqstore_cli.engine.errors import EXIT_FINDINGS
+from rmqstore_cli.engine.lookup import TIME_MAX, parse_time, query_index, scan_for_key
+
+from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
+                     VersionOpt, open_store)
+from .output import Output, fail, handle_errors, warn
+
+index_app = typer.Typer(help="Message index (index/ files): queries.", no_args_is_help=True)
+
+QUERY_COLUMNS = [
+    ("offset", "offset"), ("storeTimestamp", "store time"), ("topic", "topic"), ("queueId", "q"),
+    ("queueOffset", "qoff"), ("keys", "KEYS"), ("uniqKey", "UNIQ_KEY"), ("msgId", "msgId"),
+]
+
+
+def _row(msg: dict) -> dict:
+    props = msg.get("properties") or {}
+    row = {"offset": msg["offset"], "storeTimestamp": msg["storeTimestamp"], "topic": msg["topic"],
+           "queueId": msg["queueId"], "queueOffset": msg["queueOffset"], "keys": props.get("KEYS"),
+           "uniqKey": props.get("UNIQ_KEY"), "msgId": msg["msgId"], "storeSize": msg["storeSize"]}
+    return row
+
+
+@index_app.command("query")
+@handle_errors
+def index_query(
+    store: str = StoreArg,
+    topic: str = typer.Option(..., "--topic", help="Topic as stored (e.g. SCHEDULE_TOPIC_XXXX for delayed messages)."),
+    key: str = typer.Option(..., "--key", help="A KEYS token or a UNIQ_KEY."),
+    begin: Optional[str] = typer.Option(None, "--begin", help="Earliest store time: epoch ms or ISO-8601 (local time if no zone)."),
+    end: Optional[str] = typer.Option(None, "--end", help="Latest store time: epoch ms or ISO-8601."),
+    max_: Optional[int] = typer.Option(None, "--max", help="At most N index hits (the broker caps at 64; we do not unless asked)."),
+    raw: bool = typer.Option(False, "--raw", help="Exactly the broker's answer: offsets sorted ascending, hash collisions included."),
+    scan: bool = typer.Option(False, "--scan", help="Ignore the index: scan the commitlog for records carrying the key."),
+    json_: bool = JsonOpt,
+    config: Optional[str] = ConfigOpt,
+    broker_version: Optional[int] = VersionOpt,
+    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+    cq_file_size: Optional[int] = CqSizeOpt,
+    index_slots: Optional[int] = IndexSlotsOpt,
+    index_entries: Optional[int] = IndexEntriesOpt,
+):
+    """Messages whose KEYS or UNIQ_KEY is KEY, through the index like the broker (exit 1 when none)."""
+    b = parse_time(begin, 0)
+    e = parse_time(end, TIME_MAX)
+    if b > e:
+        fail("--begin is after --end")
+    if max_ is not None and max_ <= 0:
+        fail("--max must be positive")
+    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    out = Output(json_)
+    with st:
+        if scan:
+            msgs = scan_for_key(st, topic, key, b, e, max_)
+            rows = [dict(_row(m), source="scan") for m in msgs]
+            out.table(rows, QUERY_COLUMNS, title=f"commitlog scan for {topic}#{key}")
+            if not rows:
+                raise typer.Exit(EXIT_FINDINGS)
+            return
+        ans = query_index(st, topic, key, b, e, max_, raw=raw)
+        if not ans.health.ok:
+            for p in ans.health.problems:
+                warn(f"index: {p}")
+            if not ans.offsets:
+                fail("the index is missing or damaged for this range and returned nothing; "
+                     "use --scan to search the commitlog instead", EXIT_FINDINGS)
+            warn("the answer may be incomplete; --scan searches the commitlog instead")
+        if raw:
+            if json_:
+                out.line({"topic": topic, "key": key, "begin": b, "end": e, "maxNum": max_, "offsets": ans.offsets,
+                          "newestFirst": ans.newest_first})
+            else:
+                out.table([{"offset": o} for o in ans.offsets], [("offset", "offset")],
+                          title=f"index hits for {topic}#{key} (unfiltered, ascending)")
+        else:
+            out.table([dict(_row(m), source="index") for m in ans.matches], QUERY_COLUMNS,
+                      title=f"messages with key {key!r} in {topic}")
+            if ans.collisions and not json_:
+                warn(f"{len(ans.collisions)} index hit(s) were hash collisions (other keys); --raw shows them")
+        if ans.unreadable:
+            warn(f"{len(ans.unreadable)} index hit(s) point to offsets with no readable record: "
+                 f"{', '.join(map(str, ans.unreadable[:10]))}")
+        if not (ans.offsets if raw else ans.matches):
+            raise typer.Exit(EXIT_FINDINGS)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(index_app, name="index")
+
+
+
