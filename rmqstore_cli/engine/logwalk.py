@@ -1,0 +1,195 @@
+"""The commitlog walks recovery and salvage need, with each broker version's record test.
+
+``broker_walk`` mirrors the recovery loop of §13.4 (CommitLog.recoverNormally /
+recoverAbnormally) driven by ``checkMessageAndReturnSize`` (§13.3) as 4.9.3 or 5.3.3
+implements it; ``resync`` is salvage's way past a bad record (never the broker's).
+Both use the vectorised codec in :mod:`formats.fast`; nothing here writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from formats import fast
+from formats.records import MAGIC_V1, MAGIC_V2, SYSFLAG_TRANSACTION_MASK
+
+from .config import StoreConfig
+
+# 4.9.3 allocates byte[TOTALSIZE] before any other check (§13.3); beyond this the JVM
+# cannot satisfy it with any heap a broker is given (array limit ~2^31, default heap 8 GiB
+# is shared), and OutOfMemoryError is not caught by the recovery loop.
+OOM_TOTALSIZE = 1 << 30
+
+
+@dataclass
+class WalkStop:
+    offset: int  # absolute offset where the walk ended (= processOffset)
+    segment_index: int
+    position: int
+    kind: str  # fast.STOP_* or "invalid"
+    reason: str  # one line, the broker's view
+    total_size: int = 0
+    oom: bool = False  # 4.9.3 would die with OutOfMemoryError here
+
+
+@dataclass
+class Records:
+    """Columns of valid records (absolute offsets), in log order."""
+
+    phy: list = field(default_factory=list)
+    size: list = field(default_factory=list)
+    sysflag: list = field(default_factory=list)
+    queue_id: list = field(default_factory=list)
+    queue_offset: list = field(default_factory=list)
+    store_ts: list = field(default_factory=list)
+    topic: list = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.phy)
+
+    def extend(self, seg_start: int, buf, h: fast.Headers, topics: dict) -> None:
+        self.phy.extend((h.offsets + seg_start).tolist())
+        self.size.extend(h.totalSize.tolist())
+        self.sysflag.extend(h.sysFlag.tolist())
+        self.queue_id.extend(h.queueId.tolist())
+        self.queue_offset.extend(h.queueOffset.tolist())
+        self.store_ts.extend(h.storeTimestamp.tolist())
+        mv = memoryview(buf)
+        for s, n in zip(h.topicStart.tolist(), h.topicLength.tolist()):
+            raw = bytes(mv[s : s + n])
+            t = topics.get(raw)
+            if t is None:
+                t = topics[raw] = raw.decode("utf-8", "replace")
+            self.topic.append(t)
+
+    def cq_dispatched(self, i: int) -> bool:
+        """Build-consume-queue dispatcher only takes NOT and COMMIT records (§14.1)."""
+        return (self.sysflag[i] & SYSFLAG_TRANSACTION_MASK) in (0x0, 0x8)
+
+
+def magics_for(version: int) -> tuple:
+    return (MAGIC_V1,) if version < 5 else (MAGIC_V1, MAGIC_V2)
+
+
+def validate(buf, u8, h: fast.Headers, cfg: StoreConfig, version: int, check_crc: bool) -> None:
+    """checkMessageAndReturnSize's content checks, per version, into ``h.reason``."""
+    if not len(h):
+        return
+    force_prop = version >= 5 and cfg.forceVerifyPropCRC
+    if check_crc and not force_prop:
+        ok = fast.check_body_crc(buf, h)
+        h.reason[(~ok) & (h.reason == fast.R_OK)] = fast.R_BODY_CRC
+    if check_crc and force_prop:
+        for i in range(len(h)):
+            if h.reason[i] == fast.R_OK and not fast.check_property_crc(buf, int(h.offsets[i]), int(h.totalSize[i])):
+                h.reason[i] = fast.R_PROP_CRC
+
+
+def _stop_reason(kind: str, size: int, magic: int, version: int, reason_code: int = 0) -> str:
+    if kind == "invalid":
+        return fast.REASON_TEXT.get(reason_code, "invalid record")
+    if kind == fast.STOP_ZERO:
+        return "zeros (end of written data)"
+    if kind == fast.STOP_BAD_MAGIC:
+        if magic == MAGIC_V2 and version < 5:
+            return "magic v2 record (0xDAA320AB): 4.9 only knows v1 and stops here"
+        return f"illegal magic 0x{magic & 0xFFFFFFFF:08X}"
+    if kind == fast.STOP_BAD_SIZE:
+        return f"TOTALSIZE {size} is below the minimum record size"
+    if kind == fast.STOP_TORN:
+        return f"TOTALSIZE {size} runs past the end of the file (torn or garbled record)"
+    if kind == fast.STOP_EOF:
+        return "fewer than 8 bytes left in the file without a BLANK marker"
+    if kind == fast.STOP_BLANK:
+        return "BLANK marker of the last file"
+    return kind
+
+
+def broker_walk(segments, cfg: StoreConfig, version: int, start_index: int, check_crc: bool,
+                records: Records | None = None, topics: dict | None = None,
+                chunk: int = 8192) -> WalkStop:
+    """The §13.4 walk from ``segments[start_index]``; valid records go into ``records``."""
+    topics = {} if topics is None else topics
+    magics = magics_for(version)
+    i = start_index
+    pos = 0
+    if not segments:
+        return WalkStop(0, 0, 0, fast.STOP_EOF, "no commitlog files")
+    while True:
+        seg = segments[i]
+        buf = seg.buffer()
+        limit = seg.size
+        u8 = fast.as_u8(buf) if limit else np.zeros(0, np.uint8)
+        while True:
+            w = fast.walk(buf, pos, limit, magics, max_records=chunk)
+            if len(w.offsets):
+                h = fast.decode_headers(buf, w.offsets, u8)
+                validate(buf, u8, h, cfg, version, check_crc)
+                bad = fast.first_invalid(h)
+                good = h.take(bad) if bad < len(h) else h
+                if records is not None and len(good):
+                    records.extend(seg.start, buf, good, topics)
+                if bad < len(h):
+                    p = int(h.offsets[bad])
+                    return WalkStop(seg.start + p, i, p, "invalid",
+                                    _stop_reason("invalid", 0, 0, version, int(h.reason[bad])), int(h.totalSize[bad]))
+            pos = w.stop
+            if w.kind != fast.STOP_CHUNK:
+                break
+        if w.kind == fast.STOP_BLANK and i + 1 < len(segments):
+            i += 1
+            pos = 0
+            continue
+        oom = version < 5 and w.kind == fast.STOP_TORN and w.size >= OOM_TOTALSIZE
+        return WalkStop(seg.start + w.stop, i, w.stop, w.kind, _stop_reason(w.kind, w.size, w.magic, version),
+                        w.size, oom)
+
+
+def lenient_records(segments, upto_index: int, records: Records, topics: dict) -> None:
+    """Records of segments before ``upto_index``, each segment walked alone without CRC
+    (what reput would read); used to find queue units the broker would never rebuild."""
+    for seg in segments[:upto_index]:
+        buf = seg.buffer()
+        if not seg.size:
+            continue
+        w = fast.walk(buf, 0, seg.size)
+        if len(w.offsets):
+            h = fast.decode_headers(buf, w.offsets)
+            bad = fast.first_invalid(h)
+            records.extend(seg.start, buf, h.take(bad) if bad < len(h) else h, topics)
+
+
+def self_consistent(buf, u8, pos: int, seg_start: int, version: int, check_crc: bool = True) -> int:
+    """TOTALSIZE of a self-consistent record at ``pos`` (magic, length formula, PHYSICALOFFSET
+    equal to its position, body CRC), or 0."""
+    if pos + 8 > len(buf):
+        return 0
+    h = fast.decode_headers(buf, np.asarray([pos], dtype=np.int64), u8)
+    if h.magicCode[0] not in magics_for(version) or h.reason[0] != fast.R_OK:
+        return 0
+    size = int(h.totalSize[0])
+    if size < 91 or pos + size > len(buf) or int(h.physicalOffset[0]) != seg_start + pos:
+        return 0
+    if check_crc and not fast.check_body_crc(buf, h)[0]:
+        return 0
+    return size
+
+
+def resync(buf, pos: int, limit: int, seg_start: int, version: int) -> int | None:
+    """Next position >= ``pos`` in this file where a self-consistent record starts (salvage)."""
+    u8 = fast.as_u8(buf)
+    hay = buf if hasattr(buf, "find") else bytes(buf)  # mmap.find scans without copying
+    needles = [m.to_bytes(4, "big", signed=True) for m in magics_for(version)]
+    cursor = pos + 4
+    while True:
+        hits = [hay.find(n, cursor, limit) for n in needles]
+        hits = [x for x in hits if x >= 0]
+        if not hits:
+            return None
+        k = min(hits)
+        p = k - 4
+        if self_consistent(buf, u8, p, seg_start, version):
+            return p
+        cursor = k + 1

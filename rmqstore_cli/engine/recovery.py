@@ -1,0 +1,613 @@
+"""What the broker's next start would do to a store (DefaultMessageStore.load + recover, §13),
+for 4.9.3 and 5.3.3 separately, as a plan of file actions that ``repair`` can apply safely.
+
+Read-only. The plan follows the broker's decisions step by step (§13.1 order): segment
+loading (§1.3), consume queue recovery (§13.2, §8.5), the commitlog start segment and walk
+(§13.4/13.5), truncation (§13.6/13.7), index deletion after a crash (§10.6), re-dispatch
+and the checkpoint/abort changes. Where the broker would lose data that can be kept
+(consume-queue units it never rebuilds, stale bytes after a cut) the plan says so and
+does better; where it would refuse to start, the plan names the file and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from formats import fast
+from formats.extaddr import is_ext_addr, undecorate
+from formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6
+
+from .checkpoint import Checkpoint
+from .consumequeue import ConsumeQueue, ConsumeQueueExt
+from .errors import EXIT_CLEAN, EXIT_CORRUPT, EXIT_FINDINGS
+from .logwalk import Records, WalkStop, broker_walk, lenient_records, resync
+from .store import Store
+
+REFUSE = "the broker would refuse to start: "
+
+
+@dataclass
+class Action:
+    """One change to one file; ``repair`` backs the bytes up before doing it."""
+
+    kind: str  # move_aside | zero_tail | dispatch | checkpoint | remove_abort
+    path: str | None
+    why: str
+    offset: int | None = None  # zero_tail: first byte to zero
+    housekeeping: bool = False  # the broker does this at every start; loses nothing
+    extra: dict = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        d = {"action": self.kind, "path": self.path, "why": self.why}
+        if self.offset is not None:
+            d["offset"] = self.offset
+        if self.housekeeping:
+            d["housekeeping"] = True
+        d.update(self.extra)
+        return d
+
+
+@dataclass
+class QueueState:
+    topic: str
+    queue_id: int
+    directory: str
+    segments: list  # effective segments (after moving bad files aside)
+    file_size: int
+    end: int = 0  # logical byte end (next unit position)
+    max_physic: int = -1
+    max_ext: int = 1
+    first_units: np.ndarray | None = None
+    truncated_units: int = 0
+    new_units: int = 0
+    exists: bool = True
+
+    @property
+    def max_offset(self) -> int:
+        return self.end // CQ_UNIT_SIZE
+
+
+@dataclass
+class RecoveryPlan:
+    root: str
+    version: int
+    last_exit_ok: bool
+    refusals: list = field(default_factory=list)
+    data_loss: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    actions: list = field(default_factory=list)
+    commitlog: dict = field(default_factory=dict)
+    dispatch: dict = field(default_factory=dict)
+    checkpoint_before: dict = field(default_factory=dict)
+    checkpoint_after: dict = field(default_factory=dict)
+    index_deleted: list = field(default_factory=list)
+    salvage: dict | None = None
+    summary: dict = field(default_factory=dict)
+    queues: dict = field(default_factory=dict)
+
+    @property
+    def repairs(self) -> list:
+        return [a for a in self.actions if not a.housekeeping]
+
+    @property
+    def exit_code(self) -> int:
+        if self.data_loss:
+            return EXIT_CORRUPT
+        return EXIT_FINDINGS if (self.repairs or self.refusals) else EXIT_CLEAN
+
+    def as_json(self) -> dict:
+        return {
+            "type": "recover-plan", "version": self.version, "mode": "normal" if self.last_exit_ok else "abnormal",
+            "refusals": self.refusals, "dataLoss": self.data_loss, "notes": self.notes,
+            "commitlog": self.commitlog, "dispatch": self.dispatch, "indexDeleted": self.index_deleted,
+            "checkpointBefore": self.checkpoint_before, "checkpointAfter": self.checkpoint_after,
+            "salvage": self.salvage, "actions": [a.as_json() for a in self.actions],
+            "summary": self.summary, "exitCode": self.exit_code,
+        }
+
+
+def _nonzero_after(path: str, pos: int) -> bool:
+    """Any non-zero byte from ``pos`` to the end of the file (sparse-friendly chunked read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(pos)
+            while True:
+                b = f.read(1 << 20)
+                if not b:
+                    return False
+                if b.count(0) != len(b):
+                    return True
+    except OSError:
+        return False
+
+
+def _file_has_data(path: str) -> bool:
+    return _nonzero_after(path, 0)
+
+
+class Planner:
+    """Builds a RecoveryPlan; one method per broker step."""
+
+    def __init__(self, store: Store, version: int, *, keep_valid_after: bool = False):
+        self.store = store
+        self.cfg = store.config
+        self.version = version
+        self.keep_valid_after = keep_valid_after
+        self.plan = RecoveryPlan(store.root, version, not store.abort_exists)
+        self.moved: set[str] = set()
+
+    # --- helpers --------------------------------------------------------------------
+
+    def act(self, kind, path, why, **kw) -> Action:
+        a = Action(kind, path, why, **kw)
+        self.plan.actions.append(a)
+        return a
+
+    def move_aside(self, path: str, why: str, housekeeping: bool = False) -> None:
+        if path not in self.moved:
+            self.moved.add(path)
+            self.act("move_aside", path, why, housekeeping=housekeeping)
+
+    def _load_segments(self, sq, kind: str) -> list:
+        """MappedFileQueue.load (§1.3): which files stop the broker; returns the files kept."""
+        v5 = self.version >= 5
+        for f in sq.problems:
+            if f.code == "SEG_BAD_NAME":
+                self.plan.refusals.append(f"{REFUSE}{kind} file {os.path.basename(f.path)!r} is not a number "
+                                          f"(NumberFormatException in MappedFileQueue.load)")
+                self.move_aside(f.path, "file name is not a number; moved so the broker can start")
+            elif f.code == "SEG_STRAY_DIR":
+                if not v5:
+                    self.plan.refusals.append(f"{REFUSE}directory {os.path.basename(f.path)!r} inside {kind}/ "
+                                              f"(4.9 checks its length against the file size)")
+                self.move_aside(f.path, "stray directory among segment files", housekeeping=v5)
+        kept = []
+        segs = sq.segments
+        for k, seg in enumerate(segs):
+            if seg.size == sq.file_size:
+                kept.append(seg)
+                continue
+            last = k == len(segs) - 1
+            if seg.size == 0 and last and v5:
+                self.move_aside(seg.path, "zero-length last file: 5.x deletes it at load", housekeeping=True)
+                continue
+            what = "zero-length" if seg.size == 0 else f"{seg.size} bytes instead of {sq.file_size}"
+            self.plan.refusals.append(f"{REFUSE}{kind} file {seg.name} is {what} (MappedFileQueue.load checks every size)")
+            self.move_aside(seg.path, f"{what}; moved into the backup so the broker can start")
+            if seg.size and _file_has_data(seg.path):
+                self.plan.data_loss.append(f"{kind} file {seg.name} ({seg.size} bytes) holds data but has the wrong size; "
+                                           f"it is moved out whole (its records are not in the recovered log; salvage reads it)")
+        return kept
+
+    # --- steps ----------------------------------------------------------------------
+
+    def run(self) -> RecoveryPlan:
+        st, plan = self.store, self.plan
+        cp = st.checkpoint()
+        plan.checkpoint_before = cp.as_json(self.version)
+        self.cl_segments = self._load_segments(st.commitlog.segments, "commitlog")
+        self._load_queues()
+        self._load_index()
+        self._recover_queues()
+        self._recover_commitlog(cp)
+        self._truncate_queues()
+        self._index_after_crash(cp)
+        self._dispatch(cp)
+        self._checkpoint_and_abort(cp)
+        self._summary()
+        return plan
+
+    def _load_queues(self) -> None:
+        self.queues: dict[tuple[str, int], QueueState] = {}
+        for t, q in self.store.queues():
+            cq = ConsumeQueue(self.store.root, t, q, self.cfg)
+            kept = self._load_segments(cq.segments, f"consumequeue/{t}/{q}")
+            self.queues[(t, q)] = QueueState(t, q, cq.directory, kept, cq.file_size)
+        self.exts: dict[tuple[str, int], list] = {}
+        if self.cfg.enableConsumeQueueExt:
+            for t, q in self.store.ext_queues():
+                ext = ConsumeQueueExt(self.store.root, t, q, self.cfg)
+                self.exts[(t, q)] = (ext, self._load_segments(ext.segments, f"consumequeue_ext/{t}/{q}"))
+
+    def _load_index(self) -> None:
+        idx = self.store.index
+        self.index_rebuild_from: int | None = None
+        damaged = None
+        for f in idx.problems:
+            if f.code == "IDX_BAD_NAME":
+                self.plan.notes.append(f"index/{os.path.basename(f.path)} is not an index file name; the broker would "
+                                       f"load it as an index file anyway (and grow it to full size)")
+                self.move_aside(f.path, "stray file in index/")
+            elif f.code == "IDX_STRAY":
+                self.move_aside(f.path, "stray entry in index/")
+        files = list(idx.files)
+        for k, f in enumerate(files):
+            if not f.complete:
+                damaged = k
+                break
+        self.index_files = files
+        if damaged is not None:
+            bad = files[damaged]
+            self.plan.notes.append(
+                f"index file {bad.name} is {bad.size} bytes, not {bad.expected_size}: the broker would map it at full "
+                f"size (growing it with zeros) and silently miss the lost entries; it and every later index file are "
+                f"moved into the backup and rebuilt from the commitlog")
+            for f in files[damaged:]:
+                self.move_aside(f.path, "damaged index file (or one after it); rebuilt by re-dispatch")
+                self.plan.index_deleted.append(f.name)
+            self.index_files = files[:damaged]
+            self.index_rebuild_from = self.index_files[-1].header().endPhyOffset if self.index_files else 0
+
+    def _recover_queues(self) -> None:
+        """§13.2: last three files, valid-unit rule; then §13.6 on each queue; ext §8.5."""
+        for (t, q), qs in self.queues.items():
+            segs = qs.segments
+            if not segs:
+                continue
+            i = max(0, len(segs) - 3)
+            while True:
+                seg = segs[i]
+                arr = _units(seg, qs.file_size)
+                valid = (arr["phyOffset"] >= 0) & (arr["size"] > 0)
+                bad = np.flatnonzero(~valid)
+                n = int(bad[0]) if len(bad) else len(arr)
+                if n:
+                    last = arr[n - 1]
+                    qs.max_physic = int(last["phyOffset"]) + int(last["size"])
+                    tags = arr["tagsCode"][:n]
+                    ext_tags = tags[tags <= -2147483649]
+                    if len(ext_tags):
+                        qs.max_ext = int(ext_tags[-1])
+                pos = n * CQ_UNIT_SIZE
+                if pos == qs.file_size and i + 1 < len(segs):
+                    i += 1
+                    continue
+                qs.end = seg.start + pos
+                break
+            self._cut_queue(qs, qs.end, "consume queue recovery (§13.2)")
+            self._recover_ext(t, q, qs)
+
+    def _cut_queue(self, qs: QueueState, end: int, why: str) -> None:
+        """truncateDirtyFiles(end) on a queue's files, plus our zeroed tail."""
+        keep = []
+        for seg in qs.segments:
+            if seg.start > end:
+                self.move_aside(seg.path, f"{why}: file starts after the queue end {end // CQ_UNIT_SIZE}")
+                continue
+            keep.append(seg)
+            if seg.start <= end < seg.start + qs.file_size:
+                pos = end - seg.start
+                if _nonzero_after(seg.path, pos):
+                    self.act("zero_tail", seg.path, f"{why}: bytes after the last valid unit (queue offset "
+                             f"{end // CQ_UNIT_SIZE}) zeroed so they cannot reappear", offset=pos)
+        qs.segments = keep
+
+    def _recover_ext(self, t: str, q: int, qs: QueueState) -> None:
+        if (t, q) not in self.exts:
+            return
+        ext, segs = self.exts[(t, q)]
+        import struct
+
+        end = 0
+        for seg in segs:
+            buf = seg.buffer()
+            pos = 0
+            while pos + 2 <= seg.size:
+                (size,) = struct.unpack_from(">h", buf, pos)
+                if size <= 0:
+                    break
+                pos += size
+            end = seg.start + pos
+        if is_ext_addr(qs.max_ext):
+            addr = undecorate(qs.max_ext)
+            unit = ext.get(qs.max_ext)
+            if unit is not None and addr + unit["size"] < end:
+                end = addr + unit["size"]
+        for seg in segs:
+            if seg.start > end:
+                self.move_aside(seg.path, "ext recovery (§8.5): file after the ext end")
+            elif seg.start <= end < seg.start + ext.file_size and _nonzero_after(seg.path, end - seg.start):
+                self.act("zero_tail", seg.path, "ext recovery (§8.5): bytes after the last ext unit zeroed",
+                         offset=end - seg.start)
+
+    def _start_index(self, cp: Checkpoint, max_cq: int) -> tuple[int, str]:
+        segs = self.cl_segments
+        n = len(segs)
+        if self.plan.last_exit_ok:
+            if self.version < 5:
+                return max(0, n - 3), "normal recovery (4.9.3): third-last file"
+            for k in range(n - 1, -1, -1):
+                if segs[k].start <= max_cq:
+                    return k, f"normal recovery (5.3.3): newest file starting at or before the consume-queue high-water mark {max_cq}"
+            return 0, "normal recovery (5.3.3): no file starts before the consume-queue high-water mark: first file"
+        safe = self.cfg.messageIndexEnable and self.cfg.messageIndexSafe
+        limit = cp.min_timestamp_index if safe else cp.min_timestamp
+        magics = (MAGIC_V1,) if self.version < 5 else (MAGIC_V1, MAGIC_V2)
+        import struct
+
+        for k in range(n - 1, -1, -1):
+            buf = segs[k].buffer()
+            if segs[k].size < 64:
+                continue
+            magic, = struct.unpack_from(">i", buf, 4)
+            if magic not in magics:
+                continue
+            sysflag, = struct.unpack_from(">i", buf, 36)
+            bh = 20 if sysflag & SYSFLAG_BORNHOST_V6 else 8
+            ts_pos = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + bh
+            if ts_pos + 8 > segs[k].size:
+                continue
+            ts, = struct.unpack_from(">q", buf, ts_pos)
+            if ts != 0 and ts <= limit:
+                what = "min(physic, logics) - 3 s" if not safe else "min(that, indexMsgTimestamp)"
+                return k, f"abnormal recovery: newest file whose first store time {ts} <= checkpoint {what} = {limit}"
+        return 0, "abnormal recovery: no file's first record is old enough: first file"
+
+    def _recover_commitlog(self, cp: Checkpoint) -> None:
+        plan = self.plan
+        self.max_cq = max([qs.max_physic for qs in self.queues.values()] + [-1])
+        segs = self.cl_segments
+        recs = Records()
+        self.topics: dict = {}
+        start, why = self._start_index(cp, self.max_cq) if segs else (0, "no commitlog files")
+        lenient_records(segs, start, recs, self.topics)
+        self.walk_first = len(recs)
+        stop = broker_walk(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, recs, self.topics)
+        self.records, self.stop, self.start_index = recs, stop, start
+        end = stop.offset if segs else 0
+        self.end = end
+        plan.commitlog = {
+            "startFile": segs[start].name if segs else None, "startOffset": segs[start].start if segs else 0,
+            "startReason": why, "checkCRCOnRecover": self.cfg.checkCRCOnRecover,
+            "stopOffset": stop.offset, "stopKind": stop.kind, "stopReason": stop.reason,
+            "recoveredEnd": end, "walkedRecords": len(recs) - self.walk_first,
+            "maxPhyOffsetOfConsumeQueue": self.max_cq,
+        }
+        if stop.oom:
+            plan.refusals.append(f"{REFUSE}the record at {stop.offset} has TOTALSIZE {stop.total_size}; 4.9 allocates "
+                                 f"byte[TOTALSIZE] before checking it and dies with OutOfMemoryError")
+        if stop.kind == fast.STOP_BAD_MAGIC and "v2" in stop.reason:
+            plan.notes.append(f"4.9 reads the magic v2 record at {stop.offset} as garbage and truncates the log there; "
+                              f"open this store with --broker-version 5")
+        if segs and stop.kind != fast.STOP_BLANK:
+            self._look_past(stop)
+        # §13.6 on the commitlog
+        for k, seg in enumerate(segs):
+            if seg.start > end:
+                has = _file_has_data(seg.path)
+                self.move_aside(seg.path, f"commitlog truncation at {end} (§13.6): the file starts after the recovered end"
+                                + ("" if has else " (pre-allocated, all zeros)"), housekeeping=not has)
+            elif seg.start <= end < seg.start + seg.size and stop.kind != fast.STOP_BLANK:
+                if _nonzero_after(seg.path, end - seg.start):
+                    self.act("zero_tail", seg.path, f"commitlog cut at {end}: bytes after the recovered end zeroed "
+                             f"(Java leaves them; stale records could reappear after a later crash)", offset=end - seg.start)
+        self.cl_kept = [s for s in segs if s.start <= end]
+
+    def _look_past(self, stop: WalkStop) -> None:
+        """Valid records after the first bad one: what the broker's cut would throw away."""
+        segs = self.cl_segments
+        count = 0
+        first = last = None
+        skipped = []
+        k, seg = stop.segment_index, segs[stop.segment_index]
+        p = resync(seg.buffer(), stop.position + 1, seg.size, seg.start, self.version)
+        if p is None:
+            skipped.append((stop.offset, seg.start + seg.size))
+        else:
+            skipped.append((stop.offset, seg.start + p))
+        positions = [(k, p)] if p is not None else []
+        positions += [(j, 0) for j in range(k + 1, len(segs))]
+        for j, pos in positions:
+            s = segs[j]
+            after = Records()
+            w = broker_walk([s], self.cfg, self.version, 0, True, after, self.topics) if pos == 0 else None
+            if pos:
+                sub = _Offset(s, pos)
+                w = broker_walk([sub], self.cfg, self.version, 0, True, after, self.topics)
+            if len(after):
+                count += len(after)
+                first = after.phy[0] if first is None else first
+                last = after.phy[-1] + after.size[-1]
+        if count:
+            self.plan.salvage = {"badOffset": stop.offset, "validRecordsAfter": count, "firstValidAfter": first,
+                                 "endOfValidAfter": last, "skippedRanges": skipped}
+            if not self.keep_valid_after:
+                self.plan.data_loss.append(
+                    f"the broker's recovery stops at the bad record at {stop.offset} ({stop.reason}) and drops "
+                    f"{count} valid records after it ({first} .. {last}); run `rmqstore salvage` before applying")
+
+    def _truncate_queues(self) -> None:
+        """§13.7 when the consume queues reach past the recovered end."""
+        end = self.end
+        if not self.cl_kept:
+            for qs in self.queues.values():
+                for seg in qs.segments:
+                    self.move_aside(seg.path, "no commitlog files left: the broker destroys every consume queue")
+                qs.segments, qs.end, qs.max_physic = [], 0, -1
+            return
+        if self.max_cq < end:
+            return
+        for qs in self.queues.values():
+            old_end = qs.end
+            while qs.segments:
+                seg = qs.segments[-1]
+                arr = _units(seg, qs.file_size)
+                if not len(arr) or int(arr["phyOffset"][0]) >= end:
+                    self.move_aside(seg.path, f"consume queue truncation at commitlog offset {end} (§13.7)")
+                    qs.segments.pop()
+                    qs.end = seg.start
+                    continue
+                valid = (arr["phyOffset"] >= 0) & (arr["size"] > 0) & (arr["phyOffset"] < end)
+                valid[0] = True
+                bad = np.flatnonzero(~valid)
+                n = int(bad[0]) if len(bad) else len(arr)
+                n = min(n, max(1, (old_end - seg.start) // CQ_UNIT_SIZE)) if old_end >= seg.start else n
+                qs.end = seg.start + n * CQ_UNIT_SIZE
+                qs.max_physic = int(arr["phyOffset"][n - 1]) + int(arr["size"][n - 1])
+                break
+            if not qs.segments:
+                qs.max_physic = -1
+            if qs.end < old_end:
+                qs.truncated_units = (old_end - qs.end) // CQ_UNIT_SIZE
+                self._cut_queue(qs, qs.end, f"consume queue truncation at commitlog offset {end} (§13.7)")
+
+    def _index_after_crash(self, cp: Checkpoint) -> None:
+        if self.plan.last_exit_ok:
+            return
+        keep = []
+        for f in self.index_files:
+            h = f.header()
+            if h.endTimestamp > cp.indexMsgTimestamp:
+                self.move_aside(f.path, f"abnormal start: index file endTimestamp {h.endTimestamp} > checkpoint "
+                                f"indexMsgTimestamp {cp.indexMsgTimestamp} (§10.6); its entries are re-indexed")
+                self.plan.index_deleted.append(f.name)
+            else:
+                keep.append(f)
+        self.index_files = keep
+
+    def _dispatch(self, cp: Checkpoint) -> None:
+        """Which records get dispatched again (recovery, or 4.9.3's reput at start), and ours."""
+        r, end, plan = self.records, self.end, self.plan
+        walk_start = self.cl_segments[self.start_index].start if self.cl_segments else 0
+        if not plan.last_exit_ok:
+            broker_from, rule = walk_start, "abnormal recovery dispatches every record it walks"
+        elif self.version >= 5:
+            broker_from, rule = self.max_cq + 1, "5.3.3 normal recovery dispatches records past the consume-queue high-water mark"
+        else:
+            reput = max([qs.max_physic for qs in self.queues.values()] + [self.cl_kept[0].start if self.cl_kept else 0])
+            broker_from, rule = reput, "4.9.3 reput at start() from the consume-queue high-water mark"
+        broker_from = max(broker_from, 0)
+        # Ours: also every record a queue is missing (the broker never rebuilds those) and
+        # every record whose index entries were moved out with a damaged index file.
+        ours = broker_from
+        missing = {}
+        for i in range(len(r)):
+            p = r.phy[i]
+            if p >= broker_from or p >= end:
+                break
+            if not r.cq_dispatched(i):
+                continue
+            qs = self.queues.get((r.topic[i], r.queue_id[i]))
+            mp = qs.max_physic if qs is not None else -1
+            if p + r.size[i] > mp and (qs is None or r.queue_offset[i] >= qs.max_offset):
+                key = (r.topic[i], r.queue_id[i])
+                missing.setdefault(key, p)
+                ours = min(ours, p)
+        if self.index_rebuild_from is not None:
+            ours = min(ours, self.index_rebuild_from)
+        for (t, q), p in missing.items():
+            plan.notes.append(f"queue {t}/{q} lacks units from commitlog offset {p} on; the broker would never "
+                              f"rebuild them (it dispatches from {broker_from}); we re-dispatch from {p}")
+        # Prediction of the consume-queue puts (§7.5); the Dispatcher does them for real.
+        new_units: dict = {}
+        last_cq_ts = None
+        last_start = None
+        count = 0
+        qstate = {k: [qs.max_offset, qs.max_physic, None] for k, qs in self.queues.items()}
+        for i in range(len(r)):
+            p = r.phy[i]
+            if p >= end:
+                break
+            last_start = p
+            if p < ours:
+                continue
+            count += 1
+            if not r.cq_dispatched(i):
+                continue
+            last_cq_ts = r.store_ts[i]
+            key = (r.topic[i], r.queue_id[i])
+            st = qstate.get(key)
+            if st is None:
+                st = qstate[key] = [r.queue_offset[i], -1, r.queue_offset[i]]
+            if p + r.size[i] <= st[1]:
+                continue
+            if r.queue_offset[i] < st[0] and r.queue_offset[i] != 0:
+                continue
+            st[0] += 1
+            st[1] = p + r.size[i]
+            new_units[key] = new_units.get(key, 0) + 1
+        self.qstate = qstate
+        self.last_record_start = last_start
+        self.last_cq_ts = last_cq_ts
+        plan.dispatch = {"brokerFrom": broker_from, "brokerRule": rule, "from": ours, "to": end, "records": count,
+                         "newConsumeQueueUnits": sum(new_units.values()),
+                         "queuesGaining": {f"{t}-{q}": n for (t, q), n in sorted(new_units.items())}}
+        if count and (new_units or not plan.last_exit_ok or self.index_rebuild_from is not None or ours < broker_from):
+            self.act("dispatch", None, f"dispatch commitlog records [{ours}, {end}) to consume queues and index "
+                     f"({rule}; already-present units are skipped by the broker's put rules)",
+                     extra={"from": ours, "to": end})
+        elif count:
+            plan.notes.append(f"{count} records in [{ours}, {end}) would be dispatched again; every consume-queue unit and "
+                              f"index entry is already present")
+
+    def _checkpoint_and_abort(self, cp: Checkpoint) -> None:
+        after = Checkpoint(cp.physicMsgTimestamp, cp.logicsMsgTimestamp, cp.indexMsgTimestamp,
+                           cp.masterFlushedOffset, cp.confirmPhyOffset, cp.exists, cp.fileSize)
+        dispatching = any(a.kind == "dispatch" for a in self.plan.actions)
+        if self.last_cq_ts is not None and (dispatching or not self.plan.last_exit_ok):
+            after.logicsMsgTimestamp = self.last_cq_ts
+        if self.version >= 5 and self.last_record_start is not None:
+            after.confirmPhyOffset = self.last_record_start
+        self.plan.checkpoint_after = after.as_json(self.version)
+        self.plan.checkpoint_after["indexMsgTimestampNote"] = "advances if re-dispatch fills an index file"
+        if after.to_bytes() != cp.to_bytes() or not cp.exists:
+            fields = {k: getattr(after, k) for k in ("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp",
+                                                     "masterFlushedOffset", "confirmPhyOffset")}
+            only_confirm = (after.logicsMsgTimestamp == cp.logicsMsgTimestamp)
+            self.act("checkpoint", os.path.join(self.store.root, "checkpoint"),
+                     "checkpoint fields the broker sets during recovery", housekeeping=only_confirm and self.plan.last_exit_ok,
+                     extra={"fields": fields})
+        if not self.plan.last_exit_ok:
+            self.act("remove_abort", os.path.join(self.store.root, "abort"),
+                     "a clean shutdown removes abort (§12.1); done last, after everything else is on disk")
+
+    def _summary(self) -> None:
+        plan = self.plan
+        queues = []
+        min_phy = self.cl_kept[0].start if self.cl_kept else 0
+        for (t, q), (max_off, max_phys, new_min) in sorted(self.qstate.items()):
+            qs = self.queues.get((t, q))
+            min_off = new_min or 0
+            if qs is not None and qs.segments:
+                arr = _units(qs.segments[0], qs.file_size)
+                valid = (arr["phyOffset"] >= min_phy) & (arr["size"] > 0)
+                hit = np.flatnonzero(valid)
+                if len(hit):
+                    min_off = qs.segments[0].start // CQ_UNIT_SIZE + int(hit[0])
+            queues.append({"topic": t, "queueId": q, "minOffset": min_off, "maxOffset": max_off,
+                           "maxPhysicOffset": max_phys})
+        plan.summary = {"type": "recover", "version": "4.9.3" if self.version < 5 else "5.3.3",
+                        "lastExitOK": plan.last_exit_ok, "maxPhyOffset": self.end if self.cl_kept else 0,
+                        "minPhyOffset": min_phy, "queues": queues}
+
+
+class _Offset:
+    """A segment seen from a position inside it (for walking after a resync point)."""
+
+    def __init__(self, seg, pos: int):
+        self._seg, self.pos = seg, pos
+        self.start = seg.start + pos
+        self.size = seg.size - pos
+        self.name = seg.name
+        self.path = seg.path
+
+    def buffer(self):
+        return memoryview(self._seg.buffer())[self.pos:]
+
+
+def _units(seg, file_size: int) -> np.ndarray:
+    from .consumequeue import CQ_DTYPE
+
+    n = min(seg.size, file_size) // CQ_UNIT_SIZE
+    if n <= 0:
+        return np.zeros(0, dtype=CQ_DTYPE)
+    return np.frombuffer(seg.buffer(), dtype=CQ_DTYPE, count=n)
+
+
+def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after: bool = False) -> RecoveryPlan:
+    """The broker's next start, as a plan (nothing is changed)."""
+    v = version or store.config.version
+    return Planner(store, v, keep_valid_after=keep_valid_after).run()
