@@ -19,7 +19,7 @@ def _register() -> None:
 
     for module in (dump,):
         module.register(app)
-    from commands import get, index_cmd, msgid; [m.register(app) for m in (get, index_cmd, msgid)]  # noqa: E702 lookups (#4)
+    from commands import get, index_cmd, msgid, stats; [m.register(app) for m in (get, index_cmd, msgid, stats)]  # noqa: E702 lookups (#4)
 
 
 _register()

@@ -1,0 +1,115 @@
+"""``rmqstore stats STORE``: per topic/queue counts, dead space, index fullness, queue lag, charts."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Optional
+
+import typer
+
+from rmqstore_cli.engine.stats import compute_stats
+
+from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
+                     VersionOpt, open_store)
+from .output import Output, handle_errors, stdout
+
+QUEUE_COLUMNS = [
+    ("topic", "topic"), ("queueId", "q"), ("count", "msgs"), ("bytes", "bytes"), ("minQueueOffset", "min qoff"),
+    ("maxQueueOffset", "max qoff"), ("first", "first store time"), ("last", "last store time"),
+    ("retry%", "retry%"), ("dlq%", "dlq%"), ("scheduled%", "sched%"), ("transactional%", "tx%"),
+]
+INDEX_COLUMNS = [("name", "index file"), ("entries", "entries"), ("fullness%", "full%"), ("hashSlotCount", "slots used"),
+                 ("slot%", "slot%"), ("begin", "begin"), ("end", "end")]
+LAG_COLUMNS = [("topic", "topic"), ("queueId", "q"), ("cqMaxOffset", "cq max"),
+               ("commitlogMaxQueueOffset", "commitlog max"), ("lagMessages", "lag")]
+BAR = 40
+
+
+def _ts(ms) -> str:
+    if ms is None:
+        return ""
+    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("stats")(stats)
+
+
+@handle_errors
+def stats(
+    store: str = StoreArg,
+    json_: bool = JsonOpt,
+    config: Optional[str] = ConfigOpt,
+    broker_version: Optional[int] = VersionOpt,
+    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+    cq_file_size: Optional[int] = CqSizeOpt,
+    index_slots: Optional[int] = IndexSlotsOpt,
+    index_entries: Optional[int] = IndexEntriesOpt,
+):
+    """Statistics of the whole store from one commitlog walk (--json: one JSON object)."""
+    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    with st:
+        s = compute_stats(st)
+    out = Output(json_)
+    if json_:
+        out.line(s)
+        return
+    cl = s["commitlog"]
+    out.kv({
+        "records": s["records"], "bytes": s["bytes"], "topics": s["topics"], "queues": len(s["queues"]),
+        "first store time": _ts(s["firstStoreTimestamp"]), "last store time": _ts(s["lastStoreTimestamp"]),
+        "commitlog": f"{cl['files']} files of {cl['fileSize']} B, offsets {cl['minOffset']}..{cl['maxOffset']} "
+                     f"(ends: {cl['stop']})",
+        "dead space (BLANK tails)": f"{cl['blankBytes']} B in {cl['blankCount']} markers",
+    }, title=f"store {st.root}")
+    rows = [dict(r, first=_ts(r["firstStoreTimestamp"]), last=_ts(r["lastStoreTimestamp"]),
+                 **{f"{c}%": _pct(r[c + "Share"]) for c in ("retry", "dlq", "scheduled", "transactional")})
+            for r in s["queues"]]
+    out.table(rows, QUEUE_COLUMNS, title="per topic and queue")
+    out.table([dict(r, **{"fullness%": _pct(r["fullness"]), "slot%": _pct(r["slotFullness"]),
+                          "begin": _ts(r["beginTimestamp"]), "end": _ts(r["endTimestamp"])}) for r in s["index"]],
+              INDEX_COLUMNS, title="index files")
+    lagging = [r for r in s["consumeQueueLag"] if r["lagMessages"]]
+    if lagging:
+        out.table(lagging, LAG_COLUMNS, title="consume queues behind the commitlog")
+    else:
+        stdout.print("consume queues: none behind the commitlog", markup=False)
+    _histogram(s["sizeHistogram"])
+    _timeline(s["timeline"])
+
+
+def _bars(labels: list[str], counts: list[int], title: str) -> None:
+    stdout.print(title, markup=False)
+    top = max(counts, default=0) or 1
+    w = max((len(x) for x in labels), default=0)
+    for label, c in zip(labels, counts):
+        stdout.print(f"  {label.rjust(w)} {'█' * max(1 if c else 0, round(BAR * c / top)):<{BAR}} {c}", markup=False)
+
+
+def _histogram(h: dict) -> None:
+    counts = h["counts"]
+    nz = [i for i, c in enumerate(counts) if c]
+    if not nz:
+        return
+    idx = range(nz[0], nz[-1] + 1)
+    _bars([f"{_size(1 << i)}-{_size((1 << (i + 1)) - 1)}" for i in idx], [counts[i] for i in idx],
+          "record size histogram (bytes)")
+
+
+def _size(n: int) -> str:
+    for unit in ("", "K", "M", "G"):
+        if n < 1024:
+            return f"{n}{unit}"
+        n //= 1024
+    return f"{n}T"
+
+
+def _timeline(t: dict) -> None:
+    if not t["counts"]:
+        return
+    labels = [_ts(t["startMs"] + i * t["bucketMs"]) for i in range(len(t["counts"]))]
+    _bars(labels, t["counts"], f"messages over time ({t['bucketMs']} ms per bar)")
