@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from itertools import islice
 from typing import Optional
 
+import numpy as np
 import typer
 
-from formats.message import BODY_MODES, render_body
+from formats.fast import REASON_TEXT, STOP_BAD_MAGIC, STOP_BAD_SIZE, STOP_INVALID, STOP_TORN
+from formats.extaddr import decorate, is_ext_addr
+from formats.message import BODY_MODES, RecordError, render_body
+from rmqstore_cli.engine.consumequeue import is_filler
+from rmqstore_cli.engine.commitlog import ScanResult
+from rmqstore_cli.engine.errors import EXIT_CORRUPT, NotFoundError, StoreCorruptError, UsageError
 
 from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
                      VersionOpt, open_store)
-from .output import Output, handle_errors
+from .output import Output, handle_errors, progress, warn
 
 dump_app = typer.Typer(help="Print the records of one part of a store (read-only).", no_args_is_help=True)
 
@@ -40,20 +47,312 @@ def dump_commitlog(
     index_entries: Optional[int] = IndexEntriesOpt,
 ):
     """Every commitlog record in order, up to the end of valid data."""
-    if body not in BODY_MODES:
-        raise typer.BadParameter(f"--body must be one of {', '.join(BODY_MODES)}")
+    _check_body(body)
     st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
-    with st:
-        recs = st.commitlog.records(start=from_, end=to, with_body=body != "none")
+    with st, progress("reading commitlog", sum(seg.size for seg in st.commitlog.segments)) as advance:
+        res = ScanResult()
+        recs = _advancing(st.commitlog.records(start=from_, end=to, with_body=body != "none", result=res), advance)
         if topic is not None:
             recs = (m for m in recs if m["topic"] == topic)
         if queue is not None:
             recs = (m for m in recs if m["queueId"] == queue)
         if limit is not None:
             recs = islice(recs, limit)
+        Output(json_).table((render_body(m, body) for m in recs),
+                            MSG_COLUMNS + ([("bodyText", "body")] if body == "text" else []), title=f"commitlog of {st.root}")
+    _report_stop(res)
+
+
+def _check_body(body: str) -> None:
+    if body not in BODY_MODES:
+        raise UsageError(f"--body must be one of {', '.join(BODY_MODES)}")
+
+
+def _advancing(recs, advance):
+    for m in recs:
+        advance(m["storeSize"])
+        yield m
+
+
+def _report_stop(res) -> None:
+    """Records end where the broker's walk ends; say so when that is not a clean end of data.
+
+    ``res.stop`` stays None when --to/--limit ended the listing before the end of the log.
+    """
+    stop = res.stop
+    if stop is None or stop.clean:
+        return
+    if res.records == 0 and stop.offset == (stop.segment.start if stop.segment else 0):
+        raise StoreCorruptError(f"no readable record: {_stop_text(stop)}")
+    warn(f"the log stops early: {_stop_text(stop)}")
+    raise typer.Exit(EXIT_CORRUPT)
+
+
+def _stop_text(stop) -> str:
+    where = f"{stop.segment.path} at position {stop.position} (offset {stop.offset})" if stop.segment else f"offset {stop.offset}"
+    what = REASON_TEXT.get(stop.reason) if stop.kind == STOP_INVALID else {
+        STOP_TORN: f"a record header claims {stop.size} bytes, past the end of the file",
+        STOP_BAD_MAGIC: f"bytes that are not a record (magic 0x{stop.magic & 0xFFFFFFFF:08X})",
+        STOP_BAD_SIZE: f"TOTALSIZE {stop.size} is too small for a record",
+    }.get(stop.kind, stop.kind)
+    return f"{what} in {where}"
+
+
+
+CQ_COLUMNS = [("topic", "topic"), ("queueId", "q"), ("queueOffset", "qoff"), ("phyOffset", "phyOffset"), ("size", "size"),
+              ("tagsCode", "tagsCode"), ("ext", "ext")]
+
+
+@dump_app.command("consumequeue")
+@handle_errors
+def dump_consumequeue(
+    store: str = StoreArg,
+    topic: Optional[str] = typer.Option(None, "--topic", help="Only this topic."),
+    queue: Optional[int] = typer.Option(None, "--queue", help="Only this queue id."),
+    from_: Optional[int] = typer.Option(None, "--from", help="First queue offset (inclusive)."),
+    to: Optional[int] = typer.Option(None, "--to", help="Last queue offset (exclusive)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="At most this many units."),
+    msg: bool = typer.Option(False, "--msg", help="Add the commitlog record each unit points at (as 'msg')."),
+    body: str = typer.Option("none", "--body", help="With --msg: none|hex|text|base64"),
+    json_: bool = JsonOpt,
+    config: Optional[str] = ConfigOpt,
+    broker_version: Optional[int] = VersionOpt,
+    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+    cq_file_size: Optional[int] = CqSizeOpt,
+    index_slots: Optional[int] = IndexSlotsOpt,
+    index_entries: Optional[int] = IndexEntriesOpt,
+):
+    """Consume queue units (phyOffset, size, tagsCode; the ext unit when tagsCode is an ext address)."""
+    _check_body(body)
+    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    with st:
+        rows = _cq_rows(st, topic, queue, from_, to, msg, body)
+        if limit is not None:
+            rows = islice(rows, limit)
+        cols = CQ_COLUMNS + ([("msg", "message")] if msg and not json_ else [])
+        Output(json_).table(rows, cols, title=f"consume queues of {st.root}")
+
+
+def _queues(st, topic, queue, dirname="consumequeue"):
+    queues = st.queues() if dirname == "consumequeue" else st.ext_queues()
+    sel = [(t, q) for t, q in queues if (topic is None or t == topic) and (queue is None or q == queue)]
+    if not sel and (topic is not None or queue is not None):
+        raise NotFoundError(f"no {dirname} directory for topic {topic!r} queue {queue}")
+    return sel
+
+
+def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str):
+    ext_on = st.config.enableConsumeQueueExt
+    for t, q in _queues(st, topic, queue):
+        u = st.queue(t, q).units()
+        lo = 0 if from_ is None else int(np.searchsorted(u.queue_offsets, from_))
+        hi = len(u.queue_offsets) if to is None else int(np.searchsorted(u.queue_offsets, to))
+        ext = st.ext(t, q) if ext_on else None
+        for qo, phy, size, tags in zip(u.queue_offsets[lo:hi].tolist(), u.phy[lo:hi].tolist(), u.size[lo:hi].tolist(),
+                                       u.tags[lo:hi].tolist()):
+            row = {"topic": t, "queueId": q, "queueOffset": qo, "phyOffset": phy, "size": size, "tagsCode": tags}
+            if is_filler(phy, size, tags):
+                row["filler"] = True
+            elif ext is not None and is_ext_addr(tags):
+                unit = ext.get(tags)
+                row["ext"] = None if unit is None else {k: unit[k] for k in EXT_FIELDS}
+            if with_msg and not row.get("filler"):
+                try:
+                    row["msg"] = render_body(st.commitlog.read(phy, with_body=body != "none"), body)
+                except RecordError as e:
+                    row["msg"] = None
+                    row["msgError"] = str(e)
+            yield row
+
+
+EXT_FIELDS = ("size", "tagsCode", "msgStoreTime", "bitMapSize", "filterBitMapHex")
+EXT_COLUMNS = [("topic", "topic"), ("queueId", "q"), ("offset", "offset"), ("address", "address"), ("size", "size"),
+               ("tagsCode", "tagsCode"), ("msgStoreTime", "msgStoreTime"), ("bitMapSize", "bitMapSize"),
+               ("filterBitMapHex", "bitmap")]
+
+
+@dump_app.command("cqext")
+@handle_errors
+def dump_cqext(
+    store: str = StoreArg,
+    topic: Optional[str] = typer.Option(None, "--topic", help="Only this topic."),
+    queue: Optional[int] = typer.Option(None, "--queue", help="Only this queue id."),
+    from_: Optional[int] = typer.Option(None, "--from", help="First ext offset (inclusive, undecorated)."),
+    to: Optional[int] = typer.Option(None, "--to", help="Last ext offset (exclusive)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="At most this many units."),
+    json_: bool = JsonOpt,
+    config: Optional[str] = ConfigOpt,
+    broker_version: Optional[int] = VersionOpt,
+    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+    cq_file_size: Optional[int] = CqSizeOpt,
+    index_slots: Optional[int] = IndexSlotsOpt,
+    index_entries: Optional[int] = IndexEntriesOpt,
+):
+    """ConsumeQueueExt units in file order (consumequeue_ext/, only with enableConsumeQueueExt)."""
+    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    with st:
+        def rows():
+            for t, q in _queues(st, topic, queue, "consumequeue_ext"):
+                for unit in st.ext(t, q).units():
+                    off = unit["offset"]
+                    if (from_ is not None and off < from_) or (to is not None and off >= to):
+                        continue
+                    yield {"topic": t, "queueId": q, "offset": off, "address": decorate(off), **{k: unit[k] for k in EXT_FIELDS}}
+        it = rows()
+        if limit is not None:
+            it = islice(it, limit)
+        Output(json_).table(it, EXT_COLUMNS, title=f"consume queue ext of {st.root}")
+
+
+INDEX_COLUMNS = [("name", "file"), ("size", "size"), ("beginTimestamp", "beginTimestamp"), ("endTimestamp", "endTimestamp"),
+                 ("beginPhyOffset", "beginPhyOffset"), ("endPhyOffset", "endPhyOffset"), ("hashSlotCount", "hashSlotCount"),
+                 ("indexCount", "indexCount")]
+ENTRY_COLUMNS = [("file", "file"), ("entry", "entry"), ("keyHash", "keyHash"), ("slot", "slot"), ("phyOffset", "phyOffset"),
+                 ("timeDiff", "timeDiff"), ("prevIndex", "prevIndex"), ("slotHead", "slot head")]
+
+
+@dump_app.command("index")
+@handle_errors
+def dump_index(
+    store: str = StoreArg,
+    entries: bool = typer.Option(False, "--entries", help="List the entries (with their hash slot) instead of the headers."),
+    file: Optional[str] = typer.Option(None, "--file", help="Only this index file (its 17-digit name)."),
+    from_: Optional[int] = typer.Option(None, "--from", help="With --entries: first physical offset (inclusive)."),
+    to: Optional[int] = typer.Option(None, "--to", help="With --entries: last physical offset (exclusive)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="At most this many rows."),
+    json_: bool = JsonOpt,
+    config: Optional[str] = ConfigOpt,
+    broker_version: Optional[int] = VersionOpt,
+    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+    cq_file_size: Optional[int] = CqSizeOpt,
+    index_slots: Optional[int] = IndexSlotsOpt,
+    index_entries: Optional[int] = IndexEntriesOpt,
+):
+    """Index file headers (the broker's field names), or with --entries every entry and its slot."""
+    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    with st:
+        files = [f for f in st.index.files if file is None or f.name == file]
+        if file is not None and not files:
+            raise NotFoundError(f"no index file named {file!r}")
+        rows = _entry_rows(files, from_, to) if entries else (
+            {"name": f.name, "size": f.size, **f.header().as_json()} for f in files)
+        if limit is not None:
+            rows = islice(rows, limit)
+        Output(json_).table(rows, ENTRY_COLUMNS if entries else INDEX_COLUMNS, title=f"index files of {st.root}")
+
+
+def _entry_rows(files, from_, to):
+    for f in files:
+        if not f.complete:
+            warn(f"{f.path}: {f.size} bytes, expected {f.expected_size}; skipped (give --index-slots/--index-entries?)")
+            continue
+        h = f.header()
+        count = min(max(h.indexCount, 1), f.entries)
+        ent = f.entry_table(count)
+        heads = f.slot_table()
+        for n in range(1, count):
+            kh, phy, diff, prev = (int(ent[n][k]) for k in ("keyHash", "phyOffset", "timeDiff", "prevIndex"))
+            if (from_ is not None and phy < from_) or (to is not None and phy >= to):
+                continue
+            slot = kh % f.slots if kh >= 0 else None
+            yield {"file": f.name, "entry": n, "keyHash": kh, "slot": slot, "phyOffset": phy, "timeDiff": diff,
+                   "prevIndex": prev, "slotHead": slot is not None and int(heads[slot]) == n}
+
+
+@dump_app.command("checkpoint")
+@handle_errors
+def dump_checkpoint(
+    store: str = StoreArg,
+    json_: bool = JsonOpt,
+    config: Optional[str] = ConfigOpt,
+    broker_version: Optional[int] = VersionOpt,
+):
+    """The checkpoint file's fields (the broker's StoreCheckpoint names) and derived minimum timestamps."""
+    st = open_store(store, config, broker_version)
+    with st:
+        Output(json_).kv(_checkpoint_obj(st), title=f"checkpoint of {st.root}")
+
+
+def _checkpoint_obj(st) -> dict:
+    cp = st.checkpoint()
+    d = cp.as_json(5)
+    path = os.path.join(st.root, "checkpoint")
+    if cp.exists:
+        with open(path, "rb") as fh:
+            d["hex24"] = fh.read(24).hex()
+    return d
+
+
+@dump_app.command("store")
+@handle_errors
+def dump_store(
+    store: str = StoreArg,
+    json_: bool = JsonOpt,
+    config: Optional[str] = ConfigOpt,
+    broker_version: Optional[int] = VersionOpt,
+    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+    cq_file_size: Optional[int] = CqSizeOpt,
+    index_slots: Optional[int] = IndexSlotsOpt,
+    index_entries: Optional[int] = IndexEntriesOpt,
+):
+    """One-screen summary: version, geometry (inferred or given), files, offsets, queues, index, checkpoint, abort/lock."""
+    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    with st:
+        with progress("scanning commitlog", sum(seg.size for seg in st.commitlog.segments)) as advance:
+            res = ScanResult()
+            for chunk in st.commitlog.scan(check_crc=False, result=res):
+                advance(int(chunk.headers.totalSize.sum()))
+        obj = _store_summary(st, res)
         out = Output(json_)
-        out.table((render_body(m, body) for m in recs), MSG_COLUMNS + ([("bodyText", "body")] if body == "text" else []),
-                  title=f"commitlog of {st.root}")
+        if json_:
+            out.line(obj)
+            return
+        flat = {k: v for k, v in obj.items() if k not in ("queues", "indexFiles", "geometry", "commitlogFiles")}
+        flat["commitlogFiles"] = f"{len(obj['commitlogFiles'])} ({obj['commitlogFiles'][0]} .. {obj['commitlogFiles'][-1]})" \
+            if obj["commitlogFiles"] else "none"
+        for k, g in obj["geometry"].items():
+            flat[k] = f"{g['value']}  ({g['source']})"
+        out.kv(flat, title=f"store {st.root}")
+        out.table(obj["queues"], [("topic", "topic"), ("queueId", "q"), ("minOffset", "min"), ("maxOffset", "max"),
+                                  ("maxPhysicOffset", "maxPhysicOffset"), ("files", "files")], title="consume queues")
+        out.table(obj["indexFiles"], INDEX_COLUMNS, title="index files")
+
+
+def _store_summary(st, res) -> dict:
+    cfg = st.config
+    cl = st.commitlog
+    geometry = {}
+    for key in ("version", "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "enableConsumeQueueExt",
+                "mappedFileSizeConsumeQueueExt", "maxHashSlotNum", "maxIndexNum"):
+        src = "given" if key in cfg.explicit else next(
+            (f"inferred: {why}" for k, why in cfg.inferred.items() if key in k.split("/")), "default")
+        geometry[key] = {"value": getattr(cfg, key), "source": src}
+    queues = []
+    for t, q in st.queues():
+        cq = st.queue(t, q)
+        u = cq.units()
+        queues.append({"topic": t, "queueId": q, "minOffset": u.min_offset, "maxOffset": u.end_offset,
+                       "maxPhysicOffset": int(u.phy[-1] + u.size[-1]) if len(u.phy) else -1, "files": len(cq.segments)})
+    stop = res.stop
+    lock = st.lock_state()
+    return {
+        "root": st.root,
+        "version": cfg.version,
+        "geometry": geometry,
+        "commitlogFiles": [f"{s.name}:{s.size}" for s in cl.segments],
+        "minPhyOffset": cl.min_offset,
+        "maxPhyOffset": stop.offset if stop else 0,
+        "endKind": stop.kind if stop else None,
+        "records": res.records,
+        "blanks": len(res.blanks),
+        "topics": sorted({q["topic"] for q in queues}),
+        "queues": queues,
+        "indexFiles": [{"name": f.name, "size": f.size, **f.header().as_json()} for f in st.index.files],
+        "checkpoint": _checkpoint_obj(st),
+        "abortExists": st.abort_exists,
+        "lastExitOK": not st.abort_exists,
+        "lock": {"exists": lock.exists, "held": lock.held, "detail": lock.detail},
+    }
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,51 @@
+"""``rmqstore verify STORE``: every check of FORMAT.md, as findings (see README "Finding codes")."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from rmqstore_cli.engine.verify import verify_store
+
+from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
+                     VersionOpt, open_store)
+from .output import Output, handle_errors, progress, stderr
+
+COLUMNS = [("severity", "severity"), ("code", "code"), ("path", "file"), ("offset", "offset"), ("message", "what")]
+
+
+@handle_errors
+def verify(
+    store: str = StoreArg,
+    no_crc: bool = typer.Option(False, "--no-crc", help="Skip body / __CRC32# checks (faster; the broker checks them on recovery)."),
+    json_: bool = JsonOpt,
+    config: Optional[str] = ConfigOpt,
+    broker_version: Optional[int] = VersionOpt,
+    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+    cq_file_size: Optional[int] = CqSizeOpt,
+    index_slots: Optional[int] = IndexSlotsOpt,
+    index_entries: Optional[int] = IndexEntriesOpt,
+):
+    """Check the commitlog, consume queues, ext, index and checkpoint against each other (read-only).
+
+    Exit 0: no error or warning (info findings allowed); 1: findings; 2: unreadable store; 3: usage.
+    """
+    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    with st, progress("verifying commitlog", sum(s.size for s in st.commitlog.segments)) as advance:
+        result = verify_store(st, check_crc=not no_crc, progress=advance)
+    out = Output(json_)
+    rows = [f.as_json() for f in result.findings]
+    if json_:
+        out.lines(rows)
+    elif rows:
+        out.table(rows, COLUMNS, title=f"verify {st.root}")
+    c = result.summary["findings"]
+    cl = result.summary["commitlog"]
+    stderr.print(f"rmqstore: verify: {cl['records']} records in {cl['files']} commitlog files; "
+                 f"{c['error']} errors, {c['warning']} warnings, {c['info']} info", markup=False, highlight=False)
+    raise typer.Exit(result.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("verify")(verify)
