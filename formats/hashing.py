@@ -60,3 +60,44 @@ def parse_crc_property_digits(text: str) -> int:
     if value & 0x80000000:
         return -1
     return value
+
+
+def java_hash_many(strings) -> "np.ndarray":
+    """``java_hash`` of many strings at once (int32 array), for bulk index building.
+
+    Horner's rule over right-aligned UTF-16 code-unit rows: leading zero units leave the
+    hash at 0, so strings of different lengths share one pass per column.
+    """
+    import numpy as np
+
+    n = len(strings)
+    if n == 0:
+        return np.zeros(0, dtype=np.int32)
+    enc = [s.encode("utf-16-be", "surrogatepass") for s in strings]
+    lens = np.fromiter((len(b) >> 1 for b in enc), dtype=np.int64, count=n)
+    width = int(lens.max())
+    if width == 0:
+        return np.zeros(n, dtype=np.int32)
+    units = np.frombuffer(b"".join(enc), dtype=">u2").astype(np.uint32)
+    grid = np.zeros(n * width, dtype=np.uint32)
+    row_start = np.arange(n, dtype=np.int64) * width + (width - lens)
+    first = np.cumsum(lens) - lens
+    pos = np.repeat(row_start - first, lens) + np.arange(len(units), dtype=np.int64)
+    grid[pos] = units
+    grid = grid.reshape(n, width)
+    h = np.zeros(n, dtype=np.uint32)
+    m = np.uint32(31)
+    for j in range(width):
+        h *= m
+        h += grid[:, j]
+    return h.view(np.int32)
+
+
+def index_key_hash_many(index_keys) -> "np.ndarray":
+    """``index_key_hash`` of many index keys (int64 array)."""
+    import numpy as np
+
+    h = java_hash_many(index_keys).astype(np.int64)
+    out = np.abs(h)
+    out[h == INT_MIN] = 0
+    return out
