@@ -22,6 +22,7 @@ def _register() -> None:
     from commands import get, index_cmd, msgid, stats; [m.register(app) for m in (get, index_cmd, msgid, stats)]  # noqa: E702 lookups (#4)
     from commands import verify; verify.register(app)  # noqa: E702 verify (#2)
     from commands import append; append.register(app)  # noqa: E702 append (#3)
+    from commands import recover; recover.register(app)  # noqa: E702 recover/restore (#8)
 
 
 _register()

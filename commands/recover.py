@@ -1,0 +1,204 @@
+"""``rmqstore recover STORE`` (the broker's next start, done safely) and ``rmqstore restore BACKUP``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from rmqstore_cli.engine.errors import EXIT_CLEAN, EXIT_FINDINGS, StoreInUseError
+from rmqstore_cli.engine.recovery import plan_recovery
+
+from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
+                     VersionOpt, open_store)
+from .output import Output, handle_errors, stderr
+
+ACTION_COLUMNS = [("action", "action"), ("path", "file"), ("offset", "offset"), ("why", "why")]
+BackupOpt = typer.Option(None, "--backup-dir", help="Where removed/overwritten bytes go (default: STORE.rmqstore-backup/<time>-<command>/ beside the store; never inside it).")
+DryRunOpt = typer.Option(False, "--dry-run", help="Print the plan only; change nothing. Exit 0 nothing to repair, 1 repairs planned, 2 data would be lost beyond the plan.")
+ForceOpt = typer.Option(False, "--force", help="Go on even if the store's lock file is held (only when you are sure no broker runs); asks for confirmation.")
+YesOpt = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (with --force).")
+
+
+def print_plan(out: Output, plan, title: str) -> None:
+    if out.as_json:
+        out.line(plan.as_json())
+        out.line(plan.summary)
+        return
+    say = lambda s: stderr.print(s, markup=False, highlight=False)  # noqa: E731
+    cl = plan.commitlog
+    say(f"{title}: broker {plan.summary['version']} rules, {'normal' if plan.last_exit_ok else 'abnormal (abort file present)'} recovery")
+    for r in plan.refusals:
+        say(f"  REFUSE  {r}")
+    if cl:
+        say(f"  commitlog: walk from {cl['startFile']} ({cl['startReason']}); CRC checked: {cl['checkCRCOnRecover']}")
+        say(f"  commitlog: stops at {cl['stopOffset']}: {cl['stopReason']}; recovered end {cl['recoveredEnd']}")
+    if plan.salvage:
+        s = plan.salvage
+        say(f"  after the bad record at {s['badOffset']}: {s['validRecordsAfter']} valid records in "
+            f"[{s['firstValidAfter']}, {s['endOfValidAfter']}) -- run `rmqstore salvage` first "
+            f"(or --keep-valid-after to copy them into the backup folder before the cut)")
+    d = plan.dispatch
+    if d:
+        say(f"  re-dispatch: broker from {d['brokerFrom']} ({d['brokerRule']}); ours [{d['from']}, {d['to']}): "
+            f"{d['records']} records, {d['newConsumeQueueUnits']} new consume-queue units")
+    if plan.index_deleted:
+        say(f"  index files removed and rebuilt: {', '.join(plan.index_deleted)}")
+    for n in plan.notes:
+        say(f"  note: {n}")
+    for x in plan.data_loss:
+        say(f"  DATA LOSS: {x}")
+    if any(a.kind == "zero_tail" for a in plan.actions):
+        say("  truncated tails are zero-filled (Java leaves the old bytes), so stale records cannot reappear after a later crash")
+    if plan.actions:
+        out.table([a.as_json() for a in plan.actions], ACTION_COLUMNS, title="actions (every byte is copied to the backup first)")
+    else:
+        say("  nothing to do: the store is what the broker would have after its own recovery")
+    s = plan.summary
+    out.kv({"lastExitOK": s["lastExitOK"], "maxPhyOffset": s["maxPhyOffset"], "minPhyOffset": s["minPhyOffset"],
+            "queues": len(s["queues"])}, title="after recovery")
+
+
+def guard_lock(st, force: bool, yes: bool) -> None:
+    """Exit 4 if a broker holds the lock (fcntl probe, §12.2), unless --force and confirmed."""
+    ls = st.lock_state()
+    if ls.held:
+        if not force:
+            raise StoreInUseError(f"store {st.root} is in use: its lock file is {ls.detail or 'held'} "
+                                  f"(a running broker?); stop it first (or --force)")
+        if not yes and not typer.confirm(f"The lock of {st.root} is {ls.detail or 'held'}. Writing under a running "
+                                         f"broker corrupts the store. Continue?", default=False):
+            raise typer.Exit(4)
+
+
+def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command: str, index_namer=None,
+                     json_: bool = False) -> int:
+    """Backup + apply + verify; returns the exit code."""
+    from rmqstore_cli.engine.repair import apply_plan, open_backup, save_lock_file, take_lock
+
+    root, config = st.root, st.config
+    st.close()
+    backup, resumed = open_backup(root, backup_dir, command, {"version": plan.version, "lastExitOK": plan.last_exit_ok,
+                                                                "summary": plan.summary})
+    if resumed:
+        stderr.print(f"rmqstore: resuming the interrupted {command} journaled in {backup.dir}", markup=False)
+    hook = getattr(plan, "salvage_hook", None)
+    if hook is not None:
+        hook(backup.dir)
+    save_lock_file(root, backup)
+    lock = take_lock(root, force)
+    try:
+        res = apply_plan(plan, root, config, backup, index_namer=index_namer)
+        backup.mark("complete")
+    finally:
+        if lock is not None:
+            lock.release()
+    for s in res.steps:
+        stderr.print(f"  {s}", markup=False, highlight=False)
+    stderr.print(f"rmqstore: {command} applied; backup and journal in {backup.dir} "
+                 f"(undo with: rmqstore restore {backup.dir})", markup=False, highlight=False)
+    if json_:
+        out.line({"type": "applied", "backup": backup.dir, "steps": res.steps, "dispatch": res.dispatch})
+    return run_verify(root, config, out, json_)
+
+
+def run_verify(root: str, config, out: Output, json_: bool) -> int:
+    try:
+        from rmqstore_cli.engine.verify import verify_store
+    except ImportError:
+        return EXIT_FINDINGS
+    from rmqstore_cli.engine.store import Store
+
+    st = Store.open(root, overrides={"version": config.version})
+    with st:
+        result = verify_store(st)
+    bad = [f for f in result.findings if f.severity in ("error", "warning")]
+    if json_:
+        out.line({"type": "verify", "findings": [f.as_json() for f in bad], "summary": result.summary["findings"]})
+    else:
+        c = result.summary["findings"]
+        stderr.print(f"rmqstore: verify after apply: {c['error']} errors, {c['warning']} warnings", markup=False)
+        for f in bad[:20]:
+            stderr.print(f"  {f.severity} {f.code} {f.path or ''} {f.message}", markup=False, highlight=False)
+    return EXIT_CLEAN if not bad else EXIT_FINDINGS
+
+
+@handle_errors
+def recover(
+    store: str = StoreArg,
+    dry_run: bool = DryRunOpt,
+    stop_at_first_error: bool = typer.Option(
+        True, "--stop-at-first-error/--keep-valid-after",
+        help="--stop-at-first-error (default, the broker's behaviour): the log ends at the first invalid record and "
+             "everything after it is cut (the cut bytes go to the backup folder). --keep-valid-after: the valid "
+             "records found after the bad one are first written to BACKUP/salvaged.jsonl (dump --json format, "
+             "bodies in hex) so they can be appended again; prefer `rmqstore salvage` for a complete copy."),
+    backup_dir: Optional[str] = BackupOpt,
+    force: bool = ForceOpt,
+    yes: bool = YesOpt,
+    json_: bool = JsonOpt,
+    config: Optional[str] = ConfigOpt,
+    broker_version: Optional[int] = VersionOpt,
+    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+    cq_file_size: Optional[int] = CqSizeOpt,
+    index_slots: Optional[int] = IndexSlotsOpt,
+    index_entries: Optional[int] = IndexEntriesOpt,
+):
+    """Do what the broker's next start would do (crash or normal recovery), without its data loss.
+
+    Prints the plan, then (unless --dry-run) copies every byte it removes or overwrites into a backup
+    folder, applies the plan with fsync, and runs verify. Exit 4 if a broker holds the lock.
+    """
+    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    out = Output(json_)
+    guard_lock(st, force, yes)
+    plan = plan_recovery(st, broker_version, keep_valid_after=not stop_at_first_error)
+    print_plan(out, plan, f"recover {st.root}")
+    if dry_run:
+        st.close()
+        raise typer.Exit(plan.exit_code)
+    if plan.data_loss and stop_at_first_error:
+        st.close()
+        stderr.print("rmqstore: not applied: the plan loses data (see DATA LOSS above); run `rmqstore salvage` first, "
+                     "or pass --keep-valid-after", markup=False)
+        raise typer.Exit(2)
+    if not plan.actions:
+        st.close()
+        raise typer.Exit(EXIT_CLEAN)
+    if not stop_at_first_error and plan.salvage:
+        from rmqstore_cli.engine.salvage import salvage_ranges_to_jsonl
+
+        plan.salvage_hook = lambda bdir: salvage_ranges_to_jsonl(st, plan, bdir)  # type: ignore[attr-defined]
+    code = apply_and_verify(st, plan, out, backup_dir=backup_dir, force=force, command="recover", json_=json_)
+    raise typer.Exit(code)
+
+
+@handle_errors
+def restore(
+    backup: str = typer.Argument(..., help="A backup folder written by recover/truncate/rebuild."),
+    store: Optional[str] = typer.Option(None, "--store", help="Store root (default: the one the journal names)."),
+    json_: bool = JsonOpt,
+):
+    """Put back every byte a recover/truncate/rebuild removed or overwrote (journal played in reverse)."""
+    import os
+
+    from rmqstore_cli.engine.backup import read_manifest, restore as do_restore
+    from rmqstore_cli.engine.store import probe_lock
+
+    entries = read_manifest(backup)
+    root = store or (entries[0].get("store") if entries else None)
+    if root and os.path.isdir(root) and probe_lock(root).held:
+        raise StoreInUseError(f"store {root} is in use: its lock file is held; stop the broker first")
+    root, done = do_restore(backup, store)
+    out = Output(json_)
+    if json_:
+        out.line({"type": "restored", "store": root, "steps": done})
+    else:
+        for s in done:
+            stderr.print(f"  {s}", markup=False, highlight=False)
+        stderr.print(f"rmqstore: restored {root} from {backup}", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("recover")(recover)
+    app.command("restore")(restore)
