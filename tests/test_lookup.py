@@ -244,3 +244,91 @@ def _reference_walk(w: TinyIndexWriter, key: str, begin: int, end: int) -> list[
         if fb < begin:
             break
     return out
+
+
+# --- get ---------------------------------------------------------------------------------------
+
+FIELDS = ("topic", "queueId", "queueOffset", "commitLogOffset", "storeSize", "bodyCRC", "sysFlag", "flag",
+          "bornTimestamp", "storeTimestamp", "bornHost", "storeHost", "reconsumeTimes", "preparedTransactionOffset",
+          "properties", "msgId")
+
+
+def _same(ours: dict, broker: dict) -> None:
+    for k in FIELDS:
+        assert ours[k] == broker[k], k
+    assert ours["body"].hex() == broker["bodyHex"]
+
+
+@pytest.mark.parametrize("name", STORE_NAMES)
+def test_get_by_every_identifier(name):
+    br = broker_read(name)
+    st = Store.open(str(shared_store(name)))
+    sample = br["clmsg"][:: max(1, len(br["clmsg"]) // 40)]
+    uniq_holders: dict[str, set] = {}
+    for c in br["clmsg"]:
+        if c["dispatch"].get("uniqKey"):
+            uniq_holders.setdefault(c["dispatch"]["uniqKey"], set()).add(c["offset"])
+    for c in sample:
+        m = c["msg"]
+        _same(get_by_offset(st, c["offset"]), m)
+        _same(get_by_msgid(st, m["msgId"]), m)
+        u = c["dispatch"].get("uniqKey")
+        if u:
+            got, _ = get_by_uniq_key(st, u, m["topic"])
+            assert c["offset"] in [g["offset"] for g in got]
+            assert {g["offset"] for g in got} <= uniq_holders[u]
+    for e in br["cqe"][:: max(1, len(br["cqe"]) // 40)]:
+        _same(get_by_queue(st, e["topic"], e["queueId"], e["queueOffset"]), e["msg"])
+
+
+def test_get_cli_and_not_found(tmp_path):
+    root = shared_store("5.3.3-clean")
+    c = broker_read("5.3.3-clean")["clmsg"][7]
+    r = _cli("get", root, "--msg-id", c["msg"]["msgId"], "--json", "--body", "hex")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert got["bodyHex"] == c["msg"]["bodyHex"] and got["propertiesRaw"] == c["msg"]["propertiesRaw"]
+    r = _cli("get", root, "--uniq-key", c["dispatch"]["uniqKey"], "--json", "--body", "none")
+    assert r.exit_code == 0 and c["offset"] in [json.loads(x)["offset"] for x in r.stdout.splitlines()]
+    out = tmp_path / "body.bin"
+    r = _cli("get", root, "--offset", c["offset"], "--out", out, "--body", "none")
+    assert r.exit_code == 0 and out.read_bytes().hex() == c["msg"]["bodyHex"]
+    r = _cli("get", root, "--offset", c["offset"])
+    assert r.exit_code == 0 and "UNIQ_KEY" in r.stdout
+    # unknown identifiers: one line, exit 1
+    wrong_host = "0A0A0A0B" + c["msg"]["msgId"][8:] if len(c["msg"]["msgId"]) == 32 else "0A0A0A0A00002A9F" + c["msg"]["msgId"][40:]
+    for args in (("--offset", 10**12), ("--offset", c["offset"] + 1), ("--msg-id", wrong_host),
+                 ("--uniq-key", "FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF"),
+                 ("--topic", "OracleTopicA", "--queue", 0, "--queue-offset", 10**6),
+                 ("--topic", "NoSuchTopic", "--queue", 0, "--queue-offset", 0)):
+        r = _cli("get", root, *args)
+        assert r.exit_code == 1, (args, r.output)
+        assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+    r = _cli("get", root, "--offset", 1, "--msg-id", c["msg"]["msgId"])
+    assert r.exit_code == 3
+
+
+def test_msgid_decode_vectors():
+    """FORMAT.md §18.6."""
+    r = _cli("msgid", "decode", "--json", "C0A8000100002A9F0000000040000000",
+             "0000000000000000000000000000000100002A9F0000000000000005", "C0A8000104D21B6D3586000186A00007")
+    assert r.exit_code == 0, r.output
+    a, b, u = (json.loads(x) for x in r.stdout.splitlines())
+    assert a["asOffsetMsgId"] == {"storeHost": "192.168.0.1", "storePort": 10911, "commitLogOffset": 1073741824}
+    assert a["likely"] == "offset"
+    assert b["asOffsetMsgId"]["storeHost"] == "0:0:0:0:0:0:0:1" and b["asOffsetMsgId"]["commitLogOffset"] == 5
+    k = u["asUniqKey"]
+    assert (k["ip"], k["pid"], k["classLoaderHash"], k["timeInMonthMs"], k["counter"]) == \
+        ("192.168.0.1", 1234, "0x1B6D3586", 100000, 7)
+    r = _cli("msgid", "decode", "XYZ")
+    assert r.exit_code == 3
+
+
+def test_msgid_decode_broker_ids():
+    """Every offset msgId the broker reported decodes to the record's own offset and store host."""
+    for name in ("4.9.3-clean", "5.3.3-v2topic"):
+        from commands.msgid import decode
+        for c in broker_read(name)["clmsg"]:
+            d = decode(c["msg"]["msgId"], "offset", 0)["asOffsetMsgId"]
+            assert d["commitLogOffset"] == c["offset"]
+            assert d["storeHost"] == c["msg"]["storeHost"]["ip"] and d["storePort"] == c["msg"]["storeHost"]["port"]
