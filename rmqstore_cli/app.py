@@ -23,6 +23,8 @@ def _register() -> None:
     from commands import verify; verify.register(app)  # noqa: E702 verify (#2)
     from commands import append; append.register(app)  # noqa: E702 append (#3)
     from commands import recover; recover.register(app)  # noqa: E702 recover/restore (#8)
+    from commands import salvage; salvage.register(app)  # noqa: E702 salvage (#8)
+    from commands import truncate; truncate.register(app)  # noqa: E702 truncate (#8)
 
 
 _register()

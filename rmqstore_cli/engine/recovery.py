@@ -131,7 +131,8 @@ def _file_has_data(path: str) -> bool:
 class Planner:
     """Builds a RecoveryPlan; one method per broker step."""
 
-    def __init__(self, store: Store, version: int, *, keep_valid_after: bool = False):
+    def __init__(self, store: Store, version: int, *, keep_valid_after: bool = False, cut_at: int | None = None):
+        self.cut_at = cut_at
         self.store = store
         self.cfg = store.config
         self.version = version
@@ -192,6 +193,8 @@ class Planner:
         self._load_queues()
         self._load_index()
         self._recover_queues()
+        if self.cut_at is not None:
+            return self._run_truncate(cp)
         self._recover_commitlog(cp)
         self._truncate_queues()
         self._index_after_crash(cp)
@@ -385,6 +388,43 @@ class Planner:
                     self.act("zero_tail", seg.path, f"commitlog cut at {end}: bytes after the recovered end zeroed "
                              f"(Java leaves them; stale records could reappear after a later crash)", offset=end - seg.start)
         self.cl_kept = [s for s in segs if s.start <= end]
+
+    def _run_truncate(self, cp: Checkpoint) -> RecoveryPlan:
+        """``truncate --offset``: §13.6 on the commitlog at a record boundary, §13.7 on every
+        queue, and index files reaching past the cut rebuilt from the commitlog."""
+        plan, cut = self.plan, self.cut_at
+        segs = self.cl_segments
+        recs = Records()
+        self.topics = {}
+        lenient_records(segs, len(segs), recs, self.topics)
+        self.max_cq = max([qs.max_physic for qs in self.queues.values()] + [-1])
+        self.records, self.start_index, self.end = recs, 0, cut
+        self.stop = WalkStop(cut, 0, 0, "cut", "truncate --offset")
+        plan.commitlog = {"startFile": segs[0].name if segs else None, "startReason": "truncate", "stopOffset": cut,
+                          "stopKind": "cut", "stopReason": f"cut requested at {cut}", "recoveredEnd": cut,
+                          "checkCRCOnRecover": False, "maxPhyOffsetOfConsumeQueue": self.max_cq}
+        for seg in segs:
+            if seg.start > cut:
+                self.move_aside(seg.path, f"truncate at {cut}: file starts after the cut")
+            elif seg.start <= cut < seg.start + seg.size and _nonzero_after(seg.path, cut - seg.start):
+                self.act("zero_tail", seg.path, f"truncate at {cut}: bytes after the cut zeroed", offset=cut - seg.start)
+        self.cl_kept = [s for s in segs if s.start <= cut]
+        self.max_cq = max(self.max_cq, cut)  # §13.7 runs on every queue
+        self._truncate_queues()
+        keep = []
+        for f in self.index_files:
+            if f.header().endPhyOffset >= cut:
+                self.move_aside(f.path, f"index file reaches past the cut at {cut}; rebuilt from the commitlog")
+                plan.index_deleted.append(f.name)
+            else:
+                keep.append(f)
+        if len(keep) < len(self.index_files):
+            self.index_rebuild_from = keep[-1].header().endPhyOffset if keep else 0
+        self.index_files = keep
+        self._dispatch(cp)
+        self.last_cq_ts = None
+        self._summary()
+        return plan
 
     def _look_past(self, stop: WalkStop) -> None:
         """Valid records after the first bad one: what the broker's cut would throw away."""
@@ -611,3 +651,21 @@ def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after:
     """The broker's next start, as a plan (nothing is changed)."""
     v = version or store.config.version
     return Planner(store, v, keep_valid_after=keep_valid_after).run()
+
+
+def plan_truncate(store: Store, offset: int, version: int | None = None) -> RecoveryPlan:
+    """Cut the commitlog at a record boundary and cascade (refuses a non-boundary offset)."""
+    from .errors import UsageError
+
+    end = store.commitlog.find_end(check_crc=False).stop
+    data_end = end.offset if end else 0
+    if offset < 0 or offset > data_end:
+        raise UsageError(f"offset {offset} is outside the commitlog data [0, {data_end}]")
+    if offset != data_end:
+        before, after = store.commitlog.boundaries_near(offset)
+        seg = store.commitlog.segments.find(offset)
+        if before != offset and not (seg is not None and seg.start == offset):
+            raise UsageError(f"offset {offset} is not a record boundary; nearest boundaries: "
+                             f"{before if before is not None else '-'} and {after if after is not None else '-'}")
+    v = version or store.config.version
+    return Planner(store, v, cut_at=offset).run()

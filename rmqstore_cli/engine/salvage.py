@@ -1,0 +1,141 @@
+"""Reading past corruption (no broker equivalent: the broker stops at the first bad record).
+
+After an invalid record the scan resynchronises on the next position where a record is
+self-consistent (magic, TOTALSIZE equal to the length its fields imply, PHYSICALOFFSET equal
+to its position, body CRC), walks on from there, and reports every byte range it skipped.
+The source store is only read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from formats import fast
+from formats.message import decode_message, render_body
+
+from .logwalk import Records, broker_walk, resync
+from .repair import last_nonzero
+
+
+@dataclass
+class SalvageReport:
+    skipped: list = field(default_factory=list)  # [start, end, reason]
+    rescued: dict = field(default_factory=dict)  # "topic-queueId" -> count
+    records: int = 0
+    renumbered: int = 0
+
+    def as_json(self) -> dict:
+        return {"type": "lost-and-found", "records": self.records, "skippedRanges": self.skipped,
+                "skippedBytes": sum(e - s for s, e, _ in self.skipped), "rescuedPerQueue": self.rescued,
+                "queueOffsetsRenumbered": self.renumbered}
+
+
+class _View:
+    """A segment seen from ``pos`` on (records keep their absolute offsets)."""
+
+    def __init__(self, seg, pos: int):
+        self.seg, self.pos = seg, pos
+        self.start, self.size, self.name, self.path = seg.start + pos, seg.size - pos, seg.name, seg.path
+
+    def buffer(self):
+        return memoryview(self.seg.buffer())[self.pos:]
+
+
+def scan(store, version: int, report: SalvageReport, start: int = 0) -> Iterator[tuple]:
+    """(segment, position) of every valid record from ``start``, skipping damage; fills ``report``."""
+    cfg = store.config
+    for seg in store.commitlog.segments.segments:
+        if seg.start + seg.size <= start or not seg.size:
+            continue
+        pos = max(0, start - seg.start)
+        while pos < seg.size:
+            recs = Records()
+            stop = broker_walk([_View(seg, pos)], cfg, max(version, 5), 0, True, recs, {})
+            for p in recs.phy:
+                yield seg, p - seg.start
+            if stop.kind == fast.STOP_BLANK:
+                break
+            bad = stop.offset - seg.start
+            nxt = resync(seg.buffer(), bad + 1, seg.size, seg.start, max(version, 5))
+            if nxt is None:
+                end = last_nonzero(seg.path, bad)
+                if end > bad:
+                    report.skipped.append([seg.start + bad, seg.start + end, stop.reason])
+                break
+            report.skipped.append([seg.start + bad, seg.start + nxt, stop.reason])
+            pos = nxt
+
+
+def records(store, version: int, report: SalvageReport, start: int = 0) -> Iterator[dict]:
+    """Decoded records (``dump commitlog --json --body hex`` shape) of everything rescued."""
+    for seg, pos in scan(store, version, report, start):
+        msg = decode_message(seg.buffer(), pos, with_body=True)
+        msg["offset"] = seg.start + pos
+        key = f"{msg['topic']}-{msg['queueId']}"
+        report.rescued[key] = report.rescued.get(key, 0) + 1
+        report.records += 1
+        yield msg
+
+
+def to_jsonl(store, version: int, path: str, start: int = 0) -> SalvageReport:
+    rep = SalvageReport()
+    with open(path, "w", encoding="utf-8") as f:
+        for msg in records(store, version, rep, start):
+            f.write(json.dumps(render_body(msg, "hex"), ensure_ascii=False, separators=(",", ":"), default=_js) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return rep
+
+
+def _js(o):
+    if isinstance(o, (bytes, bytearray, memoryview)):
+        return bytes(o).hex()
+    raise TypeError(type(o).__name__)
+
+
+def to_store(store, version: int, new_root: str, index_namer=None) -> SalvageReport:
+    """Append every rescued record to a new store (queue offsets, store times and properties kept)."""
+    from .appender import Appender
+    from .messages import MessageBuilder
+
+    if os.path.exists(new_root) and os.listdir(new_root):
+        from .errors import UsageError
+
+        raise UsageError(f"{new_root} is not empty; salvage writes into a new store only")
+    if os.path.realpath(new_root).startswith(os.path.realpath(store.root) + os.sep):
+        from .errors import UsageError
+
+        raise UsageError("the new store cannot be inside the source store")
+    cfg = store.config.with_(version=version)
+    rep = SalvageReport()
+    builder = MessageBuilder(cfg)
+    app = Appender(new_root, cfg, index_namer=index_namer).open()
+    try:
+        for msg in records(store, version, rep):
+            obj = render_body(msg, "hex")
+            qoff = obj["queueOffset"]
+            m = builder.from_json({k: v for k, v in obj.items() if k in _INPUT})
+            key = (m.topic, m.queue_id)
+            tx = m.sysflag & 0xC
+            if tx in (0x0, 0x8):
+                if key not in app.table and app.dispatcher.next_queue_offset(*key) == 0:
+                    app.table[key] = qoff  # a queue starting past 0 keeps its offsets (pre-blank fill)
+                elif app.next_queue_offset(*key) != qoff:
+                    rep.renumbered += 1
+            app.put([m])
+    finally:
+        app.close()
+    return rep
+
+
+_INPUT = {"topic", "queueId", "flag", "sysFlag", "bornTimestamp", "bornHost", "storeTimestamp", "storeHost",
+          "reconsumeTimes", "preparedTransactionOffset", "bodyHex", "propertiesRaw", "properties"}
+
+
+def salvage_ranges_to_jsonl(store, plan, backup_dir: str) -> SalvageReport:
+    """recover --keep-valid-after: copy the records after the first bad one before the cut."""
+    s = plan.salvage
+    return to_jsonl(store, plan.version, os.path.join(backup_dir, "salvaged.jsonl"), start=s["firstValidAfter"])
