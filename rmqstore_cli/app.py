@@ -25,6 +25,7 @@ def _register() -> None:
     from commands import recover; recover.register(app)  # noqa: E702 recover/restore (#8)
     from commands import salvage; salvage.register(app)  # noqa: E702 salvage (#8)
     from commands import truncate; truncate.register(app)  # noqa: E702 truncate (#8)
+    from commands import rebuild; rebuild.register(app)  # noqa: E702 rebuild (#8)
 
 
 _register()

@@ -275,6 +275,12 @@ def undo_entries(root: str, backup_dir: str, entries: list[dict]) -> list[str]:
                     if reld not in keep_dirs and not os.listdir(dp):
                         os.rmdir(dp)
                     fsync_path(dp, True)
+        elif op == "swapped-in":
+            path = os.path.join(root, e["path"])
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+                fsync_path(os.path.dirname(path), True)
+                done.append(f"removed rebuilt {e['path']}")
         elif op == "created":
             path = os.path.join(root, e["path"])
             if os.path.exists(path):

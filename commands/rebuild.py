@@ -1,0 +1,66 @@
+"""``rmqstore rebuild consumequeue|cqext|index|all STORE``: regenerate derived files from the commitlog."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from rmqstore_cli.engine.backup import Backup
+from rmqstore_cli.engine.rebuild import rebuild as engine_rebuild
+
+from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
+                     VersionOpt, open_store)
+from .output import Output, handle_errors, stderr
+from .recover import BackupOpt, ForceOpt, YesOpt, guard_lock, run_verify
+
+
+@handle_errors
+def rebuild(
+    what: str = typer.Argument(..., help="consumequeue | cqext | index | all"),
+    store: str = StoreArg,
+    topic: Optional[str] = typer.Option(None, "--topic", help="Only this topic's consume queues."),
+    from_offset: Optional[int] = typer.Option(None, "--from-offset", help="Keep what indexes records before PHY; rebuild from there."),
+    ext: Optional[bool] = typer.Option(None, "--ext/--no-ext", help="enableConsumeQueueExt (inferred from consumequeue_ext/ when omitted)."),
+    ext_file_size: Optional[int] = typer.Option(None, "--ext-file-size", help="mappedFileSizeConsumeQueueExt (bytes)."),
+    backup_dir: Optional[str] = BackupOpt,
+    force: bool = ForceOpt,
+    yes: bool = YesOpt,
+    json_: bool = JsonOpt,
+    config: Optional[str] = ConfigOpt,
+    broker_version: Optional[int] = VersionOpt,
+    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+    cq_file_size: Optional[int] = CqSizeOpt,
+    index_slots: Optional[int] = IndexSlotsOpt,
+    index_entries: Optional[int] = IndexEntriesOpt,
+):
+    """Rebuild consume queues / ext / index from the commitlog with the broker's dispatch rules.
+
+    Built in a fresh folder beside the store, then swapped in; the old folders go to the backup
+    folder (undo with `rmqstore restore`). Exit 4 if a broker holds the lock.
+    """
+    from rmqstore_cli.engine.repair import save_lock_file, take_lock
+
+    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries,
+                    enableConsumeQueueExt=ext, mappedFileSizeConsumeQueueExt=ext_file_size)
+    out = Output(json_)
+    guard_lock(st, force, yes)
+    backup = Backup.create(st.root, backup_dir, "rebuild", {"what": what, "topic": topic, "fromOffset": from_offset})
+    save_lock_file(st.root, backup)
+    lock = take_lock(st.root, force)
+    try:
+        with st:
+            res = engine_rebuild(st, what, topic=topic, from_offset=from_offset, backup=backup)
+        backup.mark("complete")
+    finally:
+        if lock is not None:
+            lock.release()
+    if json_:
+        out.line({"type": "rebuild", "backup": backup.dir, **res})
+    stderr.print(f"rmqstore: rebuilt {', '.join(res['rebuilt']) or 'nothing'} from {res['records']} records "
+                 f"({res['cqUnits']} units, {res['indexEntries']} index entries); old files in {backup.dir}", markup=False)
+    raise typer.Exit(run_verify(st.root, st.config, out, json_))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("rebuild")(rebuild)

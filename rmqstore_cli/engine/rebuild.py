@@ -1,0 +1,130 @@
+"""Rebuilding consume queues, ext files and index files from the commitlog (the broker's reput).
+
+The Dispatcher writes into a fresh folder beside the store (same filesystem); the old
+folders are then moved into the backup folder and the new ones renamed into place, each
+step journaled so ``restore`` undoes it. Index files are named after the store time of the
+record that opened them (the broker names them by its clock, so names differ; content is
+the same for the same record sequence).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+
+from formats.records import CQ_UNIT_SIZE
+
+from .backup import Backup, fsync_path
+from .errors import UsageError
+from .indexwriter import store_time_namer
+
+PARTS = {"consumequeue": ["consumequeue"], "cqext": ["consumequeue", "consumequeue_ext"], "index": ["index"],
+         "all": ["consumequeue", "consumequeue_ext", "index"]}
+
+
+def _cut_queue_dir(d: str, file_size: int, phy: int) -> None:
+    """§13.7 in a scratch copy: keep the units of messages starting before ``phy``."""
+    names = sorted(n for n in os.listdir(d) if n.isdigit())
+    cut = False
+    for n in names:
+        p = os.path.join(d, n)
+        if cut:
+            os.unlink(p)
+            continue
+        arr = np.fromfile(p, dtype=">i8,>i4,>i8")
+        ok = (arr["f0"] >= 0) & (arr["f1"] > 0) & (arr["f0"] < phy)
+        bad = np.flatnonzero(~ok)
+        if len(bad):
+            k = int(bad[0]) * CQ_UNIT_SIZE
+            with open(p, "r+b") as f:
+                f.seek(k)
+                f.write(bytes(os.path.getsize(p) - k))
+            cut = True
+            if k == 0 and n != names[0]:
+                os.unlink(p)
+
+
+def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | None = None,
+            backup: Backup | None = None, index_namer=store_time_namer) -> dict:
+    from .dispatch import Dispatcher
+
+    if what not in PARTS:
+        raise UsageError(f"rebuild what? one of {', '.join(PARTS)}")
+    if topic is not None and what in ("index", "all"):
+        raise UsageError("--topic works with consumequeue or cqext only (index files hold every topic)")
+    cfg = store.config
+    if what == "cqext" and not cfg.enableConsumeQueueExt:
+        cfg = cfg.with_(enableConsumeQueueExt=True)
+    parts = [p for p in PARTS[what] if p != "consumequeue_ext" or cfg.enableConsumeQueueExt]
+    root = store.root
+    tmp = os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.rebuild-{os.getpid()}")
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    os.makedirs(tmp)
+    start = 0
+    try:
+        if from_offset is not None:
+            start = from_offset
+            for part in parts:
+                src = os.path.join(root, part)
+                if os.path.isdir(src):
+                    shutil.copytree(src, os.path.join(tmp, part))
+            for part in ("consumequeue", "consumequeue_ext"):
+                base = os.path.join(tmp, part)
+                if part == "consumequeue" and os.path.isdir(base):
+                    for t in os.listdir(base):
+                        for q in os.listdir(os.path.join(base, t)):
+                            _cut_queue_dir(os.path.join(base, t, q), cfg.mappedFileSizeConsumeQueue, from_offset)
+            idx = os.path.join(tmp, "index")
+            if os.path.isdir(idx):
+                from .index import IndexFile
+
+                for n in sorted(os.listdir(idx)):
+                    f = IndexFile(os.path.join(idx, n), cfg.maxHashSlotNum, cfg.maxIndexNum)
+                    end = f.header().endPhyOffset
+                    f.close()
+                    if end >= from_offset:
+                        os.unlink(os.path.join(idx, n))
+                    else:
+                        start = min(start, end)
+        d = Dispatcher(tmp, cfg.with_(messageIndexEnable=cfg.messageIndexEnable and "index" in parts),
+                       index_namer=index_namer)
+        try:
+            for chunk in store.commitlog.scan(check_crc=False):
+                reqs = d.requests_from_chunk(chunk)
+                if start:
+                    reqs = [r for r in reqs if r.phy >= start]
+                if topic is not None:
+                    reqs = [r for r in reqs if r.topic == topic]
+                d.dispatch_many(reqs)
+            d.flush(checkpoint=False)
+        finally:
+            d.close(flush=False)
+        stats = d.stats
+        for dp, _, fn in os.walk(tmp):
+            for f in fn:
+                fsync_path(os.path.join(dp, f))
+            fsync_path(dp, True)
+        swapped = []
+        for part in parts:
+            rel = os.path.join(part, topic) if topic is not None else part
+            new = os.path.join(tmp, rel)
+            old = os.path.join(root, rel)
+            if not os.path.exists(new):
+                continue
+            if backup is not None and os.path.exists(old):
+                backup.move(old, f"replaced by rebuild {what}")
+            elif os.path.exists(old):
+                shutil.rmtree(old)
+            if backup is not None:
+                backup.mark("swapped-in", path=rel)
+            os.makedirs(os.path.dirname(old), exist_ok=True)
+            os.rename(new, old)
+            fsync_path(os.path.dirname(old), True)
+            swapped.append(rel)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"rebuilt": swapped, "records": stats.records, "cqUnits": stats.cq_units, "extUnits": stats.ext_units,
+            "indexEntries": stats.index_entries, "from": start}
