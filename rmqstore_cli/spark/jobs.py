@@ -1,0 +1,226 @@
+"""The distributed jobs behind ``rmqstore spark ...``: export, verify, stats.
+
+Each job returns a plain summary dict (the command prints it); nothing here prints.
+Rebuild lives in :mod:`rmqstore_cli.spark.rebuild`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from rmqstore_cli.engine.errors import UsageError
+
+EXPORT_FORMATS = ("parquet", "json")
+PARTITION_COLUMNS = ("topic", "date", "queueId", "store")
+
+
+def read_records(spark, roots: list[str], *, body: bool = True, mode: str = "permissive", options: dict | None = None):
+    reader = spark.read.format("rocketmq").option("body", str(body).lower()).option("mode", mode)
+    for k, v in (options or {}).items():
+        if v is not None:
+            reader = reader.option(k, str(v))
+    return reader.load(",".join(roots))
+
+
+def export(spark, roots: list[str], to: str, *, fmt: str = "parquet", partition_by: list[str] | None = None,
+           body: bool = True, overwrite: bool = False, options: dict | None = None) -> dict:
+    """Write every record of every store to ``to`` as Parquet or JSON Lines; findings rows included."""
+    from pyspark.sql import functions as F
+
+    if fmt not in EXPORT_FORMATS:
+        raise UsageError(f"--format must be one of {', '.join(EXPORT_FORMATS)}")
+    parts = [p for p in (partition_by or []) if p]
+    for p in parts:
+        if p not in PARTITION_COLUMNS:
+            raise UsageError(f"--partition-by accepts {', '.join(PARTITION_COLUMNS)}, not {p!r}")
+    if os.path.exists(to) and not overwrite:
+        raise UsageError(f"{to} already exists (use --overwrite to replace it)")
+    t0 = time.monotonic()
+    df = read_records(spark, roots, body=body, options=options)
+    if "date" in parts:
+        df = df.withColumn("date", F.to_date("storeTimestamp"))
+    writer = df.write.mode("overwrite" if overwrite else "errorifexists")
+    if parts:
+        writer = writer.partitionBy(*parts)
+    getattr(writer, fmt)(to)
+    elapsed = time.monotonic() - t0
+    # Counting from what was written keeps the summary honest (and re-reads only metadata for Parquet).
+    back = getattr(spark.read, fmt)(to)
+    counts = back.groupBy((F.col("finding").isNull()).alias("ok")).agg(F.count("*").alias("n"),
+                                                                        F.sum("storeSize").alias("bytes")).collect()
+    ok = {r["ok"]: (r["n"], r["bytes"] or 0) for r in counts}
+    in_bytes = sum(_commitlog_bytes(r) for r in roots)
+    return {
+        "to": os.path.abspath(to), "format": fmt, "partitionBy": parts, "stores": len(roots),
+        "records": ok.get(True, (0, 0))[0], "recordBytes": ok.get(True, (0, 0))[1],
+        "findings": ok.get(False, (0, 0))[0], "commitlogBytes": in_bytes, "seconds": round(elapsed, 3),
+        "MBps": round(in_bytes / elapsed / 1e6, 1) if elapsed > 0 else None,
+    }
+
+
+def _commitlog_bytes(root: str) -> int:
+    d = os.path.join(root, "commitlog")
+    try:
+        return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
+    except OSError:
+        return 0
+
+
+# --- verify ----------------------------------------------------------------------------
+
+
+def _verify_segment_task(item):
+    """Executor side: phase 1 of the engine's verify on one segment (CRC + structure of every record)."""
+    root, overrides, config_file, index, check_crc = item
+    from rmqstore_cli.engine.store import Store
+    from rmqstore_cli.engine.verify import verify_segments
+
+    st = Store.open(root, config_file=config_file, overrides=overrides)
+    try:
+        return verify_segments(st.commitlog, [index], check_crc=check_crc)
+    finally:
+        st.close()
+
+
+def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None = None, out_format: str = "json",
+           overrides: dict | None = None, config_file: str | None = None) -> dict:
+    """Every segment of every store verified on the executors; the cross-checks (consume queues,
+    index, checkpoint) merged on the driver by the engine's ``verify_store``, so codes and
+    messages are exactly those of the single-process ``verify``.
+    """
+    from rmqstore_cli.engine.store import Store
+    from rmqstore_cli.engine.verify import verify_store
+
+    t0 = time.monotonic()
+    stores = [Store.open(r, config_file=config_file, overrides=overrides) for r in roots]
+    try:
+        items = [(st.root, overrides, config_file, i, check_crc)
+                 for st in stores for i in range(len(st.commitlog.segments.segments))]
+        reports = []
+        if items:
+            rdd = spark.sparkContext.parallelize(items, numSlices=min(len(items), 10_000))
+            reports = [r for part in rdd.map(_verify_segment_task).collect() for r in part]
+        by_root: dict[str, list] = {}
+        for it, rep in zip(items, reports):
+            by_root.setdefault(it[0], []).append(rep)
+        results = []
+        for st in stores:
+            results.append(verify_store(st, check_crc=check_crc, reports=by_root.get(st.root, [])))
+    finally:
+        for st in stores:
+            st.close()
+    rows = []
+    for st_root, res in zip(roots, results):
+        for f in res.findings:
+            d = f.as_json()
+            rows.append({"store": os.path.abspath(st_root), "code": d.pop("code"), "severity": d.pop("severity"),
+                         "path": d.pop("path"), "offset": d.pop("offset"), "message": d.pop("message"),
+                         "phyOffset": d.pop("phyOffset", None), "count": d.pop("count", None),
+                         "extra": {k: str(v) for k, v in d.items()}})
+    if out:
+        _write_findings(spark, rows, out, out_format)
+    exit_code = max((r.exit_code for r in results), default=0)
+    return {"stores": [r.summary for r in results], "findings": rows, "exitCode": exit_code,
+            "segments": len(items), "seconds": round(time.monotonic() - t0, 3), "out": os.path.abspath(out) if out else None}
+
+
+FINDINGS_DDL = ("store string, code string, severity string, path string, offset bigint, message string, "
+                "phyOffset bigint, count bigint, extra map<string,string>")
+
+
+def _write_findings(spark, rows: list[dict], out: str, fmt: str) -> None:
+    if fmt not in EXPORT_FORMATS:
+        raise UsageError(f"--out-format must be one of {', '.join(EXPORT_FORMATS)}")
+    df = spark.createDataFrame([tuple(r[k] for k in ("store", "code", "severity", "path", "offset", "message",
+                                                     "phyOffset", "count", "extra")) for r in rows], FINDINGS_DDL)
+    getattr(df.coalesce(1).write.mode("overwrite"), fmt)(out)
+
+
+# --- stats -----------------------------------------------------------------------------
+
+
+def _stats_task(parts):
+    """Executor side: the engine's StatsAccumulator over the records of some planned ranges."""
+    import numpy as np
+
+    from formats import fast
+    from rmqstore_cli.engine.segments import Segment
+    from rmqstore_cli.engine.stats import StatsAccumulator
+
+    acc = StatsAccumulator()
+    for p in parts:
+        if not p.path or p.end <= p.pos:
+            continue
+        seg = Segment(p.path, p.name, p.start, p.size)
+        try:
+            buf = seg.buffer()
+            u8 = fast.as_u8(buf)
+            pos = p.pos
+            while pos < p.end:
+                w = fast.walk(buf, pos, p.end, max_records=65536)
+                if len(w.offsets):
+                    h = fast.decode_headers(buf, w.offsets, u8)
+                    good = np.flatnonzero(h.reason == fast.R_OK)
+                    if len(good) < len(h):
+                        h = _select(h, good)
+                    acc.add_chunk(buf, h)
+                    del h
+                pos = w.stop
+                if w.kind != fast.STOP_CHUNK:
+                    break
+        finally:
+            seg.close()
+    yield acc
+
+
+def _select(h, idx):
+    from formats.fast import Headers
+
+    out = Headers()
+    for name in Headers.__slots__:
+        setattr(out, name, getattr(h, name)[idx])
+    return out
+
+
+def stats(spark, root: str, *, overrides: dict | None = None, config_file: str | None = None,
+          split: int | None = None) -> dict:
+    """The ``stats`` report of one store, its commitlog aggregated on the executors."""
+    from formats import fast
+    from rmqstore_cli.engine.stats import StatsAccumulator, index_stats, queue_lag
+    from rmqstore_cli.engine.store import Store
+
+    from .datasource import DEFAULT_SPLIT, plan_segment
+
+    st = Store.open(root, config_file=config_file, overrides=overrides)
+    try:
+        cl = st.commitlog
+        parts = []
+        for seg in cl.segments:
+            parts.extend(plan_segment(st.root, seg, cl.segments.file_size, st.config, split or DEFAULT_SPLIT))
+        acc = StatsAccumulator()
+        if parts:
+            rdd = spark.sparkContext.parallelize(parts, numSlices=len(parts))
+            for partial in rdd.mapPartitions(_stats_task).collect():
+                acc.merge(partial)
+        out = acc.result()
+        segs = cl.segments.segments
+        tails = [p for p in parts if p.tail_kind is not None]
+        stop = next((p for p in tails if p.tail_kind != fast.STOP_BLANK), tails[-1] if tails else None)
+        blanks = [p for p in tails if p.tail_kind == fast.STOP_BLANK]
+        if stop is not None and stop.tail_kind != fast.STOP_BLANK:
+            blanks = [p for p in blanks if p.start < stop.start]  # the broker's walk never gets past ``stop``
+        out["commitlog"] = {
+            "minOffset": cl.min_offset if segs else 0,
+            "maxOffset": stop.start + stop.end if stop else 0,
+            "files": len(segs),
+            "fileSize": st.config.mappedFileSizeCommitLog,
+            "stop": stop.tail_kind if stop else None,
+            "blankCount": len(blanks),
+            "blankBytes": int(sum(p.tail_size for p in blanks)),
+        }
+        out["index"] = index_stats(st)
+        out["consumeQueueLag"] = queue_lag(st, out["queues"])
+        return out
+    finally:
+        st.close()
