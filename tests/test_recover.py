@@ -1,0 +1,166 @@
+"""recover: the plan against the broker's own crash recovery (broker-recover.json) and its
+read-back after recovery (broker-read.jsonl.gz); apply, idempotence, restore, lock."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from typer.testing import CliRunner
+
+from rmqstore_cli.app import app
+from rmqstore_cli.engine.store import Store
+
+from .conftest import STORES, broker_read, tree_digest
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def json_lines(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def summary_of(out: str) -> dict:
+    return next(o for o in json_lines(out) if o.get("type") == "recover")
+
+
+def digest_bytes(root) -> dict:
+    return {k: v[0] for k, v in tree_digest(root).items()}
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_crash_dry_run_predicts_broker_recover(store_copy, version):
+    root = store_copy("4.9.3-crash")
+    before = tree_digest(root)
+    r = run("recover", root, "--dry-run", "--json", "--broker-version", version)
+    assert r.exit_code == 1, r.output  # repairs planned: abnormal recovery
+    s = summary_of(r.stdout)
+    b = json.loads((STORES / "4.9.3-crash" / "broker-recover.json").read_text())
+    assert s["lastExitOK"] is b["lastExitOK"] is False
+    assert s["maxPhyOffset"] == b["maxPhyOffset"]
+    assert s["minPhyOffset"] == b["minPhyOffset"]
+    ours = {(q["topic"], q["queueId"]): q for q in s["queues"]}
+    for q in b["queues"]:
+        o = ours.get((q["topic"], q["queueId"]))
+        if o is None:  # the broker lists empty schedule queues it created in memory
+            assert q["maxOffset"] == 0 and q["maxPhysicOffset"] == -1
+            continue
+        assert (o["minOffset"], o["maxOffset"], o["maxPhysicOffset"]) == (q["minOffset"], q["maxOffset"], q["maxPhysicOffset"]), q
+    assert set(ours) <= {(q["topic"], q["queueId"]) for q in b["queues"]}
+    plan = next(o for o in json_lines(r.stdout) if o.get("type") == "recover-plan")
+    # §10.6: the index file whose end time is after the checkpoint's indexMsgTimestamp goes
+    broker_names = {f["name"] for f in broker_read("4.9.3-crash")["index"][0]["files"]}
+    on_disk = set(os.listdir(root / "index"))
+    assert set(plan["indexDeleted"]) == on_disk - broker_names
+    assert tree_digest(root) == before  # dry-run changes nothing
+
+
+def test_crash_apply_equals_broker_read_back(store_copy):
+    root = store_copy("4.9.3-crash")
+    original = digest_bytes(root)
+    r = run("recover", root)
+    assert r.exit_code == 0, r.output  # applied and verify is clean
+    br = broker_read("4.9.3-crash")
+    with Store.open(str(root)) as st:
+        recs = list(st.commitlog.records(with_body=False))
+        assert [m["offset"] for m in recs] == [m["offset"] for m in br["clmsg"]]
+        units = {}
+        for t, q in st.queues():
+            u = st.queue(t, q).units()
+            for qo, phy, size in zip(u.queue_offsets.tolist(), u.phy.tolist(), u.size.tolist()):
+                units[(t, q, qo)] = (phy, size)
+        assert units == {(e["topic"], e["queueId"], e["queueOffset"]): (e["phyOffset"], e["size"]) for e in br["cqe"]}
+        hdrs = [f.header().as_json() for f in st.index.files]
+        expected = [{k: f[k] for k in hdrs[0]} for f in br["index"][0]["files"]]
+        assert hdrs == expected
+        for qline in br["query"][:300]:
+            assert st.index.query(qline["topic"], qline["key"], qline["maxNum"], qline["begin"], qline["end"]) == qline["offsets"]
+        cp = st.checkpoint()
+        after = br["checkpoint-after-shutdown"][0]["checkpoint"]
+        assert (cp.physicMsgTimestamp, cp.logicsMsgTimestamp, cp.indexMsgTimestamp) == (
+            after["physicMsgTimestamp"], after["logicsMsgTimestamp"], after["indexMsgTimestamp"])
+        assert not st.abort_exists
+    # a second run is a no-op
+    r2 = run("recover", root, "--dry-run")
+    assert r2.exit_code == 0, r2.output
+    snap = digest_bytes(root)
+    assert run("recover", root).exit_code == 0
+    assert digest_bytes(root) == snap
+    # the backup restores the original bytes exactly
+    parent = root.parent / (root.name + ".rmqstore-backup")
+    backups = sorted(os.listdir(parent))
+    assert len(backups) == 1
+    assert run("restore", parent / backups[0]).exit_code == 0
+    assert digest_bytes(root) == original
+
+
+@pytest.mark.parametrize("name", ["4.9.3-clean", "4.9.3-ext", "5.3.3-clean", "5.3.3-v2topic"])
+def test_clean_stores_need_nothing(name, store_copy):
+    root = store_copy(name)
+    v = 4 if name.startswith("4") else 5
+    r = run("recover", root, "--dry-run", "--json", "--broker-version", v)
+    assert r.exit_code == 0, r.output
+    s = summary_of(r.stdout)
+    st = broker_read(name)["store"][0]
+    assert (s["maxPhyOffset"], s["minPhyOffset"], s["lastExitOK"]) == (st["maxPhyOffset"], st["minPhyOffset"], True)
+    cq = {(c["topic"], c["queueId"]): c for c in broker_read(name)["cq"]}
+    for q in s["queues"]:
+        c = cq[(q["topic"], q["queueId"])]
+        assert (q["minOffset"], q["maxOffset"], q["maxPhysicOffset"]) == (c["minOffset"], c["maxOffset"], c["maxPhysicOffset"])
+
+
+def test_v2_store_opened_as_49_is_data_loss(store_copy):
+    """§2.9/§13.3: 4.9 knows only magic v1, so its recovery cuts the log at the first v2 record."""
+    root = store_copy("5.3.3-v2topic")
+    r = run("recover", root, "--dry-run", "--json", "--broker-version", 4)
+    assert r.exit_code == 2
+    plan = next(o for o in json_lines(r.stdout) if o.get("type") == "recover-plan")
+    first_v2 = next(m["offset"] for m in broker_read("5.3.3-v2topic")["clmsg"] if len(m["msg"]["topic"]) > 127)
+    assert plan["commitlog"]["recoveredEnd"] == first_v2
+    assert any("v2" in n for n in plan["notes"])
+
+
+HOLDER = textwrap.dedent("""
+    import fcntl, os, sys, time
+    fd = os.open(sys.argv[1], os.O_RDWR)
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+    print("locked", flush=True)
+    time.sleep(60)
+""")
+
+
+@pytest.fixture
+def held_lock():
+    procs = []
+
+    def hold(root):
+        p = subprocess.Popen([sys.executable, "-c", HOLDER, str(root / "lock")], stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "locked"
+        procs.append(p)
+
+    yield hold
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_every_writing_command_refuses_a_locked_store(store_copy, held_lock, tmp_path):
+    root = store_copy("4.9.3-crash")
+    held_lock(root)
+    before = tree_digest(root)
+    for args in (["recover", root], ["recover", root, "--dry-run"], ["truncate", root, "--offset", 0],
+                 ["rebuild", "all", root]):
+        r = run(*args)
+        assert r.exit_code == 4, (args, r.output)
+        assert "in use" in r.output and "lock" in r.output
+    assert tree_digest(root) == before
+    assert not (root.parent / (root.name + ".rmqstore-backup")).exists()
