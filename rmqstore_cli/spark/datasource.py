@@ -99,6 +99,32 @@ def plan_segment(store: str, seg: Segment, file_size: int, cfg: StoreConfig, spl
     return out
 
 
+@dataclass
+class RangeGroup(InputPartition):
+    """Consecutive ranges read by one task: small segments are grouped up to ``splitSize`` bytes."""
+
+    ranges: list
+
+    def __post_init__(self):
+        InputPartition.__init__(self, None)
+
+
+def group_ranges(ranges: list[SegmentRange], split: int) -> list[RangeGroup]:
+    groups: list[RangeGroup] = []
+    cur: list[SegmentRange] = []
+    size = 0
+    for r in ranges:
+        n = max(r.end - r.pos, 1)
+        if cur and size + n > split:
+            groups.append(RangeGroup(cur))
+            cur, size = [], 0
+        cur.append(r)
+        size += n
+    if cur:
+        groups.append(RangeGroup(cur))
+    return groups
+
+
 def plan(roots: list[str], options) -> list[SegmentRange]:
     split = int(options.get("splitSize") or DEFAULT_SPLIT)
     parts: list[SegmentRange] = []
@@ -143,14 +169,16 @@ class RocketMQReader(DataSourceReader):
         self.batch_rows = int(options.get("batchRows") or DEFAULT_BATCH_ROWS)
 
     def partitions(self):
-        return plan(self.roots, self.options) or [SegmentRange("", "", "", 0, 0, 0, 0, 4, False, None)]
+        split = int(self.options.get("splitSize") or DEFAULT_SPLIT)
+        return group_ranges(plan(self.roots, self.options), split) or [RangeGroup([])]
 
-    def read(self, partition: SegmentRange) -> Iterator:
+    def read(self, partition: RangeGroup) -> Iterator:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         schema = to_arrow_schema(self.schema, timezone="UTC")
-        yield from read_range(partition, schema, with_body=self.with_body, check_crc=self.check_crc,
-                              batch_rows=self.batch_rows, failfast=self.failfast)
+        for r in partition.ranges:
+            yield from read_range(r, schema, with_body=self.with_body, check_crc=self.check_crc,
+                                  batch_rows=self.batch_rows, failfast=self.failfast)
 
 
 class CorruptRecordError(RuntimeError):

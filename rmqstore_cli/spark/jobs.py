@@ -72,19 +72,19 @@ def _commitlog_bytes(root: str) -> int:
 
 def _verify_segment_task(item):
     """Executor side: phase 1 of the engine's verify on one segment (CRC + structure of every record)."""
-    root, overrides, config_file, index, check_crc = item
+    root, overrides, config_file, indexes, check_crc = item
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.engine.verify import verify_segments
 
     st = Store.open(root, config_file=config_file, overrides=overrides)
     try:
-        return verify_segments(st.commitlog, [index], check_crc=check_crc)
+        return verify_segments(st.commitlog, indexes, check_crc=check_crc)
     finally:
         st.close()
 
 
 def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None = None, out_format: str = "json",
-           overrides: dict | None = None, config_file: str | None = None) -> dict:
+           overrides: dict | None = None, config_file: str | None = None, split: int = 64 << 20) -> dict:
     """Every segment of every store verified on the executors; the cross-checks (consume queues,
     index, checkpoint) merged on the driver by the engine's ``verify_store``, so codes and
     messages are exactly those of the single-process ``verify``.
@@ -95,15 +95,23 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
     t0 = time.monotonic()
     stores = [Store.open(r, config_file=config_file, overrides=overrides) for r in roots]
     try:
-        items = [(st.root, overrides, config_file, i, check_crc)
-                 for st in stores for i in range(len(st.commitlog.segments.segments))]
-        reports = []
-        if items:
-            rdd = spark.sparkContext.parallelize(items, numSlices=min(len(items), 10_000))
-            reports = [r for part in rdd.map(_verify_segment_task).collect() for r in part]
+        items = []
+        for st in stores:
+            # Small segments travel together, so a task is worth its start-up cost.
+            group, size = [], 0
+            for i, seg in enumerate(st.commitlog.segments.segments):
+                group.append(i)
+                size += seg.size
+                if size >= split:
+                    items.append((st.root, overrides, config_file, group, check_crc))
+                    group, size = [], 0
+            if group:
+                items.append((st.root, overrides, config_file, group, check_crc))
         by_root: dict[str, list] = {}
-        for it, rep in zip(items, reports):
-            by_root.setdefault(it[0], []).append(rep)
+        if items:
+            rdd = spark.sparkContext.parallelize(items, numSlices=len(items))
+            for it, part in zip(items, rdd.map(_verify_segment_task).collect()):
+                by_root.setdefault(it[0], []).extend(part)
         results = []
         for st in stores:
             results.append(verify_store(st, check_crc=check_crc, reports=by_root.get(st.root, [])))
@@ -122,7 +130,7 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
         _write_findings(spark, rows, out, out_format)
     exit_code = max((r.exit_code for r in results), default=0)
     return {"stores": [r.summary for r in results], "findings": rows, "exitCode": exit_code,
-            "segments": len(items), "seconds": round(time.monotonic() - t0, 3), "out": os.path.abspath(out) if out else None}
+            "segments": sum(len(it[3]) for it in items), "tasks": len(items), "seconds": round(time.monotonic() - t0, 3), "out": os.path.abspath(out) if out else None}
 
 
 FINDINGS_DDL = ("store string, code string, severity string, path string, offset bigint, message string, "
@@ -140,7 +148,7 @@ def _write_findings(spark, rows: list[dict], out: str, fmt: str) -> None:
 # --- stats -----------------------------------------------------------------------------
 
 
-def _stats_task(parts):
+def _stats_task(groups):
     """Executor side: the engine's StatsAccumulator over the records of some planned ranges."""
     import numpy as np
 
@@ -149,7 +157,7 @@ def _stats_task(parts):
     from rmqstore_cli.engine.stats import StatsAccumulator
 
     acc = StatsAccumulator()
-    for p in parts:
+    for p in (r for g in groups for r in g.ranges):
         if not p.path or p.end <= p.pos:
             continue
         seg = Segment(p.path, p.name, p.start, p.size)
@@ -190,7 +198,7 @@ def stats(spark, root: str, *, overrides: dict | None = None, config_file: str |
     from rmqstore_cli.engine.stats import StatsAccumulator, index_stats, queue_lag
     from rmqstore_cli.engine.store import Store
 
-    from .datasource import DEFAULT_SPLIT, plan_segment
+    from .datasource import DEFAULT_SPLIT, group_ranges, plan_segment
 
     st = Store.open(root, config_file=config_file, overrides=overrides)
     try:
@@ -200,7 +208,8 @@ def stats(spark, root: str, *, overrides: dict | None = None, config_file: str |
             parts.extend(plan_segment(st.root, seg, cl.segments.file_size, st.config, split or DEFAULT_SPLIT))
         acc = StatsAccumulator()
         if parts:
-            rdd = spark.sparkContext.parallelize(parts, numSlices=len(parts))
+            groups = group_ranges(parts, split or DEFAULT_SPLIT)
+            rdd = spark.sparkContext.parallelize(groups, numSlices=len(groups))
             for partial in rdd.mapPartitions(_stats_task).collect():
                 acc.merge(partial)
         out = acc.result()

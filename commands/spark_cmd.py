@@ -1,0 +1,195 @@
+"""``rmqstore spark export|verify|rebuild|stats``: the same jobs, distributed on Apache Spark.
+
+pyspark is imported only when one of these commands runs (``pip install rmqstore[spark]``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List, Optional
+
+import typer
+
+from rmqstore_cli.engine.errors import EXIT_CORRUPT, UsageError
+
+from .common import CommitLogSizeOpt, ConfigOpt, JsonOpt, VersionOpt
+from .output import Output, handle_errors, stdout
+
+spark_app = typer.Typer(help="Run store jobs on Apache Spark (local by default, or --master spark://...).",
+                        no_args_is_help=True)
+
+StoresArg = typer.Argument(..., help="One or more store roots.", show_default=False)
+MasterOpt = typer.Option(None, "--master", help="Spark master URL (default local[*]).")
+DriverMemOpt = typer.Option("2g", "--driver-memory", help="spark.driver.memory.")
+
+
+def _session(master: Optional[str], driver_memory: str):
+    try:
+        from rmqstore_cli.spark.session import build_session
+    except ImportError as e:
+        raise UsageError(f"pyspark is not installed ({e}); install rmqstore[spark]") from None
+    return build_session(master, "rmqstore", driver_memory=driver_memory)
+
+
+def _overrides(broker_version, commitlog_file_size) -> dict:
+    return {"version": broker_version, "mappedFileSizeCommitLog": commitlog_file_size}
+
+
+def _check_roots(stores: List[str]) -> list[str]:
+    from rmqstore_cli.engine.store import Store
+
+    roots = []
+    for s in stores:
+        st = Store.open(s)  # one-line error + exit code for a missing / non-store directory
+        roots.append(st.root)
+        st.close()
+    return roots
+
+
+@spark_app.command("export")
+@handle_errors
+def export_cmd(
+    stores: List[str] = StoresArg,
+    to: str = typer.Option(..., "--to", help="Output directory (Spark writes one file per task)."),
+    fmt: str = typer.Option("parquet", "--format", help="parquet|json"),
+    partition_by: Optional[str] = typer.Option(None, "--partition-by", help="Comma-separated: topic,date,queueId,store."),
+    no_body: bool = typer.Option(False, "--no-body", help="Leave the body column out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --to if it exists."),
+    master: Optional[str] = MasterOpt,
+    driver_memory: str = DriverMemOpt,
+    json_: bool = JsonOpt,
+    config: Optional[str] = ConfigOpt,
+    broker_version: Optional[int] = VersionOpt,
+    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+):
+    """Every commitlog record of every STORE as Parquet or JSON (one row per record)."""
+    from rmqstore_cli.spark import jobs
+    from rmqstore_cli.spark.session import job_progress
+
+    roots = _check_roots(stores)
+    spark = _session(master, driver_memory)
+    with job_progress(spark, "export"):
+        res = jobs.export(spark, roots, to, fmt=fmt, partition_by=(partition_by or "").split(","), body=not no_body,
+                          overwrite=overwrite, options={"brokerVersion": broker_version,
+                                                        "commitlogFileSize": commitlog_file_size, "config": config})
+    Output(json_).kv(res, title="spark export")
+    if res["findings"]:
+        raise typer.Exit(1)
+
+
+@spark_app.command("verify")
+@handle_errors
+def verify_cmd(
+    stores: List[str] = StoresArg,
+    out: Optional[str] = typer.Option(None, "--out", help="Write the findings as a dataset here."),
+    out_format: str = typer.Option("json", "--out-format", help="parquet|json"),
+    no_crc: bool = typer.Option(False, "--no-crc", help="Skip body CRC checks."),
+    master: Optional[str] = MasterOpt,
+    driver_memory: str = DriverMemOpt,
+    json_: bool = JsonOpt,
+    config: Optional[str] = ConfigOpt,
+    broker_version: Optional[int] = VersionOpt,
+    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+):
+    """CRC and structure of every record (on the executors), plus consume-queue, index and checkpoint
+    cross-checks. Exit 0 clean, 1 findings, 2 unreadable."""
+    from rmqstore_cli.spark import jobs
+    from rmqstore_cli.spark.session import job_progress
+
+    roots = _check_roots(stores)
+    spark = _session(master, driver_memory)
+    with job_progress(spark, "verify"):
+        res = jobs.verify(spark, roots, check_crc=not no_crc, out=out, out_format=out_format,
+                          overrides=_overrides(broker_version, commitlog_file_size), config_file=config)
+    o = Output(json_)
+    o.table(res["findings"], [("severity", "severity"), ("code", "code"), ("path", "path"), ("offset", "offset"),
+                               ("message", "message")], title="findings")
+    if not json_:
+        for s in res["stores"]:
+            counts = s.get("findings", {})
+            stdout.print(f"{s.get('root')}: {s['commitlog']['records']} records, "
+                         f"{counts.get('error', 0)} errors, {counts.get('warning', 0)} warnings, {counts.get('info', 0)} info")
+        if res["out"]:
+            stdout.print(f"findings written to {res['out']}")
+    raise typer.Exit(res["exitCode"])
+
+
+@spark_app.command("rebuild")
+@handle_errors
+def rebuild_cmd(
+    store: str = typer.Argument(..., help="Store root.", show_default=False),
+    what: str = typer.Option(..., "--what", help="consumequeue|index"),
+    out: str = typer.Option(..., "--out", help="New directory to write consumequeue/ (+ consumequeue_ext/) or index/ into; "
+                            "the store itself is never changed."),
+    master: Optional[str] = MasterOpt,
+    driver_memory: str = DriverMemOpt,
+    json_: bool = JsonOpt,
+    config: Optional[str] = ConfigOpt,
+    broker_version: Optional[int] = VersionOpt,
+    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+):
+    """Compute consume queues (one task per queue) or index files (one task per file) from the commitlog."""
+    from rmqstore_cli.engine.store import Store
+    from rmqstore_cli.spark import rebuild
+    from rmqstore_cli.spark.session import job_progress
+
+    if what not in ("consumequeue", "index"):
+        raise UsageError("--what must be consumequeue or index")
+    target = os.path.join(out, what)
+    if os.path.exists(target) or (what == "consumequeue" and os.path.exists(os.path.join(out, "consumequeue_ext"))):
+        raise UsageError(f"{target} already exists; give a new --out directory")
+    ov = _overrides(broker_version, commitlog_file_size)
+    st = Store.open(store, config_file=config, overrides=ov)
+    os.makedirs(out, exist_ok=True)
+    spark = _session(master, driver_memory)
+    try:
+        with job_progress(spark, f"rebuild {what}"):
+            fn = rebuild.rebuild_consumequeue if what == "consumequeue" else rebuild.rebuild_index
+            res = fn(spark, st, os.path.abspath(out), overrides=ov, config_file=config)
+    finally:
+        st.close()
+    o = Output(json_)
+    if what == "consumequeue":
+        o.table(res["queues"], [("topic", "topic"), ("queueId", "queue"), ("units", "units"), ("files", "files"),
+                                ("skipped", "skipped")], title=f"consume queues written to {out}")
+    else:
+        o.table(res["files"], [("name", "file"), ("entries", "entries")], title=f"index files written to {out}")
+
+
+@spark_app.command("stats")
+@handle_errors
+def stats_cmd(
+    stores: List[str] = StoresArg,
+    master: Optional[str] = MasterOpt,
+    driver_memory: str = DriverMemOpt,
+    json_: bool = JsonOpt,
+    config: Optional[str] = ConfigOpt,
+    broker_version: Optional[int] = VersionOpt,
+    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+):
+    """The ``stats`` report (per topic/queue counts, sizes, times, index fill, queue lag), computed on Spark."""
+    from rmqstore_cli.spark import jobs
+    from rmqstore_cli.spark.session import job_progress
+
+    roots = _check_roots(stores)
+    spark = _session(master, driver_memory)
+    o = Output(json_)
+    for root in roots:
+        with job_progress(spark, "stats"):
+            res = jobs.stats(spark, root, overrides=_overrides(broker_version, commitlog_file_size), config_file=config)
+        res["root"] = root
+        if json_:
+            o.line(res)
+            continue
+        o.kv({k: res[k] for k in ("root", "records", "bytes", "topics", "firstStoreTimestamp", "lastStoreTimestamp")}
+             | {"commitlog": res["commitlog"]}, title="spark stats")
+        o.table(res["queues"], [("topic", "topic"), ("queueId", "queue"), ("count", "records"), ("bytes", "bytes"),
+                                ("minQueueOffset", "min qoff"), ("maxQueueOffset", "max qoff"),
+                                ("retryShare", "retry"), ("scheduledShare", "sched"), ("transactionalShare", "tx")])
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(spark_app, name="spark")
+
+
+__all__ = ["register", "EXIT_CORRUPT"]
