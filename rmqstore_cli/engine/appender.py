@@ -34,6 +34,8 @@ from .mappedfile import SegmentQueueWriter
 from .messages import OutMessage, now_ms
 
 _BLANK = struct.Struct(">ii")
+_QQ = struct.Struct(">qq")
+_Q = struct.Struct(">q")
 DISPATCH_EVERY = 4096  # records buffered before they are dispatched
 
 
@@ -178,11 +180,16 @@ class Appender:
                     if qo is None:
                         qo = self.next_queue_offset(m.topic, m.queue_id)
                 assigned[key] = qo + 1
-            records.append(encode_message(
-                topic=m.topic_b, queue_id=m.queue_id, flag=m.flag, queue_offset=qo, physical_offset=phy,
-                sysflag=m.sysflag, born_timestamp=m.born_timestamp, born_host=m.born_host, store_timestamp=ts,
-                store_host=m.store_host, reconsume_times=m.reconsume_times, prepared_offset=m.prepared_offset,
-                body=m.body, properties=m.props_b, magic=m.magic, append_crc_property=m.crc_prop))
+            parts = m.encoded_parts()
+            if parts is not None:
+                head, mid, tail = parts
+                records += (head, _QQ.pack(qo, phy), mid, _Q.pack(ts), tail)
+            else:
+                records.append(encode_message(
+                    topic=m.topic_b, queue_id=m.queue_id, flag=m.flag, queue_offset=qo, physical_offset=phy,
+                    sysflag=m.sysflag, born_timestamp=m.born_timestamp, born_host=m.born_host, store_timestamp=ts,
+                    store_host=m.store_host, reconsume_times=m.reconsume_times, prepared_offset=m.prepared_offset,
+                    body=m.body, properties=m.props_b, magic=m.magic, append_crc_property=m.crc_prop))
             props = m.props_map
             reqs.append(DispatchRequest(phy, m.total_size, m.topic, m.queue_id, qo, m.sysflag, ts,
                                         tags_code(m.topic, props, ts, delay_table),
@@ -190,7 +197,7 @@ class Appender:
             out.append(AppendResult(phy, m.total_size, encode_offset_msgid(m.store_host[0], m.store_host[1], phy),
                                     qo, m.topic, m.queue_id, ts))
             phy += m.total_size
-        data = records[0] if len(records) == 1 else b"".join(records)
+        data = b"".join(records)
         # Everything above was computed without side effects: from here on the put is committed.
         seg.mm[pos : pos + len(data)] = data
         seg.dirty = True
