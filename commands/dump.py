@@ -129,7 +129,10 @@ def dump_consumequeue(
         rows = _cq_rows(st, topic, queue, from_, to, msg, body)
         if limit is not None:
             rows = islice(rows, limit)
-        cols = CQ_COLUMNS + ([("msg", "message")] if msg and not json_ else [])
+        cols = CQ_COLUMNS
+        if msg and not json_:  # a whole message per cell is unreadable: show its id and properties
+            cols = CQ_COLUMNS + [("msgId", "msgId"), ("propertiesRaw", "properties")]
+            rows = ({**r, **{k: (r.get("msg") or {}).get(k) for k in ("msgId", "propertiesRaw")}} for r in rows)
         Output(json_).table(rows, cols, title=f"consume queues of {st.root}")
 
 
