@@ -198,6 +198,7 @@ class Planner:
         self._recover_commitlog(cp)
         self._truncate_queues()
         self._index_after_crash(cp)
+        self._index_past_end()
         self._dispatch(cp)
         self._checkpoint_and_abort(cp)
         self._summary()
@@ -236,13 +237,14 @@ class Planner:
             bad = files[damaged]
             self.plan.notes.append(
                 f"index file {bad.name} is {bad.size} bytes, not {bad.expected_size}: the broker would map it at full "
-                f"size (growing it with zeros) and silently miss the lost entries; it and every later index file are "
-                f"moved into the backup and rebuilt from the commitlog")
-            for f in files[damaged:]:
-                self.move_aside(f.path, "damaged index file (or one after it); rebuilt by re-dispatch")
+                f"size (growing it with zeros) and silently miss the lost entries; every index file is moved into "
+                f"the backup and the index is rebuilt from the commitlog (a partial rebuild would index the record "
+                f"at a file boundary twice, as the broker's re-dispatch does)")
+            for f in files:
+                self.move_aside(f.path, "index rebuilt from the commitlog (damaged index file)")
                 self.plan.index_deleted.append(f.name)
-            self.index_files = files[:damaged]
-            self.index_rebuild_from = self.index_files[-1].header().endPhyOffset if self.index_files else 0
+            self.index_files = []
+            self.index_rebuild_from = 0
 
     def _recover_queues(self) -> None:
         """§13.2: last three files, valid-unit rule; then §13.6 on each queue; ext §8.5."""
@@ -411,16 +413,7 @@ class Planner:
         self.cl_kept = [s for s in segs if s.start <= cut]
         self.max_cq = max(self.max_cq, cut)  # §13.7 runs on every queue
         self._truncate_queues()
-        keep = []
-        for f in self.index_files:
-            if f.header().endPhyOffset >= cut:
-                self.move_aside(f.path, f"index file reaches past the cut at {cut}; rebuilt from the commitlog")
-                plan.index_deleted.append(f.name)
-            else:
-                keep.append(f)
-        if len(keep) < len(self.index_files):
-            self.index_rebuild_from = keep[-1].header().endPhyOffset if keep else 0
-        self.index_files = keep
+        self._index_past_end()
         self._dispatch(cp)
         self.last_cq_ts = None
         self._summary()
@@ -507,6 +500,19 @@ class Planner:
             else:
                 keep.append(f)
         self.index_files = keep
+
+    def _index_past_end(self) -> None:
+        """Index entries pointing at or past the recovered end: the broker keeps them (lookups
+        return offsets that no longer exist); we rebuild the index from the commitlog."""
+        if not any(f.header().endPhyOffset >= self.end for f in self.index_files):
+            return
+        self.plan.notes.append(f"index files hold entries at or past the recovered end {self.end}; the broker keeps "
+                               f"them; every index file is rebuilt from the commitlog instead")
+        for f in self.index_files:
+            self.move_aside(f.path, f"index entries point past the recovered end {self.end}; index rebuilt")
+            self.plan.index_deleted.append(f.name)
+        self.index_files = []
+        self.index_rebuild_from = 0
 
     def _dispatch(self, cp: Checkpoint) -> None:
         """Which records get dispatched again (recovery, or 4.9.3's reput at start), and ours."""
