@@ -18,7 +18,8 @@ from rich.table import Table
 
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, EXIT_USAGE, RmqStoreError
 
-stdout = Console(soft_wrap=False, highlight=False)
+# Piped tables get a generous width instead of rich's 80-column default; cells ellipsize.
+stdout = Console(soft_wrap=False, highlight=False, width=None if sys.stdout.isatty() else 200)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -62,8 +63,9 @@ class Output:
         if self.as_json:
             return self.lines(rows)
         t = Table(title=title, show_lines=False, header_style="bold")
-        for _, header in columns:
-            t.add_column(header, overflow="fold")
+        for k, header in columns:
+            wide = k in WIDE_COLUMNS
+            t.add_column(header, overflow="ellipsis", no_wrap=True, max_width=48 if wide else None)
         n = 0
         for r in rows:
             t.add_row(*[_cell(r.get(k)) for k, _ in columns])
@@ -84,6 +86,9 @@ class Output:
         for k, v in obj.items():
             t.add_row(str(k), _cell(v))
         stdout.print(t)
+
+
+WIDE_COLUMNS = {"topic", "propertiesRaw", "properties", "msgId", "message", "path", "bodyText", "keys", "body"}
 
 
 def _cell(v) -> str:
