@@ -48,10 +48,10 @@ def store_roots(path_option: str | None, paths: list[str] | None = None) -> list
 
 def open_store_from_options(root: str, options) -> Store:
     overrides = {}
-    if options.get("brokerVersion"):
-        overrides["version"] = int(options["brokerVersion"])
-    if options.get("commitlogFileSize"):
-        overrides["mappedFileSizeCommitLog"] = int(options["commitlogFileSize"])
+    if options.get("brokerversion"):
+        overrides["version"] = int(options["brokerversion"])
+    if options.get("commitlogfilesize"):
+        overrides["mappedFileSizeCommitLog"] = int(options["commitlogfilesize"])
     return Store.open(root, config_file=options.get("config"), overrides=overrides)
 
 
@@ -126,7 +126,7 @@ def group_ranges(ranges: list[SegmentRange], split: int) -> list[RangeGroup]:
 
 
 def plan(roots: list[str], options) -> list[SegmentRange]:
-    split = int(options.get("splitSize") or DEFAULT_SPLIT)
+    split = int(options.get("splitsize") or DEFAULT_SPLIT)
     parts: list[SegmentRange] = []
     for root in roots:
         st = open_store_from_options(root, options)
@@ -150,7 +150,8 @@ class RocketMQDataSource(DataSource):
         return ddl(_flag(self.options, "body", True))
 
     def reader(self, schema):
-        return RocketMQReader(dict(self.options), schema)
+        # Spark hands options over case-insensitively; keep them under lower-case names.
+        return RocketMQReader({str(k).lower(): v for k, v in self.options.items()}, schema)
 
 
 class RocketMQReader(DataSourceReader):
@@ -165,11 +166,11 @@ class RocketMQReader(DataSourceReader):
             raise ValueError(f"rocketmq: mode must be permissive or failfast, not {mode!r}")
         self.failfast = mode == "failfast"
         self.with_body = _flag(options, "body", True)
-        self.check_crc = _flag(options, "checkCrc", True)
-        self.batch_rows = int(options.get("batchRows") or DEFAULT_BATCH_ROWS)
+        self.check_crc = _flag(options, "checkcrc", True)
+        self.batch_rows = int(options.get("batchrows") or DEFAULT_BATCH_ROWS)
 
     def partitions(self):
-        split = int(self.options.get("splitSize") or DEFAULT_SPLIT)
+        split = int(self.options.get("splitsize") or DEFAULT_SPLIT)
         return group_ranges(plan(self.roots, self.options), split) or [RangeGroup([])]
 
     def read(self, partition: RangeGroup) -> Iterator:
