@@ -1,0 +1,148 @@
+"""export and verify on a real standalone Spark cluster (a master and two workers on 127.0.0.1).
+
+Started from the pip package's ``bin/spark-class`` on free ports and stopped by PID at the end.
+Run with ``pytest -m cluster`` (scripts/test.sh does, as a second pass).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from .conftest import broker_read, shared_store
+
+pytest.importorskip("pyspark", reason="pyspark is an optional extra (pip install -e .[spark])")
+pytestmark = [pytest.mark.cluster, pytest.mark.spark]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _state(web_port: int) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/json/", timeout=2) as r:
+            return json.loads(r.read())
+    except OSError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    import pyspark
+
+    from rmqstore_cli.spark.session import log4j_config_path
+
+    home = os.path.dirname(pyspark.__file__)
+    spark_class = os.path.join(home, "bin", "spark-class")
+    work = tmp_path_factory.mktemp("spark-cluster")
+    env = dict(os.environ, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
+               SPARK_WORKER_DIR=str(work), SPARK_LOG_DIR=str(work),
+               SPARK_DAEMON_JAVA_OPTS=f"-Dlog4j.configurationFile=file:{log4j_config_path()} -XX:+UseSerialGC")
+    port, web = _free_port(), _free_port()
+    url = f"spark://127.0.0.1:{port}"
+    procs = []
+
+    def launch(args, name):
+        log = open(work / f"{name}.log", "wb")
+        procs.append(subprocess.Popen([spark_class, *args], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                      start_new_session=True))
+        log.close()
+
+    try:
+        launch(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+                "--webui-port", str(web)], "master")
+        for i in range(2):
+            launch(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
+                    "--webui-port", str(_free_port()), "--work-dir", str(work / f"worker{i}"), url], f"worker{i}")
+        deadline = time.monotonic() + 120
+        while True:
+            st = _state(web)
+            if st and st.get("status") == "ALIVE" and sum(w.get("state") == "ALIVE" for w in st.get("workers", [])) == 2:
+                break
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                logs = "\n".join((work / f).read_text(errors="replace")[-2000:] for f in os.listdir(work) if f.endswith(".log"))
+                pytest.fail(f"standalone cluster did not come up: {st}\n{logs}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            active.stop()
+        # Workers first, then the master; each by the PID we started (spark-class execs java).
+        for p in procs[1:] + procs[:1]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+
+@pytest.fixture(scope="module")
+def spark(cluster):
+    from rmqstore_cli.spark.session import build_session
+
+    s = build_session(cluster, "rmqstore-cluster-test", fast_jvm=True, driver_memory="1g", executor_memory="512m",
+                      conf={"spark.executor.cores": "1", "spark.cores.max": "2", "spark.sql.shuffle.partitions": "2"})
+    yield s
+    s.stop()
+
+
+def test_export_on_cluster(spark, tmp_path):
+    from rmqstore_cli.spark import jobs
+
+    assert spark.sparkContext.master.startswith("spark://127.0.0.1:")
+    names = ["4.9.3-clean", "5.3.3-v2topic"]
+    res = jobs.export(spark, [str(shared_store(n)) for n in names], str(tmp_path / "out"), partition_by=["topic"],
+                      options={"splitSize": 400_000})
+    back = spark.read.parquet(str(tmp_path / "out")).select("store", "commitLogOffset", "storeSize", "topic", "body").collect()
+    want = sorted((str(shared_store(n)), b["offset"], b["size"], b["msg"]["topic"], b["msg"]["bodyHex"])
+                  for n in names for b in broker_read(n)["clmsg"])
+    got = sorted((r["store"], r["commitLogOffset"], r["storeSize"], r["topic"], bytes(r["body"]).hex()) for r in back)
+    assert got == want and res["records"] == len(want)
+    executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()
+    assert executors >= 3  # the driver plus the two workers' executors
+
+
+def test_verify_on_cluster(spark, tmp_path):
+    from formats import fast
+    from rmqstore_cli.engine.store import Store
+    from rmqstore_cli.engine.verify import verify_store
+    from rmqstore_cli.spark import jobs
+
+    root = tmp_path / "store"
+    shutil.copytree(shared_store("5.3.3-clean"), root)
+    for dirpath, _, files in os.walk(root):
+        os.chmod(dirpath, 0o755)
+        for f in files:
+            os.chmod(os.path.join(dirpath, f), 0o644)
+    seg = sorted((root / "commitlog").iterdir())[9]
+    data = seg.read_bytes()
+    h = fast.decode_headers(data, fast.walk(data).offsets[4:5])
+    with open(seg, "r+b") as f:
+        f.seek(int(h.bodyStart[0]))
+        f.write(b"\xff\xfe")
+    with Store.open(str(root)) as st:
+        single = verify_store(st)
+    res = jobs.verify(spark, [str(root)], split=300_000, out=str(tmp_path / "findings"))
+    assert res["tasks"] > 1
+    want = sorted((f.code, f.path, f.offset, f.message) for f in single.findings)
+    got = sorted((r["code"], r["path"], r["offset"], r["message"]) for r in res["findings"])
+    assert got == want and "CL_BODY_CRC" in {w[0] for w in want}
+    assert res["exitCode"] == 1
+    assert {r["code"] for r in spark.read.json(str(tmp_path / "findings")).collect()} == {w[0] for w in want}
