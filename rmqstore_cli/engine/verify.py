@@ -366,6 +366,12 @@ class _RefClassifier:
         beyond = phys >= self.data_end
         status[rest & (status == self.MISSING) & beyond] = self.LOST
         status[rest & (status == self.MISSING) & ~in_seg] = self.SKIP  # a missing/short file: SEG_* explains it
+        status[rest & (phys < 0)] = self.MISSING  # no file or lost tail explains a negative offset
+        # References are in offset order: a reference past the end followed by one that is found is a corrupt
+        # reference, not a lost tail (only the trailing run can be the tail).
+        found_at = np.flatnonzero(status == self.FOUND)
+        if len(found_at):
+            status[np.flatnonzero(status[: found_at[-1]] == self.LOST)] = self.MISSING
         self.lost_refs += int((status == self.LOST).sum())
         return idx, status
 
@@ -577,7 +583,10 @@ def _check_cq_holes(cq, u, agg: _Agg, group) -> None:
         nz = np.flatnonzero((rest["phyOffset"] != 0) | (rest["size"] != 0) | (rest["tagsCode"] != 0))
         if len(nz):
             pos = (first + int(nz[0])) * CQ_UNIT_SIZE
-            agg.add(group, "CQ_HOLE", ERROR, seg.path, pos, f"units after the end of the queue at offset {u.end_offset}: the broker "
+            # located at the break (the first invalid unit), where the damage is, not at the stranded units
+            end_seg = cq.segments.find(end_pos) or seg
+            agg.add(group, "CQ_HOLE", ERROR, end_seg.path, end_pos - end_seg.start, f"units after the end of the queue at offset "
+                    f"{u.end_offset} (next non-zero unit at {seg.name}+{pos}): the broker "
                     "treats the queue as ending at the first invalid unit and cannot reach them", topic=group[0], queueId=group[1])
             return
 
