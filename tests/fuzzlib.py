@@ -103,6 +103,9 @@ class StoreModel:
         self.cl_files = self.by_kind("commitlog")
         self.cl_end = max(o + s for o, s, _ in self.clmsg)
         self.checked: dict[str, Region] = {}
+        # The last reference of a queue / index file: pointed past the log end, it reads as a lost tail
+        # (reported at the log end), which is as right as "corrupt reference".
+        self.tail_refs: dict[str, tuple[int, int]] = {}
         self._commitlog_regions()
         self._cq_regions(br)
         self._ext_regions()
@@ -159,12 +162,16 @@ class StoreModel:
         for f in self.by_kind("cq"):
             cq_size = self.sizes[f]
             break
+        last: dict = {}
         for e in br.get("cqe", []):
             qo = e["queueOffset"]
             pos = qo * 20
             start = pos - pos % cq_size
             rel = f"consumequeue/{e['topic']}/{e['queueId']}/{start:020d}"
             self.checked.setdefault(rel, Region()).add(pos - start, pos - start + 12)
+            last[(e["topic"], e["queueId"])] = max(last.get((e["topic"], e["queueId"]), (0, "", 0)), (qo, rel, pos - start))
+        for _, rel, p in last.values():
+            self.tail_refs[rel] = (p, p + 12)
 
     def _ext_regions(self) -> None:
         """size and bitMapSize of every unit up to the end marker (§8.1): the walk depends on them."""
@@ -194,6 +201,8 @@ class StoreModel:
             for n in range(1, fi["indexCount"]):
                 e = base + n * 20
                 reg.add(e + 4, e + 12)
+            e = base + (fi["indexCount"] - 1) * 20
+            self.tail_refs[rel] = (e + 4, e + 12)
 
     def index_slots(self, size: int) -> int:
         return int(self.store_info["maxHashSlotNum"])
@@ -313,6 +322,9 @@ class Damage:
             hit = reg.first_hit(pos) if reg else None
             if hit is not None:
                 s, start = stream_of(rel)
+                tail = m.tail_refs.get(rel)
+                if tail and tail[0] <= hit < tail[1]:
+                    s, start, hit = ("anywhere",), 0, 0
                 out[s] = min(out.get(s, 1 << 62), start + hit)
         for rel, n in self.truncated.items():
             if rel.split("/")[0] in ("commitlog", "consumequeue", "consumequeue_ext", "index"):

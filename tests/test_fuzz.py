@@ -120,6 +120,14 @@ def finding_key(f: dict, root: str) -> tuple:
     return (f.get("code"), os.path.relpath(f["path"], root) if f.get("path") else None, f.get("offset"))
 
 
+def finding_locations(f: dict, root: str) -> list[tuple[tuple, int | None]]:
+    """Where a finding points: its file position, and the queue slot it names (topic, queueId, queueOffset)."""
+    out = [finding_location(f, root)]
+    if f.get("topic") is not None and f.get("queueId") is not None and f.get("queueOffset") is not None:
+        out.append((("consumequeue", f["topic"], str(f["queueId"])), int(f["queueOffset"]) * 20))
+    return out
+
+
 def finding_location(f: dict, root: str) -> tuple[tuple, int | None]:
     path = f.get("path")
     if not path:
@@ -134,7 +142,7 @@ def detection_problem(new: list[dict], root: str, need: dict) -> str | None:
     """None when, for every stream with a detectable damage, some new finding lies at or before it."""
     if not need:
         return None
-    located = [finding_location(f, root) for f in new if f.get("severity") in ("error", "warning")]
+    located = [loc for f in new if f.get("severity") in ("error", "warning") for loc in finding_locations(f, root)]
     for stream, first in need.items():
         if stream == ("anywhere",):
             if not located:

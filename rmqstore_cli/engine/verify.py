@@ -641,7 +641,8 @@ def _check_dispatch(store, recs: _Records, cq_phys: list, findings: list) -> Non
         path, pos = recs.location(i)
         t, q = recs.topic(i), int(recs.c["queueId"][i])
         agg.add((t, q), "CQ_NOT_DISPATCHED", ERROR, path, pos, f"record of {t}/{q} (queue offset {int(recs.c['queueOffset'][i])}) is "
-                "missing from its consume queue; the broker will not dispatch it again", topic=t, queueId=q, phyOffset=int(recs.phy[i]))
+                "missing from its consume queue; the broker will not dispatch it again", topic=t, queueId=q, phyOffset=int(recs.phy[i]),
+                queueOffset=int(recs.c["queueOffset"][i]))
     findings += agg.findings()
 
 
