@@ -60,22 +60,24 @@ def _slices(data: pa.Buffer, base: int, starts: np.ndarray, lens: np.ndarray) ->
     """Binary array of data[start-base : start-base+len] for each row (starts must not overlap)."""
     n = len(starts)
     if n == 0:
-        return pa.array([], type=pa.large_binary())
+        return pa.array([], type=pa.binary())
     s = starts.astype(np.int64) - base
     e = s + lens.astype(np.int64)
-    offs = np.empty(2 * n + 1, dtype=np.int64)
+    small = data.size < (1 << 31)  # 32-bit offsets: the type Spark expects, no cast afterwards
+    offs = np.empty(2 * n + 1, dtype=np.int32 if small else np.int64)
     offs[0:2 * n:2] = s
     offs[1:2 * n:2] = e
     offs[2 * n] = e[-1]
     # A value "between" fields runs from one field's end to the next field's start.
-    both = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 2 * n, [None, pa.py_buffer(offs), data])
+    kind = pa.binary() if small else pa.large_binary()
+    both = pa.Array.from_buffers(kind, 2 * n, [None, pa.py_buffer(offs), data])
     return both.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int64)))
 
 
 def _strings(binary: pa.Array) -> pa.Array:
     """UTF-8 text as Java would decode it (malformed bytes become U+FFFD)."""
     try:
-        return binary.cast(pa.large_string()).cast(pa.string())
+        return binary.cast(pa.string())
     except pa.ArrowInvalid:
         return pa.array([None if b is None else b.decode("utf-8", "replace") for b in binary.to_pylist()], pa.string())
 
@@ -108,8 +110,8 @@ def _timestamps(ms: np.ndarray) -> pa.Array:
 _TX_NAMES = pa.array([TRANSACTION_NAMES[k] for k in (0, 4, 8, 12)], pa.string())
 
 
-def _property_columns(props: pa.Array, ok: np.ndarray):
-    """tags, keys, uniqKey and the property map, parsed with the broker's rules."""
+def _property_columns_python(props: pa.Array, ok: np.ndarray):
+    """tags, keys, uniqKey and the property map, parsed record by record (reference path)."""
     tags, uniq, key_off, key_vals, map_off, map_keys, map_vals = [], [], [0], [], [0], [], []
     for text, good in zip(props.to_pylist(), ok.tolist()):
         d = parse_properties(text) if (good and text) else {}
@@ -126,6 +128,52 @@ def _property_columns(props: pa.Array, ok: np.ndarray):
     pmap = pa.MapArray.from_arrays(pa.array(map_off, pa.int32()), pa.array(map_keys, pa.string()),
                                    pa.array(map_vals, pa.string()))
     return pa.array(tags, pa.string()), keys, pa.array(uniq, pa.string()), pmap
+
+
+def _offsets(parents: np.ndarray, n: int) -> pa.Array:
+    off = np.zeros(n + 1, np.int32)
+    np.cumsum(np.bincount(parents, minlength=n), out=off[1:])
+    return pa.array(off)
+
+
+def _pick(parents: np.ndarray, values: pa.Array, mask: np.ndarray, n: int) -> pa.Array:
+    """Per record, the value of the last entry matching ``mask`` (a Java HashMap keeps the last put)."""
+    idx = np.full(n, -1, np.int64)
+    hits = np.flatnonzero(mask)
+    idx[parents[hits]] = hits
+    return values.take(pa.array(idx, mask=idx < 0))
+
+
+def _property_columns(props: pa.Array, ok: np.ndarray):
+    """The same columns as :func:`_property_columns_python`, with Arrow kernels over all records at once.
+
+    Rules of MessageDecoder.string2messageProperties (formats.properties): entries split on
+    \x02, name and value split at the first \x01, both non-empty. A record that names a key
+    twice (the map keeps the last value) sends the batch to the reference path.
+    """
+    n = len(props)
+    entries = pc.split_pattern(props, "\x02")
+    parents = np.asarray(pc.list_parent_indices(entries))
+    kv = pc.split_pattern(pc.list_flatten(entries), "\x01", max_splits=1)
+    two = np.asarray(pc.equal(pc.list_value_length(kv), 2).fill_null(False))
+    kv, parents = kv.filter(pa.array(two)), parents[two]
+    names, values = pc.list_element(kv, 0), pc.list_element(kv, 1)
+    good = np.asarray(pc.and_(pc.greater(pc.binary_length(names), 0), pc.greater(pc.binary_length(values), 0)))
+    names, values, parents = names.filter(pa.array(good)), values.filter(pa.array(good)), parents[good]
+    if len(parents) > 1:
+        dup = pa.table({"p": parents, "k": names}).group_by(["p", "k"]).aggregate([]).num_rows < len(parents)
+        if dup:
+            return _property_columns_python(props, ok)
+    pmap = pa.MapArray.from_arrays(_offsets(parents, n), names, values)
+    tags = _pick(parents, values, np.asarray(pc.equal(names, "TAGS")), n)
+    uniq = _pick(parents, values, np.asarray(pc.equal(names, "UNIQ_KEY")), n)
+    keys_text = _pick(parents, values, np.asarray(pc.equal(names, "KEYS")), n).fill_null("")
+    tokens = pc.split_pattern(keys_text, " ")
+    tparents = np.asarray(pc.list_parent_indices(tokens))
+    flat = pc.list_flatten(tokens)
+    nonempty = np.asarray(pc.greater(pc.binary_length(flat), 0))
+    keys = pa.ListArray.from_arrays(_offsets(tparents[nonempty], n), flat.filter(pa.array(nonempty)))
+    return tags, keys, uniq, pmap
 
 
 def build_batch(schema: pa.Schema, *, store: str, segment: str, seg_start: int, buf, u8: np.ndarray, h: Headers,
@@ -156,7 +204,7 @@ def build_batch(schema: pa.Schema, *, store: str, segment: str, seg_start: int, 
         "commitLogOffset": pa.array(h.offsets + seg_start, pa.int64()),
         "storeSize": pa.array(h.totalSize, pa.int32()),
         "magicVersion": pa.array(np.where(h.magicCode == -626843477, 2, 1).astype(np.int32)),
-        "topic": pc.if_else(null_if_bad, pa.scalar(None, pa.string()), topic),
+        "topic": topic if ok.all() else pc.if_else(null_if_bad, pa.scalar(None, pa.string()), topic),
         "queueId": pa.array(h.queueId, pa.int32()),
         "queueOffset": pa.array(h.queueOffset, pa.int64()),
         "sysFlag": pa.array(h.sysFlag, pa.int32()),
@@ -179,7 +227,8 @@ def build_batch(schema: pa.Schema, *, store: str, segment: str, seg_start: int, 
         "findingMessage": pa.array(messages, pa.string()),
     }
     if with_body:
-        cols["body"] = pc.if_else(null_if_bad, pa.scalar(None, pa.large_binary()), field(h.bodyStart, h.bodyLength))
+        body = field(h.bodyStart, h.bodyLength)
+        cols["body"] = body if ok.all() else pc.if_else(null_if_bad, pa.scalar(None, body.type), body)
     arrays = [cols[f.name].cast(f.type) if cols[f.name].type != f.type else cols[f.name] for f in schema]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
