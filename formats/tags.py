@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from .hashing import java_hash
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
@@ -9,6 +11,7 @@ DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 
 _UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
+@lru_cache(maxsize=16)  # StoreConfig.delay_table is read once per record by verify; treat the dict as read-only
 def parse_delay_levels(text: str = DEFAULT_DELAY_LEVELS) -> dict[int, int]:
     """``messageDelayLevel`` -> {level: millis}, levels starting at 1."""
     table = {}
