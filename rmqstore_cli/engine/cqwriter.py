@@ -127,6 +127,57 @@ class ConsumeQueueWriter:
         self.max_physic_offset = phy + size
         return True
 
+    def put_many(self, phy: np.ndarray, size: np.ndarray, tags: np.ndarray, cq_offset: np.ndarray) -> int:
+        """``put`` for each unit in order (int64 arrays); returns how many were written.
+
+        Runs of units that ``put`` would all append consecutively (ends increasing past
+        ``max_physic_offset``, no queue offset behind the write position, inside one file)
+        are packed and written with one slice assignment; the first unit of an empty queue
+        (pre-blank fill) and any unit breaking a run go through ``put`` itself."""
+        n = len(phy)
+        fs = self.file_size
+        per_file = fs // CQ_UNIT_SIZE
+        if fs % CQ_UNIT_SIZE:
+            per_file = 0  # odd geometry: one unit at a time
+        end = phy + size
+        expected = cq_offset * CQ_UNIT_SIZE
+        done = 0
+        i = 0
+        while i < n:
+            w = self.write_offset
+            if per_file == 0 or not self.has_files or w == self.first_create_start:
+                done += self.put(int(phy[i]), int(size[i]), int(tags[i]), int(cq_offset[i]))
+                i += 1
+                continue
+            in_file = w % fs
+            k = min(n - i, per_file - in_file // CQ_UNIT_SIZE)
+            e = end[i : i + k]
+            prev = np.empty(k, dtype=np.int64)
+            prev[0] = self.max_physic_offset
+            prev[1:] = e[:-1]
+            pos = w + CQ_UNIT_SIZE * np.arange(k, dtype=np.int64)
+            exp = expected[i : i + k]
+            nonzero = cq_offset[i : i + k] != 0
+            ok = (e > prev) & ~(nonzero & (exp < pos))
+            run = k if ok.all() else int(np.argmin(ok))
+            if run == 0:
+                done += self.put(int(phy[i]), int(size[i]), int(tags[i]), int(cq_offset[i]))
+                i += 1
+                continue
+            units = np.empty(run, dtype=CQ_DTYPE)
+            units["phyOffset"] = phy[i : i + run]
+            units["size"] = size[i : i + run]
+            units["tagsCode"] = tags[i : i + run]
+            seg = self.files.open(w - in_file)
+            seg.mm[in_file : in_file + run * CQ_UNIT_SIZE] = units.tobytes()
+            seg.dirty = True
+            self.out_of_order += int(np.count_nonzero(nonzero[:run] & (exp[:run] != pos[:run])))
+            self.write_offset = w + run * CQ_UNIT_SIZE
+            self.max_physic_offset = int(e[run - 1])
+            done += run
+            i += run
+        return done
+
     def flush(self) -> None:
         self.files.flush()
 

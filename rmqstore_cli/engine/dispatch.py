@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
+
 from formats.extaddr import is_ext_addr
 from formats.message import decode_utf8
 from formats.properties import parse_properties
@@ -51,6 +53,80 @@ class DispatchRequest:
     uniq_key: str | None = None
     keys: str | None = None
     bitmap: bytes = b""
+
+
+_COLUMNS = ("phy", "size", "topic", "queue_id", "queue_offset", "sysflag", "store_timestamp", "tags_code",
+            "uniq_key", "keys", "bitmap")
+
+
+class DispatchBatch(Sequence):
+    """Many DispatchRequests as columns (commitlog order): int64 arrays for the numbers, lists
+    for topics, keys and bitmaps.  Reads like a list of :class:`DispatchRequest` (index, slice,
+    iterate); the Dispatcher works on the columns without making a request object per record."""
+
+    __slots__ = _COLUMNS
+
+    def __init__(self, phy, size, topic, queue_id, queue_offset, sysflag, store_timestamp, tags_code,
+                 uniq_key, keys, bitmap=None):
+        i64 = np.int64
+        self.phy = np.asarray(phy, dtype=i64)
+        self.size = np.asarray(size, dtype=i64)
+        self.topic = topic
+        self.queue_id = np.asarray(queue_id, dtype=i64)
+        self.queue_offset = np.asarray(queue_offset, dtype=i64)
+        self.sysflag = np.asarray(sysflag, dtype=i64)
+        self.store_timestamp = np.asarray(store_timestamp, dtype=i64)
+        self.tags_code = np.asarray(tags_code, dtype=i64)
+        self.uniq_key = uniq_key
+        self.keys = keys
+        self.bitmap = bitmap  # None: no record has a bitmap
+
+    @classmethod
+    def from_requests(cls, reqs: Sequence[DispatchRequest]) -> "DispatchBatch":
+        if isinstance(reqs, DispatchBatch):
+            return reqs
+        bitmaps = [r.bitmap for r in reqs]
+        return cls([r.phy for r in reqs], [r.size for r in reqs], [r.topic for r in reqs],
+                   [r.queue_id for r in reqs], [r.queue_offset for r in reqs], [r.sysflag for r in reqs],
+                   [r.store_timestamp for r in reqs], [r.tags_code for r in reqs], [r.uniq_key for r in reqs],
+                   [r.keys for r in reqs], bitmaps if any(bitmaps) else None)
+
+    def __len__(self) -> int:
+        return len(self.phy)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return DispatchBatch(self.phy[i], self.size[i], self.topic[i], self.queue_id[i], self.queue_offset[i],
+                                 self.sysflag[i], self.store_timestamp[i], self.tags_code[i], self.uniq_key[i],
+                                 self.keys[i], None if self.bitmap is None else self.bitmap[i])
+        n = len(self.phy)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("DispatchBatch index out of range")
+        return DispatchRequest(int(self.phy[i]), int(self.size[i]), self.topic[i], int(self.queue_id[i]),
+                               int(self.queue_offset[i]), int(self.sysflag[i]), int(self.store_timestamp[i]),
+                               int(self.tags_code[i]), self.uniq_key[i], self.keys[i],
+                               b"" if self.bitmap is None else self.bitmap[i])
+
+    def __iter__(self):
+        cols = (self.phy.tolist(), self.size.tolist(), self.topic, self.queue_id.tolist(),
+                self.queue_offset.tolist(), self.sysflag.tolist(), self.store_timestamp.tolist(),
+                self.tags_code.tolist(), self.uniq_key, self.keys)
+        if self.bitmap is None:
+            for row in zip(*cols):
+                yield DispatchRequest(*row)
+        else:
+            for row, bm in zip(zip(*cols), self.bitmap):
+                yield DispatchRequest(*row, bm)
+
+    def take(self, idx: np.ndarray) -> "DispatchBatch":
+        """The records at the (sorted) positions ``idx``."""
+        il = idx.tolist()
+        return DispatchBatch(self.phy[idx], self.size[idx], [self.topic[i] for i in il], self.queue_id[idx],
+                             self.queue_offset[idx], self.sysflag[idx], self.store_timestamp[idx],
+                             self.tags_code[idx], [self.uniq_key[i] for i in il], [self.keys[i] for i in il],
+                             None if self.bitmap is None else [self.bitmap[i] for i in il])
 
 
 @dataclass
@@ -116,49 +192,85 @@ class Dispatcher:
         self.dispatch_many((req,))
 
     def dispatch_many(self, reqs: Sequence[DispatchRequest]) -> None:
-        """Dispatch records in commitlog order (same result as one ``dispatch`` per record)."""
-        if not reqs:
+        """Dispatch records in commitlog order (same result as one ``dispatch`` per record).
+
+        ``reqs`` may be a :class:`DispatchBatch` (no per-record objects) or any sequence of
+        requests.  Consume queues are independent files, so each queue's units are written
+        as one group; index entries go in commitlog order."""
+        if not len(reqs):
             return
-        ext_on = self.config.enableConsumeQueueExt
+        b = DispatchBatch.from_requests(reqs)
+        logics_ts = self._dispatch_cq(b)
         stats = self.stats
-        logics_ts = None
-        queues = self._queues
-        for req in reqs:
-            t = req.sysflag & 0xC
-            if t != TRANSACTION_NOT and t != TRANSACTION_COMMIT:
-                continue
-            if unsafe_topic_dir(req.topic):
-                stats.unsafe_topics += 1
-                self.problems.append(Finding("DISPATCH_UNSAFE_TOPIC", "error", None, req.phy,
-                                             f"topic {req.topic!r} cannot be a consume queue directory; not dispatched"))
-                continue
-            cq = queues.get((req.topic, req.queue_id)) or self.queue(req.topic, req.queue_id)
-            tags = req.tags_code
-            if ext_on:
-                # Writing the ext unit only for units the queue accepts keeps a re-dispatch
-                # from leaving orphan ext units (Java writes it before the duplicate check).
-                if not cq.accepts(req.phy, req.size, req.queue_offset):
-                    stats.cq_skipped += 1
-                    logics_ts = req.store_timestamp
-                    continue
-                addr = self.ext(req.topic, req.queue_id).put(tags, req.store_timestamp, req.bitmap)
-                if is_ext_addr(addr):
-                    tags = addr
-                    stats.ext_units += 1
-            if cq.put(req.phy, req.size, tags, req.queue_offset):
-                stats.cq_units += 1
-            else:
-                stats.cq_skipped += 1
-            logics_ts = req.store_timestamp
         if self.index is not None:
             before = self.index.entries_written
-            self.index.build(reqs)
+            self.index.build(b)
             stats.index_entries += self.index.entries_written - before
-        stats.records += len(reqs)
-        last = reqs[-1]
-        self.last_dispatched_end = last.phy + last.size
+        n = len(b)
+        stats.records += n
+        self.last_dispatched_end = int(b.phy[n - 1]) + int(b.size[n - 1])
         if logics_ts is not None:
             self.checkpoint.set(logicsMsgTimestamp=logics_ts)
+
+    def _dispatch_cq(self, b: DispatchBatch) -> int | None:
+        """CommitLogDispatcherBuildConsumeQueue over a batch, grouped per queue; returns the
+        store time of the last record it took (the checkpoint's logicsMsgTimestamp)."""
+        stats = self.stats
+        t = b.sysflag & 0xC
+        sel = np.flatnonzero((t == TRANSACTION_NOT) | (t == TRANSACTION_COMMIT))
+        if not len(sel):
+            return None
+        topics = b.topic
+        ids: dict[str, int] = {}
+        tid = np.fromiter((ids.setdefault(topics[i], len(ids)) for i in sel.tolist()), dtype=np.int64, count=len(sel))
+        bad_ids = [k for name, k in ids.items() if unsafe_topic_dir(name)]
+        if bad_ids:
+            bad = np.isin(tid, bad_ids)
+            for i in sel[bad].tolist():
+                stats.unsafe_topics += 1
+                self.problems.append(Finding("DISPATCH_UNSAFE_TOPIC", "error", None, int(b.phy[i]),
+                                             f"topic {topics[i]!r} cannot be a consume queue directory; not dispatched"))
+            sel, tid = sel[~bad], tid[~bad]
+            if not len(sel):
+                return None
+        qid = b.queue_id[sel]
+        key = (tid << 32) | (qid & 0xFFFFFFFF)
+        if len(ids) == 1 and (qid == qid[0]).all():
+            groups = [sel]
+        else:
+            order = np.argsort(key, kind="stable")
+            ks = key[order]
+            cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+            groups = np.split(sel[order], cuts)
+        ext_on = self.config.enableConsumeQueueExt
+        for g in groups:
+            i0 = int(g[0])
+            topic, q = topics[i0], int(b.queue_id[i0])
+            cq = self._queues.get((topic, q)) or self.queue(topic, q)
+            phy, size, tags, qo = b.phy[g], b.size[g], b.tags_code[g], b.queue_offset[g]
+            if not ext_on:
+                done = cq.put_many(phy, size, tags, qo)
+                stats.cq_units += done
+                stats.cq_skipped += len(g) - done
+                continue
+            # Writing the ext unit only for units the queue accepts keeps a re-dispatch
+            # from leaving orphan ext units (Java writes it before the duplicate check).
+            ext = self.ext(topic, q)
+            ts = b.store_timestamp[g].tolist()
+            bms = [b.bitmap[i] for i in g.tolist()] if b.bitmap is not None else [b""] * len(g)
+            for p, s, tg, o, st, bm in zip(phy.tolist(), size.tolist(), tags.tolist(), qo.tolist(), ts, bms):
+                if not cq.accepts(p, s, o):
+                    stats.cq_skipped += 1
+                    continue
+                addr = ext.put(tg, st, bm)
+                if is_ext_addr(addr):
+                    tg = addr
+                    stats.ext_units += 1
+                if cq.put(p, s, tg, o):
+                    stats.cq_units += 1
+                else:
+                    stats.cq_skipped += 1
+        return int(b.store_timestamp[sel[-1]])
 
     def requests_from_chunk(self, chunk) -> list[DispatchRequest]:
         """DispatchRequests for the records of a :class:`commitlog.Chunk` (reput's parse, §13.3)."""

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from formats.hashing import index_key_hash, index_key_hash_many
+from formats.hashing import INT_MIN, index_key_hash, index_key_hash_many, java_hash
 from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_ROLLBACK
 
 from .config import StoreConfig
@@ -58,6 +58,43 @@ def store_time_namer(store_timestamp: int) -> str:
 def _java_div1000(d: int) -> int:
     q = abs(d) // 1000
     return q if d >= 0 else -q
+
+
+_POW31 = np.ones(1, dtype=np.uint32)
+
+
+def _pow31(n: int) -> np.ndarray:
+    """31**e mod 2**32 for e in [0, n] (uint32 arithmetic wraps like Java int)."""
+    global _POW31
+    if len(_POW31) <= n:
+        p = np.full(max(n + 1, 2 * len(_POW31)), 31, dtype=np.uint32)
+        p[0] = 1
+        _POW31 = np.cumprod(p, dtype=np.uint32)
+    return _POW31
+
+
+def _index_hashes(keys: list[str], prefix: np.ndarray, topics: list[str]) -> np.ndarray:
+    """keyHash of ``topic#key`` for many keys (int64).  String.hashCode of a concatenation is
+    hash(a) * 31**len(b) + hash(b) (mod 2**32), so each key is hashed alone, all at once, and
+    combined with the cached hash of its ``topic#``; non-ASCII keys take the general path."""
+    joined = "".join(keys)
+    if not joined.isascii():
+        return index_key_hash_many([f"{t}#{k}" for t, k in zip(topics, keys)])
+    m = len(keys)
+    lens = np.fromiter(map(len, keys), dtype=np.int64, count=m)
+    ends = np.cumsum(lens)
+    pw = _pow31(int(lens.max()))
+    h = np.zeros(m, dtype=np.uint32)
+    if len(joined):
+        chars = np.frombuffer(joined.encode("ascii"), dtype=np.uint8).astype(np.uint32)
+        exps = np.repeat(ends - 1, lens) - np.arange(len(chars), dtype=np.int64)
+        contrib = chars * pw[exps]
+        nz = lens > 0
+        h[nz] = np.add.reduceat(contrib, (ends - lens)[nz], dtype=np.uint32)
+    full = (prefix * pw[lens] + h).view(np.int32).astype(np.int64)
+    out = np.abs(full)
+    out[full == INT_MIN] = 0
+    return out
 
 
 class _OpenIndex:
@@ -184,6 +221,7 @@ class IndexWriter:
         self.entries_written = 0
         self._last_name = ""
         self._left_behind: list[str] = []
+        self._prefix_hash: dict[str, int] = {}
         names = self._names()
         if names:
             self._last_name = names[-1]
@@ -229,7 +267,85 @@ class IndexWriter:
 
     def build(self, batch: Sequence) -> None:
         """buildIndex for each request in commitlog order (``phy, store_timestamp, sysflag, topic,
-        uniq_key, keys`` attributes)."""
+        uniq_key, keys`` attributes, or a dispatch.DispatchBatch of such columns)."""
+        phy = getattr(batch, "phy", None)
+        if isinstance(phy, np.ndarray) and self.entries >= 2 and not (np.diff(phy) < 0).any():
+            self._build_columns(batch)
+        else:
+            self._build_scalar(batch)
+
+    def _build_columns(self, b) -> None:
+        """``build`` for a batch in commitlog order: keys collected and hashed in bulk, then
+        placed file by file (a new file when the next request arrives at a full one)."""
+        n = len(b)
+        if n == 0:
+            return
+        phy = b.phy
+        tss = b.store_timestamp
+        cur = self.cur
+        if cur is None or cur.index_count >= self.entries:
+            cur = self._new_file(int(tss[0]))
+        # Requests come in commitlog order, so only those below the file's end at the start
+        # are "already indexed" (every indexed key moves endPhyOffset up to its own offset).
+        el = np.flatnonzero((phy >= cur.end_phy) & ((b.sysflag & 0xC) != TRANSACTION_ROLLBACK))
+        topics, uniqs, keyss = b.topic, b.uniq_key, b.keys
+        ks: list[str] = []
+        rec: list[int] = []
+        pre: list[int] = []
+        phash = self._prefix_hash
+        for i in el.tolist():
+            u = uniqs[i]
+            k = keyss[i]
+            if u is None and not k:
+                continue
+            t = topics[i]
+            ph = phash.get(t)
+            if ph is None:
+                ph = phash[t] = java_hash(t + "#") & 0xFFFFFFFF
+            if u is not None:
+                ks.append(u)
+                rec.append(i)
+                pre.append(ph)
+            if k:
+                if " " in k:
+                    for tok in k.split(" "):
+                        if tok:
+                            ks.append(tok)
+                            rec.append(i)
+                            pre.append(ph)
+                else:
+                    ks.append(k)
+                    rec.append(i)
+                    pre.append(ph)
+        m = len(ks)
+        recs = np.array(rec, dtype=np.int64)
+        hashes = _index_hashes(ks, np.array(pre, dtype=np.uint32), [topics[i] for i in rec]) if m else None
+        kphy = phy[recs]
+        kts = tss[recs]
+        j = 0
+        while True:
+            take = min(self.entries - cur.index_count, m - j)
+            if take > 0:
+                self.entries_written += take
+                if take < VECTOR_MIN:
+                    for h, p, t in zip(hashes[j : j + take].tolist(), kphy[j : j + take].tolist(),
+                                       kts[j : j + take].tolist()):
+                        ok = cur.put(h, p, t)
+                        assert ok
+                else:
+                    cur.put_many(hashes[j : j + take], kphy[j : j + take], kts[j : j + take])
+                j += take
+            if cur.index_count < self.entries or j == 0:
+                break
+            r = int(recs[j - 1])
+            if j < m and int(recs[j]) == r:
+                cur = self._new_file(int(kts[j]))  # full in the middle of one message's keys
+            elif r + 1 < n:
+                cur = self._new_file(int(tss[r + 1]))  # the next request finds the file full
+            else:
+                break
+
+    def _build_scalar(self, batch: Sequence) -> None:
         cur = self.cur
         pend_keys: list[str] = []
         pend_phy: list[int] = []
