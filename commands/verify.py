@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from rmqstore_cli.engine.verify import verify_store
+from rmqstore_cli.engine.verify import verify_segments_parallel, verify_store
 
 from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
                      VersionOpt, open_store)
@@ -26,6 +26,7 @@ def verify(
     cq_file_size: Optional[int] = CqSizeOpt,
     index_slots: Optional[int] = IndexSlotsOpt,
     index_entries: Optional[int] = IndexEntriesOpt,
+    jobs: int = typer.Option(1, "-j", "--jobs", min=1, help="Processes for the commitlog walk (segments are split among them)."),
 ):
     """Check the commitlog, consume queues, ext, index and checkpoint against each other (read-only).
 
@@ -33,7 +34,8 @@ def verify(
     """
     st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
     with st, progress("verifying commitlog", sum(s.size for s in st.commitlog.segments)) as advance:
-        result = verify_store(st, check_crc=not no_crc, progress=advance)
+        reports = verify_segments_parallel(st.commitlog, jobs, check_crc=not no_crc, progress=advance) if jobs > 1 else None
+        result = verify_store(st, check_crc=not no_crc, reports=reports, progress=advance)
     out = Output(json_)
     rows = [f.as_json() for f in result.findings]
     if json_:

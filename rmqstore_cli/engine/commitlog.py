@@ -95,11 +95,14 @@ class CommitLog:
 
     def scan(self, *, start_index: int = 0, start_position: int = 0, check_crc: bool = True,
              strict_version: bool = False, result: ScanResult | None = None,
-             chunk_records: int = CHUNK_RECORDS, stop_at_invalid: bool = True) -> Iterator[Chunk]:
+             chunk_records: int = CHUNK_RECORDS, stop_at_invalid: bool = True,
+             end_index: int | None = None) -> Iterator[Chunk]:
         """Yield chunks of valid records from segment ``start_index`` on; fill ``result``.
 
         The walk follows the broker: BLANK -> next segment; anything else that is not a
-        valid record ends the log (``result.stop`` says where and why).
+        valid record ends the log (``result.stop`` says where and why). With ``end_index``
+        the walk also ends after segment ``end_index - 1`` (a stop of kind "blank" there means
+        the log goes on in the next range: how ``-j`` splits a scan, see :mod:`.parallel`).
         """
         result = result if result is not None else ScanResult()
         segs = self.segments.segments
@@ -139,7 +142,7 @@ class CommitLog:
             _release(buf)
             if w.kind == fast.STOP_BLANK:
                 result.blanks.append((seg.start + w.stop, w.size))
-                if i + 1 == len(segs):
+                if i + 1 == len(segs) or (end_index is not None and i + 1 >= end_index):
                     result.stop = Stop(seg.start + w.stop, seg, w.stop, fast.STOP_BLANK, size=w.size, magic=w.magic)
                     return
                 i += 1

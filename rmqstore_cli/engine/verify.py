@@ -95,6 +95,25 @@ def verify_segments(commitlog: CommitLog, indexes: Iterable[int], *, check_crc: 
     return [_verify_segment(commitlog, i, check_crc, progress) for i in indexes]
 
 
+def verify_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool = True,
+                             progress: Callable[[int], None] | None = None) -> list[SegmentReport]:
+    """:func:`verify_segments` over every segment, one segment per task on ``jobs`` forked processes (``-j``)."""
+    from .parallel import map_ranges, split
+
+    segs = commitlog.segments.segments
+
+    def done(r: range, _reports) -> None:
+        if progress:
+            progress(sum(segs[i].size for i in r))
+
+    parts = map_ranges(_verify_range, split(len(segs), len(segs)), jobs, commitlog, check_crc, on_result=done)
+    return [rep for part in parts for rep in part]
+
+
+def _verify_range(r: range, commitlog: CommitLog, check_crc: bool) -> list[SegmentReport]:
+    return verify_segments(commitlog, r, check_crc=check_crc)
+
+
 def _verify_segment(commitlog: CommitLog, i: int, check_crc: bool, progress) -> SegmentReport:
     seg = commitlog.segments.segments[i]
     cfg = commitlog.config

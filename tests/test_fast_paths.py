@@ -1,0 +1,304 @@
+"""The optimised walker / header gather / CRC check give exactly what a plain reference gives.
+
+References here are written independently of formats.fast (a struct loop, per-field struct
+reads, zlib CRC). The lane walk only engages on large ranges, so most tests lower its
+thresholds to force it onto small buffers as well.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from formats import fast
+from formats.message import encode_message
+from formats.records import MAGIC_BLANK, MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6
+from rmqstore_cli.engine.store import Store
+
+from .conftest import CLEAN_STORES, STORE_NAMES, broker_read, shared_store
+
+BOTH = (MAGIC_V1, MAGIC_V2)
+
+
+def ref_walk(buf, pos, end, magics, max_records=1 << 62):
+    """(offsets, stop, kind, size, magic) by reading one record at a time."""
+    out = []
+    while True:
+        if pos + 8 > end:
+            return out, pos, fast.STOP_EOF, 0, 0
+        if len(out) >= max_records:
+            return out, pos, fast.STOP_CHUNK, 0, 0
+        size, magic = struct.unpack_from(">ii", buf, pos)
+        if magic in magics:
+            if size < MIN_MESSAGE_SIZE:
+                return out, pos, fast.STOP_BAD_SIZE, size, magic
+            if pos + size > end:
+                return out, pos, fast.STOP_TORN, size, magic
+            out.append(pos)
+            pos += size
+            continue
+        if magic == MAGIC_BLANK:
+            return out, pos, fast.STOP_BLANK, size, magic
+        if magic == 0 and size == 0:
+            return out, pos, fast.STOP_ZERO, size, magic
+        return out, pos, fast.STOP_BAD_MAGIC, size, magic
+
+
+def check_walk(buf, pos=0, end=None, magics=BOTH, max_records=1 << 62):
+    end = len(buf) if end is None else end
+    w = fast.walk(buf, pos, end, magics, max_records)
+    got = (w.offsets.tolist(), w.stop, w.kind, w.size, w.magic)
+    assert w.offsets.dtype == np.int64
+    assert got == ref_walk(buf, pos, end, magics, max_records)
+    return w
+
+
+@pytest.fixture
+def force_lanes(monkeypatch):
+    monkeypatch.setattr(fast, "LANE_MIN_BYTES", 0)
+    monkeypatch.setattr(fast, "LANE_MIN_RECORDS", 0)
+    monkeypatch.setattr(fast, "LANE_RECORDS", 2)
+    monkeypatch.setattr(fast, "_PROBE", 2)
+
+
+def _record(rng: random.Random, body: bytes, phy: int, v2: bool = False, v6: bool = False) -> bytes:
+    topic = b"T" * rng.randint(1, 40)
+    sysflag = (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6) if v6 else 0
+    host = (bytes(16), 1) if v6 else (bytes([10, 0, 0, 1]), 2)
+    props = b"KEYS\x01k%d\x02UNIQ_KEY\x01X" % rng.randint(0, 10**6)
+    return encode_message(topic=topic, queue_id=rng.randint(0, 7), flag=0, queue_offset=rng.randint(0, 99),
+                          physical_offset=phy, sysflag=sysflag, born_timestamp=1, born_host=host, store_timestamp=2,
+                          store_host=host, reconsume_times=0, prepared_offset=0, body=body, properties=props,
+                          magic=MAGIC_V2 if v2 else MAGIC_V1)
+
+
+def synthetic(seed: int, n: int, tail: str, magic_bodies: bool = False) -> tuple[bytes, list[int]]:
+    """n records of many sizes, then a tail: blank | zeros | torn | garbage | badsize | eof."""
+    rng = random.Random(seed)
+    out = bytearray()
+    starts = []
+    for _ in range(n):
+        size = rng.choice([0, 1, 7, 100, 300, 1024, 3000, rng.randint(0, 6000)])
+        body = bytearray(rng.randbytes(size))
+        if magic_bodies and size >= 16:
+            # magic codes (and whole fake records) inside bodies: false lane starts
+            for _ in range(rng.randint(1, 4)):
+                at = rng.randrange(0, size - 8)
+                body[at : at + 8] = struct.pack(">ii", rng.randint(91, 400), rng.choice(BOTH))
+            if size > 400 and rng.random() < 0.5:
+                fake = _record(rng, b"fake", 0)
+                at = rng.randrange(0, size - len(fake))
+                body[at : at + len(fake)] = fake
+        starts.append(len(out))
+        out += _record(rng, bytes(body), len(out), v2=rng.random() < 0.2, v6=rng.random() < 0.1)
+    if tail == "blank":
+        out += struct.pack(">ii", 4096, MAGIC_BLANK) + bytes(4088)
+    elif tail == "zeros":
+        out += bytes(rng.randint(8, 500))
+    elif tail == "torn":
+        out += _record(rng, rng.randbytes(200), len(out))[: rng.randint(8, 250)]
+    elif tail == "garbage":
+        out += rng.randbytes(64)
+    elif tail == "badsize":
+        out += struct.pack(">ii", 50, MAGIC_V1) + bytes(100)
+    elif tail == "partial8":
+        out += b"\x00\x00\x01"
+    return bytes(out), starts
+
+
+TAILS = ["blank", "zeros", "torn", "garbage", "badsize", "partial8", "eof"]
+
+
+@pytest.mark.parametrize("tail", TAILS)
+@pytest.mark.parametrize("magic_bodies", [False, True])
+def test_lane_walk_matches_reference_on_synthetic(force_lanes, tail, magic_bodies):
+    for seed in range(4):
+        buf, starts = synthetic(seed * 31 + len(tail), 300, tail, magic_bodies)
+        w = check_walk(buf)
+        assert w.offsets.tolist() == starts
+        check_walk(buf, magics=(MAGIC_V1,))  # v2 records end the walk as bad magic
+        for max_records in (1, 2, 50, 299, 300, 301):
+            check_walk(buf, max_records=max_records)
+        mid = starts[100]
+        check_walk(buf, pos=mid)
+        check_walk(buf, pos=mid, end=starts[200] + 5)  # an end inside a record: torn
+        check_walk(buf, end=starts[150])  # an end exactly on a boundary
+        check_walk(buf, pos=mid + 3)  # not a record start: stops at once
+
+
+def test_lane_walk_blank_at_various_positions(force_lanes):
+    rng = random.Random(5)
+    buf, starts = synthetic(9, 120, "eof")
+    for k in (0, 1, 2, 59, 60, 118, 119):
+        cut = starts[k]
+        data = buf[:cut] + struct.pack(">ii", rng.randint(8, 999), MAGIC_BLANK) + buf[cut + 8 :]
+        w = check_walk(data)
+        assert w.kind == fast.STOP_BLANK and w.stop == cut
+
+
+def test_lane_walk_with_many_false_starts_and_buffer_types(force_lanes, monkeypatch):
+    # Every body is full of magic codes: lanes start wrong and must be re-walked (also the
+    # sequential finish when they do not settle within the round limit).
+    buf, starts = synthetic(77, 400, "zeros", magic_bodies=True)
+    for rounds in (0, 1, 6):
+        monkeypatch.setattr(fast.lanes_mod, "_MAX_ROUNDS", rounds)
+        assert check_walk(buf).offsets.tolist() == starts
+        assert check_walk(bytearray(buf)).offsets.tolist() == starts
+        assert check_walk(memoryview(buf)).offsets.tolist() == starts  # no find(): plain walk
+
+
+def test_default_thresholds_on_a_large_buffer():
+    rng = random.Random(3)
+    parts, starts, pos = [], [], 0
+    while pos < (3 << 20):
+        rec = _record(rng, rng.randbytes(rng.choice([10, 100, 900])), pos)
+        starts.append(pos)
+        parts.append(rec)
+        pos += len(rec)
+    buf = b"".join(parts) + bytes(64)
+    assert check_walk(buf).offsets.tolist() == starts
+    check_walk(buf, max_records=10_000)
+    check_walk(buf, pos=starts[5000], max_records=4096)
+
+
+def test_walk_on_shared_stores(force_lanes):
+    for name in STORE_NAMES:
+        st = Store.open(str(shared_store(name)))
+        try:
+            for seg in st.commitlog.segments:
+                buf = seg.buffer()
+                check_walk(buf)
+                check_walk(buf, magics=(MAGIC_V1,))
+                check_walk(bytes(buf), max_records=7)
+        finally:
+            st.close()
+
+
+# --- header gather ------------------------------------------------------------------------------
+
+def assert_headers_equal(a: fast.Headers, b: fast.Headers):
+    for name in fast.Headers.__slots__:
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype, name
+        assert np.array_equal(x, y), name
+
+
+def test_decode_headers_matches_reference_on_shared_stores():
+    for name in STORE_NAMES:
+        st = Store.open(str(shared_store(name)))
+        try:
+            for seg in st.commitlog.segments:
+                buf = seg.buffer()
+                if not len(buf):
+                    continue
+                offs = np.array(ref_walk(buf, 0, len(buf), BOTH)[0], dtype=np.int64)
+                assert_headers_equal(fast.decode_headers(buf, offs), fast.decode_headers_reference(buf, offs))
+        finally:
+            st.close()
+
+
+def test_decode_headers_on_arbitrary_offsets():
+    buf, starts = synthetic(11, 200, "torn", magic_bodies=True)
+    rng = np.random.default_rng(1)
+    cases = [np.array(starts), rng.integers(0, len(buf), 500), np.array([len(buf) - 1, len(buf) - 50, 0]),
+             np.array([], dtype=np.int64)]
+    for offs in cases:
+        offs = np.asarray(offs, dtype=np.int64)
+        assert_headers_equal(fast.decode_headers(buf, offs), fast.decode_headers_reference(buf, offs))
+
+
+def test_decode_headers_fields_against_struct_reads():
+    buf, starts = synthetic(12, 150, "eof")
+    h = fast.decode_headers(buf, np.array(starts, dtype=np.int64))
+    for i, p in enumerate(starts):
+        total, magic, crc, qid = struct.unpack_from(">iiii", buf, p)
+        sysflag = struct.unpack_from(">i", buf, p + 36)[0]
+        bh = 20 if sysflag & SYSFLAG_BORNHOST_V6 else 8
+        sh = 20 if sysflag & SYSFLAG_STOREHOST_V6 else 8
+        st = p + 48 + bh
+        blen = struct.unpack_from(">i", buf, st + 8 + sh + 12)[0]
+        bstart = st + 8 + sh + 16
+        tl = struct.unpack_from(">h" if magic == MAGIC_V2 else ">b", buf, bstart + blen)[0]
+        assert (h.totalSize[i], h.magicCode[i], h.bodyCRC[i], h.queueId[i]) == (total, magic, crc, qid)
+        assert h.storeTimestamp[i] == struct.unpack_from(">q", buf, st)[0]
+        assert (h.bodyStart[i], h.bodyLength[i], h.topicLength[i]) == (bstart, blen, tl)
+        assert h.reason[i] == fast.R_OK
+
+
+# --- body CRC ----------------------------------------------------------------------------------
+
+def test_check_body_crc_matches_zlib():
+    buf, starts = synthetic(13, 200, "eof")
+    data = bytearray(buf)
+    h0 = fast.decode_headers(buf, np.array(starts, dtype=np.int64))
+    flip = [3, 50, 199]
+    for i in flip:
+        if h0.bodyLength[i] > 0:
+            data[int(h0.bodyStart[i])] ^= 0xFF
+    h = fast.decode_headers(bytes(data), np.array(starts, dtype=np.int64))
+    expect = np.array([b <= 0 or (zlib.crc32(data[s : s + b]) & 0x7FFFFFFF) == c
+                       for s, b, c in zip(h.bodyStart.tolist(), h.bodyLength.tolist(), h.bodyCRC.tolist())])
+    assert not expect.all()
+    assert np.array_equal(fast.check_body_crc(bytes(data), h), expect)
+    mask = np.zeros(len(h), dtype=bool)
+    mask[::2] = True
+    assert np.array_equal(fast.check_body_crc(bytes(data), h, mask), expect | ~mask)
+    # a body that runs past the buffer never matches
+    short = bytes(data[: starts[-1] + 100])
+    last = fast.decode_headers(short, np.array([starts[-1]], dtype=np.int64))
+    if last.bodyLength[0] > 12:
+        assert not fast.check_body_crc(short, last)[0]
+
+
+# --- the scan against the broker's own read-back ------------------------------------------------
+
+@pytest.mark.parametrize("name", CLEAN_STORES + ["4.9.3-crash"])
+def test_scan_offsets_are_the_brokers(name, force_lanes):
+    st = Store.open(str(shared_store(name)))
+    try:
+        got = []
+        for chunk in st.commitlog.scan(check_crc=True, chunk_records=37):
+            got += chunk.phy.tolist()
+            assert 0 < len(chunk.headers) <= 37
+    finally:
+        st.close()
+    assert got == [m["offset"] for m in broker_read(name)["clmsg"]]
+
+
+# --- -j: per-segment work in forked processes, merged in order -----------------------------------
+
+@pytest.mark.parametrize("name", ["4.9.3-crash", "5.3.3-clean"])
+def test_verify_jobs_gives_the_single_process_result(name):
+    from rmqstore_cli.engine.verify import verify_store, verify_segments_parallel
+
+    st = Store.open(str(shared_store(name)))
+    try:
+        one = verify_store(st)
+        two = verify_store(st, reports=verify_segments_parallel(st.commitlog, 2))
+    finally:
+        st.close()
+    assert [f.as_json() for f in two.findings] == [f.as_json() for f in one.findings]
+    assert two.summary == one.summary
+
+
+def test_scan_split_into_ranges_equals_one_scan():
+    from rmqstore_cli.engine.commitlog import ScanResult
+    from rmqstore_cli.engine.parallel import split
+
+    st = Store.open(str(shared_store("4.9.3-clean")))
+    try:
+        whole = [c.phy.tolist() for c in st.commitlog.scan()]
+        parts = []
+        ranges = split(len(st.commitlog.segments.segments), 5)
+        for r in ranges[:-1]:
+            res = ScanResult()
+            parts += [c.phy.tolist() for c in st.commitlog.scan(start_index=r.start, end_index=r.stop, result=res)]
+            assert res.stop.kind == fast.STOP_BLANK and res.stop.segment is st.commitlog.segments.segments[r.stop - 1]
+        parts += [c.phy.tolist() for c in st.commitlog.scan(start_index=ranges[-1].start, end_index=ranges[-1].stop)]
+    finally:
+        st.close()
+    assert sum(parts, []) == sum(whole, [])
