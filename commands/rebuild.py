@@ -33,6 +33,7 @@ def rebuild(
     cq_file_size: Optional[int] = CqSizeOpt,
     index_slots: Optional[int] = IndexSlotsOpt,
     index_entries: Optional[int] = IndexEntriesOpt,
+    jobs: int = typer.Option(1, "-j", "--jobs", min=1, help="Processes parsing the commitlog (segments split among them; writes stay in order)."),
 ):
     """Rebuild consume queues / ext / index from the commitlog with the broker's dispatch rules.
 
@@ -50,7 +51,7 @@ def rebuild(
     lock = take_lock(st.root, force)
     try:
         with st:
-            res = engine_rebuild(st, what, topic=topic, from_offset=from_offset, backup=backup)
+            res = engine_rebuild(st, what, topic=topic, from_offset=from_offset, backup=backup, jobs=jobs)
         backup.mark("complete")
     finally:
         if lock is not None:

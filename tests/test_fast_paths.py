@@ -302,3 +302,23 @@ def test_scan_split_into_ranges_equals_one_scan():
     finally:
         st.close()
     assert sum(parts, []) == sum(whole, [])
+
+
+def test_rebuild_jobs_gives_the_single_process_files(store_copy):
+    from rmqstore_cli.engine.rebuild import rebuild
+
+    from .conftest import tree_digest
+
+    digests = []
+    for jobs in (1, 2):
+        root = store_copy("4.9.3-ext", f"j{jobs}")
+        st = Store.open(str(root))
+        try:
+            rebuild(st, "all", jobs=jobs)
+        finally:
+            st.close()
+        digests.append({rel: d for rel, (d, _) in tree_digest(root).items()})
+    assert digests[0] == digests[1]
+    broker = tree_digest(shared_store("4.9.3-ext"))
+    queues = [rel for rel in broker if rel.startswith("consumequeue")]
+    assert queues and all(digests[1][rel] == broker[rel][0] for rel in queues)

@@ -31,18 +31,22 @@ def _call(part: range):
     return fn(part, *args)
 
 
-def map_ranges(fn: Callable, ranges: Sequence[range], jobs: int, *args, on_result: Callable | None = None) -> list:
+def map_ranges(fn: Callable, ranges: Sequence[range], jobs: int, *args, on_result: Callable | None = None,
+               keep: bool = True) -> list:
     """[fn(r, *args) for r in ranges], computed by ``jobs`` forked processes, in order.
 
-    ``on_result(range, result)`` is called in this process as each result arrives (in order).
+    ``on_result(range, result)`` is called in this process as each result arrives (in order);
+    with ``keep=False`` results are not collected (streaming: memory stays ~``jobs`` results).
     """
     global _TASK
     if jobs <= 1 or len(ranges) <= 1:
         out = []
         for r in ranges:
-            out.append(fn(r, *args))
+            res = fn(r, *args)
+            if keep:
+                out.append(res)
             if on_result:
-                on_result(r, out[-1])
+                on_result(r, res)
         return out
     _TASK = (fn, args)
     try:
@@ -50,7 +54,8 @@ def map_ranges(fn: Callable, ranges: Sequence[range], jobs: int, *args, on_resul
         with ctx.Pool(min(jobs, len(ranges))) as pool:
             out = []
             for r, res in zip(ranges, pool.imap(_call, ranges)):
-                out.append(res)
+                if keep:
+                    out.append(res)
                 if on_result:
                     on_result(r, res)
             return out

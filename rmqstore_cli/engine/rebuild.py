@@ -47,7 +47,7 @@ def _cut_queue_dir(d: str, file_size: int, phy: int) -> None:
 
 
 def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | None = None,
-            backup: Backup | None = None, index_namer=store_time_namer) -> dict:
+            backup: Backup | None = None, index_namer=store_time_namer, jobs: int = 1) -> dict:
     from .dispatch import Dispatcher
 
     if what not in PARTS:
@@ -92,13 +92,18 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
         d = Dispatcher(tmp, cfg.with_(messageIndexEnable=cfg.messageIndexEnable and "index" in parts),
                        index_namer=index_namer)
         try:
-            for chunk in store.commitlog.scan(check_crc=False):
-                reqs = d.requests_from_chunk(chunk)
+            def handle(reqs) -> None:
                 if start:
                     reqs = [r for r in reqs if r.phy >= start]
                 if topic is not None:
                     reqs = [r for r in reqs if r.topic == topic]
                 d.dispatch_many(reqs)
+
+            if jobs > 1:
+                _parallel_requests(store, d, jobs, handle)
+            else:
+                for chunk in store.commitlog.scan(check_crc=False):
+                    handle(d.requests_from_chunk(chunk))
             d.flush(checkpoint=False)
         finally:
             d.close(flush=False)
@@ -128,3 +133,35 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
         shutil.rmtree(tmp, ignore_errors=True)
     return {"rebuilt": swapped, "records": stats.records, "cqUnits": stats.cq_units, "extUnits": stats.ext_units,
             "indexEntries": stats.index_entries, "from": start}
+
+
+def _parallel_requests(store, d, jobs: int, handle) -> None:
+    """``-j``: parse the records of each segment in forked workers, dispatch them here in log order.
+
+    The walk goes on into segment i + 1 only when segment i ends in a BLANK, exactly as one scan
+    does; results of segments past the end of the log are dropped.
+    """
+    from .parallel import map_ranges, split
+
+    n = len(store.commitlog.segments.segments)
+    state = {"open": True}
+
+    def take(r: range, res) -> None:
+        batches, continues = res
+        if state["open"]:
+            for b in batches:
+                handle(b)
+            state["open"] = continues
+
+    map_ranges(_segment_requests, split(n, n), jobs, store, d, on_result=take, keep=False)
+
+
+def _segment_requests(r: range, store, d):
+    from .commitlog import ScanResult
+
+    res = ScanResult()
+    batches = [d.requests_from_chunk(c) for c in store.commitlog.scan(start_index=r.start, end_index=r.stop,
+                                                                        check_crc=False, result=res)]
+    segs = store.commitlog.segments.segments
+    continues = res.stop is not None and res.stop.kind == "blank" and res.stop.segment is segs[r.stop - 1]
+    return batches, continues
