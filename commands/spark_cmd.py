@@ -12,8 +12,8 @@ import typer
 
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, UsageError
 
-from .common import CommitLogSizeOpt, ConfigOpt, JsonOpt, VersionOpt
-from .output import Output, handle_errors, stdout
+from .common import CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, VersionOpt
+from .output import Output, handle_errors, stderr
 
 spark_app = typer.Typer(help="Run store jobs on Apache Spark (local by default, or --master spark://...).",
                         no_args_is_help=True)
@@ -31,8 +31,11 @@ def _session(master: Optional[str], driver_memory: str):
     return build_session(master, "rmqstore", driver_memory=driver_memory)
 
 
-def _overrides(broker_version, commitlog_file_size) -> dict:
-    return {"version": broker_version, "mappedFileSizeCommitLog": commitlog_file_size}
+def _overrides(broker_version, commitlog_file_size, cq_file_size=None, index_slots=None, index_entries=None) -> dict:
+    if broker_version is not None and broker_version not in (4, 5):
+        raise UsageError("--broker-version must be 4 or 5")
+    return {"version": broker_version, "mappedFileSizeCommitLog": commitlog_file_size,
+            "mappedFileSizeConsumeQueue": cq_file_size, "maxHashSlotNum": index_slots, "maxIndexNum": index_entries}
 
 
 def _check_roots(stores: List[str]) -> list[str]:
@@ -90,6 +93,9 @@ def verify_cmd(
     config: Optional[str] = ConfigOpt,
     broker_version: Optional[int] = VersionOpt,
     commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+    cq_file_size: Optional[int] = CqSizeOpt,
+    index_slots: Optional[int] = IndexSlotsOpt,
+    index_entries: Optional[int] = IndexEntriesOpt,
 ):
     """CRC and structure of every record (on the executors), plus consume-queue, index and checkpoint
     cross-checks. Exit 0 clean, 1 findings, 2 unreadable."""
@@ -100,17 +106,17 @@ def verify_cmd(
     spark = _session(master, driver_memory)
     with job_progress(spark, "verify"):
         res = jobs.verify(spark, roots, check_crc=not no_crc, out=out, out_format=out_format,
-                          overrides=_overrides(broker_version, commitlog_file_size), config_file=config)
+                          overrides=_overrides(broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries), config_file=config)
     o = Output(json_)
-    o.table(res["findings"], [("severity", "severity"), ("code", "code"), ("path", "path"), ("offset", "offset"),
-                               ("message", "message")], title="findings")
-    if not json_:
-        for s in res["stores"]:
-            counts = s.get("findings", {})
-            stdout.print(f"{s.get('root')}: {s['commitlog']['records']} records, "
-                         f"{counts.get('error', 0)} errors, {counts.get('warning', 0)} warnings, {counts.get('info', 0)} info")
-        if res["out"]:
-            stdout.print(f"findings written to {res['out']}")
+    if res["findings"] or json_:
+        o.table(res["findings"], [("severity", "severity"), ("code", "code"), ("path", "file"),
+                                  ("offset", "offset"), ("message", "what")], title="spark verify")
+    for summary in res["stores"]:
+        c, cl = summary["findings"], summary["commitlog"]
+        stderr.print(f"rmqstore: spark verify: {summary['root']}: {cl['records']} records in {cl['files']} commitlog files; "
+                     f"{c['error']} errors, {c['warning']} warnings, {c['info']} info", markup=False, highlight=False)
+    if res["out"]:
+        stderr.print(f"rmqstore: spark verify: findings written to {res['out']}", markup=False, highlight=False)
     raise typer.Exit(res["exitCode"])
 
 
@@ -127,6 +133,9 @@ def rebuild_cmd(
     config: Optional[str] = ConfigOpt,
     broker_version: Optional[int] = VersionOpt,
     commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+    cq_file_size: Optional[int] = CqSizeOpt,
+    index_slots: Optional[int] = IndexSlotsOpt,
+    index_entries: Optional[int] = IndexEntriesOpt,
 ):
     """Compute consume queues (one task per queue) or index files (one task per file) from the commitlog."""
     from rmqstore_cli.engine.store import Store
@@ -138,7 +147,7 @@ def rebuild_cmd(
     target = os.path.join(out, what)
     if os.path.exists(target) or (what == "consumequeue" and os.path.exists(os.path.join(out, "consumequeue_ext"))):
         raise UsageError(f"{target} already exists; give a new --out directory")
-    ov = _overrides(broker_version, commitlog_file_size)
+    ov = _overrides(broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
     st = Store.open(store, config_file=config, overrides=ov)
     os.makedirs(out, exist_ok=True)
     spark = _session(master, driver_memory)
@@ -166,6 +175,9 @@ def stats_cmd(
     config: Optional[str] = ConfigOpt,
     broker_version: Optional[int] = VersionOpt,
     commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+    cq_file_size: Optional[int] = CqSizeOpt,
+    index_slots: Optional[int] = IndexSlotsOpt,
+    index_entries: Optional[int] = IndexEntriesOpt,
 ):
     """The ``stats`` report (per topic/queue counts, sizes, times, index fill, queue lag), computed on Spark."""
     from rmqstore_cli.spark import jobs
@@ -176,7 +188,7 @@ def stats_cmd(
     o = Output(json_)
     for root in roots:
         with job_progress(spark, "stats"):
-            res = jobs.stats(spark, root, overrides=_overrides(broker_version, commitlog_file_size), config_file=config)
+            res = jobs.stats(spark, root, overrides=_overrides(broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries), config_file=config)
         res["root"] = root
         if json_:
             o.line(res)
