@@ -29,13 +29,13 @@ def evaluate(results: list[dict]) -> list[dict]:
     rows = []
     for label, workload, store, metric, minimum in TARGETS:
         r = _find(results, workload, store)
-        if r is None or "not_available" in r:
-            rows.append({"target": label, "measured": None, "pass": None,
-                         "note": (r or {}).get("not_available", "not run")})
+        if r is None or "not_available" in r or "failed" in r:
+            rows.append({"target": label, "measured": None, "pass": False if r and "failed" in r else None,
+                         "note": (r or {}).get("not_available") or (r or {}).get("failed") or "not run"})
             continue
         if metric.startswith("ratio:"):
             base = _find(results, metric[6:], store)
-            if base is None or "not_available" in base:
+            if base is None or "not_available" in base or "failed" in base:
                 rows.append({"target": label, "measured": None, "pass": None, "note": "baseline not run"})
                 continue
             value = round(r["MB_s"] / base["MB_s"], 2)
@@ -62,8 +62,9 @@ def evaluate(results: list[dict]) -> list[dict]:
 def render(results: list[dict], rows: list[dict]) -> str:
     out = ["", "| workload | store | median s | MB/s | msg/s | peak RSS MB |", "|---|---|---|---|---|---|"]
     for r in results:
-        if "not_available" in r:
-            out.append(f"| {r['workload']} | {r['store']} | not available: {r['not_available']} | | | |")
+        if "not_available" in r or "failed" in r:
+            what = f"not available: {r['not_available']}" if "not_available" in r else f"FAILED: {r['failed']}"
+            out.append(f"| {r['workload']} | {r['store']} | {what} | | | |")
         elif "p50_ms" in r:
             out.append(f"| {r['workload']} | {r['store']} | p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms | | | {r['peak_rss_MB']} |")
         else:
