@@ -123,6 +123,9 @@ def finding_key(f: dict, root: str) -> tuple:
 def finding_locations(f: dict, root: str) -> list[tuple[tuple, int | None]]:
     """Where a finding points: its file position, and the queue slot it names (topic, queueId, queueOffset)."""
     out = [finding_location(f, root)]
+    stream = out[0][0]
+    if f.get("extOffset") is not None and stream[0] == "consumequeue":
+        out.append((("consumequeue_ext",) + stream[1:], int(f["extOffset"])))
     if f.get("topic") is not None and f.get("queueId") is not None and f.get("queueOffset") is not None:
         out.append((("consumequeue", f["topic"], str(f["queueId"])), int(f["queueOffset"]) * 20))
     return out

@@ -131,11 +131,10 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
     cq_root = os.path.join(root, "consumequeue")
     if "mappedFileSizeConsumeQueue" not in cfg.explicit and os.path.isdir(cq_root):
         sizes: set[int] = set()
+        # Every queue, not the first: one truncated file must not set the geometry of all the others.
         for topic in _listdir(cq_root):
             for qid in _listdir(os.path.join(cq_root, topic)):
                 sizes |= _file_sizes(os.path.join(cq_root, topic, qid))
-            if len(sizes) > 0:
-                break
         sizes = {s for s in sizes if s % 20 == 0}
         if sizes:
             cfg.mappedFileSizeConsumeQueue = max(sizes)
@@ -145,15 +144,13 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
         cfg.enableConsumeQueueExt = True
         cfg.inferred["enableConsumeQueueExt"] = "consumequeue_ext/ exists"
     if "mappedFileSizeConsumeQueueExt" not in cfg.explicit and os.path.isdir(ext_root):
+        ext_sizes: set[int] = set()
         for topic in _listdir(ext_root):
             for qid in _listdir(os.path.join(ext_root, topic)):
-                sizes = _file_sizes(os.path.join(ext_root, topic, qid))
-                if sizes:
-                    cfg.mappedFileSizeConsumeQueueExt = max(sizes)
-                    cfg.inferred["mappedFileSizeConsumeQueueExt"] = "size of the ext files"
-                    break
-            if "mappedFileSizeConsumeQueueExt" in cfg.inferred:
-                break
+                ext_sizes |= _file_sizes(os.path.join(ext_root, topic, qid))
+        if ext_sizes:
+            cfg.mappedFileSizeConsumeQueueExt = max(ext_sizes)
+            cfg.inferred["mappedFileSizeConsumeQueueExt"] = "size of the ext files"
     idx_dir = os.path.join(root, "index")
     if not ({"maxHashSlotNum", "maxIndexNum"} & cfg.explicit):
         sizes = _file_sizes(idx_dir)

@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from formats import fast
-from formats.extaddr import is_ext_addr
+from formats.extaddr import is_ext_addr, undecorate
 from formats.hashing import index_key, index_key_hash
 from formats.message import decode_utf8
 from formats.properties import parse_properties
@@ -616,7 +616,8 @@ def _check_ext(ext, cq, ext_refs, recs: _Records, agg: _Agg, group, findings: li
         unit = ext.get(addr)
         path, pos = _cq_loc(cq, qo)
         if unit is None:
-            agg.add(group, "EXT_UNREADABLE", ERROR, path, pos, f"unit {qo}: ext address {addr} cannot be read", queueOffset=qo)
+            agg.add(group, "EXT_UNREADABLE", ERROR, path, pos, f"unit {qo}: ext address {addr} cannot be read", queueOffset=qo,
+                    extOffset=undecorate(addr))
             continue
         if unit["tagsCode"] != expected:
             agg.add(group, "EXT_TAGS", ERROR, path, pos, f"unit {qo}: ext tagsCode {unit['tagsCode']}, the record's TAGS give {expected}",
