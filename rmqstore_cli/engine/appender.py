@@ -5,53 +5,77 @@ commitlog like a clean restart, and lets the :class:`Dispatcher` recover every c
 it touches, so queue offsets continue the broker's topicQueueTable (§13.8).  Each put
 (single message or classic batch) goes into the current segment if ``TOTALSIZE + 8`` fits in
 what remains, else an 8-byte BLANK marker ends the segment and the put moves to the next one
-(a batch is all-or-nothing).  Records are dispatched in commitlog order in the same process;
-``close`` flushes everything, updates the checkpoint and removes ``abort``.
+(a batch is all-or-nothing).  A put only assigns offsets; up to ``DISPATCH_EVERY`` records are
+then encoded together, written with one copy and dispatched in commitlog order in the same
+process; ``close`` flushes everything, updates the checkpoint and removes ``abort``.
 """
 
 from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from operator import itemgetter
+from time import time as _time
 from typing import Callable, Sequence
 
 import numpy as np
 
 from formats import fast
+from formats.hashing import crc32 as _crc32
 from formats.message import encode_message
 from formats.msgid import encode_offset_msgid
 from formats.records import MAGIC_BLANK, TRANSACTION_PREPARED, TRANSACTION_ROLLBACK
-from formats.tags import tags_code
+from formats.tags import SCHEDULE_TOPIC, tags_code
 
 from .checkpointwriter import CheckpointWriter
 from .commitlog import CommitLog
 from .config import StoreConfig
-from .dispatch import DispatchRequest, Dispatcher
+from .dispatch import DispatchBatch, Dispatcher
 from .errors import StoreCorruptError
 from .lockfile import WriteSession
 from .mappedfile import SegmentQueueWriter
-from .messages import OutMessage, now_ms
+from .messages import OutMessage, header_struct, topic_length_piece
 
 _BLANK = struct.Struct(">ii")
-_QQ = struct.Struct(">qq")
-_Q = struct.Struct(">q")
-DISPATCH_EVERY = 4096  # records buffered before they are dispatched
+_I16 = struct.Struct(">h")
+_HEADER_V4 = header_struct(4, 4)
+_NO_QUEUE_OFFSET = (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK)
+DISPATCH_EVERY = 4096  # records buffered before they are written and dispatched
 
 
-@dataclass(slots=True)
-class AppendResult:
-    offset: int
-    size: int
-    msgId: str
-    queueOffset: int
-    topic: str
-    queueId: int
-    storeTimestamp: int
+_tuple_new = tuple.__new__
+
+
+class AppendResult(tuple):
+    """Where one record went (the broker's AppendMessageResult): a tuple (made without a
+    Python-level constructor, one per message) with named fields; msgId is computed on demand."""
+
+    __slots__ = ()
+    _fields = ("offset", "size", "queueOffset", "topic", "queueId", "storeTimestamp", "storeHost")
+
+    def __new__(cls, offset: int, size: int, queueOffset: int, topic: str, queueId: int, storeTimestamp: int,
+                storeHost: tuple):
+        return _tuple_new(cls, (offset, size, queueOffset, topic, queueId, storeTimestamp, storeHost))
+
+    offset = property(itemgetter(0))
+    size = property(itemgetter(1))
+    queueOffset = property(itemgetter(2))
+    topic = property(itemgetter(3))
+    queueId = property(itemgetter(4))
+    storeTimestamp = property(itemgetter(5))
+    storeHost = property(itemgetter(6))
+
+    @property
+    def msgId(self) -> str:
+        host = self[6]
+        return encode_offset_msgid(host[0], host[1], self[0])
 
     def as_json(self) -> dict:
-        return {"offset": self.offset, "size": self.size, "msgId": self.msgId, "queueOffset": self.queueOffset,
-                "topic": self.topic, "queueId": self.queueId, "storeTimestamp": self.storeTimestamp}
+        return {"offset": self[0], "size": self[1], "msgId": self.msgId, "queueOffset": self[2], "topic": self[3],
+                "queueId": self[4], "storeTimestamp": self[5]}
+
+    def __repr__(self) -> str:
+        return f"AppendResult({self.as_json()!r})"
 
 
 class Appender:
@@ -69,7 +93,11 @@ class Appender:
         self.offset = 0  # next physical offset
         self.last_store_ts = 0
         self.table: dict[tuple[str, int], int] = {}
-        self.pending: list[DispatchRequest] = []
+        # Puts accepted but not yet written: the messages and their results (offsets, store time).
+        self._p_msgs: list[OutMessage] = []
+        self._p_res: list[AppendResult] = []
+        self._tags_cache: dict = {}
+        self._topic_pieces: dict = {}
         self.written = 0
         self.blanks = 0
         self.cl: SegmentQueueWriter | None = None
@@ -146,76 +174,134 @@ class Appender:
 
     def _put(self, msgs: Sequence[OutMessage]) -> list[AppendResult]:
         first = msgs[0]
-        if first.store_timestamp is not None:
-            ts = first.store_timestamp
-        else:
-            ts = max(now_ms(), self.last_store_ts)  # the broker's clock never goes back within a log
-        need = sum(m.total_size for m in msgs)
+        ts = first.store_timestamp
+        if ts is None:
+            ts = int(_time() * 1000)
+            if ts < self.last_store_ts:
+                ts = self.last_store_ts  # the broker's clock never goes back within a log
+        single = len(msgs) == 1
+        need = first.total_size if single else sum(m.total_size for m in msgs)
         fs = self.file_size
-        pos = self.offset % fs
-        remaining = fs - pos
-        if need + 8 > remaining:
-            seg = self.cl.open(self.offset - pos)
-            _BLANK.pack_into(seg.mm, pos, remaining, MAGIC_BLANK)
-            seg.dirty = True
-            self.offset += remaining
-            self.blanks += 1
-            pos = 0
-        seg = self.cl.open(self.offset - pos)
         phy = self.offset
-        out = []
-        records = []
-        reqs = []
-        assigned: dict[tuple[str, int], int] = {}
-        delay_table = self.dispatcher.delay_table
-        for m in msgs:
-            tx = m.sysflag & 0xC
-            key = (m.topic, m.queue_id)
-            if tx == TRANSACTION_PREPARED or tx == TRANSACTION_ROLLBACK:
+        pos = phy % fs
+        if need + 8 > fs - pos:
+            self._write()  # the records before the BLANK go into this segment first
+            seg = self.cl.open(phy - pos)
+            _BLANK.pack_into(seg.mm, pos, fs - pos, MAGIC_BLANK)
+            seg.dirty = True
+            phy += fs - pos
+            self.offset = phy
+            self.blanks += 1
+        table = self.table
+        if single:
+            m = first
+            topic = m.topic
+            if topic == SCHEDULE_TOPIC:
+                tags_code(topic, m.props_map, ts, self.dispatcher.delay_table)  # a bad DELAY fails the put here
+            if m.sysflag & 0xC in _NO_QUEUE_OFFSET:
                 qo = 0  # half/rollback records get no queue position
             else:
-                qo = assigned.get(key)
+                key = (topic, m.queue_id)
+                qo = table.get(key)
                 if qo is None:
-                    qo = self.table.get(key)
-                    if qo is None:
-                        qo = self.next_queue_offset(m.topic, m.queue_id)
-                assigned[key] = qo + 1
-            parts = m.encoded_parts()
-            if parts is not None:
-                head, mid, tail = parts
-                records += (head, _QQ.pack(qo, phy), mid, _Q.pack(ts), tail)
-            else:
-                records.append(encode_message(
-                    topic=m.topic_b, queue_id=m.queue_id, flag=m.flag, queue_offset=qo, physical_offset=phy,
-                    sysflag=m.sysflag, born_timestamp=m.born_timestamp, born_host=m.born_host, store_timestamp=ts,
-                    store_host=m.store_host, reconsume_times=m.reconsume_times, prepared_offset=m.prepared_offset,
-                    body=m.body, properties=m.props_b, magic=m.magic, append_crc_property=m.crc_prop))
-            props = m.props_map
-            reqs.append(DispatchRequest(phy, m.total_size, m.topic, m.queue_id, qo, m.sysflag, ts,
-                                        tags_code(m.topic, props, ts, delay_table),
-                                        props.get("UNIQ_KEY"), props.get("KEYS")))
-            out.append(AppendResult(phy, m.total_size, encode_offset_msgid(m.store_host[0], m.store_host[1], phy),
-                                    qo, m.topic, m.queue_id, ts))
+                    qo = self.next_queue_offset(topic, m.queue_id)
+                table[key] = qo + 1
+            out = [_tuple_new(AppendResult, (phy, m.total_size, qo, topic, m.queue_id, ts, m.store_host))]
+            self._p_msgs.append(m)
+            self._p_res.append(out[0])
             phy += m.total_size
-        data = b"".join(records)
-        # Everything above was computed without side effects: from here on the put is committed.
-        seg.mm[pos : pos + len(data)] = data
-        seg.dirty = True
-        self.table.update(assigned)
-        self.pending.extend(reqs)
+        else:
+            out = []
+            assigned: dict[tuple[str, int], int] = {}
+            for m in msgs:
+                topic = m.topic
+                if topic == SCHEDULE_TOPIC:
+                    tags_code(topic, m.props_map, ts, self.dispatcher.delay_table)
+                if m.sysflag & 0xC in _NO_QUEUE_OFFSET:
+                    qo = 0
+                else:
+                    key = (topic, m.queue_id)
+                    qo = assigned.get(key)
+                    if qo is None:
+                        qo = table.get(key)
+                        if qo is None:
+                            qo = self.next_queue_offset(topic, m.queue_id)
+                    assigned[key] = qo + 1
+                out.append(_tuple_new(AppendResult, (phy, m.total_size, qo, topic, m.queue_id, ts, m.store_host)))
+                phy += m.total_size
+            # Nothing above had a side effect: from here on the batch is committed.
+            table.update(assigned)
+            self._p_msgs.extend(msgs)
+            self._p_res.extend(out)
+        # Records are encoded and written in bulk (``_write``), before any BLANK, dispatch or flush.
         self.offset = phy
-        self.last_store_ts = max(self.last_store_ts, ts)
+        if ts > self.last_store_ts:
+            self.last_store_ts = ts
         self.written += len(msgs)
-        if len(self.pending) >= DISPATCH_EVERY or self.fsync_always:
-            self._dispatch()
-        if self.fsync_always:
-            self.flush()
+        if len(self._p_msgs) >= DISPATCH_EVERY or self.fsync_always:
+            self._write()
+            if self.fsync_always:
+                self.flush()
         return out
 
+    def _write(self) -> None:
+        """Encode the pending records, write them with one copy into their segment, dispatch them."""
+        msgs = self._p_msgs
+        if not msgs:
+            return
+        res = self._p_res
+        self._p_msgs, self._p_res = [], []
+        pieces = []
+        add = pieces.extend
+        codes = []
+        code_of = self._tags_cache
+        topic_piece = self._topic_pieces
+        delay_table = self.dispatcher.delay_table
+        v4 = _HEADER_V4
+        for m, r in zip(msgs, res):
+            topic = m.topic
+            props = m.props_map
+            if topic == SCHEDULE_TOPIC:
+                codes.append(tags_code(topic, props, r[5], delay_table))
+            else:
+                # Outside the schedule topic tagsCode depends on TAGS alone.
+                tags = props.get("TAGS")
+                code = code_of.get(tags)
+                if code is None:
+                    code = code_of[tags] = tags_code(topic, {"TAGS": tags} if tags else None, 0)
+                codes.append(code)
+            if m.crc_prop:  # __CRC32# covers the finished record
+                pieces.append(encode_message(
+                    topic=m.topic_b, queue_id=m.queue_id, flag=m.flag, queue_offset=r[2], physical_offset=r[0],
+                    sysflag=m.sysflag, born_timestamp=m.born_timestamp, born_host=m.born_host, store_timestamp=r[5],
+                    store_host=m.store_host, reconsume_times=m.reconsume_times, prepared_offset=m.prepared_offset,
+                    body=m.body, properties=m.props_b, magic=m.magic, append_crc_property=True))
+                continue
+            bh, sh = m.born_host, m.store_host
+            body = m.body
+            tb = m.topic_b
+            tp = topic_piece.get((tb, m.magic))
+            if tp is None:
+                tp = topic_piece[(tb, m.magic)] = topic_length_piece(tb, m.magic) + tb
+            hdr = v4 if len(bh[0]) == 4 and len(sh[0]) == 4 else header_struct(len(bh[0]), len(sh[0]))
+            pb = m.props_b
+            add((hdr.pack(m.total_size, m.magic, _crc32(body) & 0x7FFFFFFF if body else 0, m.queue_id, m.flag, r[2],
+                          r[0], m.sysflag, m.born_timestamp, bh[0], bh[1], r[5], sh[0], sh[1], m.reconsume_times,
+                          m.prepared_offset, len(body)),
+                 body, tp, _I16.pack(len(pb)), pb))
+        data = b"".join(pieces)
+        start = res[0][0]
+        pos = start % self.file_size
+        seg = self.cl.open(start - pos)
+        seg.mm[pos : pos + len(data)] = data
+        seg.dirty = True
+        phy, size, qo, topics, qids, tss, _ = zip(*res)
+        self.dispatcher.dispatch_many(DispatchBatch(
+            phy, size, list(topics), qids, qo, [m.sysflag for m in msgs], tss, codes,
+            [m.props_map.get("UNIQ_KEY") for m in msgs], [m.props_map.get("KEYS") for m in msgs]))
+
     def _dispatch(self) -> None:
-        if self.pending:
-            reqs, self.pending = self.pending, []
-            self.dispatcher.dispatch_many(reqs)
+        self._write()
 
     # --- durability ----------------------------------------------------------------------------
 

@@ -27,9 +27,8 @@ import numpy as np
 
 from formats.extaddr import is_ext_addr
 from formats.message import decode_utf8
-from formats.properties import parse_properties
 from formats.records import TRANSACTION_COMMIT, TRANSACTION_NOT
-from formats.tags import TagsCodeError, tags_code
+from formats.tags import SCHEDULE_TOPIC, TagsCodeError, tags_code
 
 from .checkpointwriter import CheckpointWriter
 from .config import StoreConfig
@@ -139,6 +138,28 @@ class DispatchStats:
     unsafe_topics: int = 0
 
 
+def _prop(pb: bytes, pat: bytes) -> bytes | None:
+    """Raw value of the last valid entry ``pat`` (``\\x02KEY\\x01``) in ``pb`` (a property string
+    with a leading separator), as string2messageProperties keeps it: an entry with an empty
+    value is ignored.  Splitting the bytes before decoding gives the same pieces as decoding
+    first: malformed UTF-8 never swallows an ASCII separator."""
+    j = pb.rfind(pat)
+    while j >= 0:
+        v0 = j + len(pat)
+        v1 = pb.find(b"\x02", v0)
+        if v1 < 0:
+            v1 = len(pb)
+        if v1 > v0:
+            return pb[v0:v1]
+        j = pb.rfind(pat, 0, j)
+    return None
+
+
+def _prop_str(pb: bytes, pat: bytes) -> str | None:
+    v = _prop(pb, pat)
+    return None if v is None else decode_utf8(v)
+
+
 def unsafe_topic_dir(topic: str) -> bool:
     """A topic that cannot be used as a directory name inside ``consumequeue/``."""
     return (not topic) or "/" in topic or "\x00" in topic or topic in (".", "..")
@@ -165,6 +186,8 @@ class Dispatcher:
         self.problems: list[Finding] = []
         self.delay_table = config.delay_table
         self.last_dispatched_end = -1  # phy + size of the last record dispatched
+        self._topic_cache: dict[bytes, str] = {}
+        self._tags_cache: dict[bytes, int] = {}
 
     # --- per-queue writers (opened lazily, state recovered from disk) --------------------------
 
@@ -272,27 +295,66 @@ class Dispatcher:
                     stats.cq_skipped += 1
         return int(b.store_timestamp[sel[-1]])
 
-    def requests_from_chunk(self, chunk) -> list[DispatchRequest]:
-        """DispatchRequests for the records of a :class:`commitlog.Chunk` (reput's parse, §13.3)."""
+    def requests_from_chunk(self, chunk) -> DispatchBatch:
+        """DispatchRequests for the records of a :class:`commitlog.Chunk` (reput's parse, §13.3),
+        as a :class:`DispatchBatch`.  Only the properties dispatch reads are looked up (the last
+        valid ``TAGS``, ``KEYS``, ``UNIQ_KEY``, ``DELAY`` entry, as the decoder's map holds)."""
         h = chunk.headers
         buf = chunk.buf
         base = chunk.segment.start
-        out = []
-        cols = zip(h.offsets.tolist(), h.totalSize.tolist(), h.queueId.tolist(), h.queueOffset.tolist(),
-                   h.sysFlag.tolist(), h.storeTimestamp.tolist(), h.topicStart.tolist(), h.topicLength.tolist(),
-                   h.propsStart.tolist(), h.propsLength.tolist())
-        for off, size, qid, qoff, sysflag, ts, t0, tl, p0, pl in cols:
-            topic = decode_utf8(bytes(buf[t0 : t0 + tl]))
-            props = parse_properties(decode_utf8(bytes(buf[p0 : p0 + pl]))) if pl > 0 else {}
-            try:
-                code = tags_code(topic, props, ts, self.delay_table)
-            except TagsCodeError as e:
-                # checkMessageAndReturnSize fails on such a record; reput skips it by its size
-                self.problems.append(Finding("DISPATCH_BAD_DELAY", "error", None, base + off, str(e)))
+        n = len(h)
+        topic_cache = self._topic_cache
+        tags_cache = self._tags_cache
+        topics: list[str] = []
+        uniqs: list = []
+        keyss: list = []
+        codes: list[int] = []
+        drop: list[int] = []
+        delay_table = self.delay_table
+        ts_list = h.storeTimestamp.tolist()
+        for i, t0, tl, p0, pl in zip(range(n), h.topicStart.tolist(), h.topicLength.tolist(), h.propsStart.tolist(),
+                                     h.propsLength.tolist()):
+            tb = buf[t0 : t0 + tl]
+            topic = topic_cache.get(tb)
+            if topic is None:
+                topic = topic_cache[tb] = decode_utf8(bytes(tb))
+            topics.append(topic)
+            if pl <= 0:
+                uniqs.append(None)
+                keyss.append(None)
+                codes.append(0)
                 continue
-            out.append(DispatchRequest(base + off, size, topic, qid, qoff, sysflag, ts, code,
-                                       props.get("UNIQ_KEY"), props.get("KEYS")))
-        return out
+            pb = b"\x02" + buf[p0 : p0 + pl]
+            tags = _prop(pb, b"\x02TAGS\x01")
+            uniqs.append(_prop_str(pb, b"\x02UNIQ_KEY\x01"))
+            keyss.append(_prop_str(pb, b"\x02KEYS\x01"))
+            if topic == SCHEDULE_TOPIC:
+                props = {"TAGS": decode_utf8(tags)} if tags else {}
+                delay = _prop_str(pb, b"\x02DELAY\x01")
+                if delay is not None:
+                    props["DELAY"] = delay
+                try:
+                    codes.append(tags_code(topic, props, ts_list[i], delay_table))
+                except TagsCodeError as e:
+                    # checkMessageAndReturnSize fails on such a record; reput skips it by its size
+                    self.problems.append(Finding("DISPATCH_BAD_DELAY", "error", None, base + int(h.offsets[i]), str(e)))
+                    codes.append(0)
+                    drop.append(i)
+                continue
+            if tags is None:
+                codes.append(0)
+                continue
+            code = tags_cache.get(tags)
+            if code is None:
+                code = tags_cache[tags] = tags_code(topic, {"TAGS": decode_utf8(tags)}, 0, delay_table)
+            codes.append(code)
+        batch = DispatchBatch(h.offsets + base, h.totalSize, topics, h.queueId, h.queueOffset, h.sysFlag,
+                              h.storeTimestamp, codes, uniqs, keyss)
+        if drop:
+            keep = np.ones(n, dtype=bool)
+            keep[drop] = False
+            batch = batch.take(np.flatnonzero(keep))
+        return batch
 
     def dispatch_chunk(self, chunk) -> int:
         """Dispatch every record of a commitlog scan chunk; returns how many were dispatched."""

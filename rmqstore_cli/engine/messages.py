@@ -22,7 +22,6 @@ import struct
 import time
 from dataclasses import dataclass
 
-from formats.hashing import crc31
 from formats.java_hashmap import broker_batch_record_properties, broker_properties_string
 from formats.msgid import parse_host
 from formats.properties import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, parse_properties
@@ -33,24 +32,26 @@ from formats.records import (CRC32_RESERVED_LEN, MAGIC_V1, MAGIC_V2, MAX_PROPERT
 from formats.tags import SCHEDULE_TOPIC
 
 from .config import StoreConfig
+from .errors import UsageError
 
-_HEAD = struct.Struct(">iiiii")
-_MID = struct.Struct(">iq")
-_I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _I8 = struct.Struct(">b")
+_HOSTS: dict[tuple[int, int], struct.Struct] = {}
 
 
-def encode_parts(m) -> tuple[bytes, bytes, bytes]:
-    """The fixed pieces of a record (§2.1 layout) so a put only packs the three variable fields."""
-    head = _HEAD.pack(m.total_size, m.magic, crc31(m.body) if m.body else 0, m.queue_id, m.flag)
-    mid = _MID.pack(m.sysflag, m.born_timestamp) + m.born_host[0] + _I32.pack(m.born_host[1])
-    tlen = _I16.pack(len(m.topic_b)) if m.magic == MAGIC_V2 else _I8.pack(len(m.topic_b))
-    tail = b"".join((m.store_host[0], _I32.pack(m.store_host[1]), _I32.pack(m.reconsume_times),
-                     struct.pack(">q", m.prepared_offset), _I32.pack(len(m.body)), m.body, tlen, m.topic_b,
-                     _I16.pack(len(m.props_b)), m.props_b))
-    return head, mid, tail
-from .errors import UsageError
+def header_struct(born_ip_len: int, store_ip_len: int) -> struct.Struct:
+    """TOTALSIZE .. BODYLENGTH (§2.1) in one Struct, for the host address lengths (4 or 16)."""
+    st = _HOSTS.get((born_ip_len, store_ip_len))
+    if st is None:
+        st = _HOSTS[(born_ip_len, store_ip_len)] = struct.Struct(
+            f">iiiiiqqiq{born_ip_len}siq{store_ip_len}siiqi")
+    return st
+
+
+def topic_length_piece(topic_b: bytes, magic: int) -> bytes:
+    """TOPICLENGTH: 2 bytes in a magic v2 record, else 1."""
+    return _I16.pack(len(topic_b)) if magic == MAGIC_V2 else _I8.pack(len(topic_b))
+
 
 TOPIC_CHARS = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 TRANSACTIONS = {"normal": TRANSACTION_NOT, "prepared": TRANSACTION_PREPARED, "commit": TRANSACTION_COMMIT,
@@ -98,15 +99,6 @@ class OutMessage:
     store_timestamp: int | None
     props_map: dict  # what the broker's decoder sees (dispatch: TAGS, KEYS, UNIQ_KEY, DELAY)
     total_size: int
-    parts: tuple | None = None  # pre-encoded record pieces around the offsets and store time
-
-    def encoded_parts(self) -> tuple:
-        """(head, middle, tail): the record minus QUEUEOFFSET+PHYSICALOFFSET (between head and
-        middle) and STORETIMESTAMP (between middle and tail); None when a __CRC32# must be
-        computed over the final record."""
-        if self.parts is None and not self.crc_prop:
-            self.parts = encode_parts(self)
-        return self.parts
 
 
 def now_ms() -> int:
