@@ -41,12 +41,14 @@ def export(spark, roots: list[str], to: str, *, fmt: str = "parquet", partition_
     if "date" in parts:
         df = df.withColumn("date", F.to_date("storeTimestamp"))
     writer = df.write.mode("overwrite" if overwrite else "errorifexists")
+    if fmt == "json":
+        writer = writer.option("ignoreNullFields", "false")  # every line carries every field name
     if parts:
         writer = writer.partitionBy(*parts)
     getattr(writer, fmt)(to)
     elapsed = time.monotonic() - t0
     # Counting from what was written keeps the summary honest (and re-reads only metadata for Parquet).
-    back = getattr(spark.read, fmt)(to)
+    back = getattr(spark.read.schema(df.schema), fmt)(to)
     counts = back.groupBy((F.col("finding").isNull()).alias("ok")).agg(F.count("*").alias("n"),
                                                                         F.sum("storeSize").alias("bytes")).collect()
     ok = {r["ok"]: (r["n"], r["bytes"] or 0) for r in counts}

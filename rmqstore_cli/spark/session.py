@@ -69,8 +69,21 @@ def build_session(master: str | None = None, app_name: str = "rmqstore", *, driv
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _quiet_python_loggers()
     register_sources(spark)
     return spark
+
+
+def _quiet_python_loggers() -> None:
+    """PySpark logs every analysis error as a multi-line JSON record; our commands print one line."""
+    import logging
+
+    try:
+        from pyspark.logger import PySparkLogger
+    except ImportError:
+        return
+    for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger"):
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def register_sources(spark) -> None:
