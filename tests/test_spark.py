@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from .conftest import STORE_NAMES, broker_read, shared_store, tree_digest
+from .conftest import CLEAN_STORES, STORE_NAMES, broker_read, shared_store, tree_digest
 
 pytest.importorskip("pyspark", reason="pyspark is an optional extra (pip install -e .[spark])")
 pytestmark = pytest.mark.spark
@@ -220,7 +220,7 @@ def _files(d):
             for p, _, fs in os.walk(d) for f in fs}
 
 
-@pytest.mark.parametrize("name", ["4.9.3-ext", "5.3.3-v2topic"])
+@pytest.mark.parametrize("name", CLEAN_STORES)
 def test_spark_rebuild_consume_queues_byte_identical(spark, tmp_path, name):
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.spark.rebuild import rebuild_consumequeue
@@ -236,7 +236,7 @@ def test_spark_rebuild_consume_queues_byte_identical(spark, tmp_path, name):
     assert tree_digest(src) == before
 
 
-@pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-v2topic"])
+@pytest.mark.parametrize("name", CLEAN_STORES)
 def test_spark_rebuild_index_content_identical(spark, tmp_path, name):
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.spark.rebuild import rebuild_index
@@ -251,22 +251,23 @@ def test_spark_rebuild_index_content_identical(spark, tmp_path, name):
     assert res["entries"] == sum(max(f["indexCount"], 1) - 1 for f in broker_read(name)["index"][0]["files"])
 
 
-def test_index_file_bytes_edge_cases():
+def test_index_file_task_edge_cases(tmp_path):
     import numpy as np
 
-    from rmqstore_cli.spark.rebuild import index_file_bytes
+    from rmqstore_cli.spark.rebuild import write_index_file
 
     # Two keys in one slot chain; the first entry measured against an inherited begin 2.5 s earlier.
-    data = index_file_bytes(np.array([5, 9, 2], np.int32), np.array([100, 200, 300], np.int64),
-                            np.array([10_000, 12_999, 14_000], np.int64), 7_500, 50, 4, 8)
-    head = struct.unpack_from(">qqqqii", data, 0)
-    assert head == (10_000, 14_000, 100, 300, 2, 4)
-    slots = struct.unpack_from(">4i", data, 40)
-    assert slots == (0, 2, 3, 0)
+    write_index_file(str(tmp_path / "a"), np.array([5, 9, 2]), np.array([100, 200, 300]),
+                     np.array([10_000, 12_999, 14_000]), 7_500, 50, 4, 8)
+    data = (tmp_path / "a").read_bytes()
+    assert len(data) == 40 + 16 + 160
+    assert struct.unpack_from(">qqqqii", data, 0) == (10_000, 14_000, 100, 300, 2, 4)
+    assert struct.unpack_from(">4i", data, 40) == (0, 2, 3, 0)
     entries = [struct.unpack_from(">iqii", data, 40 + 16 + n * 20) for n in (1, 2, 3)]
     assert entries == [(5, 100, 2, 0), (9, 200, 2, 1), (2, 300, 4, 0)]
-    empty = index_file_bytes(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64), 777, 55, 4, 8)
-    assert struct.unpack_from(">qqqqii", empty, 0) == (777, 777, 55, 55, 0, 0) and len(empty) == 40 + 16 + 160
+    # Created after a full file and never written to: begin = end = the predecessor's end, count 0.
+    write_index_file(str(tmp_path / "b"), np.zeros(0), np.zeros(0), np.zeros(0), 777, 55, 4, 8)
+    assert struct.unpack_from(">qqqqii", (tmp_path / "b").read_bytes(), 0) == (777, 777, 55, 55, 0, 0)
 
 
 @pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean"])

@@ -16,23 +16,14 @@ timestamp it inherits (the §10.4 quirk for the first entry's timeDiff).
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 
 import numpy as np
 
 from formats import fast
-from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 from rmqstore_cli.engine.errors import UsageError
 
 from .jobs import read_records
-
-INT_MAX = (1 << 31) - 1
-_ENTRY = np.dtype([("keyHash", ">i4"), ("phyOffset", ">i8"), ("timeDiff", ">i4"), ("prevIndex", ">i4")])
-_HEADER = np.dtype([("beginTimestamp", ">i8"), ("endTimestamp", ">i8"), ("beginPhyOffset", ">i8"),
-                    ("endPhyOffset", ">i8"), ("hashSlotCount", ">i4"), ("indexCount", ">i4")])
-assert _ENTRY.itemsize == INDEX_ENTRY_SIZE and _HEADER.itemsize == INDEX_HEADER_SIZE
-
 
 def reader_options(overrides: dict | None, config_file: str | None) -> dict:
     o = overrides or {}
@@ -148,51 +139,31 @@ def _explode_keys(batches):
                                          names=["phy", "ts", "keyHash"])
 
 
-def index_file_bytes(key_hash: np.ndarray, phy: np.ndarray, ts: np.ndarray, inherited_ts: int, inherited_phy: int,
-                     slots: int, entries: int) -> bytes:
-    """One index file whose entries 1..n are the given keys, in order (putKey of §10.4, vectorised)."""
-    n = len(key_hash)
-    size = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE + entries * INDEX_ENTRY_SIZE
-    out = np.zeros(size, np.uint8)
-    header = np.zeros(1, _HEADER)
-    if n == 0:
-        # Created after a full file by a later record, never written to: only begin/end are set.
-        header[0] = (inherited_ts, inherited_ts, inherited_phy, inherited_phy, 0, 0)
-        out[:INDEX_HEADER_SIZE] = header.view(np.uint8)
-        return out.tobytes()
-    ts = ts.astype(np.int64)
-    begin = np.full(n, ts[0], np.int64)
-    begin[0] = inherited_ts  # the first put measures against the inherited begin, then overwrites it
-    d = ts - begin
-    diff = np.sign(d) * (np.abs(d) // 1000)  # Java long division truncates toward zero
-    diff = np.where(begin <= 0, 0, np.clip(diff, 0, INT_MAX))
-    slot = key_hash.astype(np.int64) % slots
-    order = np.argsort(slot, kind="stable")
-    numbers = np.arange(1, n + 1, dtype=np.int64)
-    s_sorted = slot[order]
-    same = np.zeros(n, bool)
-    same[1:] = s_sorted[1:] == s_sorted[:-1]
-    prev_sorted = np.where(same, np.concatenate(([0], numbers[order][:-1])), 0)
-    prev = np.empty(n, np.int64)
-    prev[order] = prev_sorted
-    last_in_slot = np.ones(n, bool)
-    last_in_slot[:-1] = ~same[1:]
-    table = np.zeros(slots, ">i4")
-    table[s_sorted[last_in_slot]] = numbers[order][last_in_slot]
-    ent = np.zeros(n, _ENTRY)
-    ent["keyHash"], ent["phyOffset"], ent["timeDiff"], ent["prevIndex"] = key_hash, phy, diff, prev
-    header[0] = (ts[0], ts[-1], phy[0], phy[-1], int((~same).sum()), n + 1)
-    out[:INDEX_HEADER_SIZE] = header.view(np.uint8)
-    out[INDEX_HEADER_SIZE:INDEX_HEADER_SIZE + slots * 4] = table.view(np.uint8)
-    base = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE + INDEX_ENTRY_SIZE
-    out[base:base + n * INDEX_ENTRY_SIZE] = ent.view(np.uint8)
-    return out.tobytes()
+def write_index_file(path: str, key_hash: np.ndarray, phy: np.ndarray, ts: np.ndarray, inherited_ts: int,
+                     inherited_phy: int, slots: int, entries: int) -> None:
+    """One index file whose entries 1..n are the given keys, in order, through the engine's writer.
+
+    A file that follows a full one starts with begin = end = its predecessor's end (§10.4 quirk),
+    exactly as the engine's IndexWriter seeds a new file; then the keys go in with putKey's rules.
+    """
+    from rmqstore_cli.engine.indexwriter import _OpenIndex
+
+    f = _OpenIndex(path, slots, entries, create=True)
+    try:
+        if inherited_phy > 0:
+            f.begin_phy = f.end_phy = inherited_phy
+        if inherited_ts > 0:
+            f.begin_ts = f.end_ts = inherited_ts
+        f.put_many(np.asarray(key_hash, np.int64), np.asarray(phy, np.int64), np.asarray(ts, np.int64))
+    finally:
+        f.close(flush=True)
 
 
 def index_name(ms: int) -> str:
     """yyyyMMddHHmmssSSS in the local time zone, as the broker names a new file (§10.2)."""
-    t = _dt.datetime.fromtimestamp(ms / 1000)
-    return t.strftime("%Y%m%d%H%M%S") + "%03d" % (ms % 1000)
+    from rmqstore_cli.engine.indexwriter import millis_name
+
+    return millis_name(ms)
 
 
 def _write_index_fn(index_dir: str, slots: int, entries: int, inherited: dict, names: dict):
@@ -202,27 +173,14 @@ def _write_index_fn(index_dir: str, slots: int, entries: int, inherited: dict, n
         t = table.sort_by("n")
         f = t.column("file")[0].as_py()
         its, iphy = inherited.get(f, (0, 0))
-        data = index_file_bytes(t.column("keyHash").to_numpy(), t.column("phy").to_numpy(), t.column("ts").to_numpy(),
-                                its, iphy, slots, entries)
-        path = os.path.join(index_dir, names[f])
-        _write_file(path, data)
+        # Written under a temporary name and renamed: a retried task leaves one whole file.
+        tmp = os.path.join(index_dir, f".{names[f]}.tmp{os.getpid()}")
+        write_index_file(tmp, t.column("keyHash").to_numpy(), t.column("phy").to_numpy(), t.column("ts").to_numpy(),
+                         its, iphy, slots, entries)
+        os.replace(tmp, os.path.join(index_dir, names[f]))
         return pa.table({"file": pa.array([f], pa.int64()), "name": [names[f]], "entries": pa.array([t.num_rows], pa.int64())})
 
     return write
-
-
-def _write_file(path: str, data: bytes) -> None:
-    """Write via a temporary name and rename, so a retried task leaves one whole file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 def rebuild_index(spark, st, out_root: str, *, overrides=None, config_file=None) -> dict:
@@ -281,9 +239,8 @@ def rebuild_index(spark, st, out_root: str, *, overrides=None, config_file=None)
     if trailing:
         f = nfiles
         its, iphy = inherited.get(f, (0, 0))
-        _write_file(os.path.join(index_dir, names[f]),
-                    index_file_bytes(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64), its, iphy,
-                                     cfg.maxHashSlotNum, cfg.maxIndexNum))
+        write_index_file(os.path.join(index_dir, names[f]), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                         np.zeros(0, np.int64), its, iphy, cfg.maxHashSlotNum, cfg.maxIndexNum)
         files.append({"file": f, "name": names[f], "entries": 0})
     ents.unpersist()
     return {"what": "index", "out": out_root, "files": files, "entries": total, "dispatchEnd": end}
