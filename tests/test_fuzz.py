@@ -331,3 +331,118 @@ def test_fuzz_model_sees_damage(name, tmp_path):
     assert m.checked[rel].first_hit([body_pos]) == body_pos
     # born timestamp (not covered by any broker check) is not claimed detectable
     assert m.checked[rel].first_hit([off - start + 40]) is None
+
+
+# --- repair: recover never loses a valid record before the first damage; salvage rescues the rest ----
+
+REPAIR_CASES = int(os.environ.get("RMQSTORE_FUZZ_REPAIR_CASES", "60"))
+
+
+def damaged_ranges(dmg: fuzzlib.Damage, m: fuzzlib.StoreModel) -> list[tuple[int, int]]:
+    """Commitlog byte ranges (global) the damage touched."""
+    out = []
+    for rel, pos in dmg.changed.items():
+        if rel.startswith("commitlog/"):
+            start = fuzzlib.stream_of(rel)[1]
+            out += [(start + p, start + p + 1) for p in pos]
+    for rel, n in dmg.truncated.items():
+        if rel.startswith("commitlog/"):
+            start = fuzzlib.stream_of(rel)[1]
+            out.append((start + n, start + m.sizes[rel]))
+    for rel in list(dmg.deleted) + list(dmg.swapped):
+        if rel.startswith("commitlog/"):
+            start = fuzzlib.stream_of(rel)[1]
+            out.append((start, start + m.sizes[rel]))
+    return sorted(out)
+
+
+def _touches(ranges: list[tuple[int, int]], a: int, b: int) -> bool:
+    import bisect
+
+    i = bisect.bisect_left(ranges, (b, b))
+    for x, y in ranges[max(0, i - 4096 if len(ranges) > 4096 else 0): i][::-1]:
+        if y > a and x < b:
+            return True
+        if y <= a and x < a - 2 * 65536:
+            break
+    return False
+
+
+def test_fuzz_repair(tmp_path_factory):
+    available = registered_commands()
+    missing = [c for c in ("recover", "restore", "salvage") if c not in available]
+    assert not missing, f"repair commands missing: {missing}"
+    base = fast_tmp(tmp_path_factory, "repair")
+    names = list(STORE_WEIGHTS)
+    failures = []
+    print(f"\nrepair fuzz seed {SEED}: {REPAIR_CASES} cases (RMQSTORE_FUZZ_SEED={SEED}, RMQSTORE_FUZZ_REPAIR_CASES=n)")
+    checked_before = checked_after = 0
+    for case in range(REPAIR_CASES):
+        rng = random.Random(f"{SEED}:repair:{case}")
+        name = rng.choices(names, [STORE_WEIGHTS[n] for n in names])[0]
+        m = fuzzlib.model(name)
+        template = fuzzlib.make_template(name, base / "templates" / name)
+        root = base / f"case{case}"
+        dmg = fuzzlib.plan_and_apply(rng, m, lambda _p: fuzzlib.clone(template, root, set(m.files)))
+        damaged = fuzzlib.content_digest(root)
+        bk = base / f"backup{case}"
+        probs = []
+        # salvage first: it never writes the source
+        rescued_path = base / f"rescued{case}.jsonl"
+        sr = fuzzlib.run_cli(["salvage", "--jsonl", str(rescued_path), str(root)])
+        probs += [f"salvage: {p}" for p in fuzzlib.problems_of(sr)]
+        if fuzzlib.content_digest(root) != damaged:
+            probs.append("salvage changed the source store")
+        rr = fuzzlib.run_cli(["recover", "--keep-valid-after", "--backup-dir", str(bk), "--json", str(root)])
+        probs += [f"recover: {p}" for p in fuzzlib.problems_of(rr, {0, 1, 2})]
+        ranges = damaged_ranges(dmg, m)
+        first = ranges[0][0] if ranges else 1 << 62
+        # every original record before the first damaged byte: still there, byte for byte, and readable
+        dump = fuzzlib.run_cli(["dump", "commitlog", "--json", str(root)])
+        probs += [f"dump after recover: {p}" for p in fuzzlib.problems_of(dump)]
+        listed = {o["offset"] for o in fuzzlib.json_lines(dump.stdout) if "offset" in o}
+        for off, size, msg in m.clmsg:
+            if off + size > first:
+                break
+            rel, start = m.cl_file_for(off)
+            want = m.original(rel)[off - start: off - start + size]
+            try:
+                with open(root / rel, "rb") as f:
+                    f.seek(off - start)
+                    got = f.read(size)
+            except OSError as e:
+                got = repr(e).encode()
+            checked_before += 1
+            if got != want:
+                probs.append(f"record at {off} (before the first damage at {first}) changed or lost by recover")
+                break
+            if off not in listed:
+                probs.append(f"record at {off} (before the first damage at {first}) not readable after recover")
+                break
+        # salvage: every record whose bytes the damage did not touch (swapped files: records out of place)
+        rescued = {o["offset"]: o for o in fuzzlib.json_lines(rescued_path.read_text())} if rescued_path.exists() else {}
+        if sr.exit_code in (0, 1):
+            for off, size, msg in m.clmsg:
+                if _touches(ranges, off, off + size):
+                    continue
+                checked_after += 1
+                got = rescued.get(off)
+                if got is None or got.get("msgId") != msg["msgId"] or got.get("bodyCRC", msg["bodyCRC"]) != msg["bodyCRC"]:
+                    probs.append(f"salvage did not rescue the intact record at {off}")
+                    break
+        # the backup puts the damaged input back, byte for byte
+        if rr.exit_code in (0, 1) and bk.exists():
+            rs = fuzzlib.run_cli(["restore", "--store", str(root), str(bk)])
+            probs += [f"restore: {p}" for p in fuzzlib.problems_of(rs, {0})]
+            now = fuzzlib.content_digest(root)
+            if now != damaged:
+                diff = sorted(k for k in set(now) | set(damaged) if now.get(k) != damaged.get(k))
+                probs.append(f"restore did not give back the damaged input: {diff[:4]}")
+        elif fuzzlib.content_digest(root) != damaged:
+            probs.append(f"recover exit {rr.exit_code} without a backup, but the store changed")
+        if probs:
+            failures.append(f"case {case} [{name}] {dmg.describe()}:\n    " + "\n    ".join(probs[:5]))
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(bk, ignore_errors=True)
+    print(f"repair: {checked_before} record checks before the damage, {checked_after} salvage checks after it")
+    assert not failures, f"seed {SEED}: {len(failures)} repair cases failed:\n" + "\n".join(failures[:10])
