@@ -138,6 +138,9 @@ class DispatchStats:
     unsafe_topics: int = 0
 
 
+_UTF8_ERRORS = "replace"  # as formats.message.decode_utf8 (Java's U+FFFD substitution)
+
+
 def _prop(pb: bytes, pat: bytes) -> bytes | None:
     """Raw value of the last valid entry ``pat`` (``\\x02KEY\\x01``) in ``pb`` (a property string
     with a leading separator), as string2messageProperties keeps it: an entry with an empty
@@ -244,8 +247,8 @@ class Dispatcher:
         if not len(sel):
             return None
         topics = b.topic
-        ids: dict[str, int] = {}
-        tid = np.fromiter((ids.setdefault(topics[i], len(ids)) for i in sel.tolist()), dtype=np.int64, count=len(sel))
+        ids = {t: k for k, t in enumerate(dict.fromkeys(topics))}
+        tid = np.fromiter(map(ids.__getitem__, topics), dtype=np.int64, count=len(topics))[sel]
         bad_ids = [k for name, k in ids.items() if unsafe_topic_dir(name)]
         if bad_ids:
             bad = np.isin(tid, bad_ids)
@@ -325,9 +328,29 @@ class Dispatcher:
                 codes.append(0)
                 continue
             pb = b"\x02" + buf[p0 : p0 + pl]
-            tags = _prop(pb, b"\x02TAGS\x01")
-            uniqs.append(_prop_str(pb, b"\x02UNIQ_KEY\x01"))
-            keyss.append(_prop_str(pb, b"\x02KEYS\x01"))
+            # _prop inlined for the common case (the last entry of each key has a value).
+            j = pb.rfind(b"\x02TAGS\x01")
+            if j < 0:
+                tags = None
+            else:
+                v1 = pb.find(b"\x02", j + 6)
+                tags = pb[j + 6 : v1] if v1 >= 0 else pb[j + 6 :]
+                if not tags:
+                    tags = _prop(pb, b"\x02TAGS\x01")
+            j = pb.rfind(b"\x02UNIQ_KEY\x01")
+            if j < 0:
+                uniqs.append(None)
+            else:
+                v1 = pb.find(b"\x02", j + 10)
+                v = pb[j + 10 : v1] if v1 >= 0 else pb[j + 10 :]
+                uniqs.append(str(v, "utf-8", _UTF8_ERRORS) if v else _prop_str(pb, b"\x02UNIQ_KEY\x01"))
+            j = pb.rfind(b"\x02KEYS\x01")
+            if j < 0:
+                keyss.append(None)
+            else:
+                v1 = pb.find(b"\x02", j + 6)
+                v = pb[j + 6 : v1] if v1 >= 0 else pb[j + 6 :]
+                keyss.append(str(v, "utf-8", _UTF8_ERRORS) if v else _prop_str(pb, b"\x02KEYS\x01"))
             if topic == SCHEDULE_TOPIC:
                 props = {"TAGS": decode_utf8(tags)} if tags else {}
                 delay = _prop_str(pb, b"\x02DELAY\x01")

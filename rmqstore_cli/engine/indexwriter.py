@@ -60,37 +60,43 @@ def _java_div1000(d: int) -> int:
     return q if d >= 0 else -q
 
 
-_POW31 = np.ones(1, dtype=np.uint32)
+_INV31 = pow(31, -1, 1 << 32)  # 31 is odd, so it is invertible modulo 2**32
+_POW = np.ones(1, dtype=np.uint32)  # 31**e mod 2**32
+_IPOW = np.ones(1, dtype=np.uint32)  # 31**-e mod 2**32
 
 
-def _pow31(n: int) -> np.ndarray:
-    """31**e mod 2**32 for e in [0, n] (uint32 arithmetic wraps like Java int)."""
-    global _POW31
-    if len(_POW31) <= n:
-        p = np.full(max(n + 1, 2 * len(_POW31)), 31, dtype=np.uint32)
+def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(31**e, 31**-e) mod 2**32 for e in [0, n] (uint32 arithmetic wraps like Java int)."""
+    global _POW, _IPOW
+    if len(_POW) <= n:
+        m = max(n + 1, 2 * len(_POW))
+        p = np.full(m, 31, dtype=np.uint32)
         p[0] = 1
-        _POW31 = np.cumprod(p, dtype=np.uint32)
-    return _POW31
+        q = np.full(m, _INV31, dtype=np.uint32)
+        q[0] = 1
+        _POW, _IPOW = np.cumprod(p, dtype=np.uint32), np.cumprod(q, dtype=np.uint32)
+    return _POW, _IPOW
 
 
-def _index_hashes(keys: list[str], prefix: np.ndarray, topics: list[str]) -> np.ndarray:
+def _index_hashes(keys: list[str], prefix: np.ndarray, topics: list[str], rec: np.ndarray) -> np.ndarray:
     """keyHash of ``topic#key`` for many keys (int64).  String.hashCode of a concatenation is
-    hash(a) * 31**len(b) + hash(b) (mod 2**32), so each key is hashed alone, all at once, and
-    combined with the cached hash of its ``topic#``; non-ASCII keys take the general path."""
+    hash(a) * 31**len(b) + hash(b) (mod 2**32), so each key is hashed alone and combined with
+    the cached hash of its ``topic#`` (``prefix``; ``topics[rec[j]]`` is key j's topic).  The
+    keys' hashes come from one prefix sum over all their characters: hash of chars [s, e) =
+    31**(e-1) * sum(c[p] * 31**-p).  Non-ASCII keys take the general path."""
     joined = "".join(keys)
     if not joined.isascii():
-        return index_key_hash_many([f"{t}#{k}" for t, k in zip(topics, keys)])
+        return index_key_hash_many([f"{topics[i]}#{k}" for i, k in zip(rec.tolist(), keys)])
     m = len(keys)
     lens = np.fromiter(map(len, keys), dtype=np.int64, count=m)
     ends = np.cumsum(lens)
-    pw = _pow31(int(lens.max()))
-    h = np.zeros(m, dtype=np.uint32)
-    if len(joined):
-        chars = np.frombuffer(joined.encode("ascii"), dtype=np.uint8).astype(np.uint32)
-        exps = np.repeat(ends - 1, lens) - np.arange(len(chars), dtype=np.int64)
-        contrib = chars * pw[exps]
-        nz = lens > 0
-        h[nz] = np.add.reduceat(contrib, (ends - lens)[nz], dtype=np.uint32)
+    c = len(joined)
+    pw, ipw = _powers(max(c, int(lens.max()) if m else 0))
+    acc = np.zeros(c + 1, dtype=np.uint32)
+    if c:
+        chars = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+        np.cumsum(chars * ipw[:c], dtype=np.uint32, out=acc[1:])
+    h = pw[np.maximum(ends - 1, 0)] * (acc[ends] - acc[ends - lens])
     full = (prefix * pw[lens] + h).view(np.int32).astype(np.int64)
     out = np.abs(full)
     out[full == INT_MIN] = 0
@@ -287,39 +293,49 @@ class IndexWriter:
             cur = self._new_file(int(tss[0]))
         # Requests come in commitlog order, so only those below the file's end at the start
         # are "already indexed" (every indexed key moves endPhyOffset up to its own offset).
-        el = np.flatnonzero((phy >= cur.end_phy) & ((b.sysflag & 0xC) != TRANSACTION_ROLLBACK))
+        ok = (phy >= cur.end_phy) & ((b.sysflag & 0xC) != TRANSACTION_ROLLBACK)
         topics, uniqs, keyss = b.topic, b.uniq_key, b.keys
-        ks: list[str] = []
-        rec: list[int] = []
-        pre: list[int] = []
-        phash = self._prefix_hash
-        for i in el.tolist():
-            u = uniqs[i]
-            k = keyss[i]
-            if u is None and not k:
-                continue
-            t = topics[i]
-            ph = phash.get(t)
-            if ph is None:
-                ph = phash[t] = java_hash(t + "#") & 0xFFFFFFFF
-            if u is not None:
-                ks.append(u)
-                rec.append(i)
-                pre.append(ph)
-            if k:
-                if " " in k:
+        if ok.all():
+            il = range(n)
+        else:
+            il = np.flatnonzero(ok).tolist()
+            uniqs = [uniqs[i] for i in il]
+            keyss = [keyss[i] for i in il]
+        # UNIQ_KEY first, then each KEYS token, record by record: collected per kind, hashed,
+        # then put in that order with a stable sort on (record, kind).
+        if uniqs.count(None):
+            u_rec = [i for i, u in zip(il, uniqs) if u is not None]
+            u_val = [u for u in uniqs if u is not None]
+        else:
+            u_rec, u_val = list(il), uniqs
+        if keyss.count(None) or keyss.count(""):
+            k_val = [k for k in keyss if k]
+        else:
+            k_val = keyss
+        if " " in "".join(k_val):
+            k_rec, k_val = [], []
+            for i, k in zip(il, keyss):
+                if k:
                     for tok in k.split(" "):
                         if tok:
-                            ks.append(tok)
-                            rec.append(i)
-                            pre.append(ph)
-                else:
-                    ks.append(k)
-                    rec.append(i)
-                    pre.append(ph)
-        m = len(ks)
-        recs = np.array(rec, dtype=np.int64)
-        hashes = _index_hashes(ks, np.array(pre, dtype=np.uint32), [topics[i] for i in rec]) if m else None
+                            k_rec.append(i)
+                            k_val.append(tok)
+        elif k_val is keyss:
+            k_rec = list(il)
+        else:
+            k_rec = [i for i, k in zip(il, keyss) if k]
+        m = len(u_rec) + len(k_rec)
+        rec = np.array(u_rec + k_rec, dtype=np.int64)
+        if m:
+            order = np.argsort(rec * 2 + (np.arange(m) >= len(u_rec)), kind="stable")
+            ids = {t: k for k, t in enumerate(dict.fromkeys(topics))}
+            tid = np.fromiter(map(ids.__getitem__, topics), dtype=np.int64, count=n)
+            pre = np.array([self._prefix(t) for t in ids], dtype=np.uint32)[tid[rec]]
+            hashes = _index_hashes(u_val + k_val, pre, topics, rec)[order]
+            recs = rec[order]
+        else:
+            hashes = None
+            recs = rec
         kphy = phy[recs]
         kts = tss[recs]
         j = 0
@@ -344,6 +360,13 @@ class IndexWriter:
                 cur = self._new_file(int(tss[r + 1]))  # the next request finds the file full
             else:
                 break
+
+    def _prefix(self, topic: str) -> int:
+        """String.hashCode of ``topic#`` as uint32 (cached)."""
+        h = self._prefix_hash.get(topic)
+        if h is None:
+            h = self._prefix_hash[topic] = java_hash(topic + "#") & 0xFFFFFFFF
+        return h
 
     def _build_scalar(self, batch: Sequence) -> None:
         cur = self.cur

@@ -52,7 +52,7 @@ class WritableSegment:
 
     def flush(self) -> None:
         if self.dirty:
-            self.mm.flush()
+            os.fsync(self.fd)  # pages dirtied through the mapping and through pwrite alike
             self.dirty = False
 
     def close(self, flush: bool = False) -> None:
