@@ -1,0 +1,141 @@
+"""The bulk dispatch paths give the same bytes as the one-at-a-time broker rules.
+
+The one-at-a-time paths (``ConsumeQueueWriter.put``, ``IndexWriter._build_scalar``,
+``parse_properties``) are the ones checked against the broker's stores in test_replay.py and
+test_append.py; here randomised inputs (small geometry: many file roll-overs, mid-message
+index file changes, skipped and out-of-order units, odd property strings) must give
+byte-identical files through the bulk paths.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+from formats.message import decode_utf8
+from formats.properties import parse_properties
+from rmqstore_cli.engine.config import StoreConfig
+from rmqstore_cli.engine.cqwriter import ConsumeQueueWriter
+from rmqstore_cli.engine.dispatch import DispatchBatch, DispatchRequest, _prop
+from rmqstore_cli.engine.indexwriter import IndexWriter, store_time_namer
+
+
+def _files(root) -> dict:
+    out = {}
+    for dp, _, fn in os.walk(root):
+        for n in fn:
+            p = os.path.join(dp, n)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, root)] = f.read()
+    return out
+
+
+def test_property_lookup_matches_the_decoder():
+    rng = random.Random(7)
+    alphabet = [b"TAGS", b"KEYS", b"UNIQ_KEY", b"DELAY", b"XTAGS", b"TAG", b"a", b"\xe2\x82", b"\xff", b"v v", b""]
+    for _ in range(5000):
+        parts = []
+        for _ in range(rng.randint(0, 6)):
+            k = rng.choice(alphabet)
+            v = rng.choice(alphabet)
+            sep = rng.choice([b"\x01", b"\x01", b"", b"\x01\x01"])
+            parts.append(k + sep + v)
+        raw = b"\x02".join(parts) + rng.choice([b"", b"\x02"])
+        want = parse_properties(decode_utf8(raw))
+        for key in ("TAGS", "KEYS", "UNIQ_KEY", "DELAY"):
+            got = _prop(b"\x02" + raw, b"\x02" + key.encode() + b"\x01")
+            assert (None if got is None else decode_utf8(got)) == want.get(key), (raw, key)
+
+
+def _requests(rng: random.Random, n: int, start_phy: int = 0) -> list[DispatchRequest]:
+    reqs = []
+    phy = start_phy
+    ts = 1_700_000_000_000
+    offsets: dict = {}
+    for _ in range(n):
+        topic = rng.choice(["TopicA", "TopicB", "主题"])
+        q = rng.randint(0, 2)
+        sysflag = rng.choice([0, 0, 0, 0x4, 0x8, 0xC])
+        size = rng.randint(100, 300)
+        qo = offsets.get((topic, q), 0)
+        if sysflag in (0, 0x8):
+            offsets[(topic, q)] = qo + 1
+        else:
+            qo = 0
+        uniq = rng.choice([None, "%032X" % rng.getrandbits(128)])
+        keys = rng.choice([None, "", "k%d" % rng.randint(0, 99), "a  b c", " lead", "ключ x"])
+        ts += rng.choice([0, 1, 999, 1000, 5000])
+        reqs.append(DispatchRequest(phy, size, topic, q, qo, sysflag, ts, rng.randint(-5, 5), uniq, keys))
+        phy += size
+    return reqs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_index_bulk_build_matches_one_key_at_a_time(tmp_path, seed):
+    rng = random.Random(seed)
+    cfg = StoreConfig(version=5).with_(maxHashSlotNum=rng.choice([4, 16, 64]), maxIndexNum=rng.choice([2, 7, 40, 300]))
+    reqs = _requests(rng, 600)
+    cuts = sorted(rng.sample(range(1, len(reqs)), 5))
+    results = []
+    for mode in ("scalar", "bulk"):
+        root = tmp_path / mode
+        w = IndexWriter(str(root), cfg, namer=store_time_namer)
+        for a, b in zip([0] + cuts, cuts + [len(reqs)]):
+            part = reqs[a:b]
+            if mode == "scalar":
+                w._build_scalar(part)
+            else:
+                w.build(DispatchBatch.from_requests(part))
+        w.close()
+        results.append((_files(root), w.entries_written))
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_consume_queue_runs_match_unit_by_unit(tmp_path, seed):
+    rng = random.Random(100 + seed)
+    cfg = StoreConfig(version=5).with_(mappedFileSizeConsumeQueue=20 * rng.choice([3, 8, 50]))
+    n = 400
+    phy = np.cumsum(np.array([rng.randint(50, 200) for _ in range(n)], dtype=np.int64))
+    size = np.full(n, 40, dtype=np.int64)
+    start = rng.choice([0, 0, 5, 17])
+    qo = np.arange(start, start + n, dtype=np.int64)
+    for _ in range(20):  # duplicates, gaps, zero offsets, re-dispatched (older) records
+        i = rng.randrange(n)
+        kind = rng.randrange(4)
+        if kind == 0:
+            qo[i] = 0
+        elif kind == 1:
+            qo[i:] += rng.randint(1, 3)
+        elif kind == 2 and i > 0:
+            phy[i] = phy[i - 1] - 10
+        else:
+            qo[i] = max(0, qo[i] - rng.randint(1, 5))
+    tags = np.arange(n, dtype=np.int64) * 7 - 3
+    out = []
+    for mode in ("put", "put_many"):
+        root = tmp_path / mode
+        w = ConsumeQueueWriter(str(root), "T", 0, cfg)
+        if mode == "put":
+            done = sum(w.put(int(p), int(s), int(t), int(o)) for p, s, t, o in zip(phy, size, tags, qo))
+        else:
+            done = 0
+            for a, b in ((0, 150), (150, 151), (151, n)):
+                done += w.put_many(phy[a:b], size[a:b], tags[a:b], qo[a:b])
+        state = (done, w.write_offset, w.max_physic_offset, w.out_of_order, w.min_logic_offset)
+        w.close()
+        out.append((_files(root), state))
+    assert out[0] == out[1]
+
+
+def test_batch_reads_like_a_list_of_requests():
+    rng = random.Random(3)
+    reqs = _requests(rng, 50)
+    b = DispatchBatch.from_requests(reqs)
+    assert list(b) == reqs
+    assert b[7] == reqs[7] and b[-1] == reqs[-1]
+    assert list(b[10:20]) == reqs[10:20]
+    assert [r for r in b if r.phy >= reqs[25].phy] == reqs[25:]
