@@ -18,6 +18,16 @@ IndexEntriesOpt = typer.Option(None, "--index-entries", help="maxIndexNum.")
 JsonOpt = typer.Option(False, "--json", help="JSON Lines on stdout (stable field names).")
 
 
+def warn_if_live(store: Store) -> None:
+    """One line on stderr when a broker holds the store's lock: what is read may change underneath."""
+    state = store.lock_state()
+    if state.held:
+        from .output import warn
+
+        warn(f"store {store.root} is live: its lock file is {state.detail or 'held'} (a running broker?); "
+             "reading anyway, the data may change while it is read")
+
+
 def open_store(store: str, config: Optional[str] = None, broker_version: Optional[int] = None,
                commitlog_file_size: Optional[int] = None, cq_file_size: Optional[int] = None,
                index_slots: Optional[int] = None, index_entries: Optional[int] = None, **extra) -> Store:
@@ -33,4 +43,6 @@ def open_store(store: str, config: Optional[str] = None, broker_version: Optiona
         from rmqstore_cli.engine.errors import UsageError
 
         raise UsageError("--broker-version must be 4 or 5")
-    return Store.open(store, config_file=config, overrides=overrides)
+    st = Store.open(store, config_file=config, overrides=overrides)
+    warn_if_live(st)
+    return st
