@@ -141,11 +141,11 @@ def test_corrupt_regions_are_findings_or_failfast(spark, store_copy):
     start = int(seg_path.name)
     df = spark.read.format("rocketmq").option("body", "false").load(str(root))
     found = {(r["finding"], r["commitLogOffset"]): r for r in df.filter("finding is not null").collect()}
-    assert set(found) == {("CL_BODY_CRC", start + pos), ("CL_BAD_MAGIC", int(seg2.name) + pos2)}
+    assert set(found) == {("CL_BODY_CRC", start + pos), ("CL_GARBAGE", int(seg2.name) + pos2)}
     assert found[("CL_BODY_CRC", start + pos)]["crcOk"] is False
     total = df.count()
     assert total > 1900  # everything else is still read
-    with pytest.raises(PythonException, match="CL_BODY_CRC|CL_BAD_MAGIC"):
+    with pytest.raises(PythonException, match="CL_BODY_CRC|CL_GARBAGE"):
         spark.read.format("rocketmq").option("mode", "failfast").load(str(root)).count()
 
 
