@@ -304,3 +304,16 @@ def test_vectorised_property_columns_follow_the_broker_parser():
     dup = pa.array(["TAGS\x01a\x02TAGS\x01b"], pa.string())
     assert _property_columns(dup, np.ones(1, bool))[0].to_pylist() == ["b"]
     assert dict(_property_columns(dup, np.ones(1, bool))[3].to_pylist()[0]) == {"TAGS": "b"}
+
+
+def test_tasks_yield_arrow_batches_of_batch_rows(spark):
+    from rmqstore_cli.spark.datasource import RocketMQReader
+
+    root = str(shared_store("4.9.3-clean"))
+    schema = spark.read.format("rocketmq").load(root).schema
+    reader = RocketMQReader({"path": root, "batchrows": "500"}, schema)
+    parts = reader.partitions()
+    assert len(parts) == 1 and len(parts[0].ranges) == 56  # 56 small segments, one task
+    sizes = [b.num_rows for b in reader.read(parts[0])]
+    assert sum(sizes) == len(broker_read("4.9.3-clean")["clmsg"])
+    assert all(n >= 500 for n in sizes[:-1]) and len(sizes) < 10

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from formats import fast
@@ -177,9 +178,21 @@ class RocketMQReader(DataSourceReader):
         from pyspark.sql.pandas.types import to_arrow_schema
 
         schema = to_arrow_schema(self.schema, timezone="UTC")
+        # Ranges of small segments give small batches: pass them on in batches of batchRows rows.
+        pending, rows = [], 0
         for r in partition.ranges:
-            yield from read_range(r, schema, with_body=self.with_body, check_crc=self.check_crc,
-                                  batch_rows=self.batch_rows, failfast=self.failfast)
+            for b in read_range(r, schema, with_body=self.with_body, check_crc=self.check_crc,
+                                batch_rows=self.batch_rows, failfast=self.failfast):
+                if not pending and b.num_rows >= self.batch_rows:
+                    yield b
+                    continue
+                pending.append(b)
+                rows += b.num_rows
+                if rows >= self.batch_rows:
+                    yield pa.concat_batches(pending)
+                    pending, rows = [], 0
+        if pending:
+            yield pa.concat_batches(pending)
 
 
 class CorruptRecordError(RuntimeError):
