@@ -22,6 +22,19 @@ from .errors import StoreInUseError, UsageError
 LOCK_CONTENT = b"lock"
 
 
+def refuse_symlinks(root: str) -> None:
+    """Writers never follow a symbolic link inside the store: it could point anywhere (another store,
+    a system file). Every write session starts here, so one walk covers append and every repair."""
+    if not os.path.isdir(root):
+        return
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            if os.path.islink(p):
+                raise UsageError(f"{p} is a symbolic link; rmqstore does not write through links inside a store "
+                                 "(replace it with the real file or directory, or give the real path)")
+
+
 class StoreLock:
     """Exclusive, non-blocking record lock on byte 0 of ``<root>/lock`` (FileChannel.tryLock(0, 1))."""
 
@@ -37,6 +50,7 @@ class StoreLock:
     def acquire(self) -> "StoreLock":
         if self.fd is not None:
             return self
+        refuse_symlinks(self.root)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:

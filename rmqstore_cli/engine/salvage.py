@@ -99,7 +99,7 @@ def _js(o):
 def to_store(store, version: int, new_root: str, index_namer=None) -> SalvageReport:
     """Append every rescued record to a new store (queue offsets, store times and properties kept)."""
     from .appender import Appender
-    from .messages import MessageBuilder
+    from .messages import InputError, MessageBuilder
 
     if os.path.exists(new_root) and os.listdir(new_root):
         from .errors import UsageError
@@ -117,7 +117,12 @@ def to_store(store, version: int, new_root: str, index_namer=None) -> SalvageRep
         for msg in records(store, version, rep):
             obj = render_body(msg, "hex")
             qoff = obj["queueOffset"]
-            m = builder.from_json({k: v for k, v in obj.items() if k in _INPUT})
+            try:
+                m = builder.from_json({k: v for k, v in obj.items() if k in _INPUT})
+            except InputError as e:
+                # e.g. a topic that names a path: the record cannot be stored; skip it, say why
+                rep.skipped.append([msg["offset"], msg["offset"] + msg["storeSize"], f"not stored: {e}"])
+                continue
             key = (m.topic, m.queue_id)
             tx = m.sysflag & 0xC
             if tx in (0x0, 0x8):
