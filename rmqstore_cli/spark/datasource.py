@@ -189,10 +189,10 @@ class RocketMQReader(DataSourceReader):
                 pending.append(b)
                 rows += b.num_rows
                 if rows >= self.batch_rows:
-                    yield pa.concat_batches(pending)
+                    yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
                     pending, rows = [], 0
         if pending:
-            yield pa.concat_batches(pending)
+            yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
 
 
 class CorruptRecordError(RuntimeError):
