@@ -171,6 +171,7 @@ def run_cases(args) -> dict:
              "noop": 0, "failures": [], "exit_codes": Counter()}
     facts = {n: Facts(n) for n in templates}
     names = list(STORE_WEIGHTS)
+    cpu0 = time.process_time()
     for case in case_ids:
         rng = random.Random(f"{SEED}:{case}")
         name = rng.choices(names, [STORE_WEIGHTS[n] for n in names])[0]
@@ -226,6 +227,7 @@ def run_cases(args) -> dict:
             stats["failures"].append({"case": case, "store": name, "damage": dmg.describe(), "problems": fails})
         stats["cases"] += 1
         shutil.rmtree(case_root, ignore_errors=True)
+    stats["cpu"] = time.process_time() - cpu0
     return stats
 
 
@@ -295,16 +297,17 @@ def test_fuzz_read_commands(tmp_path_factory):
     else:
         results = [run_cases(chunks[0])]
     total = {"cases": 0, "runs": Counter(), "ops": Counter(), "detect_needed": 0, "detected": 0, "noop": 0,
-             "exit_codes": Counter()}
+             "exit_codes": Counter(), "cpu": 0.0}
     failures = []
     for r in results:
-        for k in ("cases", "detect_needed", "detected", "noop"):
+        for k in ("cases", "detect_needed", "detected", "noop", "cpu"):
             total[k] += r[k]
         for k in ("runs", "ops", "exit_codes"):
             total[k].update(r[k])
         failures += r["failures"]
     elapsed = time.time() - t0
-    print(f"fuzz: {total['cases']} cases, {sum(total['runs'].values())} command runs in {elapsed:.0f}s; "
+    print(f"fuzz: {total['cases']} cases, {sum(total['runs'].values())} command runs in {elapsed:.0f}s "
+          f"({total['cpu']:.0f} CPU s in the workers); "
           f"runs per command {dict(total['runs'])}; detectable damages {total['detect_needed']}, "
           f"detected {total['detected']}; no-op damages {total['noop']}")
     for n, t in templates.items():

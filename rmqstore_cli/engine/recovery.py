@@ -33,7 +33,7 @@ REFUSE = "the broker would refuse to start: "
 class Action:
     """One change to one file; ``repair`` backs the bytes up before doing it."""
 
-    kind: str  # move_aside | zero_tail | dispatch | checkpoint | remove_abort
+    kind: str  # move_aside | extend | zero_tail | dispatch | checkpoint | remove_abort
     path: str | None
     why: str
     offset: int | None = None  # zero_tail: first byte to zero
@@ -177,6 +177,13 @@ class Planner:
                 continue
             what = "zero-length" if seg.size == 0 else f"{seg.size} bytes instead of {sq.file_size}"
             self.plan.refusals.append(f"{REFUSE}{kind} file {seg.name} is {what} (MappedFileQueue.load checks every size)")
+            if kind == "commitlog" and 0 < seg.size < sq.file_size:
+                # A short file keeps every record it holds: padded with zeros to the broker's size (the
+                # original is saved whole first); the walk below decides where the log ends.
+                self.act("extend", seg.path, f"{what}; padded with zeros to {sq.file_size} bytes so the broker can "
+                         "start (its records are kept)", extra={"size": sq.file_size})
+                kept.append(seg)
+                continue
             self.move_aside(seg.path, f"{what}; moved into the backup so the broker can start")
             if seg.size and _file_has_data(seg.path):
                 self.plan.data_loss.append(f"{kind} file {seg.name} ({seg.size} bytes) holds data but has the wrong size; "

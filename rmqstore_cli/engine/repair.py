@@ -105,6 +105,12 @@ def apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, i
             if os.path.lexists(a.path):
                 backup.move(a.path, a.why)
                 res.steps.append(f"moved {os.path.relpath(a.path, root)} into the backup")
+        elif a.kind == "extend":
+            if os.path.exists(a.path) and os.path.getsize(a.path) < a.extra["size"]:
+                backup.save_file(a.path)  # restore truncates it back to this length
+                os.truncate(a.path, a.extra["size"])
+                fsync_path(a.path)
+                res.steps.append(f"padded {os.path.relpath(a.path, root)} with zeros to {a.extra['size']} bytes")
         elif a.kind == "zero_tail":
             if not os.path.exists(a.path):
                 continue
