@@ -52,7 +52,9 @@ class WritableSegment:
 
     def flush(self) -> None:
         if self.dirty:
-            os.fsync(self.fd)  # pages dirtied through the mapping and through pwrite alike
+            # msync(MS_SYNC) syncs the file range (vfs_fsync_range), so it also covers pages
+            # dirtied through pwrite/pwritev (the appender writes records that way).
+            self.mm.flush()
             self.dirty = False
 
     def close(self, flush: bool = False) -> None:
