@@ -60,6 +60,9 @@ def rebuild(
         out.line({"type": "rebuild", "backup": backup.dir, **res})
     stderr.print(f"rmqstore: rebuilt {', '.join(res['rebuilt']) or 'nothing'} from {res['records']} records "
                  f"({res['cqUnits']} units, {res['indexEntries']} index entries); old files in {backup.dir}", markup=False)
+    if not json_:
+        for p in res.get("problems", [])[:20]:
+            stderr.print(f"  {p['severity']} {p['code']} at {p['offset']}: {p['message']}", markup=False, highlight=False)
     raise typer.Exit(run_verify(st.root, st.config, out, json_))
 
 

@@ -132,7 +132,8 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"rebuilt": swapped, "records": stats.records, "cqUnits": stats.cq_units, "extUnits": stats.ext_units,
-            "indexEntries": stats.index_entries, "from": start}
+            "indexEntries": stats.index_entries, "from": start,
+            "problems": [f.as_json() for f in getattr(d, "problems", [])]}  # records not dispatched, and why
 
 
 def _parallel_requests(store, d, jobs: int, handle) -> None:
