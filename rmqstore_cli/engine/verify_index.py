@@ -1,0 +1,135 @@
+"""Verify: index files against the commitlog (§10), the checkpoint and the store root."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_ROLLBACK
+
+from .findings import Finding
+from .verify_records import ERROR, INFO, WARNING, _Agg, _Records, _RefClassifier
+
+
+def _check_index(store, recs: _Records, refs: _RefClassifier, findings: list, summary: dict) -> None:
+    svc = store.index
+    findings += svc.problems
+    n_entries = 0
+    for f in svc.files:
+        if not f.complete:
+            continue
+        agg = _Agg()
+        h = f.header()
+        count = h.indexCount if h.indexCount > 0 else 1
+        base = INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE
+        if count > f.entries:
+            agg.add(f.path, "IDX_HEADER", ERROR, f.path, 36, f"indexCount {h.indexCount} exceeds maxIndexNum {f.entries}")
+            count = f.entries
+        ent = f.entry_table(count)[1:]
+        n = np.arange(1, count, dtype=np.int64)
+        n_entries += len(n)
+        if not len(n):
+            continue
+        kh = ent["keyHash"].astype(np.int64)
+        phy = ent["phyOffset"].astype(np.int64)
+        diff = ent["timeDiff"].astype(np.int64)
+        prev = ent["prevIndex"].astype(np.int64)
+        epos = lambda e: base + int(e) * INDEX_ENTRY_SIZE  # noqa: E731
+        # Slot chains (§10.4): each entry links to the previous entry of its slot; the slot holds the newest.
+        slot = np.where(kh >= 0, kh % f.slots, -1)
+        order = np.lexsort((n, slot))
+        s_sorted, n_sorted = slot[order], n[order]
+        exp_prev_sorted = np.where(np.r_[False, s_sorted[1:] == s_sorted[:-1]], np.r_[0, n_sorted[:-1]], 0)
+        exp_prev = np.empty_like(prev)
+        exp_prev[order] = exp_prev_sorted
+        for k in np.flatnonzero((prev != exp_prev) & (slot >= 0)).tolist():
+            agg.add(f.path, "IDX_CHAIN", ERROR, f.path, epos(n[k]), f"entry {int(n[k])} links to {int(prev[k])}, expected "
+                    f"{int(exp_prev[k])} (the previous entry with the same hash slot)", entry=int(n[k]))
+        table = f.slot_table().astype(np.int64)
+        exp_table = np.zeros(f.slots, dtype=np.int64)
+        last = np.r_[s_sorted[1:] != s_sorted[:-1], True]
+        ok_slots = s_sorted[last] >= 0
+        exp_table[s_sorted[last][ok_slots]] = n_sorted[last][ok_slots]
+        for s in np.flatnonzero(table != exp_table).tolist()[:1]:
+            cnt = int((table != exp_table).sum())
+            agg.add(f.path, "IDX_SLOT", ERROR, f.path, INDEX_HEADER_SIZE + s * INDEX_SLOT_SIZE, f"hash slot {s} holds entry "
+                    f"{int(table[s])}, expected {int(exp_table[s])}" + (f" ({cnt} slots differ)" if cnt > 1 else ""), slot=s)
+        used = int(len(np.unique(slot[slot >= 0])))
+        if h.hashSlotCount != used:
+            agg.add(f.path, "IDX_HEADER", ERROR, f.path, 32, f"hashSlotCount {h.hashSlotCount}, the entries use {used} slots")
+        if h.beginPhyOffset != int(phy[0]) or h.endPhyOffset != int(phy[-1]):
+            agg.add(f.path, "IDX_HEADER", ERROR, f.path, 16, f"header offsets {h.beginPhyOffset}..{h.endPhyOffset} differ from the "
+                    f"entries' {int(phy[0])}..{int(phy[-1])}")
+        for k in np.flatnonzero(kh < 0).tolist():
+            agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(n[k]), f"entry {int(n[k])} has a negative key hash {int(kh[k])}", entry=int(n[k]))
+        idx, status = refs.classify(phy)
+        for k in np.flatnonzero(status == refs.MISSING).tolist():
+            agg.add(f.path, "IDX_NO_RECORD", ERROR, f.path, epos(n[k]), f"entry {int(n[k])} points at {int(phy[k])}, where no commitlog "
+                    "record starts", entry=int(n[k]), phyOffset=int(phy[k]))
+        ts = recs.c["storeTimestamp"]
+        for k in np.flatnonzero((status == refs.FOUND) & (kh >= 0)).tolist():
+            r = int(idx[k])
+            e = int(n[k])
+            if int(recs.c["sysFlag"][r]) & 0xC == TRANSACTION_ROLLBACK:
+                agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} points at a rollback record, which is never indexed",
+                        entry=e, phyOffset=int(phy[k]))
+            elif int(kh[k]) not in recs.key_hashes(r):
+                agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} points at {int(phy[k])}, a record with no key of "
+                        f"hash {int(kh[k])}", entry=e, phyOffset=int(phy[k]))
+            elif e >= 2 and h.beginTimestamp > 0:
+                d = int(ts[r]) - h.beginTimestamp
+                want = min(max(int(d / 1000) if d >= 0 else -((-d) // 1000), 0), 2**31 - 1)
+                if int(diff[k]) != want:
+                    agg.add(f.path, "IDX_TIME_DIFF", WARNING, f.path, epos(e), f"entry {e} timeDiff {int(diff[k])} s, the record's store "
+                            f"time gives {want} s", entry=e)
+        first_found = status[0] == refs.FOUND
+        last_found = status[-1] == refs.FOUND
+        if first_found and h.beginTimestamp != int(ts[idx[0]]):
+            agg.add(f.path, "IDX_HEADER", WARNING, f.path, 0, f"beginTimestamp {h.beginTimestamp} differs from the first entry's record "
+                    f"({int(ts[idx[0]])})")
+        if last_found and h.endTimestamp != int(ts[idx[-1]]):
+            agg.add(f.path, "IDX_HEADER", WARNING, f.path, 8, f"endTimestamp {h.endTimestamp} differs from the last entry's record "
+                    f"({int(ts[idx[-1]])})")
+        findings += agg.findings()
+    summary["index"] = {"files": len(svc.files), "entries": n_entries}
+
+
+def _check_checkpoint(store, recs: _Records, findings: list) -> None:
+    path = os.path.join(store.root, "checkpoint")
+    cp = store.checkpoint()
+    if not cp.exists:
+        if len(recs):
+            findings.append(Finding("CP_MISSING", WARNING, path, None, "no checkpoint file; the broker creates an empty one and "
+                                    "treats every record as unflushed"))
+        return
+    if cp.fileSize != 4096:
+        findings.append(Finding("CP_SIZE", WARNING, path, 0, f"checkpoint is {cp.fileSize} bytes, the broker maps 4096"))
+    if not len(recs):
+        return
+    newest = int(recs.c["storeTimestamp"].max())
+    if cp.physicMsgTimestamp > newest:
+        findings.append(Finding("CP_PHYSIC_AHEAD", WARNING, path, 0, f"physicMsgTimestamp {cp.physicMsgTimestamp} is after the newest "
+                                f"record ({newest}): records the broker had flushed are missing"))
+    if cp.logicsMsgTimestamp > newest:
+        findings.append(Finding("CP_LOGICS_AHEAD", WARNING, path, 8, f"logicsMsgTimestamp {cp.logicsMsgTimestamp} is after the newest "
+                                f"record ({newest}): dispatched records are missing from the commitlog"))
+    ends = [f.header().endTimestamp for f in store.index.files if f.complete]
+    if cp.indexMsgTimestamp > max(ends, default=0):
+        findings.append(Finding("CP_INDEX_AHEAD", WARNING, path, 16, f"indexMsgTimestamp {cp.indexMsgTimestamp} is after every index "
+                                "file's endTimestamp: index files are missing"))
+
+
+def _check_root(store, findings: list) -> None:
+    findings += store.stray_entries()
+    if store.abort_exists:
+        cp = store.checkpoint()
+        doomed = [f.name for f in store.index.files if f.complete and f.header().endTimestamp > cp.indexMsgTimestamp]
+        findings.append(Finding("STORE_ABORT", INFO, os.path.join(store.root, "abort"), None,
+                                "the last broker run did not shut down cleanly: its next start runs abnormal recovery (re-checks "
+                                f"the log from the checkpoint, re-dispatches, and deletes {len(doomed)} index file(s) newer than "
+                                "indexMsgTimestamp)", {"indexFilesDeletedOnRecovery": doomed}))
+    lock = store.lock_state()
+    if lock.held:
+        findings.append(Finding("STORE_LOCKED", WARNING, os.path.join(store.root, "lock"), None,
+                                f"a broker holds the store lock ({lock.detail}): files may change while they are verified"))
