@@ -113,8 +113,10 @@ def append(
             return
         if json_:
             out.lines(r.as_json() for r in results)
-        else:
-            rows.extend(r.as_json() for r in results)
+        elif len(rows) < TABLE_ROWS:
+            # A terminal table of every record stops being useful after a screen and cost
+            # 85% of a large --from run; the rest is summarised (--json lists them all).
+            rows.extend(r.as_json() for r in results[: TABLE_ROWS - len(rows)])
 
     try:
         if from_ is None:
@@ -147,9 +149,13 @@ def append(
     finally:
         app.close()
         if rows:
-            out.table(rows, COLUMNS, title=f"appended to {root}")
-    if quiet or (not json_ and not rows):
+            shown = f" (first {len(rows)} of {count}; --json lists every record)" if count > len(rows) else ""
+            out.table(rows, COLUMNS, title=f"appended to {root}{shown}")
+    if quiet or (not json_ and count != len(rows)):
         stderr.print(f"appended {count} record(s) to {root}", markup=False, highlight=False)
+
+
+TABLE_ROWS = 50
 
 
 def _read_body(body: Optional[str], body_file: Optional[str]) -> bytes:
