@@ -105,6 +105,7 @@ def append(
     rows: list = []
     app = Appender(root, cfg, fsync_always=fsync == "always")
     count = 0
+    failed: Optional[OSError] = None
 
     def emit(results):
         nonlocal count
@@ -146,8 +147,15 @@ def append(
             finally:
                 if stream is not sys.stdin:
                     stream.close()
+    except OSError as e:
+        failed = e
+        raise _write_failed(e, root) from None
     finally:
-        app.close()
+        try:
+            app.close()
+        except OSError as e:
+            if failed is None:
+                raise _write_failed(e, root) from None
         if rows:
             shown = f" (first {len(rows)} of {count}; --json lists every record)" if count > len(rows) else ""
             out.table(rows, COLUMNS, title=f"appended to {root}{shown}")
@@ -156,6 +164,13 @@ def append(
 
 
 TABLE_ROWS = 50
+
+
+def _write_failed(e: OSError, root: str) -> UsageError:
+    """Disk full, file too large, read-only: say what state the store is in, not only the errno."""
+    return UsageError(f"cannot write {e.filename or 'the store'}: {e.strerror or e}; part of this append may be on "
+                      f"disk and the store is left marked unclean (abort file): run `rmqstore recover {root}` "
+                      "before using it")
 
 
 def _read_body(body: Optional[str], body_file: Optional[str]) -> bytes:
