@@ -1,11 +1,18 @@
-"""Fixed synthetic benchmark stores (issue #6): 1 GiB commitlog, 64 MiB segments, 2 topics x 8
-queues, KEYS + UNIQ_KEY on every message, default-geometry index, 4.9.3 layout.
+"""Fixed synthetic benchmark stores (issue #6), written by our own :class:`Appender`.
 
-Stand-in writer until ``rmqstore append`` lands: records are laid out by
-:func:`formats.message.encode_message` (one template per store, fields patched per record with
-numpy, every record of a store has the same size), and a sample of records is re-encoded with
-``encode_message`` and compared byte for byte, so the patching cannot drift from the codec.
-Consume queues and the index are written with the rules of FORMAT.md §7 and §10.
+1 GiB of commitlog in 64 MiB segments, 2 topics x 8 queues, ``KEYS`` + ``UNIQ_KEY`` on every
+message, default consume-queue and index geometry, 4.9.3 rules.  Messages go through the replay
+path (``MessageBuilder.from_json`` with a fixed ``storeTimestamp``) and ``Appender.put`` in
+process, so the commitlog, consume queues, index and checkpoint are what ``rmqstore append``
+writes.  Index files are named after the store time (``store_time_namer``), the bodies come from
+a fixed seed: two runs give the same bytes (the index file name is local time, as the broker's).
+
+Building each message with ``from_json`` (~50 us) would dominate the 3.6 M-message 100 B store,
+so one message per topic is built that way, with marker values, and the others are derived
+from it by substituting their key digits; a sample of derived messages is compared with a full
+``from_json`` build, so the shortcut cannot drift from the builder.
+
+    python -m bench.gen          # generate (or reuse) the cached stores, print what was done
 """
 
 from __future__ import annotations
@@ -14,226 +21,120 @@ import os
 import shutil
 import struct
 import subprocess
-import time
 
 import numpy as np
 
-from formats.hashing import crc31, index_key_hash, java_hash
-from formats.java_hashmap import broker_properties_string
-from formats.message import encode_message
-from formats.records import MAGIC_BLANK
+from rmqstore_cli.engine.appender import Appender
+from rmqstore_cli.engine.config import StoreConfig
+from rmqstore_cli.engine.indexwriter import store_time_namer
+from rmqstore_cli.engine.messages import MessageBuilder, OutMessage
 
 SEGMENT_SIZE = 64 << 20
 TOTAL_SIZE = 1 << 30
-CQ_FILE_SIZE = 6_000_000
-HASH_SLOTS = 5_000_000
-INDEX_NUM = 20_000_000
 TOPICS = (b"BenchTopicA", b"BenchTopicB")
 QUEUES = 8
 BASE_TS = 1_700_000_000_000
-BORN_HOST = (bytes([10, 0, 0, 7]), 51234)
-STORE_HOST = (bytes([10, 0, 0, 1]), 10911)
+BORN_HOST = "10.0.0.7:51234"
+STORE_HOST = "10.0.0.1:10911"
 BODY_SIZES = {"100B": 100, "1KiB": 1024, "4KiB": 4096}
-VERSION = 1  # bump when the layout below changes: invalidates bench/.cache
+VERSION = 2  # bump when the layout below changes: invalidates bench/.cache (2: written by Appender)
 KEY_DIGITS = 12
+SEED = 6
+UNIQ_PREFIX = "0A0000070C3B1B6D3B2E"
+_KEY_MARK = b"@" * KEY_DIGITS
+_UNIQ_MARK = b"#" * KEY_DIGITS
 
 
 def _fields(i: int):
-    """Per-record values: round-robin over the 16 (topic, queue) pairs."""
+    """Per-record values: round-robin over the 16 (topic, queue) pairs, 64 messages per store ms."""
     pair = i % (len(TOPICS) * QUEUES)
     topic = TOPICS[pair // QUEUES]
     st = BASE_TS + i // 64
     return topic, pair % QUEUES, i // (len(TOPICS) * QUEUES), st
 
 
-def _props(i: int, topic: bytes) -> bytes:
-    tag = "TagA" if topic == TOPICS[0] else "TagB"
-    props = {"KEYS": f"key{i:0{KEY_DIGITS}d}", "UNIQ_KEY": f"0A0000070C3B1B6D3B2E{i:0{KEY_DIGITS}X}",
-             "TAGS": tag, "CLUSTER": "DefaultCluster"}
-    return broker_properties_string(props, 4).encode("utf-8")
+def config() -> StoreConfig:
+    return StoreConfig(version=4, mappedFileSizeCommitLog=SEGMENT_SIZE)
+
+
+def _filler() -> bytes:
+    rng = np.random.default_rng(SEED)
+    alphabet = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", np.uint8)
+    return rng.choice(alphabet, size=max(BODY_SIZES.values()) + 1024).tobytes()
+
+
+_FILLER = _filler()
 
 
 def _body(i: int, size: int) -> bytes:
-    text = (b"%012d " % i) + b"lorem ipsum dolor sit amet consectetur adipiscing elit " * (size // 50 + 1)
-    return text[:size]
+    start = (i * 7) % 1024  # bodies differ beyond their number prefix
+    return ((b"%012d " % i) + _FILLER[start : start + size])[:size]
 
 
-def encode(i: int, phy: int, body_size: int) -> bytes:
-    topic, qid, qoff, st = _fields(i)
-    return encode_message(topic=topic, queue_id=qid, flag=0, queue_offset=qoff, physical_offset=phy, sysflag=0,
-                          born_timestamp=st - 1, born_host=BORN_HOST, store_timestamp=st, store_host=STORE_HOST,
-                          reconsume_times=0, prepared_offset=0, body=_body(i, body_size), properties=_props(i, topic))
+def _json(i: int, size: int, key: str | None = None, uniq: str | None = None) -> dict:
+    """The ``dump commitlog --json``-style object of message ``i`` (the replay input)."""
+    topic, qid, _, st = _fields(i)
+    tag = "TagA" if topic == TOPICS[0] else "TagB"
+    return {"topic": topic.decode(), "queueId": qid, "bornTimestamp": st - 1, "storeTimestamp": st,
+            "bornHost": BORN_HOST, "storeHost": STORE_HOST,
+            "properties": {"KEYS": key or f"key{i:0{KEY_DIGITS}d}",
+                           "UNIQ_KEY": uniq or f"{UNIQ_PREFIX}{i:0{KEY_DIGITS}X}",
+                           "TAGS": tag, "CLUSTER": "DefaultCluster"},
+            "bodyHex": _body(i, size).hex()}
 
 
-def _digits(values: np.ndarray, n: int, base: int) -> np.ndarray:
-    """ASCII digits (upper-case hex for base 16), most significant first: shape (len, n)."""
-    out = np.empty((len(values), n), np.uint8)
-    v = values.astype(np.int64).copy()
-    for k in range(n - 1, -1, -1):
-        d = v % base
-        out[:, k] = np.where(d < 10, d + 48, d + 55)
-        v //= base
-    return out
+class _Messages:
+    """Message ``i`` of a store, derived from one ``from_json`` template per topic."""
 
+    def __init__(self, builder: MessageBuilder, size: int):
+        self.size = size
+        self.builder = builder
+        self.tpl = {}
+        for t in range(len(TOPICS)):
+            m = builder.from_json(_json(t * QUEUES, size, "key" + _KEY_MARK.decode(), UNIQ_PREFIX + _UNIQ_MARK.decode()))
+            assert m.props_b.count(_KEY_MARK) == 1 and m.props_b.count(_UNIQ_MARK) == 1
+            self.tpl[TOPICS[t]] = m
 
-def _put(arr: np.ndarray, col: int, values: np.ndarray, fmt: str) -> None:
-    width = np.dtype(fmt).itemsize
-    arr[:, col : col + width] = np.ascontiguousarray(values.astype(fmt)).view(np.uint8).reshape(-1, width)
+    def __call__(self, i: int) -> OutMessage:
+        topic, qid, _, st = _fields(i)
+        t = self.tpl[topic]
+        key = b"%012d" % i
+        uniq = b"%012X" % i
+        pm = dict(t.props_map)
+        pm["KEYS"] = "key" + key.decode()
+        pm["UNIQ_KEY"] = UNIQ_PREFIX + uniq.decode()
+        return OutMessage(t.topic, t.topic_b, qid, t.flag, t.sysflag, st - 1, t.born_host, t.store_host,
+                          t.reconsume_times, t.prepared_offset, _body(i, self.size),
+                          t.props_b.replace(_KEY_MARK, key).replace(_UNIQ_MARK, uniq), t.crc_prop, t.magic, st, pm,
+                          t.total_size)
 
-
-class _Layout:
-    """Byte positions of the patched fields inside the fixed-size record."""
-
-    def __init__(self, body_size: int):
-        rec0 = encode(0, 0, body_size)
-        self.template = np.frombuffer(rec0, np.uint8).copy()
-        self.size = len(rec0)
-        self.body = 88  # IPv4 hosts: 48 + 8 + 8 + 8 + 4 + 8 + 4
-        self.topic = self.body + body_size + 1
-        props_at = self.topic + len(TOPICS[0]) + 2
-        raw = rec0[props_at:]
-        self.key = props_at + raw.index(b"key") + 3
-        self.uniq = props_at + raw.index(b"3B2E") + 4
-        self.tag = props_at + raw.index(b"TagA") + 3
-
-
-def _records(lay: _Layout, first: int, n: int, seg_start: int, body_size: int) -> np.ndarray:
-    idx = np.arange(first, first + n, dtype=np.int64)
-    arr = np.tile(lay.template, (n, 1))
-    pair = idx % (len(TOPICS) * QUEUES)
-    st = BASE_TS + idx // 64
-    _put(arr, 12, pair % QUEUES, ">i4")
-    _put(arr, 20, idx // (len(TOPICS) * QUEUES), ">i8")
-    _put(arr, 28, seg_start + np.arange(n, dtype=np.int64) * lay.size, ">i8")
-    _put(arr, 40, st - 1, ">i8")
-    _put(arr, 56, st, ">i8")
-    second = (pair // QUEUES).astype(np.uint8)
-    arr[:, lay.topic + len(TOPICS[0]) - 1] = ord("A") + second
-    arr[:, lay.tag] = ord("A") + second
-    arr[:, lay.body : lay.body + KEY_DIGITS] = _digits(idx, KEY_DIGITS, 10)
-    arr[:, lay.key : lay.key + KEY_DIGITS] = _digits(idx, KEY_DIGITS, 10)
-    arr[:, lay.uniq : lay.uniq + KEY_DIGITS] = _digits(idx, KEY_DIGITS, 16)
-    flat = memoryview(arr).cast("B")
-    s, b, size = lay.body, body_size, lay.size
-    crcs = np.array([crc31(flat[r * size + s : r * size + s + b]) for r in range(n)], dtype=np.int64)
-    _put(arr, 8, crcs, ">i4")
-    return arr
-
-
-def _write_cq(root: str, meta: dict) -> None:
-    phy, size, idx = meta["phy"], meta["size"], meta["idx"]
-    pair = idx % (len(TOPICS) * QUEUES)
-    tags = {t: java_hash("TagA" if t == TOPICS[0] else "TagB") for t in TOPICS}
-    per_file = CQ_FILE_SIZE // 20
-    unit = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
-    for p in range(len(TOPICS) * QUEUES):
-        topic = TOPICS[p // QUEUES]
-        sel = pair == p
-        units = np.zeros(int(sel.sum()), unit)
-        units["phy"] = phy[sel]
-        units["size"] = size
-        units["tags"] = tags[topic]
-        d = os.path.join(root, "consumequeue", topic.decode(), str(p % QUEUES))
-        os.makedirs(d, exist_ok=True)
-        for k in range(0, len(units), per_file):
-            with open(os.path.join(d, "%020d" % (k * 20)), "wb") as f:
-                f.write(units[k : k + per_file].tobytes())
-                f.truncate(CQ_FILE_SIZE)
-
-
-def _write_index(root: str, meta: dict) -> None:
-    idx, phy, st = meta["idx"], meta["phy"], meta["st"]
-    n = len(idx)
-    # Keys per message, in broker order: UNIQ_KEY then KEYS (§10.3).
-    key_hash = np.empty(2 * n, np.int64)
-    topics = [_fields(i)[0].decode() for i in range(len(TOPICS) * QUEUES)]
-    pairs = len(topics)
-    uniq = [f"{topics[i % pairs]}#0A0000070C3B1B6D3B2E{i:0{KEY_DIGITS}X}" for i in idx.tolist()]
-    keys = [f"{topics[i % pairs]}#key{i:0{KEY_DIGITS}d}" for i in idx.tolist()]
-    key_hash[0::2] = _java_hash_fixed(uniq)
-    key_hash[1::2] = _java_hash_fixed(keys)
-    assert key_hash[0] == index_key_hash(uniq[0]) and key_hash[-1] == index_key_hash(keys[-1])
-    entries = 2 * n
-    assert entries < INDEX_NUM
-    ephy = np.repeat(phy, 2)
-    est = np.repeat(st, 2)
-    slot = key_hash % HASH_SLOTS
-    order = np.argsort(slot, kind="stable")
-    prev = np.zeros(entries, np.int64)
-    same = slot[order[1:]] == slot[order[:-1]]
-    prev[order[1:][same]] = order[:-1][same] + 1
-    slots = np.zeros(HASH_SLOTS, ">i4")
-    last = np.ones(entries, bool)
-    last[:-1] = ~same
-    slots[slot[order[last]]] = order[last] + 1
-    begin = int(est[0])
-    ent = np.zeros(entries + 1, np.dtype([("h", ">i4"), ("phy", ">i8"), ("diff", ">i4"), ("prev", ">i4")]))
-    ent["h"][1:] = key_hash
-    ent["phy"][1:] = ephy
-    ent["diff"][1:] = (est - begin) // 1000
-    ent["prev"][1:] = prev
-    header = struct.pack(">qqqqii", begin, int(est[-1]), int(ephy[0]), int(ephy[-1]), int(last.sum()), entries + 1)
-    d = os.path.join(root, "index")
-    os.makedirs(d, exist_ok=True)
-    name = time.strftime("%Y%m%d%H%M%S", time.localtime(BASE_TS / 1000)) + "000"
-    with open(os.path.join(d, name), "wb") as f:
-        f.write(header)
-        f.write(slots.tobytes())
-        f.write(ent.tobytes())
-        f.truncate(40 + HASH_SLOTS * 4 + INDEX_NUM * 20)
-
-
-def _java_hash_fixed(names: list[str]) -> np.ndarray:
-    """abs(String.hashCode) of equal-length ASCII strings, vectorised (§10.3)."""
-    length = len(names[0])
-    chars = np.frombuffer("".join(names).encode("ascii"), np.uint8).reshape(-1, length)
-    h = np.zeros(len(names), np.uint64)
-    for k in range(length):
-        h = (h * np.uint64(31) + chars[:, k]) & np.uint64(0xFFFFFFFF)
-    s = h.astype(np.int64)
-    s = np.where(s >= 1 << 31, s - (1 << 32), s)
-    return np.where(s == -(1 << 31), 0, np.abs(s))
+    def check(self, i: int) -> None:
+        assert self(i) == self.builder.from_json(_json(i, self.size)), f"derived message {i} drifted from from_json"
 
 
 def generate(root: str, body_size: int, total: int = TOTAL_SIZE, seg_size: int = SEGMENT_SIZE) -> dict:
-    """Write a clean store at ``root`` (replaced if present); returns a summary."""
+    """Write a clean store at ``root`` (built in ``root.tmp``, then swapped in); returns a summary."""
     tmp = root + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(os.path.join(tmp, "commitlog"))
-    lay = _Layout(body_size)
-    per_seg = (seg_size - 8) // lay.size
+    cfg = config().with_(mappedFileSizeCommitLog=seg_size)
+    msgs = _Messages(MessageBuilder(cfg), body_size)
+    size = msgs(0).total_size
+    per_seg = (seg_size - 8) // size  # the Appender ends a segment with a BLANK once TOTALSIZE + 8 does not fit
     nseg = total // seg_size
-    phys, idxs = [], []
-    first = 0
-    for s in range(nseg):
-        start = s * seg_size
-        arr = _records(lay, first, per_seg, start, body_size)
-        if s == 0:
-            for r in (0, 1, 17, per_seg - 1):
-                assert arr[r].tobytes() == encode(r, r * lay.size, body_size), "template patching drifted"
-        with open(os.path.join(tmp, "commitlog", "%020d" % start), "wb") as f:
-            f.write(memoryview(arr).cast("B"))
-            if s + 1 < nseg:  # every full segment ends in a BLANK; the last one ends in zeros
-                f.write(struct.pack(">ii", seg_size - per_seg * lay.size, MAGIC_BLANK))
-            f.truncate(seg_size)
-        phys.append(start + np.arange(per_seg, dtype=np.int64) * lay.size)
-        idxs.append(np.arange(first, first + per_seg, dtype=np.int64))
-        first += per_seg
-    last = encode(first + 1, 0, body_size)  # spot-check a late record too
-    assert len(last) == lay.size
-    meta = {"phy": np.concatenate(phys), "idx": np.concatenate(idxs), "size": lay.size}
-    meta["st"] = BASE_TS + meta["idx"] // 64
-    _write_cq(tmp, meta)
-    _write_index(tmp, meta)
-    last_st = int(meta["st"][-1])
-    with open(os.path.join(tmp, "checkpoint"), "wb") as f:
-        f.write(struct.pack(">qqq", last_st, last_st, 0))
-        f.truncate(4096)
+    count = per_seg * nseg
+    for i in (0, 1, 17, per_seg - 1, per_seg, count - 1):
+        msgs.check(i)
+    with Appender(tmp, cfg, index_namer=store_time_namer) as app:
+        put = app.put
+        for i in range(count):
+            put([msgs(i)])
+        end, blanks = app.offset, app.blanks
+    assert blanks == nseg - 1 and end == (nseg - 1) * seg_size + per_seg * size, (blanks, end)
     os.makedirs(os.path.join(tmp, "config"), exist_ok=True)
     shutil.rmtree(root, ignore_errors=True)
     os.rename(tmp, root)
-    return {"records": first, "record_size": lay.size, "bytes": first * lay.size, "segments": nseg,
-            "first_store_timestamp": BASE_TS, "last_store_timestamp": last_st}
+    return {"records": count, "record_size": size, "bytes": count * size, "segments": nseg,
+            "first_store_timestamp": BASE_TS, "last_store_timestamp": _fields(count - 1)[3]}
 
 
 def make_crash_copy(src: str, dest: str) -> None:
@@ -249,3 +150,10 @@ def make_crash_copy(src: str, dest: str) -> None:
     open(os.path.join(dest, "abort"), "wb").close()
     with open(os.path.join(dest, "checkpoint"), "r+b") as f:
         f.write(struct.pack(">qqq", BASE_TS, BASE_TS, 0))
+
+
+if __name__ == "__main__":
+    from bench import run
+
+    for name in BODY_SIZES:
+        run.store(name)

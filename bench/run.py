@@ -36,9 +36,11 @@ def store(name: str) -> str:
     path = os.path.join(CACHE, name)
     meta = path + ".json"
     if not os.path.exists(meta):
-        t = time.perf_counter()
+        _drop_stale_caches()
+        t, c = time.perf_counter(), time.process_time()
         info = gen.generate(path, gen.BODY_SIZES[name])
         info["generate_seconds"] = round(time.perf_counter() - t, 1)
+        info["generate_cpu_seconds"] = round(time.process_time() - c, 1)
         with open(meta, "w") as f:
             json.dump(info, f)
         print(f"# generated {name}: {info}", file=sys.stderr)
@@ -46,6 +48,19 @@ def store(name: str) -> str:
         info = json.load(f)
     info["root"] = path
     return info
+
+
+def _drop_stale_caches() -> None:
+    """Stores of an older ``gen.VERSION`` are never read again (they hold ~4 GB each), and the
+    work files (the append input dumped from the old 1 KiB store) were derived from them."""
+    top = os.path.dirname(CACHE)
+    stale = [n for n in (os.listdir(top) if os.path.isdir(top) else ())
+             if n.startswith("v") and n[1:].isdigit() and os.path.join(top, n) != CACHE]
+    for name in stale:
+        shutil.rmtree(os.path.join(top, name), ignore_errors=True)
+    if stale:
+        shutil.rmtree(WORK, ignore_errors=True)
+        os.makedirs(WORK)
 
 
 def warm(root: str) -> None:
