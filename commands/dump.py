@@ -49,6 +49,16 @@ def dump_commitlog(
     """Every commitlog record in order, up to the end of valid data."""
     _check_body(body)
     st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    if json_:  # columnar encoder: the same bytes as json_line(render_body(record)) per record
+        with st, progress("reading commitlog", sum(seg.size for seg in st.commitlog.segments)) as advance:
+            res = ScanResult()
+            out = Output(True)
+            for data, _, walked in st.commitlog.records_json(start=from_, end=to, body=body, topic=topic, queue=queue,
+                                                             limit=limit, result=res):
+                out.write_encoded(data)
+                advance(walked)
+        _report_stop(res)
+        return
     with st, progress("reading commitlog", sum(seg.size for seg in st.commitlog.segments)) as advance:
         res = ScanResult()
         recs = _advancing(st.commitlog.records(start=from_, end=to, with_body=body != "none", result=res), advance)

@@ -57,6 +57,16 @@ class Output:
             n += 1
         return n
 
+    def write_encoded(self, data: bytes) -> None:
+        """JSON Lines already encoded as UTF-8 (formats.jsonl), written as they are."""
+        out = sys.stdout
+        buffer = getattr(out, "buffer", None)
+        if buffer is not None and (getattr(out, "encoding", "") or "").lower().replace("-", "") == "utf8":
+            out.flush()
+            buffer.write(data)
+        else:
+            self._write(data.decode("utf-8"))
+
     def table(self, rows: Iterable[dict], columns: Sequence[tuple[str, str]], title: str | None = None,
               limit_note: str | None = None) -> int:
         """Rows as a rich table, or as JSON Lines when --json (then every key of the row is printed)."""

@@ -199,6 +199,47 @@ class CommitLog:
                 msg["offset"] = phy
                 yield msg
 
+    def records_json(self, *, start: int | None = None, end: int | None = None, body: str = "none",
+                     topic: str | None = None, queue: int | None = None, limit: int | None = None,
+                     result: ScanResult | None = None) -> Iterator[tuple[bytes, int, int]]:
+        """The records :meth:`records` yields (same selection, same stop), already rendered as
+        JSON Lines (UTF-8 bytes, ``--body`` mode ``body``) by :mod:`formats.jsonl`, a block at a
+        time: yields (text, records in it, log bytes walked for it)."""
+        from formats.jsonl import encode_records, topic_mask
+
+        start_index = 0
+        if start is not None and self.segments.segments:
+            for k, s in enumerate(self.segments.segments):
+                if s.start <= start:
+                    start_index = k
+        left = limit
+        if left is not None and left <= 0:
+            return
+        for chunk in self.scan(start_index=start_index, check_crc=False, result=result):
+            h = chunk.headers
+            phy = chunk.phy
+            keep = np.ones(len(h), dtype=bool)
+            done = False
+            if start is not None:
+                keep &= phy >= start
+            if end is not None:
+                cut = int(np.searchsorted(phy, end))  # offsets grow along a chunk
+                if cut < len(h):
+                    keep[cut:] = False
+                    done = True
+            if queue is not None:
+                keep &= h.queueId == queue
+            if topic is not None and keep.any():
+                keep &= topic_mask(chunk.buf, h, topic)
+            idx = np.flatnonzero(keep)
+            if left is not None:
+                idx = idx[:left]
+                left -= len(idx)
+            walked = int(h.totalSize[: int(idx[-1]) + 1].sum()) if len(idx) else int(h.totalSize.sum())
+            yield (encode_records(chunk.buf, h, chunk.segment.start, body, idx) if len(idx) else b"", len(idx), walked)
+            if done or left == 0:
+                return
+
     def boundaries_near(self, phy: int) -> tuple[int | None, int | None]:
         """Record boundaries just before and after ``phy`` (for error messages)."""
         before = after = None
