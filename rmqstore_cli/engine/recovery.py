@@ -29,6 +29,17 @@ from .store import Store
 REFUSE = "the broker would refuse to start: "
 
 
+def _index_torn(f) -> bool:
+    """Entries or slots written past the header's indexCount: an index put killed before its header update."""
+    count = max(f.header().indexCount, 1)
+    if count >= f.entries:
+        return False
+    past = f.entry_table()[count:]
+    if ((past["keyHash"] != 0) | (past["phyOffset"] != 0) | (past["prevIndex"] != 0)).any():
+        return True
+    return bool((f.slot_table().astype("int64") >= count).any())
+
+
 @dataclass
 class Action:
     """One change to one file; ``repair`` backs the bytes up before doing it."""
@@ -235,16 +246,20 @@ class Planner:
             elif f.code == "IDX_STRAY":
                 self.move_aside(f.path, "stray entry in index/")
         files = list(idx.files)
+        torn = False
         for k, f in enumerate(files):
-            if not f.complete:
-                damaged = k
+            if not f.complete or _index_torn(f):
+                damaged, torn = k, f.complete
                 break
         self.index_files = files
         if damaged is not None:
             bad = files[damaged]
+            what = (f"holds entries or slots past its indexCount (a put cut short by a crash): re-dispatching into it "
+                    f"would link new entries to stale ones" if torn else
+                    f"is {bad.size} bytes, not {bad.expected_size}: the broker would map it at full "
+                    f"size (growing it with zeros) and silently miss the lost entries")
             self.plan.notes.append(
-                f"index file {bad.name} is {bad.size} bytes, not {bad.expected_size}: the broker would map it at full "
-                f"size (growing it with zeros) and silently miss the lost entries; every index file is moved into "
+                f"index file {bad.name} {what}; every index file is moved into "
                 f"the backup and the index is rebuilt from the commitlog (a partial rebuild would index the record "
                 f"at a file boundary twice, as the broker's re-dispatch does)")
             for f in files:
