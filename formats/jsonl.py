@@ -228,16 +228,17 @@ def _hex_u64(values: np.ndarray, table=_HEX_UPPER):
 # Properties
 
 
-_CLASS = np.zeros(256, np.uint8)  # bytes that matter to the shape of a property string
-_CLASS[1], _CLASS[2], _CLASS[_SEP], _CLASS[0x5C] = 1, 2, 3, 4
+# bytes that matter to the shape of a property string -> 1..4 (for bytes.translate)
+_CLASS = bytes(1 if b == 1 else 2 if b == 2 else 3 if b == _SEP else 4 if b == 0x5C else 0 for b in range(256))
 
 
-def _plain_props(u8j: np.ndarray, n: int) -> np.ndarray:
+def _plain_props(joined: bytes, n: int) -> np.ndarray:
     """Which of the n DEL-joined property strings are ``k\x01v(\x02k\x01v)*[\x02]`` with
     non-empty keys and values, no backslash, and distinct keys: their JSON object is the
     escaped raw text with the separators replaced (the others take the reference parser)."""
     ok = np.ones(n, dtype=bool)
-    cls = _CLASS[u8j]
+    u8j = np.frombuffer(joined, np.uint8)
+    cls = np.frombuffer(joined.translate(_CLASS), np.uint8)
     pos = np.flatnonzero(cls)
     typ = cls[pos]
     # a backslash would leave "\\u0001"-like runs in the escaped text that are not separators
@@ -264,13 +265,18 @@ def _plain_props(u8j: np.ndarray, n: int) -> np.ndarray:
     krec = rec[is_key]
     if len(ks) > 1:
         klen = ke - ks
-        col = np.arange(8, dtype=np.int64)
-        fb = u8j[np.minimum(ks[:, None] + col, len(u8j) - 1)]
-        fb[col[None, :] >= klen[:, None]] = 0
-        lb = u8j[np.maximum(ke[:, None] - 8 + col, 0)]
-        lb[col[None, :] < (8 - klen)[:, None]] = 0
-        fp = (fb.view(np.uint64).reshape(-1) * np.uint64(0x9E3779B97F4A7C15)) ^ \
-             (lb.view(np.uint64).reshape(-1) * np.uint64(0xC2B2AE3D27D4EB4F)) ^ klen.astype(np.uint64)
+        # unaligned 8-byte words (little-endian) through a strided view; the joined text is
+        # padded so that every word lies inside it
+        pad = np.frombuffer(joined + bytes(8), np.uint8)
+        words = np.lib.stride_tricks.as_strided(pad, shape=(len(pad) - 7, 8), strides=(1, 1))
+        first = words[ks].view("<u8").reshape(-1)
+        last = words[np.maximum(ke - 8, 0)].view("<u8").reshape(-1)
+        short = klen < 8
+        if short.any():  # the first word covers the whole key: keep its bytes only
+            bits = (np.minimum(klen, 8) * 8).astype(np.uint64)
+            first = np.where(short, first & ((np.uint64(1) << (bits & np.uint64(63))) - np.uint64(1)), first)
+            last = np.where(short, np.uint64(0), last)
+        fp = (first * np.uint64(0x9E3779B97F4A7C15)) ^ (last * np.uint64(0xC2B2AE3D27D4EB4F)) ^ klen.astype(np.uint64)
         # keys of a record are consecutive: compare each with the few before it
         most = int(np.bincount(krec).max())
         if most <= 16:
@@ -299,9 +305,9 @@ def _slices(buf, starts: list[int], ends: list[int]) -> list[bytes]:
 _RAW_KEY = b',"propertiesRaw":"'
 
 
-def _props_pieces(buf, starts: list[int], ends: list[int]) -> tuple[list[bytes], list[bytes]]:
+def _props_pieces(buf, starts: list[int], ends: list[int], trailing: bool) -> tuple[list[bytes], list[bytes]]:
     """Per record: the ``properties`` object followed by ``,"propertiesRaw":"``, and the
-    escaped raw string."""
+    escaped raw string. ``trailing``: some string may end with ``\x02``."""
     n = len(starts)
     raws = _slices(buf, starts, ends)
     esc, texts = _escaped_texts(raws)
@@ -309,10 +315,12 @@ def _props_pieces(buf, starts: list[int], ends: list[int]) -> tuple[list[bytes],
         return ([_dumps(parse_properties(t)) + _RAW_KEY for t in texts],
                 [encode_basestring(t)[1:-1].encode("utf-8") for t in texts])
     raw_pieces = esc.split(_SEP_B)
-    ok = _plain_props(np.frombuffer(_SEP_B.join(raws), np.uint8), n)
-    s = esc.replace(b"\\u0002\x7f", b"\x7f")
-    if s.endswith(b"\\u0002"):
-        s = s[:-6]
+    ok = _plain_props(_SEP_B.join(raws), n)
+    s = esc
+    if trailing:  # 5.x: the separator after the last entry is no entry
+        s = s.replace(b"\\u0002\x7f", b"\x7f")
+        if s.endswith(b"\\u0002"):
+            s = s[:-6]
     s = s.replace(b"\\u0001", b'":"').replace(b"\\u0002", b'","').replace(b"\x7f", b'"}' + _RAW_KEY + b'\x7f{"')
     obj_pieces = (b'{"' + s + b'"}' + _RAW_KEY).split(_SEP_B)
     if not ok.all():
@@ -436,7 +444,9 @@ def _encode_block(buf, h: Headers, base: int, body: str) -> bytes:
     heads = head.text(b"\n").split(b"\n")
     if tops is not None:
         heads = [a + b for a, b in zip(tops, heads)]
-    objs, raws = _props_pieces(buf, h.propsStart.tolist(), (h.propsStart + h.propsLength).tolist())
+    pend = h.propsStart + h.propsLength
+    trailing = bool((u8[np.maximum(pend - 1, 0)][h.propsLength > 0] == 2).any())
+    objs, raws = _props_pieces(buf, h.propsStart.tolist(), pend.tolist(), trailing)
     if body == "none":
         tails = tail.text(b"}\n").splitlines(keepends=True)
         return b"".join(chain.from_iterable(zip(heads, objs, raws, tails)))
