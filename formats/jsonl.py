@@ -370,7 +370,7 @@ def encode_records(buf, h: Headers, base: int, body: str = "none", idx: np.ndarr
 
 class _Rows:
     """Rows of fixed-width slots: literal text shared by every row, or an (n, w) byte matrix
-    whose unused bytes are 0. ``lines()`` gives one bytes per row."""
+    whose unused bytes are 0."""
 
     def __init__(self, n: int):
         self.n = n
@@ -389,17 +389,26 @@ class _Rows:
                 self.lit = []
             self.parts.append(f)
 
-    def text(self, end: bytes) -> bytes:
-        """All rows, each followed by ``end``, padding removed (JSON text never holds a raw
-        NUL or newline, so both are safe as padding and row end)."""
+    def columns(self, end: bytes = b"") -> list[np.ndarray]:
+        """The slots as (n, w) arrays, ``end`` added to every row."""
         self.add(end)
-        self.parts.append(b"".join(self.lit))
+        parts = self.parts + [b"".join(self.lit)]
+        self.lit = []
+        self.parts = parts
         n = self.n
-        cols = [np.broadcast_to(np.frombuffer(p, np.uint8), (n, len(p))) if isinstance(p, bytes) else p
-                for p in self.parts]
-        if all(isinstance(p, bytes) for p in self.parts):
-            return b"".join(self.parts) * n
-        return np.concatenate(cols, axis=1).tobytes().translate(None, b"\0")
+        return [np.broadcast_to(np.frombuffer(p, np.uint8), (n, len(p))) if isinstance(p, bytes) else p
+                for p in parts if (len(p) if isinstance(p, bytes) else p.shape[1])]
+
+
+_ROW_END = b"\r"  # JSON text never holds a raw CR (nor a NUL, the padding)
+
+
+def _row_texts(cols: list[np.ndarray]) -> list[bytes]:
+    """One text per row of the concatenated slots, padding removed."""
+    rows = len(cols[0]) if cols else 0
+    end = np.broadcast_to(np.frombuffer(_ROW_END, np.uint8), (rows, 1))
+    text = np.concatenate(cols + [end], axis=1).tobytes().translate(None, b"\0")
+    return text.split(_ROW_END)[:-1]
 
 
 def _encode_block(buf, h: Headers, base: int, body: str) -> bytes:
@@ -441,19 +450,34 @@ def _encode_block(buf, h: Headers, base: int, body: str) -> bytes:
     tail.add(_ints(np.where(h.magicCode == MAGIC_V2, 2, 1)))
     tail.add(b',"offset":')
     tail.add(_ints(h.offsets + base))
-    heads = head.text(b"\n").split(b"\n")
-    if tops is not None:
-        heads = [a + b for a, b in zip(tops, heads)]
     pend = h.propsStart + h.propsLength
     trailing = bool((u8[np.maximum(pend - 1, 0)][h.propsLength > 0] == 2).any())
     objs, raws = _props_pieces(buf, h.propsStart.tolist(), pend.tolist(), trailing)
-    if body == "none":
-        tails = tail.text(b"}\n").splitlines(keepends=True)
-        return b"".join(chain.from_iterable(zip(heads, objs, raws, tails)))
-    tail.add(b',"' + BODY_KEYS[body].encode() + b'":"')
-    tails = tail.text(b"\n").split(b"\n")
-    bodies = _body_pieces(buf, h, body)
-    return b"".join(chain.from_iterable(zip(heads, objs, raws, tails, bodies, repeat(b'"}\n'))))
+    bodies = None
+    if body != "none":
+        tail.add(b',"' + BODY_KEYS[body].encode() + b'":"')
+        bodies = _body_pieces(buf, h, body)
+    hc = head.columns()
+    if tops is not None:  # the topic text leads each record: no merged rows
+        heads = [a + b for a, b in zip(tops, _row_texts(hc))]
+        if bodies is None:
+            tails = _row_texts(tail.columns(b"}\n"))
+            return b"".join(chain.from_iterable(zip(heads, objs, raws, tails)))
+        tails = _row_texts(tail.columns())
+        return b"".join(chain.from_iterable(zip(heads, objs, raws, tails, bodies, repeat(b'"}\n'))))
+    # the end of record i and the start of record i + 1 are one row: fewer, longer pieces
+    first = _row_texts([c[:1] for c in hc])
+    if bodies is None:
+        tc = tail.columns(b"}\n")
+        mids = _row_texts([c[:-1] for c in tc] + [c[1:] for c in hc]) if n > 1 else []
+        mids.extend(_row_texts([c[-1:] for c in tc]))
+        return b"".join(chain(first, chain.from_iterable(zip(objs, raws, mids))))
+    tails = _row_texts(tail.columns())
+    close = b'"}\n'
+    mids = _row_texts([np.broadcast_to(np.frombuffer(close, np.uint8), (n - 1, len(close)))] +
+                      [c[1:] for c in hc]) if n > 1 else []
+    mids.append(close)
+    return b"".join(chain(first, chain.from_iterable(zip(objs, raws, tails, bodies, mids))))
 
 
 def topic_mask(buf, h: Headers, topic: str) -> np.ndarray:
