@@ -40,16 +40,17 @@ def scan(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray, names=WANTED) 
     if not len(has):
         return PropValues(out_s, out_e, ascii_ok)
     ps, pe = starts[has], starts[has] + lengths[has]
-    lo, hi = int(ps.min()), int(pe.max())
-    region = u8[lo:hi]
-    # Separators and high bytes anywhere in the span; only those inside a property string count.
-    cand = np.flatnonzero((region == 2) | (region >= 0x80)) + lo
     order_ok = len(ps) < 2 or bool(np.all(ps[1:] >= pe[:-1]))
     if not order_ok:  # overlapping ranges never come from a walk; keep the contract anyway
         return _scan_each(u8, starts, lengths, names)
+    # Gather the property bytes only (bodies may be anything); separators and high bytes in them.
+    ln = pe - ps
+    first = np.cumsum(ln) - ln
+    pos = np.repeat(ps - first, ln) + np.arange(int(ln.sum()), dtype=np.int64)
+    data = u8[pos]
+    cand = pos[np.flatnonzero((data == 2) | (data >= 0x80))]
+    del pos, data
     rec = np.searchsorted(ps, cand, side="right") - 1
-    inside = (rec >= 0) & (cand < pe[np.maximum(rec, 0)])
-    cand, rec = cand[inside], rec[inside]
     is_high = u8[cand] >= 0x80
     if is_high.any():
         ascii_ok[has[np.unique(rec[is_high])]] = False
@@ -130,14 +131,14 @@ def java_hash_spans(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.
     row0 = ends - width
     if int(row0.min()) >= 0:
         view = np.lib.stride_tricks.as_strided(u8, shape=(len(u8) - width + 1, width), strides=(1, 1), writeable=False)
-        rows = view[row0].astype(np.uint64)
+        rows = view[row0].astype(np.uint32)
     else:
         idx = row0[:, None] + np.arange(width, dtype=np.int64)
-        rows = u8[np.maximum(idx, 0)].astype(np.uint64)
+        rows = u8[np.maximum(idx, 0)].astype(np.uint32)
     rows[np.arange(width, dtype=np.int64)[None, :] < (width - lens)[:, None]] = 0
-    pw = _pow31(width)[::-1].copy()
-    out = (rows * pw).sum(axis=1, dtype=np.uint64) & np.uint64(0xFFFFFFFF)
-    return out.astype(np.uint32)
+    pw = _pow31(width)[::-1].astype(np.uint32)
+    rows *= pw  # uint32 arithmetic wraps mod 2**32, as Java's int does
+    return rows.sum(axis=1, dtype=np.uint32)
 
 
 def combine(prefix_hash: np.ndarray, suffix_hash: np.ndarray, suffix_len: np.ndarray) -> np.ndarray:

@@ -13,11 +13,11 @@ from typing import Callable, Iterable
 import numpy as np
 
 from formats import fast
-from formats.message import decode_utf8
 
 from .commitlog import CommitLog, ScanResult
 from .findings import Finding
-from .verify_records import _COLS, ERROR, WARNING
+from .verify_dispatch import TopicInterner, dispatch_columns
+from .verify_records import _COL_TYPES, _COLS, ERROR, WARNING
 
 REASON_CODES = {
     fast.R_BODY_CRC: "CL_BODY_CRC",
@@ -43,6 +43,7 @@ class SegmentReport:
     findings: list = field(default_factory=list)
     cols: dict = field(default_factory=dict)  # name -> numpy column over the segment's valid records
     topics: list = field(default_factory=list)  # topic strings; cols["topic"] holds indexes into it
+    key_hashes: object = None  # index key hashes of the records, cols["keyCount"] per record, in order
     invalid: list = field(default_factory=list)  # absolute offsets of records that failed validation
     ended_with_blank: bool = False
     stop_offset: int = 0  # absolute offset where the walk stopped
@@ -106,8 +107,9 @@ def _verify_segment(commitlog: CommitLog, i: int, check_crc: bool, progress) -> 
     limit = min(seg.size, commitlog.segments.file_size)
     wrong_size = seg.size != commitlog.segments.file_size
     parts = {c: [] for c in _COLS}
-    interned: dict[bytes, int] = {}
-    mv = memoryview(buf) if seg.size else memoryview(b"")
+    interner = TopicInterner()
+    key_parts = []
+    delay_table = cfg.delay_table
     known = _SYSFLAG_KNOWN.get(cfg.version, 0x7FF)
     max_size = cfg.maxMessageSize + (65536 if cfg.version >= 5 else 0)
     f = rep.findings
@@ -122,16 +124,18 @@ def _verify_segment(commitlog: CommitLog, i: int, check_crc: bool, progress) -> 
             h = chunk.headers
             phy = chunk.phy
             parts["phy"].append(phy)
-            parts["size"].append(h.totalSize.astype(np.int64))
+            parts["size"].append(h.totalSize.astype(np.int32))
             parts["queueId"].append(h.queueId)
             parts["queueOffset"].append(h.queueOffset)
             parts["sysFlag"].append(h.sysFlag)
             parts["storeTimestamp"].append(h.storeTimestamp)
-            parts["propsPos"].append(h.propsStart)
-            parts["propsLen"].append(h.propsLength)
-            tids = [interned.setdefault(bytes(mv[s:s + n]), len(interned))
-                    for s, n in zip(h.topicStart.tolist(), h.topicLength.tolist())]
-            parts["topic"].append(np.asarray(tids, dtype=np.int32))
+            tids = interner.intern_chunk(u8, buf, h)
+            parts["topic"].append(tids)
+            codes, tags_bad, counts, hashes = dispatch_columns(u8, h, tids, interner, delay_table)
+            parts["tagsCode"].append(codes)
+            parts["tagsBad"].append(tags_bad)
+            parts["keyCount"].append(counts)
+            key_parts.append(hashes)
             rep.data_end = int(phy[-1] + h.totalSize[-1])
             # Checks the broker does not make (§13.3 "Not checked by Java").
             for k in np.flatnonzero(h.physicalOffset != phy).tolist():
@@ -201,8 +205,9 @@ def _verify_segment(commitlog: CommitLog, i: int, check_crc: bool, progress) -> 
             rep.unread_reported = True
         break
     for c in _COLS:
-        rep.cols[c] = np.concatenate(parts[c]) if parts[c] else np.zeros(0, np.int64)
-    rep.topics = [decode_utf8(t) for t in interned]
+        rep.cols[c] = (np.concatenate(parts[c]) if parts[c] else np.zeros(0)).astype(_COL_TYPES[c], copy=False)
+    rep.key_hashes = np.concatenate(key_parts) if key_parts else np.zeros(0, np.int32)
+    rep.topics = interner.topics()
     rep.records = len(rep.cols["phy"])
     rep.bytes = int(rep.cols["size"].sum()) if rep.records else 0
     rep.all_zero = rep.records == 0 and not rep.invalid and _first_nonzero(u8, 0, seg.size) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from formats.extaddr import is_ext_addr, undecorate
+from formats.extaddr import MAX_ADDR, undecorate
 from formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
 from .findings import Finding
@@ -71,21 +71,25 @@ def _check_consume_queues(store, recs: _Records, refs: _RefClassifier, findings:
                 agg.add(group, code, ERROR, path, pos, f"unit {qo}: {text(j, r)}", topic=topic, queueId=qid, queueOffset=qo,
                         phyOffset=int(u.phy[j]))
             bad |= mask
-        # tagsCode (after ext indirection) needs the properties: only for units that passed the rest.
-        for k in np.flatnonzero(~bad).tolist():
-            j, r = int(uu[k]), int(ri[k])
+        # tagsCode (after ext indirection): units that passed the rest, records whose DELAY parses
+        # (CL_DELAY_PROPERTY already says why the others cannot be checked).
+        k = np.flatnonzero(~bad)
+        k = k[~c["tagsBad"][ri[k]]]
+        stored = u.tags[uu[k]]
+        expected = c["tagsCode"][ri[k]]
+        via_ext = (stored <= MAX_ADDR) if ext is not None else np.zeros(len(k), dtype=bool)
+        for m in np.flatnonzero(via_ext).tolist():
+            j, r = int(uu[k[m]]), int(ri[k[m]])
+            ext_refs.append((int(u.queue_offsets[j]), int(stored[m]), r, int(expected[m])))
+        wrong = np.flatnonzero(~via_ext & (stored != expected))
+        if len(wrong):
+            m = int(wrong[0])
+            j = int(uu[k[m]])
             qo = int(u.queue_offsets[j])
-            stored = int(u.tags[j])
-            expected = recs.tags_code(r)
-            if expected is None:
-                continue  # CL_DELAY_PROPERTY already says why
-            if ext is not None and is_ext_addr(stored):
-                ext_refs.append((qo, stored, r, expected))
-                continue
-            if stored != expected:
-                path, pos = _cq_loc(cq, qo)
-                agg.add(group, "CQ_TAGS", ERROR, path, pos, f"unit {qo}: tagsCode {stored}, the record's TAGS give {expected}",
-                        topic=topic, queueId=qid, queueOffset=qo, phyOffset=int(u.phy[j]))
+            path, pos = _cq_loc(cq, qo)
+            agg.add(group, "CQ_TAGS", ERROR, path, pos, f"unit {qo}: tagsCode {int(stored[m])}, the record's TAGS give "
+                    f"{int(expected[m])}", topic=topic, queueId=qid, queueOffset=qo, phyOffset=int(u.phy[j]))
+            agg.count[(group, "CQ_TAGS")] += len(wrong) - 1
         if ext is not None:
             _check_ext(ext, cq, ext_refs, recs, agg, group, findings)
         findings += agg.findings()
@@ -157,7 +161,10 @@ def _check_dispatch(store, recs: _Records, cq_phys: list, findings: list) -> Non
     tran = recs.c["sysFlag"] & 0xC
     dispatchable = (tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)
     phys = np.concatenate(cq_phys) if cq_phys else np.zeros(0, np.int64)
-    missing = np.flatnonzero(dispatchable & ~np.isin(recs.phy, phys))
+    sphys = np.sort(phys)
+    at = np.minimum(np.searchsorted(sphys, recs.phy), max(len(sphys) - 1, 0))
+    in_cq = (sphys[at] == recs.phy) if len(sphys) else np.zeros(len(recs.phy), dtype=bool)
+    missing = np.flatnonzero(dispatchable & ~in_cq)
     if not len(missing):
         return
     # maxPhysicOffset of the queues: the broker re-dispatches everything from there at start (§13.1).

@@ -8,11 +8,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from formats.hashing import index_key, index_key_hash
+from formats import fast
 from formats.message import decode_utf8
 from formats.properties import parse_properties
 from formats.records import CQ_UNIT_SIZE
-from formats.tags import TagsCodeError, tags_code
 
 from .findings import Finding
 
@@ -23,7 +22,9 @@ if TYPE_CHECKING:
 ERROR, WARNING, INFO = "error", "warning", "info"
 SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
 
-_COLS = ("phy", "size", "queueId", "queueOffset", "sysFlag", "storeTimestamp", "topic", "propsPos", "propsLen")
+_COL_TYPES = {"phy": np.int64, "size": np.int32, "queueId": np.int32, "queueOffset": np.int64, "sysFlag": np.int32,
+              "storeTimestamp": np.int64, "topic": np.int32, "tagsCode": np.int64, "tagsBad": np.bool_, "keyCount": np.int16}
+_COLS = tuple(_COL_TYPES)
 
 
 class _Agg:
@@ -52,32 +53,38 @@ class _Agg:
 
 
 class _Records:
-    """All valid commitlog records as columns, with lazy per-record dispatch info."""
+    """All valid commitlog records as columns, with each record's dispatch info (tagsCode, key hashes)."""
 
     def __init__(self, store, reports: list[SegmentReport]):
         self.store = store
         topics: dict[str, int] = {}
         cols = {c: [] for c in _COLS}
         seg_idx = []
+        keys = []
         for r in reports:
             remap = np.asarray([topics.setdefault(t, len(topics)) for t in r.topics] or [0], dtype=np.int32)
             for c in _COLS:
                 col = r.cols[c]
                 cols[c].append(remap[col] if c == "topic" and len(col) else col)
             seg_idx.append(np.full(r.records, r.index, dtype=np.int32))
+            if r.key_hashes is not None:
+                keys.append(r.key_hashes)
         self.topic_ids = topics
         self.topics = list(topics)
-        cat = lambda p: np.concatenate(p).astype(np.int64) if p else np.zeros(0, np.int64)  # noqa: E731
-        self.c = {c: cat(cols[c]) for c in _COLS}
+        cat = lambda p: np.concatenate(p) if p else np.zeros(0, np.int64)  # noqa: E731
+        self.c = {c: cat(cols[c]).astype(_COL_TYPES[c], copy=False) for c in _COLS}
         self.seg = cat(seg_idx)
+        self.keys = cat(keys).astype(np.int32)  # index key hashes, record after record
+        counts = self.c["keyCount"].astype(np.int64)
+        self.key_start = np.cumsum(counts) - counts
         self.phy = self.c["phy"]
         if len(self.phy) > 1 and not np.all(np.diff(self.phy) > 0):
             order = np.argsort(self.phy, kind="stable")
             self.c = {k: v[order] for k, v in self.c.items()}
             self.seg = self.seg[order]
+            self.key_start = self.key_start[order]
             self.phy = self.c["phy"]
         self.invalid = np.asarray(sorted(o for r in reports for o in r.invalid), dtype=np.int64)
-        self._props: dict[int, dict] = {}
 
     def __len__(self) -> int:
         return len(self.phy)
@@ -89,32 +96,34 @@ class _Records:
         return clipped, found
 
     def props(self, i: int) -> dict:
-        p = self._props.get(i)
-        if p is None:
-            n = int(self.c["propsLen"][i])
-            if n > 0:
-                buf = self.store.commitlog.segments.segments[int(self.seg[i])].buffer()
-                s = int(self.c["propsPos"][i])
-                p = parse_properties(decode_utf8(bytes(buf[s:s + n])))
-            else:
-                p = {}
-            self._props[i] = p
-        return p
+        """The record's properties, decoded again (only for the rare records a check needs them for)."""
+        seg = self.store.commitlog.segments.segments[int(self.seg[i])]
+        buf = seg.buffer()
+        h = fast.decode_headers(buf, np.asarray([int(self.phy[i]) - seg.start], np.int64))
+        s, n = int(h.propsStart[0]), int(h.propsLength[0])
+        return parse_properties(decode_utf8(bytes(buf[s:s + n]))) if n > 0 else {}
 
     def topic(self, i: int) -> str:
         return self.topics[int(self.c["topic"][i])]
 
     def tags_code(self, i: int) -> int | None:
-        try:
-            return tags_code(self.topic(i), self.props(i), int(self.c["storeTimestamp"][i]), self.store.config.delay_table)
-        except TagsCodeError:
-            return None
+        """tagsCode dispatch would compute; None when the DELAY property is not a number."""
+        return None if self.c["tagsBad"][i] else int(self.c["tagsCode"][i])
 
     def key_hashes(self, i: int) -> set[int]:
-        p = self.props(i)
-        topic = self.topic(i)
-        keys = ([p["UNIQ_KEY"]] if p.get("UNIQ_KEY") else []) + [k for k in p.get("KEYS", "").split(" ") if k]
-        return {index_key_hash(index_key(topic, k)) for k in keys}
+        s = int(self.key_start[i])
+        return set(self.keys[s:s + int(self.c["keyCount"][i])].tolist())
+
+    def has_key_hash(self, ri: np.ndarray, kh: np.ndarray) -> np.ndarray:
+        """For each (record, key hash) pair: does the record have an index key of that hash."""
+        out = np.zeros(len(ri), dtype=bool)
+        if not len(ri):
+            return out
+        start, count = self.key_start[ri], self.c["keyCount"][ri].astype(np.int64)
+        for j in range(int(count.max()) if len(count) else 0):
+            m = count > j
+            out[m] |= self.keys[start[m] + j].astype(np.int64) == kh[m]
+        return out
 
     def location(self, i: int) -> tuple[str, int]:
         seg = self.store.commitlog.segments.segments[int(self.seg[i])]

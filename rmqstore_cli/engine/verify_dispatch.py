@@ -1,0 +1,143 @@
+"""Verify phase 1, per chunk of valid records: what the broker's dispatch would compute for each
+record (topic id, tagsCode, index key hashes), as columns, so the cross-checks are numpy joins.
+
+The common case (ASCII properties, topic not SCHEDULE_TOPIC_XXXX) is computed for the whole chunk
+at once with :mod:`formats.propscan`; every other record goes through the one-at-a-time rules
+(:func:`formats.properties.parse_properties`, :func:`formats.tags.tags_code`), so both agree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from formats import propscan
+from formats.hashing import index_key, index_key_hash, java_hash
+from formats.message import decode_utf8
+from formats.properties import parse_properties
+from formats.tags import SCHEDULE_TOPIC, TagsCodeError, tags_code
+
+
+class TopicInterner:
+    """Topic bytes -> small ids, per segment (ids are remapped when segments are merged)."""
+
+    def __init__(self):
+        self.ids: dict[bytes, int] = {}
+        self.prefix: list[int] = []  # uint32 java hash of "topic#" per id
+        self.schedule: list[bool] = []
+
+    def intern_chunk(self, u8: np.ndarray, buf, h) -> np.ndarray:
+        ts, tl = h.topicStart, np.maximum(h.topicLength, 0)
+        n = len(ts)
+        if not n:
+            return np.zeros(0, np.int32)
+        # Group by (hash, length), then confirm every member's bytes equal the group's first.
+        hs = propscan.java_hash_spans(u8, ts, ts + tl).astype(np.int64)
+        key = (hs << 16) ^ tl
+        uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        out = np.empty(len(uniq), dtype=np.int32)
+        for g, f in enumerate(first.tolist()):
+            s, ln = int(ts[f]), int(tl[f])
+            raw = bytes(u8[s:s + ln])
+            members = np.flatnonzero(inv == g) if len(uniq) > 1 else np.arange(n)
+            if ln and len(members) > 1:
+                rows = np.lib.stride_tricks.as_strided(u8, shape=(len(u8) - ln + 1, ln), strides=(1, 1), writeable=False)
+                if not np.all(rows[ts[members]] == np.frombuffer(raw, np.uint8)):
+                    return self._one_by_one(u8, ts, tl)  # a hash collision between different topics
+            out[g] = self._id(raw)
+        return out[inv.reshape(-1)]
+
+    def _one_by_one(self, u8, ts, tl) -> np.ndarray:
+        return np.asarray([self._id(bytes(u8[s:s + n])) for s, n in zip(ts.tolist(), tl.tolist())], dtype=np.int32)
+
+    def _id(self, raw: bytes) -> int:
+        i = self.ids.get(raw)
+        if i is None:
+            i = self.ids[raw] = len(self.ids)
+            t = decode_utf8(raw)
+            self.prefix.append(java_hash(t + "#") & 0xFFFFFFFF)
+            self.schedule.append(t == SCHEDULE_TOPIC)
+        return i
+
+    def topics(self) -> list[str]:
+        return [decode_utf8(t) for t in self.ids]
+
+
+def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterner, delay_table: dict):
+    """(tagsCode int64, tagsBad bool, keyCount int16, keyHashes int32) for the chunk's records.
+
+    ``tagsBad``: the DELAY property is not a number (tags_code fails; CL_DELAY_PROPERTY).
+    ``keyHashes`` holds each record's index key hashes (UNIQ_KEY first, then KEYS tokens, duplicates
+    kept), ``keyCount`` how many belong to each record, in record order.
+    """
+    n = len(h)
+    pv = propscan.scan(u8, h.propsStart, h.propsLength)
+    sched = np.asarray(interner.schedule, dtype=bool)[tids] if n else np.zeros(0, bool)
+    slow = ~pv.ascii | sched
+    codes = np.zeros(n, dtype=np.int64)
+    tags_bad = np.zeros(n, dtype=bool)
+    ts, te = pv.start["TAGS"], pv.end["TAGS"]
+    has_tags = (ts >= 0) & ~slow
+    if has_tags.any():
+        codes[has_tags] = propscan.java_hash_spans(u8, ts[has_tags], te[has_tags]).view(np.int32)
+    # Keys: UNIQ_KEY, then every non-empty space-separated token of KEYS.
+    prefix = np.asarray(interner.prefix, dtype=np.uint32)[tids] if n else np.zeros(0, np.uint32)
+    ks, ke = pv.start["KEYS"], pv.end["KEYS"]
+    us, ue = pv.start["UNIQ_KEY"], pv.end["UNIQ_KEY"]
+    spans_r, spans_s, spans_e = [], [], []
+    fast_u = np.flatnonzero((us >= 0) & ~slow)
+    spans_r.append(fast_u)
+    spans_s.append(us[fast_u])
+    spans_e.append(ue[fast_u])
+    fast_k = np.flatnonzero((ks >= 0) & ~slow)
+    if len(fast_k):
+        tr, tsp, tep = _tokens(u8, ks[fast_k], ke[fast_k])
+        spans_r.append(fast_k[tr])
+        spans_s.append(tsp)
+        spans_e.append(tep)
+    r = np.concatenate(spans_r)
+    s = np.concatenate(spans_s)
+    e = np.concatenate(spans_e)
+    if len(r):
+        kh = propscan.key_hash(propscan.combine(prefix[r], propscan.java_hash_spans(u8, s, e), e - s))
+    else:
+        kh = np.zeros(0, np.int64)
+    # The rest, one at a time.
+    slow_idx = np.flatnonzero(slow)
+    if len(slow_idx):
+        topics = list(interner.ids)
+        extra_r, extra_h = [], []
+        for i in slow_idx.tolist():
+            ps, pl = int(h.propsStart[i]), int(h.propsLength[i])
+            props = parse_properties(decode_utf8(bytes(u8[ps:ps + pl]))) if pl > 0 else {}
+            topic = decode_utf8(topics[int(tids[i])])
+            try:
+                codes[i] = tags_code(topic, props, int(h.storeTimestamp[i]), delay_table)
+            except TagsCodeError:
+                tags_bad[i] = True
+            keys = ([props["UNIQ_KEY"]] if props.get("UNIQ_KEY") else []) + [k for k in props.get("KEYS", "").split(" ") if k]
+            for k in keys:
+                extra_r.append(i)
+                extra_h.append(index_key_hash(index_key(topic, k)))
+        if extra_r:
+            r = np.concatenate([r, np.asarray(extra_r, np.int64)])
+            kh = np.concatenate([kh, np.asarray(extra_h, np.int64)])
+    order = np.argsort(r, kind="stable")
+    counts = np.bincount(r, minlength=n).astype(np.int16) if len(r) else np.zeros(n, np.int16)
+    return codes, tags_bad, counts, kh[order].astype(np.int32)
+
+
+def _tokens(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    """Non-empty runs of non-space bytes inside each span: (span index, start, end) arrays."""
+    lens = ends - starts
+    total = int(lens.sum())
+    if not total:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    first = np.cumsum(lens) - lens
+    pos = np.repeat(starts - first, lens) + np.arange(total, dtype=np.int64)
+    span = np.repeat(np.arange(len(starts), dtype=np.int64), lens)
+    word = u8[pos] != 0x20
+    begin = word & np.r_[True, (~word[:-1]) | (span[1:] != span[:-1])]
+    stop = word & np.r_[(~word[1:]) | (span[1:] != span[:-1]), True]
+    b, t = np.flatnonzero(begin), np.flatnonzero(stop)
+    return span[b], pos[b], pos[t] + 1
