@@ -161,13 +161,15 @@ def _group_rows(mat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 _MAX_PASSES = 16
 
 
-def _escaped_texts(raws: list[bytes]) -> tuple[bytes | None, list[str] | None]:
+def _escaped_texts(raws: list[bytes], joined: bytes | None = None) -> tuple[bytes | None, list[str] | None]:
     """JSON-escaped (no quotes) UTF-8 text of each raw string, decoded like Java (U+FFFD).
 
     Returns (DEL-joined escaped bytes, None) or, when a text itself holds DEL, (None, texts).
+    ``joined``: the raw strings already joined with DEL.
     """
     n = len(raws)
-    joined = _SEP_B.join(raws)
+    if joined is None:
+        joined = _SEP_B.join(raws)
     if joined.isascii():
         if joined.count(_SEP_B) == n - 1:
             return encode_basestring(joined.decode("ascii"))[1:-1].encode("ascii"), None
@@ -305,28 +307,34 @@ def _slices(buf, starts: list[int], ends: list[int]) -> list[bytes]:
 _RAW_KEY = b',"propertiesRaw":"'
 
 
-def _props_pieces(buf, starts: list[int], ends: list[int], trailing: bool) -> tuple[list[bytes], list[bytes]]:
-    """Per record: the ``properties`` object followed by ``,"propertiesRaw":"``, and the
-    escaped raw string. ``trailing``: some string may end with ``\x02``."""
+_OBJ_OPEN = b'{"'
+_OBJ_CLOSE = b'"},"propertiesRaw":"'
+_RAW_KEY = b',"propertiesRaw":"'
+
+
+def _props_pieces(buf, starts: list[int], ends: list[int], trailing: bool):
+    """(plain, objs, raws): which records have a plain property string, the text of each
+    ``properties`` object (for a plain one without its ``{"`` and ``"}``, which the caller
+    adds), and each escaped raw string. ``trailing``: some string may end with ``\x02``."""
     n = len(starts)
     raws = _slices(buf, starts, ends)
-    esc, texts = _escaped_texts(raws)
+    joined = _SEP_B.join(raws)
+    esc, texts = _escaped_texts(raws, joined)
     if esc is None:  # a property string holds DEL: reference path for every record of the block
-        return ([_dumps(parse_properties(t)) + _RAW_KEY for t in texts],
+        return (np.zeros(n, dtype=bool), [_dumps(parse_properties(t)) for t in texts],
                 [encode_basestring(t)[1:-1].encode("utf-8") for t in texts])
     raw_pieces = esc.split(_SEP_B)
-    ok = _plain_props(_SEP_B.join(raws), n)
+    ok = _plain_props(joined, n)
     s = esc
     if trailing:  # 5.x: the separator after the last entry is no entry
         s = s.replace(b"\\u0002\x7f", b"\x7f")
         if s.endswith(b"\\u0002"):
             s = s[:-6]
-    s = s.replace(b"\\u0001", b'":"').replace(b"\\u0002", b'","').replace(b"\x7f", b'"}' + _RAW_KEY + b'\x7f{"')
-    obj_pieces = (b'{"' + s + b'"}' + _RAW_KEY).split(_SEP_B)
+    obj_pieces = s.replace(b"\\u0001", b'":"').replace(b"\\u0002", b'","').split(_SEP_B)
     if not ok.all():
         for i in np.flatnonzero(~ok).tolist():
-            obj_pieces[i] = _dumps(parse_properties(decode_utf8(raws[i]))) + _RAW_KEY
-    return obj_pieces, raw_pieces
+            obj_pieces[i] = _dumps(parse_properties(decode_utf8(raws[i])))
+    return ok, obj_pieces, raw_pieces
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,7 +449,16 @@ def _encode_block(buf, h: Headers, base: int, body: str) -> bytes:
                      ("bodyLen", h.bodyLength)):
         head.add(b',"' + key.encode() + b'":')
         head.add(_ints(col))
+    pend = h.propsStart + h.propsLength
+    trailing = bool((u8[np.maximum(pend - 1, 0)][h.propsLength > 0] == 2).any())
+    plain, objs, raws = _props_pieces(buf, h.propsStart.tolist(), pend.tolist(), trailing)
     head.add(b',"properties":')
+    if plain.all():
+        head.add(_OBJ_OPEN)
+        closes = repeat(_OBJ_CLOSE)
+    else:
+        head.add(np.where(plain[:, None], np.frombuffer(_OBJ_OPEN, np.uint8)[None, :], np.uint8(0)).astype(np.uint8))
+        closes = [_OBJ_CLOSE if p else _RAW_KEY for p in plain.tolist()]
     tail = _Rows(n)  # '","msgId":...}' (then the body)
     tail.add(b'","msgId":"')
     tail.add(prefix)
@@ -450,9 +467,6 @@ def _encode_block(buf, h: Headers, base: int, body: str) -> bytes:
     tail.add(_ints(np.where(h.magicCode == MAGIC_V2, 2, 1)))
     tail.add(b',"offset":')
     tail.add(_ints(h.offsets + base))
-    pend = h.propsStart + h.propsLength
-    trailing = bool((u8[np.maximum(pend - 1, 0)][h.propsLength > 0] == 2).any())
-    objs, raws = _props_pieces(buf, h.propsStart.tolist(), pend.tolist(), trailing)
     bodies = None
     if body != "none":
         tail.add(b',"' + BODY_KEYS[body].encode() + b'":"')
@@ -462,22 +476,22 @@ def _encode_block(buf, h: Headers, base: int, body: str) -> bytes:
         heads = [a + b for a, b in zip(tops, _row_texts(hc))]
         if bodies is None:
             tails = _row_texts(tail.columns(b"}\n"))
-            return b"".join(chain.from_iterable(zip(heads, objs, raws, tails)))
+            return b"".join(chain.from_iterable(zip(heads, objs, closes, raws, tails)))
         tails = _row_texts(tail.columns())
-        return b"".join(chain.from_iterable(zip(heads, objs, raws, tails, bodies, repeat(b'"}\n'))))
+        return b"".join(chain.from_iterable(zip(heads, objs, closes, raws, tails, bodies, repeat(b'"}\n'))))
     # the end of record i and the start of record i + 1 are one row: fewer, longer pieces
     first = _row_texts([c[:1] for c in hc])
     if bodies is None:
         tc = tail.columns(b"}\n")
         mids = _row_texts([c[:-1] for c in tc] + [c[1:] for c in hc]) if n > 1 else []
         mids.extend(_row_texts([c[-1:] for c in tc]))
-        return b"".join(chain(first, chain.from_iterable(zip(objs, raws, mids))))
+        return b"".join(chain(first, chain.from_iterable(zip(objs, closes, raws, mids))))
     tails = _row_texts(tail.columns())
     close = b'"}\n'
     mids = _row_texts([np.broadcast_to(np.frombuffer(close, np.uint8), (n - 1, len(close)))] +
                       [c[1:] for c in hc]) if n > 1 else []
     mids.append(close)
-    return b"".join(chain(first, chain.from_iterable(zip(objs, raws, tails, bodies, mids))))
+    return b"".join(chain(first, chain.from_iterable(zip(objs, closes, raws, tails, bodies, mids))))
 
 
 def topic_mask(buf, h: Headers, topic: str) -> np.ndarray:
