@@ -2,7 +2,9 @@
 
 ``broker_walk`` mirrors the recovery loop of §13.4 (CommitLog.recoverNormally /
 recoverAbnormally) driven by ``checkMessageAndReturnSize`` (§13.3) as 4.9.3 or 5.3.3
-implements it; ``resync`` is salvage's way past a bad record (never the broker's).
+implements it. The two ways past a bad record (never the broker's) live here too: ``resync``
+(salvage, recovery: the next self-consistent record) and ``next_by_size`` (verify: where the
+record's own sizes say the next one starts).
 Both use the vectorised codec in :mod:`formats.fast`; nothing here writes.
 """
 
@@ -193,3 +195,27 @@ def resync(buf, pos: int, limit: int, seg_start: int, version: int) -> int | Non
         if self_consistent(buf, u8, p, seg_start, version):
             return p
         cursor = k + 1
+
+
+# Reasons after which TOTALSIZE can still be trusted to find the next record.
+CHAIN_INTACT = frozenset({fast.R_BODY_CRC, fast.R_PROP_CRC, fast.R_MAGIC_VERSION})
+
+
+def next_by_size(buf, u8, p: int, reason: int, total_size: int, limit: int, magics) -> int | None:
+    """Where the next record starts after the invalid one at ``p``, going by its TOTALSIZE (and,
+    when the lengths are what failed, the size computed from its fields); None if neither
+    candidate is followed by a record, a BLANK, zeros or the end of the file."""
+    cands = []
+    if reason in CHAIN_INTACT:
+        cands.append(p + total_size)
+    else:
+        h = fast.decode_headers(buf, np.asarray([p], np.int64), u8)
+        cands += [p + int(h.computedSize[0]), p + total_size]
+    for c in cands:
+        if p < c <= limit - 8:
+            w = fast.walk(buf, c, limit, magics, max_records=1)
+            if len(w.offsets) or w.kind in (fast.STOP_BLANK, fast.STOP_ZERO):
+                return c
+        elif c == limit:
+            return c
+    return None

@@ -16,6 +16,7 @@ from formats import fast
 
 from .commitlog import CommitLog, ScanResult
 from .findings import Finding
+from .logwalk import next_by_size
 from .verify_dispatch import TopicInterner, dispatch_columns
 from .verify_records import _COL_TYPES, _COLS, ERROR, WARNING
 
@@ -27,10 +28,7 @@ REASON_CODES = {
     fast.R_PROP_CRC: "CL_PROP_CRC",
     fast.R_MAGIC_VERSION: "CL_MAGIC_VERSION",
 }
-# Reasons after which TOTALSIZE can still be trusted to find the next record.
-_CHAIN_INTACT = {fast.R_BODY_CRC, fast.R_PROP_CRC, fast.R_MAGIC_VERSION}
 _SYSFLAG_KNOWN = {4: 0x3F, 5: 0x7FF}
-
 
 
 @dataclass
@@ -217,18 +215,5 @@ def _verify_segment(commitlog: CommitLog, i: int, check_crc: bool, progress) -> 
 
 
 def _resync(buf, u8, p: int, stop, limit: int, commitlog: CommitLog) -> int | None:
-    """Where the next record starts after an invalid one, or None if no candidate is a record."""
-    cands = []
-    if stop.reason in _CHAIN_INTACT:
-        cands.append(p + stop.size)
-    else:
-        h = fast.decode_headers(buf, np.asarray([p], np.int64), u8)
-        cands += [p + int(h.computedSize[0]), p + stop.size]
-    for c in cands:
-        if p < c <= limit - 8:
-            w = fast.walk(buf, c, limit, commitlog.magics(False), max_records=1)
-            if len(w.offsets) or w.kind in (fast.STOP_BLANK, fast.STOP_ZERO):
-                return c
-        elif c == limit:
-            return c
-    return None
+    """Where the next record starts after an invalid one (:func:`.logwalk.next_by_size`)."""
+    return next_by_size(buf, u8, p, stop.reason, stop.size, limit, commitlog.magics(False))
