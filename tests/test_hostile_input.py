@@ -116,6 +116,7 @@ def outside_snapshot(tmp_path: Path, root: Path) -> dict:
 @pytest.mark.parametrize("case", sorted(CRAFTED))
 @pytest.mark.parametrize("command", ["rebuild", "recover", "salvage"])
 def test_crafted_topic_never_escapes(tmp_path, case, command):
+    assert not os.path.exists("/tmp/rmqesc0"), "/tmp/rmqesc0 exists: an earlier run escaped the store (remove it)"
     root, off = crafted_store(tmp_path, CRAFTED[case])
     before = outside_snapshot(tmp_path, root)
     bk = tmp_path / "bk"
