@@ -9,11 +9,15 @@ import contextlib
 import functools
 import json
 import os
+import re
 import sys
 from typing import Callable, Iterable, Sequence
 
 import typer
+from rich._emoji_replace import _emoji_replace
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console
+from rich.markup import RE_TAGS
 from rich.table import Table
 
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, EXIT_USAGE, RmqStoreError
@@ -72,14 +76,20 @@ class Output:
         """Rows as a rich table, or as JSON Lines when --json (then every key of the row is printed)."""
         if self.as_json:
             return self.lines(rows)
+        cells = [[_cell(r.get(k)) for k, _ in columns] for r in rows]
+        n = len(cells)
+        text = _plain_table(title, columns, cells)
+        if text is not None:
+            sys.stdout.write(text)
+            if limit_note:
+                stderr.print(limit_note)
+            return n
         t = Table(title=title, show_lines=False, header_style="bold")
         for k, header in columns:
             wide = k in WIDE_COLUMNS
             t.add_column(header, overflow="ellipsis", no_wrap=True, max_width=48 if wide else None)
-        n = 0
-        for r in rows:
-            t.add_row(*[_cell(r.get(k)) for k, _ in columns])
-            n += 1
+        for row in cells:
+            t.add_row(*row)
         stdout.print(t)
         if limit_note:
             stderr.print(limit_note)
@@ -96,6 +106,73 @@ class Output:
         for k, v in obj.items():
             t.add_row(str(k), _cell(v))
         stdout.print(t)
+
+
+_NOT_PLAIN = re.compile(r"[\x00-\x1f\x7f]|\s$")
+
+
+def _is_markup(text: str) -> bool:
+    """rich reads this cell as markup (a tag or an escaped bracket), not as plain text."""
+    return "[" in text and (RE_TAGS.search(text) is not None or "\\[" in text)
+
+
+def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: list[list[str]]) -> str | None:
+    """The text rich prints for :meth:`Output.table`'s table, built directly (rich spends ~1 ms
+    per row), or None when rich must draw it: a terminal (styles), no rows, a table wider than
+    the console (rich then shrinks columns), a title that would wrap, cells with markup
+    tags, control characters or trailing whitespace (rich reshapes those)."""
+    con = stdout
+    if not cells or con.is_terminal or con.color_system is not None or not con.encoding.lower().startswith("utf"):
+        return None
+    heads = [h for _, h in columns]
+    if any(_NOT_PLAIN.search(c) or _is_markup(c) for c in heads):
+        return None
+    widths = []
+    for j, (key, header) in enumerate(columns):
+        col = [row[j] for row in cells]
+        if any(_NOT_PLAIN.search(c) or _is_markup(c) for c in col if c):
+            return None
+        if any(":" in c for c in col):  # rich replaces :emoji: codes in cells
+            col = [_emoji_replace(c) if ":" in c else c for c in col]
+            for row, c in zip(cells, col):
+                row[j] = c
+        w = max(cell_len(header), max(map(cell_len, col))) + 2
+        if key in WIDE_COLUMNS:
+            w = min(w, 48 + 2)
+        widths.append(w)
+    table_width = sum(widths) + len(widths) + 1
+    if table_width > con.width:
+        return None
+    out = []
+    if title:
+        title = _emoji_replace(title) if ":" in title else title
+        if _NOT_PLAIN.search(title) or _is_markup(title) or cell_len(title) > table_width:
+            return None
+        excess = table_width - cell_len(title)
+        out.append(" " * (excess // 2) + title + " " * (excess - excess // 2))
+    out.append("┏" + "┳".join("━" * w for w in widths) + "┓")
+    out.append("┃" + "┃".join(_fit(h, w) for h, w in zip(heads, widths)) + "┃")
+    out.append("┡" + "╇".join("━" * w for w in widths) + "┩")
+    inner = [w - 2 for w in widths]
+    for row in cells:
+        parts = []
+        for c, w in zip(row, inner):
+            if len(c) <= w and c.isascii():
+                parts.append(" " + c + " " * (w - len(c)) + " ")
+            else:
+                parts.append(_fit(c, w + 2))
+        out.append("│" + "│".join(parts) + "│")
+    out.append("└" + "┴".join("─" * w for w in widths) + "┘")
+    out.append("")
+    return "\n".join(out)
+
+
+def _fit(text: str, width: int) -> str:
+    """One padded cell of ``width`` columns: rich's ellipsis overflow and left justification."""
+    inner = width - 2
+    if cell_len(text) > inner:
+        text = set_cell_size(text, inner - 1) + "…"
+    return " " + set_cell_size(text, inner) + " "
 
 
 WIDE_COLUMNS = {"topic", "propertiesRaw", "properties", "msgId", "message", "path", "bodyText", "keys", "body"}
