@@ -68,8 +68,10 @@ class Output:
         if buffer is not None and (getattr(out, "encoding", "") or "").lower().replace("-", "") == "utf8":
             out.flush()
             buffer.write(data)
-        else:
-            self._write(data.decode("utf-8"))
+        else:  # line by line, as lines() writes: an unencodable character fails on its own line
+            write = self._write
+            for line in data.decode("utf-8").split("\n")[:-1]:
+                write(line + "\n")
 
     def table(self, rows: Iterable[dict], columns: Sequence[tuple[str, str]], title: str | None = None,
               limit_note: str | None = None) -> int:

@@ -226,3 +226,23 @@ def test_cli_crash_store_stops_like_the_table():
     pj, pt = _cli(root, "--json"), _cli(root)
     assert pj.returncode == pt.returncode
     assert pj.stderr == pt.stderr
+
+
+def test_non_utf8_stdout_is_written_line_by_line():
+    """A stdout that cannot take every character fails on the line that holds it, as before."""
+    import os
+
+    root = str(shared_store("4.9.3-clean"))
+    with Store.open(root) as s:
+        lines = [json_line(m) + "\n" for m in s.commitlog.records(start=766, with_body=False)]
+    k = next(i for i, line in enumerate(lines) if any(ord(c) > 255 for c in line))
+    assert k > 0
+    try:
+        lines[k].encode("latin-1")
+    except UnicodeEncodeError as e:
+        message = str(e)
+    p = subprocess.run([sys.executable, "-m", "rmqstore_cli", "dump", "commitlog", root, "--json", "--from", "766"],
+                       capture_output=True, cwd=REPO, env={**os.environ, "PYTHONIOENCODING": "latin-1"})
+    assert p.returncode == 2
+    assert p.stdout == "".join(lines[:k]).encode("latin-1")
+    assert message in p.stderr.decode()
