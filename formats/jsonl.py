@@ -307,6 +307,41 @@ def _slices(buf, starts: list[int], ends: list[int]) -> list[bytes]:
 _RAW_KEY = b',"propertiesRaw":"'
 
 
+def _object_text(esc: bytes, trailing: bool) -> bytes:
+    """The escaped raw strings with each ``\\u0001`` made ``":"`` and each ``\\u0002`` made
+    ``","`` (a last ``\\u0002`` before DEL or the end dropped when ``trailing``): the inside of
+    each plain string's ``properties`` object. Done in place on a copy (the 3 spare bytes
+    become NUL and are deleted) because ``bytes.replace`` is slow with this many matches."""
+    e = np.frombuffer(esc, np.uint8)
+    n = len(e)
+    if n < 6:
+        return esc.replace(b"\\u0002", b'","').replace(b"\\u0001", b'":"') if not trailing else \
+            _object_text_slow(esc)
+    bs = np.flatnonzero(e[: n - 5] == 0x5C)
+    m = (e[bs + 1] == 0x75) & (e[bs + 2] == 0x30) & (e[bs + 3] == 0x30) & (e[bs + 4] == 0x30)
+    bs, last = bs[m], e[bs[m] + 5]
+    one, two = bs[last == 0x31], bs[last == 0x32]
+    out = e.copy()
+    if trailing:
+        nxt = np.append(e, np.uint8(_SEP))[two + 6]
+        end = nxt == _SEP
+        for k in range(6):
+            out[two[end] + k] = 0
+        two = two[~end]
+    for at, text in ((one, b'":"'), (two, b'","')):
+        for k in range(3):
+            out[at + k] = text[k]
+            out[at + 3 + k] = 0
+    return out.tobytes().translate(None, b"\0")
+
+
+def _object_text_slow(esc: bytes) -> bytes:
+    s = esc.replace(b"\\u0002\x7f", b"\x7f")
+    if s.endswith(b"\\u0002"):
+        s = s[:-6]
+    return s.replace(b"\\u0001", b'":"').replace(b"\\u0002", b'","')
+
+
 _OBJ_OPEN = b'{"'
 _OBJ_CLOSE = b'"},"propertiesRaw":"'
 _RAW_KEY = b',"propertiesRaw":"'
@@ -325,12 +360,7 @@ def _props_pieces(buf, starts: list[int], ends: list[int], trailing: bool):
                 [encode_basestring(t)[1:-1].encode("utf-8") for t in texts])
     raw_pieces = esc.split(_SEP_B)
     ok = _plain_props(joined, n)
-    s = esc
-    if trailing:  # 5.x: the separator after the last entry is no entry
-        s = s.replace(b"\\u0002\x7f", b"\x7f")
-        if s.endswith(b"\\u0002"):
-            s = s[:-6]
-    obj_pieces = s.replace(b"\\u0001", b'":"').replace(b"\\u0002", b'","').split(_SEP_B)
+    obj_pieces = _object_text(esc, trailing).split(_SEP_B)
     if not ok.all():
         for i in np.flatnonzero(~ok).tolist():
             obj_pieces[i] = _dumps(parse_properties(decode_utf8(raws[i])))
