@@ -236,7 +236,8 @@ class CommitLog:
                 idx = idx[:left]
                 left -= len(idx)
             walked = int(h.totalSize[: int(idx[-1]) + 1].sum()) if len(idx) else int(h.totalSize.sum())
-            yield (encode_records(chunk.buf, h, chunk.segment.start, body, idx) if len(idx) else b"", len(idx), walked)
+            whole = None if len(idx) == len(h) else idx  # no copy of the columns when nothing is left out
+            yield (encode_records(chunk.buf, h, chunk.segment.start, body, whole) if len(idx) else b"", len(idx), walked)
             if done or left == 0:
                 return
 
