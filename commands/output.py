@@ -19,6 +19,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.markup import RE_TAGS
 from rich.table import Table
+from rich.text import Text
 
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, EXIT_USAGE, RmqStoreError
 
@@ -91,7 +92,7 @@ class Output:
             wide = k in WIDE_COLUMNS
             t.add_column(header, overflow="ellipsis", no_wrap=True, max_width=48 if wide else None)
         for row in cells:
-            t.add_row(*row)
+            t.add_row(*(Text(c) for c in row))  # plain text: store data like "[/x]" is not markup
         stdout.print(t)
         if limit_note:
             stderr.print(limit_note)
@@ -106,7 +107,7 @@ class Output:
         t.add_column("field", style="bold")
         t.add_column("value", overflow="fold")
         for k, v in obj.items():
-            t.add_row(str(k), _cell(v))
+            t.add_row(Text(str(k)), Text(_cell(v)))
         stdout.print(t)
 
 

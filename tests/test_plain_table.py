@@ -103,3 +103,13 @@ def test_wide_characters_emoji_and_ellipsis_equal_rich(rows, title):
         assert got is not None  # only trailing spaces, tags and over-wide tables go to rich here
     if got is not None:
         assert got == rich_text(title, columns, dict_rows)
+
+
+def test_cells_that_look_like_markup_are_printed_as_text(capsys):
+    """Binary bodies rendered as text can contain "[/..." (once a MarkupError, exit 2)."""
+    from commands.output import Output
+
+    rows = [{"a": "[/bold] closing tag", "b": "[red]x[/red]" + "\x07" * 3}]
+    Output(False).table(rows, [("a", "a"), ("b", "b")], title="t")
+    out = capsys.readouterr().out
+    assert "[/bold] closing tag" in out and "[red]x[/red]" in out
