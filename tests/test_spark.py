@@ -196,6 +196,30 @@ def test_spark_verify_finds_what_verify_finds(spark, store_copy, kind):
         assert want  # the damage is seen at all
 
 
+def test_spark_verify_cross_checks_run_in_executor_tasks(spark, store_copy):
+    """The consume-queue and index checks run as executor tasks (counted by an accumulator only those
+    tasks add to), one per queue and one per index file, and still find a damaged unit and entry."""
+    from rmqstore_cli.engine.store import Store
+    from rmqstore_cli.engine.verify import verify_store
+    from rmqstore_cli.spark import jobs
+
+    root = store_copy("4.9.3-clean")
+    _damage(root, "cq")
+    _damage(root, "index")
+    with Store.open(str(root)) as st:
+        n_queues, n_files = len(st.queues()), len(st.index.files)
+        single = verify_store(st)
+    assert n_queues > 1 and n_files > 1
+    res = jobs.verify(spark, [str(root)])
+    assert res["crossCheckTasks"] == {"queues": n_queues, "indexFiles": n_files}
+    codes = {r["code"] for r in res["findings"]}
+    assert any(c.startswith("CQ_") for c in codes) and any(c.startswith("IDX_") for c in codes)
+    assert sorted((r["code"], r["path"], r["offset"], r["message"]) for r in res["findings"]) == \
+        sorted((f.code, f.path, f.offset, f.message) for f in single.findings)
+    assert res["stores"][0]["consumeQueues"] == single.summary["consumeQueues"]
+    assert res["stores"][0]["index"] == single.summary["index"]
+
+
 def test_spark_verify_command_exit_codes_and_dataset(spark, store_copy, tmp_path):
     from typer.testing import CliRunner
 

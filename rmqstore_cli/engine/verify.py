@@ -38,8 +38,21 @@ class VerifyResult:
         return 1 if any(f.severity in (ERROR, WARNING) for f in self.findings) else 0
 
 
+class InProcessCrossChecks:
+    """Runs the consume-queue/ext and index cross-checks here, queue after queue and file after file;
+    a distributed verify passes its own object with the same two methods to :func:`verify_store`."""
+
+    @staticmethod
+    def consume_queues(store, recs, refs, findings: list, summary: dict) -> list:
+        return _check_consume_queues(store, recs, refs, findings, summary)
+
+    @staticmethod
+    def index(store, recs, refs, findings: list, summary: dict) -> None:
+        _check_index(store, recs, refs, findings, summary)
+
+
 def verify_store(store, *, check_crc: bool = True, reports: list[SegmentReport] | None = None,
-                 progress: Callable[[int], None] | None = None) -> VerifyResult:
+                 progress: Callable[[int], None] | None = None, cross_checks=InProcessCrossChecks) -> VerifyResult:
     """Verify everything in ``store``; ``reports`` may come from parallel :func:`verify_segments` calls."""
     cl = store.commitlog
     findings: list[Finding] = []
@@ -57,9 +70,9 @@ def verify_store(store, *, check_crc: bool = True, reports: list[SegmentReport] 
     _check_store_times(recs, findings)
     _check_delay_properties(recs, findings)
     refs = _RefClassifier(recs, reports, cl, data_end)
-    cq_phys = _check_consume_queues(store, recs, refs, findings, summary)
+    cq_phys = cross_checks.consume_queues(store, recs, refs, findings, summary)
     _check_dispatch(store, recs, cq_phys, findings)
-    _check_index(store, recs, refs, findings, summary)
+    cross_checks.index(store, recs, refs, findings, summary)
     if refs.lost_refs:
         seg = cl.segments.find(data_end) or (cl.segments.segments[-1] if cl.segments.segments else None)
         path = seg.path if seg else cl.directory

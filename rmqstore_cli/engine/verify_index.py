@@ -13,11 +13,22 @@ from .findings import Finding
 from .verify_records import ERROR, INFO, WARNING, _Agg, _Records, _RefClassifier
 
 
-def _check_index(store, recs: _Records, refs: _RefClassifier, findings: list, summary: dict) -> None:
+def check_index_file(store, f, recs: _Records, refs: _RefClassifier) -> tuple[list, int]:
+    """The checks of ONE index file (``f`` from ``store.index.files``): (findings, entries).
+    Independent of the other files, so a distributed verify can run one task per file."""
+    findings: list = []
+    summary: dict = {}
+    _check_index(store, recs, refs, findings, summary, files=[f])
+    return findings, summary["index"]["entries"]
+
+
+def _check_index(store, recs: _Records, refs: _RefClassifier, findings: list, summary: dict,
+                 files: list | None = None) -> None:
     svc = store.index
-    findings += svc.problems
+    if files is None:  # the service's own problems once per store, not once per file
+        findings += svc.problems
     n_entries = 0
-    for f in svc.files:
+    for f in svc.files if files is None else files:
         if not f.complete:
             continue
         agg = _Agg()

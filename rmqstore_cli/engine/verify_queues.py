@@ -12,10 +12,20 @@ from .findings import Finding
 from .verify_records import ERROR, INFO, _Agg, _cq_loc, _Records, _RefClassifier
 
 
-def _check_consume_queues(store, recs: _Records, refs: _RefClassifier, findings: list, summary: dict) -> list:
+def check_queue(store, topic: str, qid: int, recs: _Records, refs: _RefClassifier) -> tuple[list, int, np.ndarray]:
+    """The consume-queue (+ ext) checks of ONE queue: (findings, units, phys of its non-filler units).
+    Independent of every other queue, so a distributed verify can run one task per queue."""
+    findings: list = []
+    summary: dict = {}
+    phys = _check_consume_queues(store, recs, refs, findings, summary, queues=[(topic, qid)])
+    return findings, summary["consumeQueues"]["units"], phys[0]
+
+
+def _check_consume_queues(store, recs: _Records, refs: _RefClassifier, findings: list, summary: dict,
+                          queues: list | None = None) -> list:
     """Consume queue ↔ commitlog and ext ↔ consume queue (Appendix B); returns the phys of every unit."""
     all_phys = []
-    queues = store.queues()
+    queues = store.queues() if queues is None else queues
     n_units = 0
     ext_on = store.config.enableConsumeQueueExt
     for topic, qid in queues:

@@ -87,12 +87,15 @@ def _verify_segment_task(item):
 
 def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None = None, out_format: str = "json",
            overrides: dict | None = None, config_file: str | None = None, split: int = 64 << 20) -> dict:
-    """Every segment of every store verified on the executors; the cross-checks (consume queues,
-    index, checkpoint) merged on the driver by the engine's ``verify_store``, so codes and
-    messages are exactly those of the single-process ``verify``.
+    """Every segment of every store verified on the executors, then one executor task per consume
+    queue (CQ + ext checks) and per index file against the broadcast record columns; the driver
+    runs the engine's ``verify_store`` around them (log end, dispatch, checkpoint, root), so codes
+    and messages are exactly those of the single-process ``verify``.
     """
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.engine.verify import verify_store
+
+    from .crosscheck import SparkCrossChecks
 
     t0 = time.monotonic()
     stores = [Store.open(r, config_file=config_file, overrides=overrides) for r in roots]
@@ -115,8 +118,9 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
             for it, part in zip(items, rdd.map(_verify_segment_task).collect()):
                 by_root.setdefault(it[0], []).extend(part)
         results = []
+        cross = SparkCrossChecks(spark, overrides, config_file)
         for st in stores:
-            results.append(verify_store(st, check_crc=check_crc, reports=by_root.get(st.root, [])))
+            results.append(verify_store(st, check_crc=check_crc, reports=by_root.get(st.root, []), cross_checks=cross))
     finally:
         for st in stores:
             st.close()
@@ -132,7 +136,7 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
         _write_findings(spark, rows, out, out_format)
     exit_code = max((r.exit_code for r in results), default=0)
     return {"stores": [r.summary for r in results], "findings": rows, "exitCode": exit_code,
-            "segments": sum(len(it[3]) for it in items), "tasks": len(items), "seconds": round(time.monotonic() - t0, 3), "out": os.path.abspath(out) if out else None}
+            "segments": sum(len(it[3]) for it in items), "tasks": len(items), "crossCheckTasks": cross.tasks, "seconds": round(time.monotonic() - t0, 3), "out": os.path.abspath(out) if out else None}
 
 
 FINDINGS_DDL = ("store string, code string, severity string, path string, offset bigint, message string, "
