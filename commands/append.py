@@ -156,7 +156,7 @@ def append(
         except OSError as e:
             if failed is None:
                 raise _write_failed(e, root) from None
-        if rows:
+        if rows and not app.rolled_back:  # rolled back: the records listed are no longer there
             shown = f" (first {len(rows)} of {count}; --json lists every record)" if count > len(rows) else ""
             out.table(rows, COLUMNS, title=f"appended to {root}{shown}")
     if quiet or (not json_ and count != len(rows)):

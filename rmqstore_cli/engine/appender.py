@@ -8,10 +8,15 @@ what remains, else an 8-byte BLANK marker ends the segment and the put moves to 
 (a batch is all-or-nothing).  A put only assigns offsets; up to ``DISPATCH_EVERY`` records are
 then encoded together, written with one copy and dispatched in commitlog order in the same
 process; ``close`` flushes everything, updates the checkpoint and removes ``abort``.
+
+An I/O failure (disk full, file too large, read-only, I/O error) anywhere in the session undoes
+it: every file is put back from the session's :class:`UndoJournal` and :class:`WriteFailed`
+says so.  Bad input (a bad DELAY, say) only stops the session: earlier puts are kept.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from operator import itemgetter
@@ -31,9 +36,9 @@ from .checkpointwriter import CheckpointWriter
 from .commitlog import CommitLog
 from .config import StoreConfig
 from .dispatch import DispatchBatch, Dispatcher
-from .errors import StoreCorruptError
+from .errors import StoreCorruptError, UsageError
 from .lockfile import WriteSession
-from .mappedfile import SegmentQueueWriter
+from .mappedfile import SegmentQueueWriter, UndoJournal
 from .messages import OutMessage, header_struct, topic_length_piece
 
 _BLANK = struct.Struct(">ii")
@@ -45,6 +50,15 @@ DISPATCH_EVERY = 4096  # records buffered before they are written and dispatched
 
 
 _tuple_new = tuple.__new__
+_NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+class WriteFailed(UsageError):
+    """An append that could not write; ``rolled_back`` tells whether the store is as it was."""
+
+    def __init__(self, message: str, rolled_back: bool):
+        super().__init__(message)
+        self.rolled_back = rolled_back
 
 
 class AppendResult(tuple):
@@ -103,18 +117,23 @@ class Appender:
         self.blanks = 0
         self.cl: SegmentQueueWriter | None = None
         self.dispatcher: Dispatcher | None = None
+        self.journal: UndoJournal | None = None
         self._failed = False
+        self.rolled_back = False
 
     # --- open: the state a clean restart would rebuild ----------------------------------------
 
     def open(self) -> "Appender":
         os.makedirs(self.root, exist_ok=True)
         self.session.begin()
+        self.journal = j = UndoJournal()
         try:
             self._find_end()
-            self.cl = SegmentQueueWriter(self.cl_dir, self.file_size)
+            self.cl = SegmentQueueWriter(self.cl_dir, self.file_size, j)
             self.dispatcher = Dispatcher(self.root, self.config, index_namer=self.index_namer,
-                                         checkpoint=CheckpointWriter(self.root))
+                                         checkpoint=CheckpointWriter(self.root, j), journal=j)
+        except OSError as e:
+            self._rollback(e)
         except BaseException:
             self.session.end(clean=False)
             raise
@@ -169,6 +188,8 @@ class Appender:
         """One put: a single message, or the records of one classic batch (placed together)."""
         try:
             return self._put(msgs)
+        except OSError as e:
+            self._rollback(e)
         except BaseException:
             self._failed = True
             raise
@@ -188,6 +209,7 @@ class Appender:
         if need + 8 > fs - pos:
             self._write()  # the records before the BLANK go into this segment first
             seg = self.cl.open(phy - pos)
+            seg.touch(pos, 8)
             _BLANK.pack_into(seg.mm, pos, fs - pos, MAGIC_BLANK)
             seg.dirty = True
             phy += fs - pos
@@ -296,6 +318,7 @@ class Appender:
         # pwritev gathers the pieces straight into the page cache (the mapping sees them): no
         # joined copy in fresh memory and no page faults, the two costs of a big mapped write.
         fd = seg.fd
+        seg.touch(pos, res[-1][0] + res[-1][1] - start)
         for i in range(0, len(pieces), _IOV_MAX):
             part = pieces[i : i + _IOV_MAX]
             n = os.pwritev(fd, part, pos)
@@ -333,6 +356,8 @@ class Appender:
         try:
             if self.cl is not None and self.dispatcher is not None:
                 self.flush()
+        except OSError as e:
+            self._rollback(e)
         except BaseException:
             clean = False
             raise
@@ -342,6 +367,29 @@ class Appender:
             if self.dispatcher is not None:
                 self.dispatcher.close(flush=False)
             self.session.end(clean=clean)
+
+    def _rollback(self, err: OSError) -> None:
+        """Undo the whole session after an I/O failure, end it, and raise :class:`WriteFailed`."""
+        self._failed = True
+        what = f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
+        head = f"out of space ({what})" if err.errno in _NO_SPACE else f"cannot write the store ({what})"
+        try:
+            if self.cl is not None:
+                self.cl.close(flush=False)
+            if self.dispatcher is not None:
+                self.dispatcher.close(flush=False)
+            if self.journal is not None:
+                self.journal.undo()
+        except OSError as e2:
+            self.session.end(clean=False)
+            raise WriteFailed(f"{head}; undoing the partial append failed too ({e2.strerror or e2}): the store is "
+                              f"left marked unclean (abort file): run `rmqstore recover {self.root}`",
+                              rolled_back=False) from None
+        finally:
+            self.cl = self.dispatcher = None
+        self.rolled_back = True
+        self.session.end(clean=not self.session.found_abort)
+        raise WriteFailed(f"{head}: nothing was written; the store is as it was", rolled_back=True) from None
 
     def __enter__(self):
         return self.open()

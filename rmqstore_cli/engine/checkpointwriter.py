@@ -16,8 +16,10 @@ from .checkpoint import Checkpoint, read_checkpoint
 
 
 class CheckpointWriter:
-    def __init__(self, root: str):
+    def __init__(self, root: str, journal=None):
         self.path = os.path.join(root, "checkpoint")
+        if journal is not None:
+            journal.snapshot_file(self.path)
         cp = read_checkpoint(self.path)
         self.values = replace(cp) if cp.exists else Checkpoint()
         self._original = self.values.to_bytes() if cp.exists else None

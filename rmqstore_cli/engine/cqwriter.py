@@ -36,11 +36,12 @@ class ConsumeQueueWriter:
     file created when the queue had no file (which enables pre-blank filling, §7.3).
     """
 
-    def __init__(self, root: str, topic: str, queue_id: int, config: StoreConfig, dirname: str = "consumequeue"):
+    def __init__(self, root: str, topic: str, queue_id: int, config: StoreConfig, dirname: str = "consumequeue",
+                 journal=None):
         self.topic = topic
         self.queue_id = queue_id
         self.file_size = config.mappedFileSizeConsumeQueue
-        self.files = SegmentQueueWriter(os.path.join(root, dirname, topic, str(queue_id)), self.file_size)
+        self.files = SegmentQueueWriter(os.path.join(root, dirname, topic, str(queue_id)), self.file_size, journal)
         self.max_physic_offset = -1
         self.write_offset = 0
         self.has_files = False
@@ -121,6 +122,7 @@ class ConsumeQueueWriter:
                 return False
             if expected != self.write_offset:
                 self.out_of_order += 1  # Java only logs this and appends at the current position
+        seg.touch(in_file, CQ_UNIT_SIZE)
         _UNIT.pack_into(seg.mm, in_file, phy, size, tags_code)
         seg.dirty = True
         self.write_offset += CQ_UNIT_SIZE
@@ -169,7 +171,7 @@ class ConsumeQueueWriter:
             units["size"] = size[i : i + run]
             units["tagsCode"] = tags[i : i + run]
             seg = self.files.open(w - in_file)
-            seg.mm[in_file : in_file + run * CQ_UNIT_SIZE] = units.tobytes()
+            seg.write(in_file, units.tobytes())
             seg.dirty = True
             self.out_of_order += int(np.count_nonzero(nonzero[:run] & (exp[:run] != pos[:run])))
             self.write_offset = w + run * CQ_UNIT_SIZE
@@ -188,9 +190,10 @@ class ConsumeQueueWriter:
 class ConsumeQueueExtWriter:
     """Appends CqExtUnits to ``consumequeue_ext/<topic>/<queueId>`` (§8.3); resumes like §8.5."""
 
-    def __init__(self, root: str, topic: str, queue_id: int, config: StoreConfig):
+    def __init__(self, root: str, topic: str, queue_id: int, config: StoreConfig, journal=None):
         self.file_size = config.mappedFileSizeConsumeQueueExt
-        self.files = SegmentQueueWriter(os.path.join(root, "consumequeue_ext", topic, str(queue_id)), self.file_size)
+        self.files = SegmentQueueWriter(os.path.join(root, "consumequeue_ext", topic, str(queue_id)), self.file_size,
+                                        journal)
         self.last_start: int | None = None
         self.position = 0  # write position inside the last file
         self._recover()
@@ -229,10 +232,12 @@ class ConsumeQueueExtWriter:
             seg = self.files.open(self.last_start)
             free = fs - self.position - CQEXT_END_BLANK
             if size > free:
+                seg.touch(self.position, 2)
                 _I16.pack_into(seg.mm, self.position, -1)  # end marker; the file is full
                 seg.dirty = True
                 self.position = fs
                 continue
+            seg.touch(self.position, size)
             _EXT_HEAD.pack_into(seg.mm, self.position, size, tags_code, store_time, len(bitmap))
             if bitmap:
                 seg.write(self.position + CQEXT_MIN_UNIT_SIZE, bitmap)

@@ -177,13 +177,15 @@ class Dispatcher:
     """
 
     def __init__(self, store_root: str, config: StoreConfig, *, index_namer: Callable[[int], str] | None = None,
-                 checkpoint: CheckpointWriter | None = None):
+                 checkpoint: CheckpointWriter | None = None, journal=None):
         self.root = store_root
         self.config = config
-        self.checkpoint = checkpoint if checkpoint is not None else CheckpointWriter(store_root)
+        self.journal = journal  # an UndoJournal: every writer records what it changes
+        self.checkpoint = checkpoint if checkpoint is not None else CheckpointWriter(store_root, journal)
         self._queues: dict[tuple[str, int], ConsumeQueueWriter] = {}
         self._exts: dict[tuple[str, int], ConsumeQueueExtWriter] = {}
-        self.index = (IndexWriter(store_root, config, namer=index_namer, on_file_full=self._index_file_full)
+        self.index = (IndexWriter(store_root, config, namer=index_namer, on_file_full=self._index_file_full,
+                                  journal=journal)
                       if config.messageIndexEnable else None)
         self.stats = DispatchStats()
         self.problems: list[Finding] = []
@@ -198,14 +200,16 @@ class Dispatcher:
         key = (topic, queue_id)
         w = self._queues.get(key)
         if w is None:
-            w = self._queues[key] = ConsumeQueueWriter(self.root, topic, queue_id, self.config)
+            w = self._queues[key] = ConsumeQueueWriter(self.root, topic, queue_id, self.config,
+                                                       journal=self.journal)
         return w
 
     def ext(self, topic: str, queue_id: int) -> ConsumeQueueExtWriter:
         key = (topic, queue_id)
         w = self._exts.get(key)
         if w is None:
-            w = self._exts[key] = ConsumeQueueExtWriter(self.root, topic, queue_id, self.config)
+            w = self._exts[key] = ConsumeQueueExtWriter(self.root, topic, queue_id, self.config,
+                                                         journal=self.journal)
         return w
 
     def next_queue_offset(self, topic: str, queue_id: int) -> int:

@@ -31,7 +31,7 @@ from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
 from .config import StoreConfig
 from .index import ENTRY_DTYPE, HEADER_STRUCT
-from .mappedfile import WritableSegment, fsync_dir
+from .mappedfile import WritableSegment, fsync_dir, makedirs
 
 INT_MAX = (1 << 31) - 1
 _I32 = struct.Struct(">i")
@@ -106,19 +106,21 @@ def _index_hashes(keys: list[str], prefix: np.ndarray, topics: list[str], rec: n
 class _OpenIndex:
     """An index file mapped read-write, with its header held in memory."""
 
-    def __init__(self, path: str, slots: int, entries: int, *, create: bool):
+    def __init__(self, path: str, slots: int, entries: int, *, create: bool, journal=None):
         self.path = path
         self.name = os.path.basename(path)
         self.slots = slots
         self.entries = entries
         size = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE + entries * INDEX_ENTRY_SIZE
-        self.seg = WritableSegment(path, 0, size, create=create)
+        self.seg = WritableSegment(path, 0, size, create=create, journal=journal)
+        self.entry_base = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE
+        if journal is not None and not create:
+            journal.save(self.seg, 0, self.entry_base)  # header and slots change in place
         (self.begin_ts, self.end_ts, self.begin_phy, self.end_phy, self.slot_count,
          disk_count) = HEADER_STRUCT.unpack_from(self.seg.mm, 0)
         self.disk_count_raw = disk_count  # 0 on a fresh file until the first put
         self.index_count = disk_count if disk_count > 0 else 1
         self.slot_table = np.frombuffer(self.seg.mm, dtype=">i4", count=slots, offset=INDEX_HEADER_SIZE)
-        self.entry_base = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE
 
     @property
     def full(self) -> bool:
@@ -141,7 +143,9 @@ class _OpenIndex:
         if prev <= 0 or prev > self.index_count:
             prev = 0
         diff = self._diff(ts)
-        _ENTRY.pack_into(mm, self.entry_base + self.index_count * INDEX_ENTRY_SIZE, key_hash, phy, diff, prev)
+        pos = self.entry_base + self.index_count * INDEX_ENTRY_SIZE
+        self.seg.touch(pos, INDEX_ENTRY_SIZE)
+        _ENTRY.pack_into(mm, pos, key_hash, phy, diff, prev)
         _I32.pack_into(mm, slot_pos, self.index_count)
         self.seg.dirty = True
         if self.index_count <= 1:
@@ -197,7 +201,7 @@ class _OpenIndex:
         rec["timeDiff"] = diffs
         rec["prevIndex"] = prev
         pos = self.entry_base + c * INDEX_ENTRY_SIZE
-        self.seg.mm[pos : pos + k * INDEX_ENTRY_SIZE] = rec.tobytes()
+        self.seg.write(pos, rec.tobytes())
         last = np.ones(k, dtype=bool)
         last[:-1] = ss[1:] != ss[:-1]
         self.slot_table[ss[last]] = nums[order][last]
@@ -216,12 +220,13 @@ class IndexWriter:
     """Appends index entries to ``<root>/index``, resuming in the last existing file."""
 
     def __init__(self, root: str, config: StoreConfig, *, namer: Callable[[int], str] | None = None,
-                 on_file_full: Callable[[int], None] | None = None):
+                 on_file_full: Callable[[int], None] | None = None, journal=None):
         self.directory = os.path.join(root, "index")
         self.slots = config.maxHashSlotNum
         self.entries = config.maxIndexNum
         self.namer = namer or wall_clock_namer
         self.on_file_full = on_file_full
+        self.journal = journal
         self.cur: _OpenIndex | None = None
         self.created: list[str] = []
         self.entries_written = 0
@@ -231,7 +236,8 @@ class IndexWriter:
         names = self._names()
         if names:
             self._last_name = names[-1]
-            self.cur = _OpenIndex(os.path.join(self.directory, names[-1]), self.slots, self.entries, create=False)
+            self.cur = _OpenIndex(os.path.join(self.directory, names[-1]), self.slots, self.entries, create=False,
+                                  journal=journal)
 
     def _names(self) -> list[str]:
         try:
@@ -258,9 +264,9 @@ class IndexWriter:
             self._left_behind.append(prev.path)
             if self.on_file_full is not None:
                 self.on_file_full(end_ts)
-        os.makedirs(self.directory, exist_ok=True)
+        makedirs(self.directory, self.journal)
         name = self._unique_name(store_ts)
-        f = _OpenIndex(os.path.join(self.directory, name), self.slots, self.entries, create=True)
+        f = _OpenIndex(os.path.join(self.directory, name), self.slots, self.entries, create=True, journal=self.journal)
         if end_phy > 0:
             f.begin_phy = f.end_phy = end_phy
         if end_ts > 0:

@@ -6,12 +6,19 @@ shared ``mmap`` of the current segment, so appending costs no system call per re
 segment being written is kept mapped.  ``flush`` makes everything written so far durable
 (``msync`` of the mapped segment, ``fsync`` of segments already left behind, and of the
 directory when files were created).
+
+An :class:`UndoJournal` (optional, one per write session) keeps what a failed session needs to
+put every file back: the pre-image of each byte range before its first write (only its place
+when it was all zeros, the usual case past a file's data end), snapshots of small files, and
+the files and directories the session created.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+
+import numpy as np
 
 from .errors import UsageError
 from .segments import segment_name
@@ -20,17 +27,25 @@ from .segments import segment_name
 class WritableSegment:
     """One segment mapped read-write."""
 
-    __slots__ = ("path", "start", "size", "fd", "mm", "dirty")
+    __slots__ = ("path", "start", "size", "fd", "mm", "dirty", "journal", "lo", "hi")
 
-    def __init__(self, path: str, start: int, size: int, *, create: bool):
+    def __init__(self, path: str, start: int, size: int, *, create: bool, journal: "UndoJournal | None" = None):
         self.path = path
         self.start = start
         self.size = size
+        self.journal = journal
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         try:
             self.fd = os.open(path, flags, 0o644)
         except OSError as e:
             raise UsageError(f"cannot {'create' if create else 'open'} {path}: {e.strerror}") from None
+        # [lo, hi): bytes whose pre-image is saved (or need none); a write outside goes through touch()
+        if journal is None or create:
+            self.lo, self.hi = 0, size
+            if journal is not None:
+                journal.created(path)
+        else:
+            self.lo, self.hi = size, 0
         try:
             if create:
                 os.ftruncate(self.fd, size)  # sparse, reads as zeros: the broker's pre-allocation
@@ -46,8 +61,16 @@ class WritableSegment:
     def end(self) -> int:
         return self.start + self.size
 
+    def touch(self, pos: int, n: int) -> None:
+        """Call before writing ``n`` bytes at ``pos``: saves their pre-image on the first write."""
+        if pos < self.lo or pos + n > self.hi:
+            self.journal.extend(self, pos, n)
+
     def write(self, pos: int, data) -> None:
-        self.mm[pos : pos + len(data)] = data
+        n = len(data)
+        if pos < self.lo or pos + n > self.hi:
+            self.journal.extend(self, pos, n)
+        self.mm[pos : pos + n] = data
         self.dirty = True
 
     def flush(self) -> None:
@@ -78,9 +101,10 @@ class SegmentQueueWriter:
     remembered for the next ``flush``.
     """
 
-    def __init__(self, directory: str, file_size: int):
+    def __init__(self, directory: str, file_size: int, journal: "UndoJournal | None" = None):
         self.directory = directory
         self.file_size = file_size
+        self.journal = journal
         self.current: WritableSegment | None = None
         self._to_sync: set[str] = set()
         self._dir_dirty = False
@@ -102,8 +126,8 @@ class SegmentQueueWriter:
         path = self.path_of(start)
         exists = os.path.exists(path)
         if not exists:
-            os.makedirs(self.directory, exist_ok=True)
-        seg = WritableSegment(path, start, self.file_size, create=not exists)
+            makedirs(self.directory, self.journal)
+        seg = WritableSegment(path, start, self.file_size, create=not exists, journal=self.journal)
         if not exists:
             self._dir_dirty = True
             self.created.append(path)
@@ -154,3 +178,152 @@ def fsync_dir(path: str) -> None:
             pass
         finally:
             os.close(fd)
+
+
+def makedirs(path: str, journal: "UndoJournal | None" = None) -> None:
+    """``os.makedirs``; the journal learns which directories it created."""
+    if journal is None:
+        os.makedirs(path, exist_ok=True)
+        return
+    missing = []
+    p = os.path.abspath(path)
+    while not os.path.isdir(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        os.makedirs(d, exist_ok=True)
+        journal.created_dir(d)
+
+
+AHEAD = 1 << 20  # pre-image saved past a write, so sequential small writes rarely leave the fast path
+_ZERO_CHUNK = 1 << 20
+
+
+def _all_zero(mm, off: int, n: int) -> bool:
+    a = np.frombuffer(mm, np.uint8, n, off)
+    z = not a.any()
+    del a  # release the export so the mapping can be closed
+    return z
+
+
+class UndoJournal:
+    """What a write session changed, so that a failed one (disk full, file too large, I/O error)
+    leaves the store as it was: the broker has no such thing; a tool must not half-write a store.
+
+    Records are undone in reverse order, so a range saved twice ends with its first (true) pre-image.
+    Restoring writes through ``mmap``, which neither grows a file nor meets RLIMIT_FSIZE."""
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[str, int, int, bytes | None]] = []  # (path, offset, length, bytes or None=zeros)
+        self.files: list[tuple[str, bytes | None]] = []  # whole-file snapshots (None: did not exist)
+        self.new_files: list[str] = []
+        self.new_dirs: list[str] = []
+
+    def created(self, path: str) -> None:
+        self.new_files.append(path)
+
+    def created_dir(self, path: str) -> None:
+        self.new_dirs.append(path)
+
+    def snapshot_file(self, path: str) -> None:
+        """Small files rewritten as a whole (the checkpoint)."""
+        try:
+            with open(path, "rb") as f:
+                self.files.append((path, f.read()))
+        except FileNotFoundError:
+            self.files.append((path, None))
+
+    def save(self, seg: WritableSegment, off: int, n: int) -> None:
+        if n <= 0:
+            return
+        mm = seg.mm
+        self.ranges.append((seg.path, off, n, None if _all_zero(mm, off, n) else mm[off : off + n]))
+
+    def extend(self, seg: WritableSegment, pos: int, n: int) -> None:
+        end = pos + n
+        if seg.hi <= seg.lo:
+            hi = min(seg.size, max(end, pos + AHEAD))
+            self.save(seg, pos, hi - pos)
+            seg.lo, seg.hi = pos, hi
+            return
+        if pos < seg.lo:
+            self.save(seg, pos, seg.lo - pos)
+            seg.lo = pos
+        if end > seg.hi:
+            hi = min(seg.size, max(end, seg.hi + AHEAD))
+            self.save(seg, seg.hi, hi - seg.hi)  # a gap before ``pos`` is saved too: one interval per file
+            seg.hi = hi
+
+    def undo(self) -> None:
+        """Put every file back; raises OSError if that is impossible (the caller says so)."""
+        by_path: dict[str, list] = {}
+        for r in self.ranges:
+            by_path.setdefault(r[0], []).append(r)
+        new = set(self.new_files)
+        for path, recs in by_path.items():
+            if path not in new:
+                _restore_ranges(path, recs)
+        for path, data in reversed(self.files):
+            if data is None:
+                new.add(path)
+            elif path not in new:
+                _restore_file(path, data)
+        dirs = set()
+        for path in new:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            dirs.add(os.path.dirname(path))
+        for d in sorted(self.new_dirs, key=len, reverse=True):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+            dirs.add(os.path.dirname(d))
+        for d in dirs:
+            if os.path.isdir(d):
+                fsync_dir(d)
+
+
+def _restore_ranges(path: str, recs: list) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return
+        mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
+        try:
+            for _, off, n, data in reversed(recs):
+                if data is not None:
+                    mm[off : off + n] = data
+                    continue
+                # zero only what was written: untouched holes stay unallocated
+                end = min(off + n, size)
+                for p in range(off, end, _ZERO_CHUNK):
+                    k = min(_ZERO_CHUNK, end - p)
+                    if not _all_zero(mm, p, k):
+                        mm[p : p + k] = bytes(k)
+            mm.flush()
+        finally:
+            mm.close()
+    finally:
+        os.close(fd)
+
+
+def _restore_file(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if os.fstat(fd).st_size != len(data):
+            os.ftruncate(fd, len(data))
+        if data:
+            mm = mmap.mmap(fd, len(data), access=mmap.ACCESS_WRITE)
+            try:
+                if mm[:] != data:
+                    mm[:] = data
+                mm.flush()
+            finally:
+                mm.close()
+        os.fsync(fd)
+    finally:
+        os.close(fd)
