@@ -43,18 +43,20 @@ def scan(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray, names=WANTED) 
     order_ok = len(ps) < 2 or bool(np.all(ps[1:] >= pe[:-1]))
     if not order_ok:  # overlapping ranges never come from a walk; keep the contract anyway
         return _scan_each(u8, starts, lengths, names)
-    # Gather the property bytes only (bodies may be anything); separators and high bytes in them.
-    ln = pe - ps
-    first = np.cumsum(ln) - ln
-    pos = np.repeat(ps - first, ln) + np.arange(int(ln.sum()), dtype=np.int64)
-    data = u8[pos]
-    cand = pos[np.flatnonzero((data == 2) | (data >= 0x80))]
-    del pos, data
+    # One zero-copy pass over the span holding the chunk's property strings: separators (only those
+    # inside a property string count), and the largest byte of each property string (ASCII check).
+    lo, hi = int(ps[0]), int(pe[-1])
+    region = u8[lo:hi]
+    bounds = np.empty(2 * len(ps), dtype=np.int64)
+    bounds[0::2], bounds[1::2] = ps - lo, pe - lo
+    top = np.maximum.reduceat(region, bounds[:-1])[0::2]
+    high = top >= 0x80
+    if high.any():
+        ascii_ok[has[high]] = False
+    cand = np.flatnonzero(region == 2) + lo
     rec = np.searchsorted(ps, cand, side="right") - 1
-    is_high = u8[cand] >= 0x80
-    if is_high.any():
-        ascii_ok[has[np.unique(rec[is_high])]] = False
-        cand, rec = cand[~is_high], rec[~is_high]
+    inside = (rec >= 0) & (cand < pe[np.maximum(rec, 0)])
+    cand, rec = cand[inside], rec[inside]
     # Entries: one starts at each property string start and after each separator.
     e_start = np.concatenate([ps, cand + 1])
     e_rec = np.concatenate([np.arange(len(ps), dtype=np.int64), rec])

@@ -53,7 +53,8 @@ class InProcessCrossChecks:
 
 def verify_store(store, *, check_crc: bool = True, reports: list[SegmentReport] | None = None,
                  progress: Callable[[int], None] | None = None, cross_checks=InProcessCrossChecks) -> VerifyResult:
-    """Verify everything in ``store``; ``reports`` may come from parallel :func:`verify_segments` calls."""
+    """Verify everything in ``store``; ``reports`` may come from parallel :func:`verify_segments` calls
+    (they are consumed: their record columns are released once merged)."""
     cl = store.commitlog
     findings: list[Finding] = []
     findings += cl.segments.problems

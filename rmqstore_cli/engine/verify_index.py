@@ -44,31 +44,37 @@ def _check_index(store, recs: _Records, refs: _RefClassifier, findings: list, su
             agg.add(f.path, "IDX_HEADER", ERROR, f.path, 36, f"indexCount {h.indexCount}, but entry "
                     f"{last_live} is written: the broker does not see entries past the count")
         ent = f.entry_table(count)[1:]
-        n = np.arange(1, count, dtype=np.int64)
+        n = np.arange(1, count, dtype=np.int32)
         n_entries += len(n)
         if not len(n):
             findings += agg.findings()
             continue
-        kh = ent["keyHash"].astype(np.int64)
+        # 4-byte fields stay int32 (millions of entries per file)
+        kh = ent["keyHash"].astype(np.int32)
         phy = ent["phyOffset"].astype(np.int64)
-        diff = ent["timeDiff"].astype(np.int64)
-        prev = ent["prevIndex"].astype(np.int64)
+        diff = ent["timeDiff"].astype(np.int32)
+        prev = ent["prevIndex"].astype(np.int32)
+        del ent
+        _drop_pages(f.segment.buffer(), base, count * INDEX_ENTRY_SIZE)  # copied into columns: release the file pages
         epos = lambda e: base + int(e) * INDEX_ENTRY_SIZE  # noqa: E731
         # Entries are appended in dispatch (= commitlog) order: an offset larger than the next one's is damage
         # (reported below, only if nothing else in this file explains it).
         out_of_order = np.flatnonzero(phy[:-1] > phy[1:])[:1].tolist()
         # Slot chains (§10.4): each entry links to the previous entry of its slot; the slot holds the newest.
         slot = np.where(kh >= 0, kh % f.slots, -1)
-        order = np.lexsort((n, slot))
+        order = np.argsort(slot, kind="stable")  # by slot, then entry number (n is ascending)
         s_sorted, n_sorted = slot[order], n[order]
         exp_prev_sorted = np.where(np.r_[False, s_sorted[1:] == s_sorted[:-1]], np.r_[0, n_sorted[:-1]], 0)
         exp_prev = np.empty_like(prev)
         exp_prev[order] = exp_prev_sorted
+        del order, exp_prev_sorted
         for k in np.flatnonzero((prev != exp_prev) & (slot >= 0)).tolist():
             agg.add(f.path, "IDX_CHAIN", ERROR, f.path, epos(n[k]), f"entry {int(n[k])} links to {int(prev[k])}, expected "
                     f"{int(exp_prev[k])} (the previous entry with the same hash slot)", entry=int(n[k]))
-        table = f.slot_table().astype(np.int64)
-        exp_table = np.zeros(f.slots, dtype=np.int64)
+        del exp_prev
+        table = f.slot_table().astype(np.int32)
+        _drop_pages(f.segment.buffer(), INDEX_HEADER_SIZE, f.slots * INDEX_SLOT_SIZE)
+        exp_table = np.zeros(f.slots, dtype=np.int32)
         last = np.r_[s_sorted[1:] != s_sorted[:-1], True]
         ok_slots = s_sorted[last] >= 0
         exp_table[s_sorted[last][ok_slots]] = n_sorted[last][ok_slots]
@@ -76,7 +82,9 @@ def _check_index(store, recs: _Records, refs: _RefClassifier, findings: list, su
             cnt = int((table != exp_table).sum())
             agg.add(f.path, "IDX_SLOT", ERROR, f.path, INDEX_HEADER_SIZE + s * INDEX_SLOT_SIZE, f"hash slot {s} holds entry "
                     f"{int(table[s])}, expected {int(exp_table[s])}" + (f" ({cnt} slots differ)" if cnt > 1 else ""), slot=s)
+        del table, exp_table, s_sorted, n_sorted, last, ok_slots
         used = int(np.count_nonzero(np.bincount(slot[slot >= 0], minlength=1)))
+        del slot
         if h.hashSlotCount != used:
             agg.add(f.path, "IDX_HEADER", ERROR, f.path, 32, f"hashSlotCount {h.hashSlotCount}, the entries use {used} slots")
         if h.beginPhyOffset != int(phy[0]) or h.endPhyOffset != int(phy[-1]):

@@ -52,29 +52,32 @@ class _Agg:
         return out
 
 
+_CONSUMED = np.zeros(0, np.int64)
+
+
 class _Records:
     """All valid commitlog records as columns, with each record's dispatch info (tagsCode, key hashes)."""
 
     def __init__(self, store, reports: list[SegmentReport]):
         self.store = store
         topics: dict[str, int] = {}
-        cols = {c: [] for c in _COLS}
-        seg_idx = []
-        keys = []
-        for r in reports:
-            remap = np.asarray([topics.setdefault(t, len(topics)) for t in r.topics] or [0], dtype=np.int32)
-            for c in _COLS:
-                col = r.cols[c]
-                cols[c].append(remap[col] if c == "topic" and len(col) else col)
-            seg_idx.append(np.full(r.records, r.index, dtype=np.int32))
-            if r.key_hashes is not None:
-                keys.append(r.key_hashes)
+        remaps = [np.asarray([topics.setdefault(t, len(topics)) for t in r.topics] or [0], dtype=np.int32) for r in reports]
         self.topic_ids = topics
         self.topics = list(topics)
         cat = lambda p: np.concatenate(p) if p else np.zeros(0, np.int64)  # noqa: E731
-        self.c = {c: cat(cols[c]).astype(_COL_TYPES[c], copy=False) for c in _COLS}
-        self.seg = cat(seg_idx)
-        self.keys = cat(keys).astype(np.int32)  # index key hashes, record after record
+        # Column by column, each report's copy dropped once merged (the reports are consumed):
+        # the peak is the merged columns plus one column, not twice everything.
+        self.c = {}
+        for c in _COLS:
+            parts = [remap[r.cols[c]] if c == "topic" and len(r.cols[c]) else r.cols[c] for r, remap in zip(reports, remaps)]
+            self.c[c] = cat(parts).astype(_COL_TYPES[c], copy=False)
+            del parts
+            for r in reports:
+                r.cols[c] = _CONSUMED
+        self.seg = cat([np.full(r.records, r.index, dtype=np.int32) for r in reports])
+        self.keys = cat([r.key_hashes for r in reports if r.key_hashes is not None]).astype(np.int32, copy=False)
+        for r in reports:
+            r.key_hashes = None
         counts = self.c["keyCount"].astype(np.int64)
         self.key_start = np.cumsum(counts) - counts
         self.phy = self.c["phy"]
