@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from itertools import islice
 from typing import Optional
 
@@ -289,10 +288,8 @@ def dump_checkpoint(
 def _checkpoint_obj(st) -> dict:
     cp = st.checkpoint()
     d = cp.as_json(5)
-    path = os.path.join(st.root, "checkpoint")
     if cp.exists:
-        with open(path, "rb") as fh:
-            d["hex24"] = fh.read(24).hex()
+        d["hex24"] = st.checkpoint_head(24).hex()
     return d
 
 

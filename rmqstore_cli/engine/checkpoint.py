@@ -53,3 +53,12 @@ def read_checkpoint(path: str) -> Checkpoint:
     size = os.path.getsize(path)
     head = head.ljust(_FMT.size, b"\0")
     return Checkpoint(*_FMT.unpack(head), exists=True, fileSize=size)
+
+
+def read_checkpoint_head(path: str, n: int = 24) -> bytes:
+    """The first ``n`` bytes as stored (the broker's read-back shows the 4.x fields as ``hex24``)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except FileNotFoundError:
+        return b""

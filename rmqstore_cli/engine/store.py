@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .checkpoint import Checkpoint, read_checkpoint
+from .checkpoint import Checkpoint, read_checkpoint, read_checkpoint_head
 from .commitlog import CommitLog
 from .config import StoreConfig, apply_settings, infer_geometry, read_broker_conf
 from .consumequeue import ConsumeQueue, ConsumeQueueExt, list_queues
@@ -135,6 +135,9 @@ class Store:
 
     def checkpoint(self) -> Checkpoint:
         return read_checkpoint(os.path.join(self.root, "checkpoint"))
+
+    def checkpoint_head(self, n: int = 24) -> bytes:
+        return read_checkpoint_head(os.path.join(self.root, "checkpoint"), n)
 
     @property
     def abort_exists(self) -> bool:
