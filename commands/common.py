@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from dataclasses import dataclass, fields
 from typing import Optional
 
 import typer
@@ -16,6 +19,69 @@ CqSizeOpt = typer.Option(None, "--cq-file-size", help="mappedFileSizeConsumeQueu
 IndexSlotsOpt = typer.Option(None, "--index-slots", help="maxHashSlotNum.")
 IndexEntriesOpt = typer.Option(None, "--index-entries", help="maxIndexNum.")
 JsonOpt = typer.Option(False, "--json", help="JSON Lines on stdout (stable field names).")
+SinceOpt = typer.Option(None, "--since", help="Only records stored at or after this time (ISO-8601, local zone "
+                        "when none is given, or epoch ms); found by binary search, not a full scan.")
+UntilOpt = typer.Option(None, "--until", help="Only records stored at or before this time (ISO-8601 or epoch ms).")
+
+
+@dataclass
+class Geometry:
+    """The store-geometry options every store command takes (see :func:`geometry_options`)."""
+
+    config: Optional[str] = None
+    broker_version: Optional[int] = None
+    commitlog_file_size: Optional[int] = None
+    cq_file_size: Optional[int] = None
+    index_slots: Optional[int] = None
+    index_entries: Optional[int] = None
+
+
+_GEOMETRY_PARAMS = [
+    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=ConfigOpt, annotation=Optional[str]),
+    inspect.Parameter("broker_version", inspect.Parameter.KEYWORD_ONLY, default=VersionOpt, annotation=Optional[int]),
+    inspect.Parameter("commitlog_file_size", inspect.Parameter.KEYWORD_ONLY, default=CommitLogSizeOpt,
+                      annotation=Optional[int]),
+    inspect.Parameter("cq_file_size", inspect.Parameter.KEYWORD_ONLY, default=CqSizeOpt, annotation=Optional[int]),
+    inspect.Parameter("index_slots", inspect.Parameter.KEYWORD_ONLY, default=IndexSlotsOpt, annotation=Optional[int]),
+    inspect.Parameter("index_entries", inspect.Parameter.KEYWORD_ONLY, default=IndexEntriesOpt,
+                      annotation=Optional[int]),
+]
+
+
+def geometry_options(func=None, *, only: tuple[str, ...] | None = None):
+    """Give a command the store-geometry options (declared once, here): the command declares a
+    ``geometry: Geometry`` parameter and receives them in it. ``only`` limits which are offered."""
+
+    def wrap(f):
+        offered = [p for p in _GEOMETRY_PARAMS if only is None or p.name in only]
+        sig = inspect.signature(f, eval_str=True)
+        params = [p for p in sig.parameters.values() if p.name != "geometry"]
+        params += [p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in offered]
+
+        @functools.wraps(f)
+        def wrapper(*args, **kwargs):
+            values = {p.name: kwargs.pop(p.name, None) for p in offered}
+            return f(*args, geometry=Geometry(**values), **kwargs)
+
+        wrapper.__signature__ = sig.replace(parameters=params)
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        del wrapper.__wrapped__  # typer must see the new signature, not the wrapped one
+        return wrapper
+
+    return wrap(func) if func is not None else wrap
+
+
+def parse_time_option(text: Optional[str], name: str) -> Optional[int]:
+    """--since/--until/--time: epoch ms or ISO-8601 (local zone when none is given)."""
+    if text is None:
+        return None
+    from rmqstore_cli.engine.lookup import parse_time
+    from rmqstore_cli.engine.errors import UsageError
+
+    try:
+        return parse_time(text, 0)
+    except UsageError as e:
+        raise UsageError(f"{name}: {e}") from None
 
 
 def warn_if_live(store: Store) -> None:
@@ -28,9 +94,14 @@ def warn_if_live(store: Store) -> None:
              "reading anyway, the data may change while it is read")
 
 
-def open_store(store: str, config: Optional[str] = None, broker_version: Optional[int] = None,
+def open_store(store: str, config: "Optional[str] | Geometry" = None, broker_version: Optional[int] = None,
                commitlog_file_size: Optional[int] = None, cq_file_size: Optional[int] = None,
                index_slots: Optional[int] = None, index_entries: Optional[int] = None, **extra) -> Store:
+    """Open a store read-only with the given geometry (a :class:`Geometry`, or its fields one by one)."""
+    if isinstance(config, Geometry):
+        g = config
+        config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries = (
+            getattr(g, f.name) for f in fields(Geometry))
     overrides = {
         "version": broker_version,
         "mappedFileSizeCommitLog": commitlog_file_size,

@@ -13,10 +13,11 @@ from formats.extaddr import decorate, is_ext_addr
 from formats.message import BODY_MODES, RecordError, render_body
 from rmqstore_cli.engine.consumequeue import is_filler
 from rmqstore_cli.engine.commitlog import ScanResult
+from rmqstore_cli.engine.timesearch import queue_range_by_time
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, NotFoundError, StoreCorruptError, UsageError
 
-from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
-                     VersionOpt, open_store)
+from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
+                     parse_time_option)
 from .output import Output, handle_errors, progress, warn
 
 dump_app = typer.Typer(help="Print the records of one part of a store (read-only).", no_args_is_help=True)
@@ -29,6 +30,7 @@ MSG_COLUMNS = [
 
 @dump_app.command("commitlog")
 @handle_errors
+@geometry_options
 def dump_commitlog(
     store: str = StoreArg,
     topic: Optional[str] = typer.Option(None, "--topic", help="Only records of this topic."),
@@ -36,31 +38,30 @@ def dump_commitlog(
     from_: Optional[int] = typer.Option(None, "--from", help="First physical offset (inclusive)."),
     to: Optional[int] = typer.Option(None, "--to", help="Last physical offset (exclusive)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many records."),
+    since: Optional[str] = SinceOpt,
+    until: Optional[str] = UntilOpt,
     body: str = typer.Option("none", "--body", help="none|hex|text|base64"),
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
     """Every commitlog record in order, up to the end of valid data."""
     _check_body(body)
-    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
+    st = open_store(store, geometry)
     if json_:  # columnar encoder: the same bytes as json_line(render_body(record)) per record
         with st, progress("reading commitlog", sum(seg.size for seg in st.commitlog.segments)) as advance:
             res = ScanResult()
             out = Output(True)
             for data, _, walked in st.commitlog.records_json(start=from_, end=to, body=body, topic=topic, queue=queue,
-                                                             limit=limit, result=res):
+                                                             limit=limit, result=res, since=since_ms, until=until_ms):
                 out.write_encoded(data)
                 advance(walked)
         _report_stop(res)
         return
     with st, progress("reading commitlog", sum(seg.size for seg in st.commitlog.segments)) as advance:
         res = ScanResult()
-        recs = _advancing(st.commitlog.records(start=from_, end=to, with_body=body != "none", result=res), advance)
+        recs = _advancing(st.commitlog.records(start=from_, end=to, with_body=body != "none", result=res,
+                                               since=since_ms, until=until_ms), advance)
         if topic is not None:
             recs = (m for m in recs if m["topic"] == topic)
         if queue is not None:
@@ -114,6 +115,7 @@ CQ_COLUMNS = [("topic", "topic"), ("queueId", "q"), ("queueOffset", "qoff"), ("p
 
 @dump_app.command("consumequeue")
 @handle_errors
+@geometry_options
 def dump_consumequeue(
     store: str = StoreArg,
     topic: Optional[str] = typer.Option(None, "--topic", help="Only this topic."),
@@ -121,21 +123,19 @@ def dump_consumequeue(
     from_: Optional[int] = typer.Option(None, "--from", help="First queue offset (inclusive)."),
     to: Optional[int] = typer.Option(None, "--to", help="Last queue offset (exclusive)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many units."),
+    since: Optional[str] = SinceOpt,
+    until: Optional[str] = UntilOpt,
     msg: bool = typer.Option(False, "--msg", help="Add the commitlog record each unit points at (as 'msg')."),
     body: str = typer.Option("none", "--body", help="With --msg: none|hex|text|base64"),
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
     """Consume queue units (phyOffset, size, tagsCode; the ext unit when tagsCode is an ext address)."""
     _check_body(body)
-    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
+    st = open_store(store, geometry)
     with st:
-        rows = _cq_rows(st, topic, queue, from_, to, msg, body)
+        rows = _cq_rows(st, topic, queue, from_, to, msg, body, since_ms, until_ms)
         if limit is not None:
             rows = islice(rows, limit)
         cols = CQ_COLUMNS
@@ -153,12 +153,20 @@ def _queues(st, topic, queue, dirname="consumequeue"):
     return sel
 
 
-def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str):
+def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None, until=None):
     ext_on = st.config.enableConsumeQueueExt
+    timed = since is not None or until is not None
+    max_phy = None
+    if timed:
+        res = st.commitlog.find_end(check_crc=False)
+        max_phy = res.stop.offset if res.stop else 0
     for t, q in _queues(st, topic, queue):
         u = st.queue(t, q).units()
         lo = 0 if from_ is None else int(np.searchsorted(u.queue_offsets, from_))
         hi = len(u.queue_offsets) if to is None else int(np.searchsorted(u.queue_offsets, to))
+        if timed:
+            tlo, thi = queue_range_by_time(st, u, since, until, max_phy)
+            lo, hi = max(lo, tlo), min(hi, thi)
         ext = st.ext(t, q) if ext_on else None
         for qo, phy, size, tags in zip(u.queue_offsets[lo:hi].tolist(), u.phy[lo:hi].tolist(), u.size[lo:hi].tolist(),
                                        u.tags[lo:hi].tolist()):
@@ -185,6 +193,7 @@ EXT_COLUMNS = [("topic", "topic"), ("queueId", "q"), ("offset", "offset"), ("add
 
 @dump_app.command("cqext")
 @handle_errors
+@geometry_options
 def dump_cqext(
     store: str = StoreArg,
     topic: Optional[str] = typer.Option(None, "--topic", help="Only this topic."),
@@ -193,15 +202,10 @@ def dump_cqext(
     to: Optional[int] = typer.Option(None, "--to", help="Last ext offset (exclusive)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many units."),
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
     """ConsumeQueueExt units in file order (consumequeue_ext/, only with enableConsumeQueueExt)."""
-    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    st = open_store(store, geometry)
     with st:
         def rows():
             for t, q in _queues(st, topic, queue, "consumequeue_ext"):
@@ -225,6 +229,7 @@ ENTRY_COLUMNS = [("file", "file"), ("entry", "entry"), ("keyHash", "keyHash"), (
 
 @dump_app.command("index")
 @handle_errors
+@geometry_options
 def dump_index(
     store: str = StoreArg,
     entries: bool = typer.Option(False, "--entries", help="List the entries (with their hash slot) instead of the headers."),
@@ -233,15 +238,10 @@ def dump_index(
     to: Optional[int] = typer.Option(None, "--to", help="With --entries: last physical offset (exclusive)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many rows."),
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
     """Index file headers (the broker's field names), or with --entries every entry and its slot."""
-    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    st = open_store(store, geometry)
     with st:
         files = [f for f in st.index.files if file is None or f.name == file]
         if file is not None and not files:
@@ -273,14 +273,14 @@ def _entry_rows(files, from_, to):
 
 @dump_app.command("checkpoint")
 @handle_errors
+@geometry_options(only=("config", "broker_version"))
 def dump_checkpoint(
     store: str = StoreArg,
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
+    geometry: Geometry = None,
 ):
     """The checkpoint file's fields (the broker's StoreCheckpoint names) and derived minimum timestamps."""
-    st = open_store(store, config, broker_version)
+    st = open_store(store, geometry)
     with st:
         Output(json_).kv(_checkpoint_obj(st), title=f"checkpoint of {st.root}")
 
@@ -295,18 +295,14 @@ def _checkpoint_obj(st) -> dict:
 
 @dump_app.command("store")
 @handle_errors
+@geometry_options
 def dump_store(
     store: str = StoreArg,
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
     """One-screen summary: version, geometry (inferred or given), files, offsets, queues, index, checkpoint, abort/lock."""
-    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    st = open_store(store, geometry)
     with st:
         with progress("scanning commitlog", sum(seg.size for seg in st.commitlog.segments)) as advance:
             res = ScanResult()

@@ -10,9 +10,9 @@ import typer
 from formats.message import render_body
 from rmqstore_cli.engine.errors import NotFoundError
 from rmqstore_cli.engine.lookup import get_by_msgid, get_by_offset, get_by_queue, get_by_uniq_key
+from rmqstore_cli.engine.timesearch import queue_offset_by_time
 
-from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
-                     VersionOpt, open_store)
+from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store, parse_time_option
 from .output import Output, fail, handle_errors, stdout, warn
 
 GET_BODY_MODES = ("hex", "text", "base64", "raw", "none")
@@ -26,6 +26,7 @@ def register(app: typer.Typer) -> None:
 
 
 @handle_errors
+@geometry_options
 def get(
     store: str = StoreArg,
     offset: Optional[int] = typer.Option(None, "--offset", help="Commitlog physical offset of the record."),
@@ -34,29 +35,27 @@ def get(
     topic: Optional[str] = typer.Option(None, "--topic", help="Topic (with --queue/--queue-offset, or to narrow --uniq-key)."),
     queue: Optional[int] = typer.Option(None, "--queue", help="Queue id."),
     queue_offset: Optional[int] = typer.Option(None, "--queue-offset", help="Logical offset in the consume queue."),
+    time: Optional[str] = typer.Option(None, "--time", help="With --topic/--queue: the message at the queue offset the "
+                                       "broker returns for this store time (getOffsetInQueueByTime; ISO-8601 or epoch ms)."),
     body: str = typer.Option("text", "--body", help="hex|text|base64|raw|none (raw: the bytes on stdout)."),
     out_file: Optional[str] = typer.Option(None, "--out", help="Write the raw body bytes to FILE."),
     no_scan: bool = typer.Option(False, "--no-scan", help="--uniq-key: do not fall back to a commitlog scan."),
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
     """Print one whole message: header fields, properties and body (exit 1 when not found)."""
     if body not in GET_BODY_MODES:
         fail(f"--body must be one of {', '.join(GET_BODY_MODES)}")
-    by_queue = queue is not None or queue_offset is not None
+    by_queue = queue is not None or queue_offset is not None or time is not None
     chosen = [n for n, v in (("--offset", offset), ("--msg-id", msg_id), ("--uniq-key", uniq_key)) if v is not None]
     if by_queue:
         chosen.append("--topic/--queue/--queue-offset")
     if len(chosen) != 1:
-        fail("give exactly one of --offset, --msg-id, --uniq-key or --topic T --queue Q --queue-offset N")
-    if by_queue and (topic is None or queue is None or queue_offset is None):
-        fail("--topic, --queue and --queue-offset go together")
-    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+        fail("give exactly one of --offset, --msg-id, --uniq-key or --topic T --queue Q --queue-offset N|--time T")
+    if by_queue and (topic is None or queue is None or (queue_offset is None) == (time is None)):
+        fail("--topic and --queue go with one of --queue-offset or --time")
+    time_ms = parse_time_option(time, "--time")
+    st = open_store(store, geometry)
     with st:
         if offset is not None:
             msgs = [get_by_offset(st, offset)]
@@ -73,6 +72,9 @@ def get(
             if len(msgs) > 1:
                 warn(f"{len(msgs)} records carry this UNIQ_KEY (e.g. a transaction half message and its commit)")
         else:
+            if time_ms is not None:
+                queue_offset = queue_offset_by_time(st, topic, queue, time_ms)
+                warn(f"store time {time_ms}: the broker ({st.config.version}.x rules) answers queue offset {queue_offset}")
             msgs = [get_by_queue(st, topic, queue, queue_offset)]
         if out_file is not None:
             with open(out_file, "wb") as f:

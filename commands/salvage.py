@@ -9,23 +9,22 @@ import typer
 from rmqstore_cli.engine.errors import UsageError
 from rmqstore_cli.engine import salvage as engine
 
-from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
-                     VersionOpt, open_store)
+from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
+                     parse_time_option)
 from .output import Output, handle_errors, stderr
 
 
 @handle_errors
+@geometry_options
 def salvage(
     store: str = StoreArg,
     to: Optional[str] = typer.Option(None, "--to", help="A new (empty or absent) store directory to append the rescued records to."),
     jsonl: Optional[str] = typer.Option(None, "--jsonl", help="Write the rescued records as JSON Lines (dump commitlog --json --body hex)."),
+    since: Optional[str] = typer.Option(None, "--since", help="With --jsonl: only records stored at or after this "
+                                        "time (ISO-8601 or epoch ms; binary search, not a full scan)."),
+    until: Optional[str] = typer.Option(None, "--until", help="With --jsonl: only records stored at or before this time."),
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
     """Read past corruption: after a bad record, resynchronise on the next self-consistent record
     (magic, TOTALSIZE, PHYSICALOFFSET = position, CRC) and rescue every valid record. Never writes the source.
@@ -35,10 +34,13 @@ def salvage(
     """
     if (to is None) == (jsonl is None):
         raise UsageError("give exactly one of --to NEWSTORE or --jsonl FILE")
-    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    if to and (since or until):
+        raise UsageError("--since/--until go with --jsonl (a new store keeps every rescued record)")
+    since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
+    st = open_store(store, geometry)
     with st:
-        v = broker_version or st.config.version
-        rep = engine.to_store(st, v, to) if to else engine.to_jsonl(st, v, jsonl)
+        v = geometry.broker_version or st.config.version
+        rep = engine.to_store(st, v, to) if to else engine.to_jsonl(st, v, jsonl, since=since_ms, until=until_ms)
     out = Output(json_)
     d = rep.as_json()
     if json_:

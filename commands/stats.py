@@ -9,8 +9,8 @@ import typer
 
 from rmqstore_cli.engine.stats import compute_stats
 
-from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
-                     VersionOpt, open_store)
+from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
+                     parse_time_option)
 from .output import Output, handle_errors, stdout
 
 QUEUE_COLUMNS = [
@@ -40,20 +40,19 @@ def register(app: typer.Typer) -> None:
 
 
 @handle_errors
+@geometry_options
 def stats(
     store: str = StoreArg,
+    since: Optional[str] = SinceOpt,
+    until: Optional[str] = UntilOpt,
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
-    """Statistics of the whole store from one commitlog walk (--json: one JSON object)."""
-    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    """Statistics of the whole store (or of a time range) from one commitlog walk (--json: one JSON object)."""
+    since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
+    st = open_store(store, geometry)
     with st:
-        s = compute_stats(st)
+        s = compute_stats(st, since_ms, until_ms)
     out = Output(json_)
     if json_:
         out.line(s)

@@ -206,6 +206,13 @@ class Headers:
             setattr(h, name, getattr(self, name)[:n])
         return h
 
+    def select(self, mask: np.ndarray) -> "Headers":
+        """The records where ``mask`` is true (a boolean array or an index array)."""
+        h = Headers()
+        for name in self.__slots__:
+            setattr(h, name, getattr(self, name)[mask])
+        return h
+
 
 def _gather(u8: np.ndarray, starts: np.ndarray, width: int, dtype: str) -> np.ndarray:
     if len(starts) == 0:

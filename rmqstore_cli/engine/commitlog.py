@@ -179,9 +179,34 @@ class CommitLog:
             raise RecordError(f"{size} bytes at {phy} run past the end of {seg.name}")
         return memoryview(seg.buffer())[pos : pos + size]
 
+    def time_window(self, since: int | None, until: int | None, start: int | None = None,
+                    end: int | None = None) -> tuple[int | None, int | None, bool]:
+        """Narrow [start, end) to the records stored in [since, until] (epoch ms, both inclusive),
+        found by binary search (:mod:`.timesearch`). The third value is False when nothing can match."""
+        from .timesearch import commitlog_offset_at
+
+        if since is not None:
+            first = commitlog_offset_at(self, since)
+            if first is None:
+                return start, end, False
+            start = first if start is None else max(start, first)
+        if until is not None and until < (1 << 63) - 1:
+            past = commitlog_offset_at(self, until + 1)
+            if past is not None:
+                end = past if end is None else min(end, past)
+        return start, end, start is None or end is None or start < end
+
     def records(self, *, start: int | None = None, end: int | None = None, check_crc: bool = False,
-                with_body: bool = True, result: ScanResult | None = None) -> Iterator[dict]:
-        """Decoded records in order, from the segment holding ``start`` up to ``end`` (exclusive)."""
+                with_body: bool = True, result: ScanResult | None = None, since: int | None = None,
+                until: int | None = None) -> Iterator[dict]:
+        """Decoded records in order, from the segment holding ``start`` up to ``end`` (exclusive);
+        with ``since``/``until`` only records stored in that time range (epoch ms, inclusive)."""
+        if since is not None or until is not None:
+            start, end, any_ = self.time_window(since, until, start, end)
+            if not any_:
+                return
+        lo_t = -(1 << 63) if since is None else since
+        hi_t = (1 << 63) - 1 if until is None else until
         start_index = 0
         if start is not None and self.segments.segments:
             for k, s in enumerate(self.segments.segments):
@@ -196,16 +221,24 @@ class CommitLog:
                 if end is not None and phy >= end:
                     return
                 msg = decode_message(chunk.buf, off, with_body=with_body)
+                if not lo_t <= msg["storeTimestamp"] <= hi_t:
+                    continue
                 msg["offset"] = phy
                 yield msg
 
     def records_json(self, *, start: int | None = None, end: int | None = None, body: str = "none",
                      topic: str | None = None, queue: int | None = None, limit: int | None = None,
-                     result: ScanResult | None = None) -> Iterator[tuple[bytes, int, int]]:
+                     result: ScanResult | None = None, since: int | None = None,
+                     until: int | None = None) -> Iterator[tuple[bytes, int, int]]:
         """The records :meth:`records` yields (same selection, same stop), already rendered as
         JSON Lines (UTF-8 bytes, ``--body`` mode ``body``) by :mod:`formats.jsonl`, a block at a
         time: yields (text, records in it, log bytes walked for it)."""
         from formats.jsonl import encode_records, topic_mask
+
+        if since is not None or until is not None:
+            start, end, any_ = self.time_window(since, until, start, end)
+            if not any_:
+                return
 
         start_index = 0
         if start is not None and self.segments.segments:
@@ -229,6 +262,10 @@ class CommitLog:
                     done = True
             if queue is not None:
                 keep &= h.queueId == queue
+            if since is not None:
+                keep &= h.storeTimestamp >= since
+            if until is not None:
+                keep &= h.storeTimestamp <= until
             if topic is not None and keep.any():
                 keep &= topic_mask(chunk.buf, h, topic)
             idx = np.flatnonzero(keep)

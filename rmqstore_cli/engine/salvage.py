@@ -69,21 +69,38 @@ def scan(store, version: int, report: SalvageReport, start: int = 0) -> Iterator
             pos = nxt
 
 
-def records(store, version: int, report: SalvageReport, start: int = 0) -> Iterator[dict]:
-    """Decoded records (``dump commitlog --json --body hex`` shape) of everything rescued."""
+def records(store, version: int, report: SalvageReport, start: int = 0, since: int | None = None,
+            until: int | None = None) -> Iterator[dict]:
+    """Decoded records (``dump commitlog --json --body hex`` shape) of everything rescued; with
+    ``since``/``until`` (epoch ms, inclusive) only those stored in that range."""
+    end = None
+    if since is not None or until is not None:
+        first, end, any_ = store.commitlog.time_window(since, until)
+        if not any_:
+            return
+        if first is not None:  # from the start of its segment, so damage before it is still resynced
+            seg = store.commitlog.segments.find(first)
+            start = max(start, seg.start if seg is not None else first)
+    lo = -(1 << 63) if since is None else since
+    hi = (1 << 63) - 1 if until is None else until
     for seg, pos in scan(store, version, report, start):
+        if end is not None and seg.start + pos >= end:
+            return
         msg = decode_message(seg.buffer(), pos, with_body=True)
         msg["offset"] = seg.start + pos
+        if not lo <= msg["storeTimestamp"] <= hi:
+            continue
         key = f"{msg['topic']}-{msg['queueId']}"
         report.rescued[key] = report.rescued.get(key, 0) + 1
         report.records += 1
         yield msg
 
 
-def to_jsonl(store, version: int, path: str, start: int = 0) -> SalvageReport:
+def to_jsonl(store, version: int, path: str, start: int = 0, since: int | None = None,
+             until: int | None = None) -> SalvageReport:
     rep = SalvageReport()
     with open(path, "w", encoding="utf-8") as f:
-        for msg in records(store, version, rep, start):
+        for msg in records(store, version, rep, start, since, until):
             f.write(json.dumps(render_body(msg, "hex"), ensure_ascii=False, separators=(",", ":"), default=_js) + "\n")
         f.flush()
         os.fsync(f.fileno())

@@ -188,8 +188,12 @@ def timeline(buckets: dict[int, int], unit_ms: int, bins: int = TIMELINE_BINS) -
     return {"startMs": lo * unit_ms, "bucketMs": width * unit_ms, "counts": counts}
 
 
-def compute_stats(store) -> dict:
+def compute_stats(store, since: int | None = None, until: int | None = None) -> dict:
     """Walk the commitlog once (CommitLog.scan chunks) and add store-wide facts.
+
+    With ``since``/``until`` (epoch ms, inclusive) only records stored in that range are counted;
+    the walk starts at the segment the range starts in (binary search by store time) and ends
+    where it ends.
 
     Shape: the keys of :meth:`StatsAccumulator.result` plus ``commitlog`` (min/max offset, files,
     stop kind, BLANK count and dead bytes), ``index`` (one row per file: used entries, fullness)
@@ -199,8 +203,11 @@ def compute_stats(store) -> dict:
 
     acc = StatsAccumulator()
     res = ScanResult()
-    for chunk in store.commitlog.scan(check_crc=False, result=res):
-        acc.add_chunk(chunk.buf, chunk.headers)
+    if since is None and until is None:
+        for chunk in store.commitlog.scan(check_crc=False, result=res):
+            acc.add_chunk(chunk.buf, chunk.headers)
+    else:
+        _add_time_range(store, acc, res, since, until)
     out = acc.result()
     segs = store.commitlog.segments.segments
     out["commitlog"] = {
@@ -208,13 +215,44 @@ def compute_stats(store) -> dict:
         "maxOffset": res.stop.offset if res.stop else 0,
         "files": len(segs),
         "fileSize": store.config.mappedFileSizeCommitLog,
-        "stop": res.stop.kind if res.stop else None,
+        "stop": res.stop.kind if res.stop else ("until" if until is not None else None),
         "blankCount": len(res.blanks),
         "blankBytes": int(sum(size for _, size in res.blanks)),
     }
     out["index"] = index_stats(store)
-    out["consumeQueueLag"] = queue_lag(store, out["queues"])
+    timed = since is not None or until is not None
+    # Lag compares queues with the whole log: meaningless for a slice of it.
+    out["consumeQueueLag"] = [] if timed else queue_lag(store, out["queues"])
+    if timed:
+        out["timeRange"] = {"since": since, "until": until}
     return out
+
+
+def _add_time_range(store, acc: StatsAccumulator, res, since: int | None, until: int | None) -> None:
+    cl = store.commitlog
+    start, end, any_ = cl.time_window(since, until)
+    if not any_:
+        return
+    segs = cl.segments.segments
+    start_index = 0
+    if start is not None:
+        start_index = max((k for k, s in enumerate(segs) if s.start <= start), default=0)
+    lo = I64_MIN if since is None else since
+    hi = I64_MAX if until is None else until
+    for chunk in cl.scan(start_index=start_index, check_crc=False, result=res):
+        h = chunk.headers
+        phy = chunk.phy
+        keep = (h.storeTimestamp >= lo) & (h.storeTimestamp <= hi)
+        if start is not None:
+            keep &= phy >= start
+        if end is not None:
+            keep &= phy < end
+        if keep.all():
+            acc.add_chunk(chunk.buf, h)
+        elif keep.any():
+            acc.add_chunk(chunk.buf, h.select(keep))
+        if end is not None and len(phy) and phy[-1] >= end:
+            break
 
 
 def index_stats(store) -> list[dict]:
