@@ -12,7 +12,8 @@ import typer
 
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, UsageError
 
-from .common import CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, VersionOpt
+from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, SinceOpt, UntilOpt,
+                     VersionOpt, parse_time_option)
 from .output import Output, handle_errors, stderr
 
 spark_app = typer.Typer(help="Run store jobs on Apache Spark (local by default, or --master spark://...).",
@@ -58,6 +59,8 @@ def export_cmd(
     partition_by: Optional[str] = typer.Option(None, "--partition-by", help="Comma-separated: topic,date,queueId,store."),
     no_body: bool = typer.Option(False, "--no-body", help="Leave the body column out."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --to if it exists."),
+    since: Optional[str] = SinceOpt,
+    until: Optional[str] = UntilOpt,
     master: Optional[str] = MasterOpt,
     driver_memory: str = DriverMemOpt,
     json_: bool = JsonOpt,
@@ -69,12 +72,14 @@ def export_cmd(
     from rmqstore_cli.spark import jobs
     from rmqstore_cli.spark.session import job_progress
 
+    since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
     roots = _check_roots(stores)
     spark = _session(master, driver_memory)
     with job_progress(spark, "export"):
         res = jobs.export(spark, roots, to, fmt=fmt, partition_by=(partition_by or "").split(","), body=not no_body,
                           overwrite=overwrite, options={"brokerVersion": broker_version,
-                                                        "commitlogFileSize": commitlog_file_size, "config": config})
+                                                        "commitlogFileSize": commitlog_file_size, "config": config,
+                                                        "since": since_ms, "until": until_ms})
     Output(json_).kv(res, title="spark export")
     if res["findings"]:
         raise typer.Exit(1)

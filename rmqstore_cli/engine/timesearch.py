@@ -13,8 +13,6 @@ along the commitlog (FORMAT.md §2.1, field 11); both searches rely on that, as 
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from formats import fast
@@ -103,8 +101,8 @@ def queue_offset_by_time(store, topic: str, queue_id: int, timestamp: int, *, ve
 
     5.x (``BoundaryType`` LOWER by default): the first unit stored at or after the time (UPPER:
     the last at or before it), clamped into the queue's [min, max] offsets. 4.9.3: the unit whose
-    store time is nearest (the earlier one on a tie), in the file found by modification time as
-    the 4.9.3 broker does; no clamp.
+    store time is nearest (the earlier one on a tie), no clamp; its file is picked by modification
+    time on a live broker, approximated here by the store time of each file's last unit.
     """
     version = store.config.version if version is None else version
     cq = store.queue(topic, queue_id)
@@ -119,7 +117,10 @@ def queue_offset_by_time(store, topic: str, queue_id: int, timestamp: int, *, ve
         seg = _file_by_time_v5(store.commitlog, cq, files, timestamp, boundary, max_phy_offset)
         off = _search_v5(store.commitlog, cq, seg, units, timestamp, boundary, max_phy_offset)
         return max(min_queue_offset(units, store.commitlog), min(off, units.end_offset))
-    seg = next((s for s in files if os.stat(s.path).st_mtime * 1000 >= timestamp), files[-1])
+    # 4.9.3 takes the first file whose modification time is at or after the time. On a live broker
+    # that is when the file's last unit was written; copies and restores lose it, so the store time
+    # of each file's last unit stands in for it (what 5.x reads instead of the file time).
+    seg = _file_by_time_v5(store.commitlog, cq, files, timestamp, LOWER, max_phy_offset)
     return _search_v4(store.commitlog, cq, seg, units, timestamp, max_phy_offset)
 
 

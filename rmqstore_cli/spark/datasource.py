@@ -9,7 +9,8 @@ yield Arrow batches. A region that is not a record becomes a row with ``finding`
 
 Options: ``body`` (true), ``mode`` (permissive|failfast), ``splitSize`` (bytes per task,
 64 MiB), ``batchRows`` (65536), ``checkCrc`` (true), ``brokerVersion``, ``commitlogFileSize``,
-``config`` (a broker.conf).
+``config`` (a broker.conf), ``since``/``until`` (epoch ms, inclusive: only records stored in that
+range; the driver finds the byte range by binary search and plans only the segments in it).
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ class SegmentRange(InputPartition):
     tail_kind: str | None  # fast.STOP_* when this range holds the segment's end, else None
     tail_size: int = 0
     tail_magic: int = 0
+    since: int | None = None  # store-time filter (epoch ms, inclusive)
+    until: int | None = None
 
     def __post_init__(self):
         InputPartition.__init__(self, None)
@@ -128,13 +131,24 @@ def group_ranges(ranges: list[SegmentRange], split: int) -> list[RangeGroup]:
 
 def plan(roots: list[str], options) -> list[SegmentRange]:
     split = int(options.get("splitsize") or DEFAULT_SPLIT)
+    since = int(options["since"]) if options.get("since") not in (None, "") else None
+    until = int(options["until"]) if options.get("until") not in (None, "") else None
     parts: list[SegmentRange] = []
     for root in roots:
         st = open_store_from_options(root, options)
         try:
             cl = st.commitlog
+            lo = hi = None
+            if since is not None or until is not None:
+                lo, hi, any_ = cl.time_window(since, until)
+                if not any_:
+                    continue
             for seg in cl.segments:
-                parts.extend(plan_segment(st.root, seg, cl.segments.file_size, st.config, split))
+                if (lo is not None and seg.start + seg.size <= lo) or (hi is not None and seg.start >= hi):
+                    continue  # wholly outside the time range
+                for r in plan_segment(st.root, seg, cl.segments.file_size, st.config, split):
+                    r.since, r.until = since, until
+                    parts.append(r)
         finally:
             st.close()
     return parts
@@ -212,9 +226,18 @@ def read_range(p: SegmentRange, schema, *, with_body: bool, check_crc: bool, bat
         w = None
         while pos < p.end:
             w = fast.walk(buf, pos, p.end, max_records=batch_rows)
-            if len(w.offsets):
-                h = fast.decode_headers(buf, w.offsets, u8)
+            h = fast.decode_headers(buf, w.offsets, u8) if len(w.offsets) else None
+            if h is not None:
                 cl.validate(buf, u8, h, check_crc)
+                if p.since is not None or p.until is not None:
+                    keep = np.ones(len(h), bool)
+                    if p.since is not None:
+                        keep &= h.storeTimestamp >= p.since
+                    if p.until is not None:
+                        keep &= h.storeTimestamp <= p.until
+                    keep |= h.reason != fast.R_OK  # a damaged record is reported whatever its time field says
+                    if not keep.all():
+                        h = h.select(keep)
                 crc_ok = h.reason != fast.R_BODY_CRC
                 bad = np.flatnonzero(h.reason != fast.R_OK)
                 found: list[str | None] = [None] * len(h)
