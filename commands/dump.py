@@ -40,14 +40,23 @@ def dump_commitlog(
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many records."),
     since: Optional[str] = SinceOpt,
     until: Optional[str] = UntilOpt,
-    body: str = typer.Option("none", "--body", help="none|hex|text|base64"),
+    body: str = typer.Option("none", "--body", help="none|hex|text|base64 (--format parquet: none leaves the body "
+                             "column out, anything else keeps it)"),
+    fmt: Optional[str] = typer.Option(None, "--format", help="jsonl|csv|parquet: write the records to --out "
+                                      "(Parquet: the Spark export's schema and column names)."),
+    out_path: Optional[str] = typer.Option(None, "--out", help="With --format: the file to write."),
     json_: bool = JsonOpt,
     geometry: Geometry = None,
 ):
     """Every commitlog record in order, up to the end of valid data."""
     _check_body(body)
     since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
+    if (fmt is None) != (out_path is None):
+        raise UsageError("--format and --out go together")
     st = open_store(store, geometry)
+    if fmt is not None:
+        _export(st, fmt, out_path, body, topic, queue, from_, to, since_ms, until_ms, limit, json_)
+        return
     if json_:  # columnar encoder: the same bytes as json_line(render_body(record)) per record
         with st, progress("reading commitlog", sum(seg.size for seg in st.commitlog.segments)) as advance:
             res = ScanResult()
@@ -71,6 +80,16 @@ def dump_commitlog(
         Output(json_).table((render_body(m, body) for m in recs),
                             MSG_COLUMNS + ([("bodyText", "body")] if body == "text" else []), title=f"commitlog of {st.root}")
     _report_stop(res)
+
+
+def _export(st, fmt, out_path, body, topic, queue, from_, to, since_ms, until_ms, limit, json_) -> None:
+    from rmqstore_cli.engine.export import export_commitlog
+
+    with st, progress(f"writing {fmt}", sum(seg.size for seg in st.commitlog.segments)) as advance:
+        res = export_commitlog(st, out_path, fmt, body=body != "none", json_body=body, topic=topic, queue=queue,
+                               start=from_, end=to, since=since_ms, until=until_ms, limit=limit, progress=advance)
+    Output(json_).kv(res.as_json(), title=f"dump commitlog --format {fmt}")
+    _report_stop(res.scan)
 
 
 def _check_body(body: str) -> None:

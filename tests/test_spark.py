@@ -312,7 +312,7 @@ def test_vectorised_property_columns_follow_the_broker_parser():
     import pyarrow as pa
 
     from formats.properties import parse_properties
-    from rmqstore_cli.spark.columns import _property_columns, _property_columns_python
+    from formats.arrow import _property_columns, _property_columns_python
 
     texts = ["", "TAGS\x01a\x02KEYS\x01k1  k2 \x02UNIQ_KEY\x01U1", "KEYS\x01\x02TAGS\x01\x01x\x02\x01v\x02ab",
              "a\x01b\x01c\x02\x02\x02TAGS\x01τ-ß\x02", "KEYS\x01 \x02UNIQ_KEY\x01\x02", "x\x01y\x02"]

@@ -23,3 +23,12 @@ class Finding:
         d = {"code": self.code, "severity": self.severity, "path": self.path, "offset": self.offset, "message": self.message}
         d.update(self.extra)
         return d
+
+
+# Walk stops that are not the normal end of a segment (BLANK) or of the data (zeros), with the
+# code verify reports for the same damage (keys are formats.fast.STOP_* names).
+WALK_STOP_CODES = {
+    "bad_magic": ("CL_GARBAGE", "bytes that are not a record (unknown magic code)"),
+    "bad_size": ("CL_GARBAGE", "a record with TOTALSIZE smaller than the smallest record"),
+    "torn": ("CL_TORN_TAIL", "record runs past the end of the segment"),
+}

@@ -7,13 +7,10 @@ walk stops map onto the codes it reports for the same damage (README "Finding co
 from __future__ import annotations
 
 from formats import fast
+from rmqstore_cli.engine.findings import WALK_STOP_CODES
 from rmqstore_cli.engine.verify import REASON_CODES as _VERIFY_REASONS
 
 REASON_CODES = {fast.R_OK: None, **_VERIFY_REASONS}
 
 # Walk stops that are not the normal end of a segment (BLANK) or of the data (zeros).
-STOP_CODES = {
-    fast.STOP_BAD_MAGIC: ("CL_GARBAGE", "bytes that are not a record (unknown magic code)"),
-    fast.STOP_BAD_SIZE: ("CL_GARBAGE", "a record with TOTALSIZE smaller than the smallest record"),
-    fast.STOP_TORN: ("CL_TORN_TAIL", "record runs past the end of the segment"),
-}
+STOP_CODES = WALK_STOP_CODES

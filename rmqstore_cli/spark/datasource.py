@@ -30,7 +30,7 @@ from rmqstore_cli.engine.segments import Segment
 from rmqstore_cli.engine.store import Store
 
 from . import codes
-from .columns import build_batch, ddl, finding_batch
+from formats.arrow import build_batch, ddl, finding_batch
 
 DEFAULT_SPLIT = 64 << 20
 DEFAULT_BATCH_ROWS = 65536

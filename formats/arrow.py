@@ -56,6 +56,21 @@ def ddl(with_body: bool) -> str:
     return ", ".join(f"`{n}` {t}" for n, t in COLUMNS if with_body or n != BODY_COLUMN)
 
 
+_ARROW_TYPES = {
+    "string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "boolean": pa.bool_(), "binary": pa.binary(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    # Spark's own Arrow names for nested types (pyspark.sql.pandas.types.to_arrow_type)
+    "array<string>": pa.list_(pa.field("element", pa.string(), nullable=True)),
+    "map<string,string>": pa.map_(pa.field("key", pa.string(), nullable=False),
+                                  pa.field("value", pa.string(), nullable=True)),
+}
+
+
+def arrow_schema(with_body: bool) -> pa.Schema:
+    """The Arrow schema Spark derives from :func:`ddl` (every column nullable), without Spark."""
+    return pa.schema([pa.field(n, _ARROW_TYPES[t], nullable=True) for n, t in COLUMNS if with_body or n != BODY_COLUMN])
+
+
 def _slices(data: pa.Buffer, base: int, starts: np.ndarray, lens: np.ndarray) -> pa.Array:
     """Binary array of data[start-base : start-base+len] for each row (starts must not overlap)."""
     n = len(starts)
