@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from itertools import islice
 from typing import Optional
 
@@ -10,7 +11,7 @@ import typer
 
 from formats.fast import REASON_TEXT, STOP_BAD_MAGIC, STOP_BAD_SIZE, STOP_INVALID, STOP_TORN
 from formats.extaddr import decorate, is_ext_addr
-from formats.message import BODY_MODES, RecordError, render_body
+from formats.message import BODY_MODES, RecordError, decode_message, render_body
 from rmqstore_cli.engine.consumequeue import is_filler
 from rmqstore_cli.engine.commitlog import ScanResult
 from rmqstore_cli.engine.timesearch import queue_range_by_time
@@ -18,7 +19,7 @@ from rmqstore_cli.engine.errors import EXIT_CORRUPT, NotFoundError, StoreCorrupt
 
 from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
                      parse_time_option)
-from .output import Output, handle_errors, progress, warn
+from .output import Output, handle_errors, iso_ms, progress, warn
 
 dump_app = typer.Typer(help="Print the records of one part of a store (read-only).", no_args_is_help=True)
 
@@ -45,15 +46,25 @@ def dump_commitlog(
     fmt: Optional[str] = typer.Option(None, "--format", help="jsonl|csv|parquet: write the records to --out "
                                       "(Parquet: the Spark export's schema and column names)."),
     out_path: Optional[str] = typer.Option(None, "--out", help="With --format: the file to write."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep reading as records are appended (tail -f; "
+                                "read-only, the lock is not taken; from the end, or from --from/--since). Ctrl-C stops."),
     json_: bool = JsonOpt,
     geometry: Geometry = None,
 ):
-    """Every commitlog record in order, up to the end of valid data."""
+    """Every commitlog record in order, up to the end of valid data.
+
+    Example: rmqstore dump commitlog /data/store --since 2026-11-24T03:00 --topic Orders --json
+    """
     _check_body(body)
     since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
     if (fmt is None) != (out_path is None):
         raise UsageError("--format and --out go together")
+    if follow and (fmt is not None or to is not None or until is not None):
+        raise UsageError("--follow reads on forever: it does not go with --format, --to or --until")
     st = open_store(store, geometry)
+    if follow:
+        _follow(st, topic, queue, from_, since_ms, limit, body, json_)
+        return
     if fmt is not None:
         _export(st, fmt, out_path, body, topic, queue, from_, to, since_ms, until_ms, limit, json_)
         return
@@ -90,6 +101,68 @@ def _export(st, fmt, out_path, body, topic, queue, from_, to, since_ms, until_ms
                                start=from_, end=to, since=since_ms, until=until_ms, limit=limit, progress=advance)
     Output(json_).kv(res.as_json(), title=f"dump commitlog --format {fmt}")
     _report_stop(res.scan)
+
+
+def _follow(st, topic, queue, from_, since_ms, limit, body, json_) -> None:
+    from formats.jsonl import encode_records, topic_mask
+    from rmqstore_cli.engine.follow import Follower
+
+    start = from_
+    if since_ms is not None:
+        first = st.commitlog.time_window(since_ms, None)[0]
+        start = first if first is not None else None
+    follower = Follower(st.commitlog, start)
+    out = sys.stdout
+    left = limit
+    try:
+        for chunk in follower.chunks():
+            h = chunk.headers
+            keep = np.ones(len(h), bool)
+            if from_ is not None:
+                keep &= chunk.phy >= from_
+            if queue is not None:
+                keep &= h.queueId == queue
+            if topic is not None and keep.any():
+                keep &= topic_mask(chunk.buf, h, topic)
+            idx = np.flatnonzero(keep)
+            if left is not None:
+                idx = idx[:left]
+                left -= len(idx)
+            if len(idx):
+                if json_:
+                    data = encode_records(chunk.buf, h, chunk.segment.start, body, None if len(idx) == len(h) else idx)
+                    out.flush()
+                    out.buffer.write(data)
+                    out.buffer.flush()
+                else:
+                    for off in h.offsets[idx].tolist():
+                        m = decode_message(chunk.buf, off, with_body=body != "none")
+                        m["offset"] = chunk.segment.start + off
+                        out.write(_follow_line(render_body(m, body)) + "\n")
+                    out.flush()
+            if left == 0:
+                return
+    except KeyboardInterrupt:
+        return
+    except BrokenPipeError:  # | head: the reader is gone
+        try:
+            sys.stdout = None  # type: ignore[assignment]
+        finally:
+            return
+    finally:
+        follower.close()
+
+
+def _follow_line(m: dict) -> str:
+    line = (f"{m['offset']}  {m['storeSize']}  {iso_ms(m['storeTimestamp'])}  {m['topic']}  q{m['queueId']}"
+            f"  qoff {m['queueOffset']}  {m.get('msgId', '')}  {(m.get('propertiesRaw') or '').replace(chr(1), '=').replace(chr(2), ' ')}")
+    if "bodyText" in m:
+        line += f"  body {m['bodyText']!r}"
+    elif "bodyHex" in m:
+        line += f"  body {m['bodyHex']}"
+    elif "bodyBase64" in m:
+        line += f"  body {m['bodyBase64']}"
+    return line
 
 
 def _check_body(body: str) -> None:

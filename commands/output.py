@@ -79,7 +79,7 @@ class Output:
         """Rows as a rich table, or as JSON Lines when --json (then every key of the row is printed)."""
         if self.as_json:
             return self.lines(rows)
-        cells = [[_cell(r.get(k)) for k, _ in columns] for r in rows]
+        cells = [[_time_cell(r.get(k)) if k in TIME_FIELDS else _cell(r.get(k)) for k, _ in columns] for r in rows]
         n = len(cells)
         text = _plain_table(title, columns, cells)
         if text is not None:
@@ -107,7 +107,7 @@ class Output:
         t.add_column("field", style="bold")
         t.add_column("value", overflow="fold")
         for k, v in obj.items():
-            t.add_row(Text(str(k)), Text(_cell(v)))
+            t.add_row(Text(str(k)), Text(_time_cell(v) if k in TIME_FIELDS else _cell(v)))
         stdout.print(t)
 
 
@@ -179,6 +179,30 @@ def _fit(text: str, width: int) -> str:
 
 
 WIDE_COLUMNS = {"topic", "propertiesRaw", "properties", "msgId", "message", "path", "bodyText", "keys", "body"}
+
+
+# Epoch-millisecond fields shown as local ISO-8601 times in tables (JSON keeps the numbers).
+TIME_FIELDS = {
+    "storeTimestamp", "bornTimestamp", "beginTimestamp", "endTimestamp", "msgStoreTime", "physicMsgTimestamp",
+    "logicsMsgTimestamp", "indexMsgTimestamp", "minTimestamp", "minTimestampIndex", "firstStoreTimestamp",
+    "lastStoreTimestamp",
+}
+
+
+def iso_ms(ms) -> str:
+    """Epoch milliseconds as ISO-8601 in the local time zone, with milliseconds and the offset."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromtimestamp(int(ms) / 1000).astimezone().isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+
+
+def _time_cell(v) -> str:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        return _cell(v)  # 0 / -1 mean "not set" in the broker's files: show them as they are
+    return iso_ms(v)
 
 
 def _cell(v) -> str:
