@@ -15,7 +15,7 @@ from rmqstore_cli.engine.errors import StoreInUseError, UsageError
 from rmqstore_cli.engine.messages import InputError, MessageBuilder
 from rmqstore_cli.engine.store import Store, probe_lock
 
-from .common import CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg, VersionOpt
+from .common import Geometry, JsonOpt, StoreArg, geometry_options
 from .output import Output, handle_errors, stderr
 
 COLUMNS = [("offset", "offset"), ("size", "size"), ("msgId", "msgId"), ("topic", "topic"), ("queueId", "q"),
@@ -43,6 +43,7 @@ def _config(store: str, config: Optional[str], overrides: dict) -> tuple[StoreCo
 
 
 @handle_errors
+@geometry_options
 def append(
     store: str = StoreArg,
     topic: Optional[str] = typer.Option(None, "--topic", help="Topic of the message to send."),
@@ -68,12 +69,7 @@ def append(
     enable_ext: Optional[bool] = typer.Option(None, "--enable-ext/--no-ext", help="enableConsumeQueueExt (new store)."),
     ext_file_size: Optional[int] = typer.Option(None, "--ext-file-size", help="mappedFileSizeConsumeQueueExt."),
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
     """Append messages like the broker: commitlog records, consume queues, ext, index, checkpoint.
 
@@ -83,7 +79,8 @@ def append(
     """
     if fsync not in ("always", "end"):
         raise UsageError("--fsync must be always or end")
-    if broker_version is not None and broker_version not in (4, 5):
+    g = geometry
+    if g.broker_version is not None and g.broker_version not in (4, 5):
         raise UsageError("--broker-version must be 4 or 5")
     send_opts = [topic, body, body_file, tags, keys, prop, born_host, store_host, transaction, delay_level,
                  born_timestamp]
@@ -91,15 +88,15 @@ def append(
         raise UsageError("--from cannot be combined with message options (--topic, --body, ...)")
     if from_ is None and topic is None:
         raise UsageError("give --topic (one message) or --from FILE.jsonl")
-    overrides = {"version": broker_version, "mappedFileSizeCommitLog": commitlog_file_size,
-                 "mappedFileSizeConsumeQueue": cq_file_size, "maxHashSlotNum": index_slots,
-                 "maxIndexNum": index_entries, "enableConsumeQueueExt": enable_ext,
+    overrides = {"version": g.broker_version, "mappedFileSizeCommitLog": g.commitlog_file_size,
+                 "mappedFileSizeConsumeQueue": g.cq_file_size, "maxHashSlotNum": g.index_slots,
+                 "maxIndexNum": g.index_entries, "enableConsumeQueueExt": enable_ext,
                  "mappedFileSizeConsumeQueueExt": ext_file_size}
     root = os.path.abspath(os.path.expanduser(store))
     lock = probe_lock(root)
     if lock.held:
         raise StoreInUseError(f"store {root} is in use: its lock file is {lock.detail or 'held'}")
-    cfg, conf = _config(root, config, overrides)
+    cfg, conf = _config(root, g.config, overrides)
     builder = MessageBuilder(cfg, cluster=cluster or conf.get("brokerClusterName"))
     out = Output(json_)
     rows: list = []
@@ -202,5 +199,5 @@ def _open_input(path: str):
         raise UsageError(f"cannot read {path}: {e.strerror}") from None
 
 
-def register(app: typer.Typer) -> None:
-    app.command("append")(append)
+def register(app: typer.Typer, panel: str | None = None) -> None:
+    app.command("append", rich_help_panel=panel)(append)

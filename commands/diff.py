@@ -31,11 +31,11 @@ def diff(
     json_: bool = JsonOpt,
     geometry: Geometry = None,
 ):
-    """Compare two stores: the first divergent commitlog byte and the records there, how far each log
-    reaches, per-queue min/max, index files, checkpoints. Exit 0 identical or one a prefix of the other,
-    1 divergent.
+    """Compare two stores of one broker pair (master/slave, or before/after a repair).
 
-    Example: rmqstore diff /data/master/store /data/slave/store
+    Reports the first divergent commitlog byte and the record on each side there, how far each log
+    reaches, per-queue min/max offsets, index files and checkpoints. Exit 0 identical or one a prefix
+    of the other, 1 divergent.
     """
     a = open_store(store_a, geometry)
     b = open_store(store_b, geometry)

@@ -51,10 +51,7 @@ def dump_commitlog(
     json_: bool = JsonOpt,
     geometry: Geometry = None,
 ):
-    """Every commitlog record in order, up to the end of valid data.
-
-    Example: rmqstore dump commitlog /data/store --since 2026-11-24T03:00 --topic Orders --json
-    """
+    """Every commitlog record in order, up to the end of valid data."""
     _check_body(body)
     since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
     if (fmt is None) != (out_path is None):
@@ -453,5 +450,5 @@ def _store_summary(st, res) -> dict:
     }
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(dump_app, name="dump")
+def register(app: typer.Typer, panel: str | None = None) -> None:
+    app.add_typer(dump_app, name="dump", rich_help_panel=panel)

@@ -21,8 +21,8 @@ HEADER_FIELDS = ("offset", "topic", "queueId", "queueOffset", "commitLogOffset",
                  "preparedTransactionOffset", "magicVersion", "bodyLen")
 
 
-def register(app: typer.Typer) -> None:
-    app.command("get")(get)
+def register(app: typer.Typer, panel: str | None = None) -> None:
+    app.command("get", rich_help_panel=panel)(get)
 
 
 @handle_errors

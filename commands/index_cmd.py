@@ -10,8 +10,7 @@ import typer
 from rmqstore_cli.engine.errors import EXIT_FINDINGS
 from rmqstore_cli.engine.lookup import TIME_MAX, parse_time, query_index, scan_for_key
 
-from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
-                     VersionOpt, open_store)
+from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .output import Output, fail, handle_errors, warn
 
 index_app = typer.Typer(help="Message index (index/ files): queries.", no_args_is_help=True)
@@ -32,6 +31,7 @@ def _row(msg: dict) -> dict:
 
 @index_app.command("query")
 @handle_errors
+@geometry_options
 def index_query(
     store: str = StoreArg,
     topic: str = typer.Option(..., "--topic", help="Topic as stored (e.g. SCHEDULE_TOPIC_XXXX for delayed messages)."),
@@ -42,12 +42,7 @@ def index_query(
     raw: bool = typer.Option(False, "--raw", help="Exactly the broker's answer: offsets sorted ascending, hash collisions included."),
     scan: bool = typer.Option(False, "--scan", help="Ignore the index: scan the commitlog for records carrying the key."),
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
     """Messages whose KEYS or UNIQ_KEY is KEY, through the index like the broker (exit 1 when none)."""
     b = parse_time(begin, 0)
@@ -56,7 +51,7 @@ def index_query(
         fail("--begin is after --end")
     if max_ is not None and max_ <= 0:
         fail("--max must be positive")
-    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    st = open_store(store, geometry)
     out = Output(json_)
     with st:
         if scan:
@@ -93,8 +88,8 @@ def index_query(
             raise typer.Exit(EXIT_FINDINGS)
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(index_app, name="index")
+def register(app: typer.Typer, panel: str | None = None) -> None:
+    app.add_typer(index_app, name="index", rich_help_panel=panel)
 
 
 

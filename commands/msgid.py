@@ -81,7 +81,7 @@ def msgid_decode(
         out.kv(flat)
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(msgid_app, name="msgid")
+def register(app: typer.Typer, panel: str | None = None) -> None:
+    app.add_typer(msgid_app, name="msgid", rich_help_panel=panel)
 
 

@@ -9,13 +9,13 @@ import typer
 from rmqstore_cli.engine.backup import Backup
 from rmqstore_cli.engine.rebuild import rebuild as engine_rebuild
 
-from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
-                     VersionOpt, open_store)
+from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .output import Output, handle_errors, stderr
 from .recover import BackupOpt, ForceOpt, YesOpt, guard_lock, run_verify
 
 
 @handle_errors
+@geometry_options
 def rebuild(
     what: str = typer.Argument(..., help="consumequeue | cqext | index | all"),
     store: str = StoreArg,
@@ -27,12 +27,7 @@ def rebuild(
     force: bool = ForceOpt,
     yes: bool = YesOpt,
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
     jobs: int = typer.Option(1, "-j", "--jobs", min=1, help="Processes parsing the commitlog (segments split among them; writes stay in order)."),
 ):
     """Rebuild consume queues / ext / index from the commitlog with the broker's dispatch rules.
@@ -42,7 +37,7 @@ def rebuild(
     """
     from rmqstore_cli.engine.repair import save_lock_file, take_lock
 
-    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries,
+    st = open_store(store, geometry,
                     enableConsumeQueueExt=ext, mappedFileSizeConsumeQueueExt=ext_file_size)
     out = Output(json_)
     guard_lock(st, force, yes)
@@ -66,5 +61,5 @@ def rebuild(
     raise typer.Exit(run_verify(st.root, st.config, out, json_))
 
 
-def register(app: typer.Typer) -> None:
-    app.command("rebuild")(rebuild)
+def register(app: typer.Typer, panel: str | None = None) -> None:
+    app.command("rebuild", rich_help_panel=panel)(rebuild)

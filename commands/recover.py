@@ -9,8 +9,7 @@ import typer
 from rmqstore_cli.engine.errors import EXIT_CLEAN, EXIT_FINDINGS, StoreInUseError
 from rmqstore_cli.engine.recovery import plan_recovery
 
-from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
-                     VersionOpt, open_store)
+from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .output import Output, handle_errors, stderr
 
 ACTION_COLUMNS = [("action", "action"), ("path", "file"), ("offset", "offset"), ("why", "why")]
@@ -124,6 +123,7 @@ def run_verify(root: str, config, out: Output, json_: bool) -> int:
 
 
 @handle_errors
+@geometry_options
 def recover(
     store: str = StoreArg,
     dry_run: bool = DryRunOpt,
@@ -137,22 +137,17 @@ def recover(
     force: bool = ForceOpt,
     yes: bool = YesOpt,
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
     """Do what the broker's next start would do (crash or normal recovery), without its data loss.
 
     Prints the plan, then (unless --dry-run) copies every byte it removes or overwrites into a backup
     folder, applies the plan with fsync, and runs verify. Exit 4 if a broker holds the lock.
     """
-    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    st = open_store(store, geometry)
     out = Output(json_)
     guard_lock(st, force, yes)
-    plan = plan_recovery(st, broker_version, keep_valid_after=not stop_at_first_error)
+    plan = plan_recovery(st, geometry.broker_version, keep_valid_after=not stop_at_first_error)
     print_plan(out, plan, f"recover {st.root}")
     if dry_run:
         st.close()
@@ -199,6 +194,6 @@ def restore(
         stderr.print(f"rmqstore: restored {root} from {backup}", markup=False)
 
 
-def register(app: typer.Typer) -> None:
-    app.command("recover")(recover)
-    app.command("restore")(restore)
+def register(app: typer.Typer, panel: str | None = None) -> None:
+    app.command("recover", rich_help_panel=panel)(recover)
+    app.command("restore", rich_help_panel=panel)(restore)

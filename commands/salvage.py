@@ -9,7 +9,7 @@ import typer
 from rmqstore_cli.engine.errors import UsageError
 from rmqstore_cli.engine import salvage as engine
 
-from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
+from .common import (Geometry, JsonOpt, StoreArg, geometry_options, open_store,
                      parse_time_option)
 from .output import Output, handle_errors, stderr
 
@@ -26,8 +26,10 @@ def salvage(
     json_: bool = JsonOpt,
     geometry: Geometry = None,
 ):
-    """Read past corruption: after a bad record, resynchronise on the next self-consistent record
-    (magic, TOTALSIZE, PHYSICALOFFSET = position, CRC) and rescue every valid record. Never writes the source.
+    """Rescue every valid record past corruption into a new store or JSON Lines (source untouched).
+
+    After a bad record the walk resynchronises on the next self-consistent record (magic, TOTALSIZE,
+    PHYSICALOFFSET = position, CRC).
 
     Prints a lost-and-found report (byte ranges skipped, records rescued per topic-queue).
     Exit 0: nothing skipped; 1: ranges were skipped.
@@ -57,5 +59,5 @@ def salvage(
     raise typer.Exit(1 if rep.skipped else 0)
 
 
-def register(app: typer.Typer) -> None:
-    app.command("salvage")(salvage)
+def register(app: typer.Typer, panel: str | None = None) -> None:
+    app.command("salvage", rich_help_panel=panel)(salvage)

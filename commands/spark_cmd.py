@@ -12,8 +12,7 @@ import typer
 
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, UsageError
 
-from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, SinceOpt, UntilOpt,
-                     VersionOpt, parse_time_option)
+from .common import Geometry, JsonOpt, SinceOpt, UntilOpt, geometry_options, parse_time_option
 from .output import Output, handle_errors, stderr
 
 spark_app = typer.Typer(help="Run store jobs on Apache Spark (local by default, or --master spark://...).",
@@ -32,11 +31,12 @@ def _session(master: Optional[str], driver_memory: str):
     return build_session(master, "rmqstore", driver_memory=driver_memory)
 
 
-def _overrides(broker_version, commitlog_file_size, cq_file_size=None, index_slots=None, index_entries=None) -> dict:
-    if broker_version is not None and broker_version not in (4, 5):
+def _overrides(g: Geometry) -> dict:
+    if g.broker_version is not None and g.broker_version not in (4, 5):
         raise UsageError("--broker-version must be 4 or 5")
-    return {"version": broker_version, "mappedFileSizeCommitLog": commitlog_file_size,
-            "mappedFileSizeConsumeQueue": cq_file_size, "maxHashSlotNum": index_slots, "maxIndexNum": index_entries}
+    return {"version": g.broker_version, "mappedFileSizeCommitLog": g.commitlog_file_size,
+            "mappedFileSizeConsumeQueue": g.cq_file_size, "maxHashSlotNum": g.index_slots,
+            "maxIndexNum": g.index_entries}
 
 
 def _check_roots(stores: List[str]) -> list[str]:
@@ -52,6 +52,7 @@ def _check_roots(stores: List[str]) -> list[str]:
 
 @spark_app.command("export")
 @handle_errors
+@geometry_options(only=("config", "broker_version", "commitlog_file_size"))
 def export_cmd(
     stores: List[str] = StoresArg,
     to: str = typer.Option(..., "--to", help="Output directory (Spark writes one file per task)."),
@@ -64,9 +65,7 @@ def export_cmd(
     master: Optional[str] = MasterOpt,
     driver_memory: str = DriverMemOpt,
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
+    geometry: Geometry = None,
 ):
     """Every commitlog record of every STORE as Parquet or JSON (one row per record)."""
     from rmqstore_cli.spark import jobs
@@ -77,8 +76,9 @@ def export_cmd(
     spark = _session(master, driver_memory)
     with job_progress(spark, "export"):
         res = jobs.export(spark, roots, to, fmt=fmt, partition_by=(partition_by or "").split(","), body=not no_body,
-                          overwrite=overwrite, options={"brokerVersion": broker_version,
-                                                        "commitlogFileSize": commitlog_file_size, "config": config,
+                          overwrite=overwrite, options={"brokerVersion": geometry.broker_version,
+                                                        "commitlogFileSize": geometry.commitlog_file_size,
+                                                        "config": geometry.config,
                                                         "since": since_ms, "until": until_ms})
     Output(json_).kv(res, title="spark export")
     if res["findings"]:
@@ -87,6 +87,7 @@ def export_cmd(
 
 @spark_app.command("verify")
 @handle_errors
+@geometry_options
 def verify_cmd(
     stores: List[str] = StoresArg,
     out: Optional[str] = typer.Option(None, "--out", help="Write the findings as a dataset here."),
@@ -95,12 +96,7 @@ def verify_cmd(
     master: Optional[str] = MasterOpt,
     driver_memory: str = DriverMemOpt,
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
     """CRC and structure of every record (on the executors), plus consume-queue, index and checkpoint
     cross-checks. Exit 0 clean, 1 findings, 2 unreadable."""
@@ -111,7 +107,7 @@ def verify_cmd(
     spark = _session(master, driver_memory)
     with job_progress(spark, "verify"):
         res = jobs.verify(spark, roots, check_crc=not no_crc, out=out, out_format=out_format,
-                          overrides=_overrides(broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries), config_file=config)
+                          overrides=_overrides(geometry), config_file=geometry.config)
     o = Output(json_)
     if res["findings"] or json_:
         o.table(res["findings"], [("severity", "severity"), ("code", "code"), ("path", "file"),
@@ -127,6 +123,7 @@ def verify_cmd(
 
 @spark_app.command("rebuild")
 @handle_errors
+@geometry_options
 def rebuild_cmd(
     store: str = typer.Argument(..., help="Store root.", show_default=False),
     what: str = typer.Option(..., "--what", help="consumequeue|index"),
@@ -135,12 +132,7 @@ def rebuild_cmd(
     master: Optional[str] = MasterOpt,
     driver_memory: str = DriverMemOpt,
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
     """Compute consume queues (one task per queue) or index files (one task per file) from the commitlog."""
     from rmqstore_cli.engine.store import Store
@@ -152,14 +144,14 @@ def rebuild_cmd(
     target = os.path.join(out, what)
     if os.path.exists(target) or (what == "consumequeue" and os.path.exists(os.path.join(out, "consumequeue_ext"))):
         raise UsageError(f"{target} already exists; give a new --out directory")
-    ov = _overrides(broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
-    st = Store.open(store, config_file=config, overrides=ov)
+    ov = _overrides(geometry)
+    st = Store.open(store, config_file=geometry.config, overrides=ov)
     os.makedirs(out, exist_ok=True)
     spark = _session(master, driver_memory)
     try:
         with job_progress(spark, f"rebuild {what}"):
             fn = rebuild.rebuild_consumequeue if what == "consumequeue" else rebuild.rebuild_index
-            res = fn(spark, st, os.path.abspath(out), overrides=ov, config_file=config)
+            res = fn(spark, st, os.path.abspath(out), overrides=ov, config_file=geometry.config)
     finally:
         st.close()
     o = Output(json_)
@@ -172,17 +164,13 @@ def rebuild_cmd(
 
 @spark_app.command("stats")
 @handle_errors
+@geometry_options
 def stats_cmd(
     stores: List[str] = StoresArg,
     master: Optional[str] = MasterOpt,
     driver_memory: str = DriverMemOpt,
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
     """The ``stats`` report (per topic/queue counts, sizes, times, index fill, queue lag), computed on Spark."""
     from rmqstore_cli.spark import jobs
@@ -193,7 +181,7 @@ def stats_cmd(
     o = Output(json_)
     for root in roots:
         with job_progress(spark, "stats"):
-            res = jobs.stats(spark, root, overrides=_overrides(broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries), config_file=config)
+            res = jobs.stats(spark, root, overrides=_overrides(geometry), config_file=geometry.config)
         res["root"] = root
         if json_:
             o.line(res)
@@ -205,8 +193,8 @@ def stats_cmd(
                                 ("retryShare", "retry"), ("scheduledShare", "sched"), ("transactionalShare", "tx")])
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(spark_app, name="spark")
+def register(app: typer.Typer, panel: str | None = None) -> None:
+    app.add_typer(spark_app, name="spark", rich_help_panel=panel)
 
 
 __all__ = ["register", "EXIT_CORRUPT"]

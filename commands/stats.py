@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Optional
 
 import typer
@@ -11,7 +10,7 @@ from rmqstore_cli.engine.stats import compute_stats
 
 from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
                      parse_time_option)
-from .output import Output, handle_errors, stdout
+from .output import Output, handle_errors, iso_ms, stdout
 
 QUEUE_COLUMNS = [
     ("topic", "topic"), ("queueId", "q"), ("count", "msgs"), ("bytes", "bytes"), ("minQueueOffset", "min qoff"),
@@ -26,17 +25,15 @@ BAR = 40
 
 
 def _ts(ms) -> str:
-    if ms is None:
-        return ""
-    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return "" if ms is None else iso_ms(ms)
 
 
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
-def register(app: typer.Typer) -> None:
-    app.command("stats")(stats)
+def register(app: typer.Typer, panel: str | None = None) -> None:
+    app.command("stats", rich_help_panel=panel)(stats)
 
 
 @handle_errors

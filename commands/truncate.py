@@ -9,13 +9,13 @@ import typer
 from rmqstore_cli.engine.errors import StoreCorruptError
 from rmqstore_cli.engine.recovery import plan_truncate
 
-from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
-                     VersionOpt, open_store)
+from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .output import Output, handle_errors
 from .recover import BackupOpt, DryRunOpt, ForceOpt, YesOpt, apply_and_verify, guard_lock, print_plan
 
 
 @handle_errors
+@geometry_options
 def truncate(
     store: str = StoreArg,
     offset: int = typer.Option(..., "--offset", help="Physical offset to cut at: the start of a record (or the end of the data)."),
@@ -24,25 +24,20 @@ def truncate(
     force: bool = ForceOpt,
     yes: bool = YesOpt,
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
 ):
-    """Cut the commitlog at a record boundary; consume queues, ext and index follow (§13.6-13.7).
+    """Cut the commitlog at a record boundary; consume queues, ext and index follow (as the broker truncates dirty files).
 
     Everything cut goes to a backup folder first (undo with `rmqstore restore`). A non-boundary
     offset is refused with the nearest boundaries. Exit 4 if a broker holds the lock.
     """
-    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    st = open_store(store, geometry)
     out = Output(json_)
     guard_lock(st, force, yes)
     if st.abort_exists:
         st.close()
         raise StoreCorruptError(f"store {st.root} was not shut down cleanly (abort file present); run `rmqstore recover` first")
-    plan = plan_truncate(st, offset, broker_version)
+    plan = plan_truncate(st, offset, geometry.broker_version)
     print_plan(out, plan, f"truncate {st.root} at {offset}")
     if dry_run or not plan.actions:
         st.close()
@@ -50,5 +45,5 @@ def truncate(
     raise typer.Exit(apply_and_verify(st, plan, out, backup_dir=backup_dir, force=force, command="truncate", json_=json_))
 
 
-def register(app: typer.Typer) -> None:
-    app.command("truncate")(truncate)
+def register(app: typer.Typer, panel: str | None = None) -> None:
+    app.command("truncate", rich_help_panel=panel)(truncate)

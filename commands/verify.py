@@ -2,37 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Optional
 
 import typer
 
 from rmqstore_cli.engine.verify import verify_segments_parallel, verify_store
 
-from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
-                     VersionOpt, open_store)
+from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .output import Output, handle_errors, progress, stderr
 
 COLUMNS = [("severity", "severity"), ("code", "code"), ("path", "file"), ("offset", "offset"), ("message", "what")]
 
 
 @handle_errors
+@geometry_options
 def verify(
     store: str = StoreArg,
     no_crc: bool = typer.Option(False, "--no-crc", help="Skip body / __CRC32# checks (faster; the broker checks them on recovery)."),
     json_: bool = JsonOpt,
-    config: Optional[str] = ConfigOpt,
-    broker_version: Optional[int] = VersionOpt,
-    commitlog_file_size: Optional[int] = CommitLogSizeOpt,
-    cq_file_size: Optional[int] = CqSizeOpt,
-    index_slots: Optional[int] = IndexSlotsOpt,
-    index_entries: Optional[int] = IndexEntriesOpt,
+    geometry: Geometry = None,
     jobs: int = typer.Option(1, "-j", "--jobs", min=1, help="Processes for the commitlog walk (segments are split among them)."),
 ):
     """Check the commitlog, consume queues, ext, index and checkpoint against each other (read-only).
 
     Exit 0: no error or warning (info findings allowed); 1: findings; 2: unreadable store; 3: usage.
     """
-    st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
+    st = open_store(store, geometry)
     with st, progress("verifying commitlog", sum(s.size for s in st.commitlog.segments)) as advance:
         reports = verify_segments_parallel(st.commitlog, jobs, check_crc=not no_crc, progress=advance) if jobs > 1 else None
         result = verify_store(st, check_crc=not no_crc, reports=reports, progress=advance)
@@ -49,5 +43,5 @@ def verify(
     raise typer.Exit(result.exit_code)
 
 
-def register(app: typer.Typer) -> None:
-    app.command("verify")(verify)
+def register(app: typer.Typer, panel: str | None = None) -> None:
+    app.command("verify", rich_help_panel=panel)(verify)

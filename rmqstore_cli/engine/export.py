@@ -88,8 +88,6 @@ def _jsonl(store, tmp, res, *, body, topic, queue, start, end, since, until, lim
 
 
 def _arrow(store, tmp, res, fmt, *, body, topic, queue, start, end, since, until, limit, progress):
-    import pyarrow as pa
-
     from formats.arrow import arrow_schema, build_batch, finding_batch
 
     cl = store.commitlog
