@@ -7,7 +7,7 @@ import typer
 from rmqstore_cli.engine.diff import diff_stores
 
 from .common import Geometry, JsonOpt, geometry_options, open_store
-from .output import Output, handle_errors, progress, stdout
+from .output import TIME_FIELDS, Output, handle_errors, iso_ms, progress, stdout
 
 QUEUE_COLUMNS = [("topic", "topic"), ("queueId", "q"), ("aMin", "A min"), ("aMax", "A max"), ("bMin", "B min"),
                  ("bMax", "B max"), ("same", "same")]
@@ -76,8 +76,12 @@ def _render(out: Output, d) -> None:
         out.table(changed, QUEUE_COLUMNS, title="consume queues that differ")
     else:
         stdout.print(f"consume queues: {len(d.queues)} queues, same min/max on both sides", markup=False)
-    out.table(d.index_files, INDEX_COLUMNS, title="index files (paired by the first offset they index)")
+    odd = [f for f in d.index_files if f["state"] != "same"]
+    if odd:
+        out.table(odd, INDEX_COLUMNS, title="index files that differ (paired by the first offset they index)")
+    stdout.print(f"index files: {len(d.index_files) - len(odd)} the same on both sides, {len(odd)} not", markup=False)
     ca, cb = d.checkpoints["a"], d.checkpoints["b"]
-    out.table([{"field": k, "a": ca.get(k), "b": cb.get(k), "same": ca.get(k) == cb.get(k)}
+    show = lambda k, v: iso_ms(v) if k in TIME_FIELDS and isinstance(v, int) and v > 0 else v  # noqa: E731
+    out.table([{"field": k, "a": show(k, ca.get(k)), "b": show(k, cb.get(k)), "same": ca.get(k) == cb.get(k)}
                for k in sorted(set(ca) | set(cb))],
               [("field", "checkpoint field"), ("a", "A"), ("b", "B"), ("same", "same")], title="checkpoints")
