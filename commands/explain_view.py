@@ -1,0 +1,134 @@
+"""Rendering of ``--explain`` (index query, get) and of the broker's start-up cost (recover, dump store)."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+from .output import Output, stderr, stdout
+
+RECORD_COLUMNS = [
+    ("offset", "offset"), ("foundBy", "found by"), ("storeTimestamp", "store time"), ("bornTimestamp", "born time"),
+    ("storeMinusBornMs", "store-born ms"), ("inRange", "in range"), ("indexFile", "index file"),
+    ("indexTimestamp", "index time"), ("inBrokerAnswer", "answered"), ("gap", "gap"), ("topic", "topic"),
+    ("keys", "KEYS"),
+]
+FILE_COLUMNS = [
+    ("name", "index file"), ("beginTimestamp", "begin time"), ("endTimestamp", "end time"),
+    ("beginPhyOffset", "begin offset"), ("endPhyOffset", "end offset"), ("indexCount", "entries"),
+    ("complete", "complete"), ("matchesRange", "matches range"), ("visitedByBroker", "read by query"),
+]
+GAP_COLUMNS = [
+    ("gap", "gap"), ("kind", "kind"), ("firstOffset", "first offset"), ("lastOffset", "last offset"),
+    ("records", "records"), ("firstStoreTimestamp", "first store time"), ("lastStoreTimestamp", "last store time"),
+    ("previousIndexFile", "after file"), ("nextIndexFile", "before file"),
+]
+COLLISION_COLUMNS = [("offset", "offset"), ("indexFile", "index file"), ("otherKeys", "other key"),
+                     ("indexTimestamp", "index time"), ("inRange", "in range")]
+MAX_FILE_ROWS = 12
+
+
+@contextmanager
+def scan_progress(description: str):
+    """A progress callback for the engine's scans: ``cb(n, total=None)`` (a bar only on a terminal)."""
+    if not sys.stderr.isatty():
+        yield lambda n, total=None: None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  TimeRemainingColumn(), console=stderr, transient=True) as p:
+        task = p.add_task(description, total=None)
+
+        def advance(n: int, total: int | None = None) -> None:
+            if total is not None:
+                p.update(task, total=total)
+            p.advance(task, n)
+
+        yield advance
+
+
+def _say(text: str) -> None:
+    stdout.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def print_key_explanation(out: Output, ex) -> None:
+    """One screen: the conclusions first, then the evidence they rest on."""
+    d = ex.as_json()
+    if out.as_json:
+        out.line(d)
+        return
+    topics = "/".join(ex.topics) if len(ex.topics) < 4 else f"{len(ex.topics)} topics"
+    _say(f"why: key {ex.key!r} in {topics}, store time [{ex.begin}, {ex.end}]")
+    for r in ex.reasons:
+        _say(f"  - {r}")
+    first = next(iter(d["keyHash"]))
+    out.kv({"keyHash (stored)": d["keyHash"][first] if len(d["keyHash"]) == 1 else d["keyHash"],
+            "slot": d["slot"][first] if len(d["slot"]) == 1 else d["slot"],
+            "broker answer": f"{len(d['brokerAnswer'])} offsets (cap {d['brokerCap']}, maxMsgsNumBatch; "
+                             f"{d['hitsInRange']} same-hash hits in range)",
+            "entries in the slot": f"{d['slotEntries']} (all keys, all times)",
+            "other keys in the slot": ", ".join(d["slotOtherKeys"][:6]) + (" ..." if len(d["slotOtherKeys"]) > 6 else ""),
+            "commitlog scanned": f"{d['scan'].get('bytes', 0)} bytes in {len(d['scan'].get('ranges', []))} range(s) "
+                                 f"no index file covers"},
+           title="index evidence")
+    if ex.records:
+        out.table(ex.records, RECORD_COLUMNS, title="records carrying the key")
+    if ex.gaps:
+        out.table([dict(g.as_json(), gap=k) for k, g in enumerate(ex.gaps)], GAP_COLUMNS,
+                  title="commitlog ranges with no index file")
+    if ex.collisions:
+        out.table([dict(c, otherKeys=", ".join(c["otherKeys"])) for c in ex.collisions], COLLISION_COLUMNS,
+                  title="same slot and stored hash, other key")
+    files = d["indexFiles"]
+    if len(files) > MAX_FILE_ROWS:
+        gap_names = {n for g in ex.gaps for n in (g.previous_file, g.next_file)}
+        rec_names = {r["indexFile"] for r in ex.records}
+        first = {f["name"] for f in files if f["name"] in gap_names or f["name"] in rec_names or not f["complete"]}
+        then = [f["name"] for f in files if f["visitedByBroker"] and f["name"] not in first]
+        chosen = first | set(then[:max(0, MAX_FILE_ROWS - len(first))])
+        shown = [f for f in files if f["name"] in chosen]
+        note = f"{len(files) - len(shown)} more index files not shown (--json lists all)"
+    else:
+        shown, note = files, None
+    if shown:
+        out.table(shown, FILE_COLUMNS, title="index files (name order)", limit_note=note)
+    elif not files:
+        _say("  no index files")
+
+
+def print_msgid_explanation(out: Output, d: dict) -> None:
+    if out.as_json:
+        out.line(d)
+        return
+    _say(f"why: msgId {d['msgId']} -> store host {d['storeHost']}, commitlog offset {d['offset']}")
+    _say(f"  - {d['status']}: {d['why']}")
+    kv = {"commitlog min offset": d["commitlogMinOffset"], "commitlog files end": d["commitlogFilesEnd"]}
+    for k in ("expiredFile", "segment", "dataEnd", "nearestBefore", "nearestAfter", "recordStoreHost"):
+        if k in d:
+            kv[k] = d[k]
+    out.kv(kv, title="commitlog")
+    if d.get("record"):
+        out.table([d["record"]], RECORD_COLUMNS[:5] + [("topic", "topic"), ("keys", "KEYS"), ("uniqKey", "UNIQ_KEY")],
+                  title="record at the offset")
+
+
+def startup_lines(cost: dict) -> list[str]:
+    """The start-up cost as a few lines for the recover plan / dump store screens."""
+    if not cost:
+        return []
+    lines = [f"next broker start: {cost['mode']} recovery ({cost['modeWhy']})",
+             f"  commitlog: from {cost['startFile']} (offset {cost['startOffset']}; {cost['startRule']}) to "
+             f"{cost['endOffset']}: {cost['bytesRead']} bytes read"
+             + (", every body CRC-checked" if cost["crcChecked"] else " (checkCRCOnRecover=false)")
+             + f", {cost['recordsWalked']} records"]
+    if cost.get("dispatchBytes"):
+        lines.append(f"  re-dispatch: {cost['dispatchRecords']} records ({cost['dispatchBytes']} bytes) into consume "
+                     f"queues and index ({cost['dispatchRule']})")
+    cq, ix = cost["consumeQueues"], cost["indexFiles"]
+    lines.append(f"  loads {cq['files']} consume-queue files ({cq['bytes']} bytes; recovery reads the last "
+                 f"{cq['recoveryFiles']} of them: {cq['recoveryBytes']} bytes) and {ix['files']} index files "
+                 f"({ix['bytes']} bytes{'; ' + str(len(ix['deletedAtStart'])) + ' deleted and re-indexed' if ix['deletedAtStart'] else ''})")
+    est = cost["estimate"]
+    lines.append(f"  estimate: ~{est['seconds']:.1f} s at {est['rateMBps']} MB/s ({est['rateSource']})")
+    return lines
