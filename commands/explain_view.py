@@ -113,10 +113,16 @@ def print_msgid_explanation(out: Output, d: dict) -> None:
                   title="record at the offset")
 
 
+def _secs(s: float) -> str:
+    return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.1f} s" if s < 100 else f"{s / 60:.1f} min"
+
+
 def startup_lines(cost: dict) -> list[str]:
     """The start-up cost as a few lines for the recover plan / dump store screens."""
     if not cost:
         return []
+    if "error" in cost:
+        return [f"next broker start: cannot be planned: {cost['error']}"]
     lines = [f"next broker start: {cost['mode']} recovery ({cost['modeWhy']})",
              f"  commitlog: from {cost['startFile']} (offset {cost['startOffset']}; {cost['startRule']}) to "
              f"{cost['endOffset']}: {cost['bytesRead']} bytes read"
@@ -130,5 +136,28 @@ def startup_lines(cost: dict) -> list[str]:
                  f"{cq['recoveryFiles']} of them: {cq['recoveryBytes']} bytes) and {ix['files']} index files "
                  f"({ix['bytes']} bytes{'; ' + str(len(ix['deletedAtStart'])) + ' deleted and re-indexed' if ix['deletedAtStart'] else ''})")
     est = cost["estimate"]
-    lines.append(f"  estimate: ~{est['seconds']:.1f} s at {est['rateMBps']} MB/s ({est['rateSource']})")
+    lines.append(f"  estimate: ~{_secs(est['seconds'])} ({est['how']})")
+    if est["scanSeconds"] != est["seconds"]:
+        lines.append(f"  the walk alone: ~{_secs(est['scanSeconds'])} at {est['scanRateMBps']:g} MB/s "
+                     f"({est['scanRateSource']})")
     return lines
+
+
+def print_next_start(out: Output, root: str, version: int, before: dict | None) -> None:
+    """After an applied repair: what the broker's next start reads now, beside what it would have read."""
+    from rmqstore_cli.engine.startup import next_start_after_repair
+
+    try:
+        after = next_start_after_repair(root, version)
+    except Exception as e:  # noqa: BLE001 - the repair is done; this is information only
+        stderr.print(f"rmqstore: could not cost the next start: {e}", markup=False, highlight=False)
+        return
+    if out.as_json:
+        out.line(dict(after, type="next-start", before=before))
+        return
+    for line in startup_lines(after):
+        stderr.print(f"  {line}", markup=False, highlight=False)
+    if before and after:
+        stderr.print(f"  the next start reads {after['bytesRead']} bytes from {after['startFile']} "
+                     f"(~{_secs(after['estimate']['seconds'])}) instead of {before['bytesRead']} bytes from "
+                     f"{before['startFile']} (~{_secs(before['estimate']['seconds'])})", markup=False, highlight=False)

@@ -11,6 +11,7 @@ from rmqstore_cli.engine.recovery import plan_recovery
 
 from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
                      VersionOpt, open_store)
+from .explain_view import print_next_start, startup_lines
 from .output import Output, handle_errors, stderr
 
 ACTION_COLUMNS = [("action", "action"), ("path", "file"), ("offset", "offset"), ("why", "why")]
@@ -38,6 +39,8 @@ def print_plan(out: Output, plan, title: str) -> None:
         say(f"  after the bad record at {s['badOffset']}: {s['validRecordsAfter']} valid records in "
             f"[{s['firstValidAfter']}, {s['endOfValidAfter']}) -- run `rmqstore salvage` first "
             f"(or --keep-valid-after to copy them into the backup folder before the cut)")
+    for line in startup_lines(plan.startup_cost or {}):
+        say(f"  {line}")
     d = plan.dispatch
     if d:
         say(f"  re-dispatch: broker from {d['brokerFrom']} ({d['brokerRule']}); ours [{d['from']}, {d['to']}): "
@@ -169,7 +172,9 @@ def recover(
         from rmqstore_cli.engine.salvage import salvage_ranges_to_jsonl
 
         plan.salvage_hook = lambda bdir: salvage_ranges_to_jsonl(st, plan, bdir)  # type: ignore[attr-defined]
+    root, version = st.root, plan.version
     code = apply_and_verify(st, plan, out, backup_dir=backup_dir, force=force, command="recover", json_=json_)
+    print_next_start(out, root, version, plan.startup_cost)
     raise typer.Exit(code)
 
 
