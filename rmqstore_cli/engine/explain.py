@@ -362,7 +362,10 @@ def _visit(chunk, stop, covered_b, covered_e, stats, cl, topics, key, needle, un
         p = int(phy[i])
         if p in found:
             continue
-        msg = cl.read(p, with_body=False)
+        try:
+            msg = cl.read(p, with_body=False)
+        except (RecordError, ValueError):
+            continue
         if _carries(msg, topics, key, uniq_only):
             found[p] = _found(msg, "scan", None, None)
 
@@ -484,7 +487,11 @@ def explain_msgid(store: Store, msg_id: str) -> dict:
                    why=f"offset {mid.offset} is not at a record boundary (nearest record starts: {before} and {after})"
                        f": the msgId belongs to another store or another life of this one")
         return out
-    msg = cl.read(mid.offset, with_body=False)
+    try:
+        msg = cl.read(mid.offset, with_body=False)
+    except (RecordError, ValueError) as e:
+        out.update(status="damaged-record", why=f"a record starts at {mid.offset} but cannot be decoded ({e})")
+        return out
     rec = _found(msg, "offset", None, None)
     sh = msg["storeHost"]
     out["record"] = rec
