@@ -9,9 +9,8 @@ from .output import Output, stderr, stdout
 
 RECORD_COLUMNS = [
     ("offset", "offset"), ("foundBy", "found by"), ("storeTimestamp", "store time"), ("bornTimestamp", "born time"),
-    ("storeMinusBornMs", "store-born ms"), ("inRange", "in range"), ("indexFile", "index file"),
-    ("indexTimestamp", "index time"), ("inBrokerAnswer", "answered"), ("gap", "gap"), ("topic", "topic"),
-    ("keys", "KEYS"),
+    ("inRange", "in range"), ("indexFile", "index file"), ("indexTimestamp", "index time"),
+    ("inBrokerAnswer", "answered"), ("gap", "gap"),
 ]
 FILE_COLUMNS = [
     ("name", "index file"), ("beginTimestamp", "begin time"), ("endTimestamp", "end time"),
@@ -52,6 +51,10 @@ def _say(text: str) -> None:
     stdout.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
+def _short(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[: width // 2 - 1] + "…" + text[-(width // 2):]
+
+
 def print_key_explanation(out: Output, ex) -> None:
     """One screen: the conclusions first, then the evidence they rest on."""
     d = ex.as_json()
@@ -68,12 +71,14 @@ def print_key_explanation(out: Output, ex) -> None:
             "broker answer": f"{len(d['brokerAnswer'])} offsets (cap {d['brokerCap']}, maxMsgsNumBatch; "
                              f"{d['hitsInRange']} same-hash hits in range)",
             "entries in the slot": f"{d['slotEntries']} (all keys, all times)",
-            "other keys in the slot": ", ".join(d["slotOtherKeys"][:6]) + (" ..." if len(d["slotOtherKeys"]) > 6 else ""),
+            "other keys in the slot": ", ".join(_short(k) for k in d["slotOtherKeys"][:3])
+                                      + (" ..." if len(d["slotOtherKeys"]) > 3 else ""),
             "commitlog scanned": f"{d['scan'].get('bytes', 0)} bytes in {len(d['scan'].get('ranges', []))} range(s) "
                                  f"no index file covers"},
            title="index evidence")
     if ex.records:
-        out.table(ex.records, RECORD_COLUMNS, title="records carrying the key")
+        cols = RECORD_COLUMNS + ([("topic", "topic")] if len(ex.topics) > 1 else [])
+        out.table(ex.records, cols, title="records carrying the key")
     if ex.gaps:
         out.table([dict(g.as_json(), gap=k) for k, g in enumerate(ex.gaps)], GAP_COLUMNS,
                   title="commitlog ranges with no index file")

@@ -102,7 +102,9 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
                  f"(undo with: rmqstore restore {backup.dir})", markup=False, highlight=False)
     if json_:
         out.line({"type": "applied", "backup": backup.dir, "steps": res.steps, "dispatch": res.dispatch})
-    return run_verify(root, config, out, json_)
+    code = run_verify(root, config, out, json_)
+    print_next_start(out, root, plan.version, plan.startup_cost)  # what the broker's next start reads now
+    return code
 
 
 def run_verify(root: str, config, out: Output, json_: bool) -> int:
@@ -172,9 +174,7 @@ def recover(
         from rmqstore_cli.engine.salvage import salvage_ranges_to_jsonl
 
         plan.salvage_hook = lambda bdir: salvage_ranges_to_jsonl(st, plan, bdir)  # type: ignore[attr-defined]
-    root, version = st.root, plan.version
     code = apply_and_verify(st, plan, out, backup_dir=backup_dir, force=force, command="recover", json_=json_)
-    print_next_start(out, root, version, plan.startup_cost)
     raise typer.Exit(code)
 
 

@@ -246,7 +246,7 @@ def _covered_intervals(store: Store) -> tuple[list, list]:
     out = []
     for f in store.index.files:
         h = f.header()
-        if f.complete and h.indexCount > 1 and h.beginPhyOffset <= h.endPhyOffset:
+        if f.complete and 1 < h.indexCount <= f.entries and h.beginPhyOffset <= h.endPhyOffset:
             out.append((h.beginPhyOffset, h.endPhyOffset, f))
     out.sort(key=lambda x: (x[0], x[1]))
     return out, [f for f in store.index.files if not f.complete]
@@ -273,14 +273,16 @@ def _gaps_and_scan(store: Store, ex: KeyExplanation, topics, key, uniq_only, fou
                            f"records older than the first index file {first[2].name}: its predecessors were deleted "
                            f"(the broker deletes index files only with the commitlog they point into), cut, or never "
                            f"written"))
-        for (b0, e0, f0), (b1, e1, f1) in zip(intervals, intervals[1:]):
-            if b1 > e0:
-                ranges.append((e0, b1, f0, f1, "between",
+        reach, f0 = first[1], first[2]  # the furthest offset indexed so far, and the file that reached it
+        for b1, e1, f1 in intervals[1:]:
+            if b1 > reach:
+                ranges.append((reach, b1, f0, f1, "between",
                                f"no index file between {f0.name} (ends {f0.header().endTimestamp}) and {f1.name} "
                                f"(begins {f1.header().beginTimestamp}): a file was deleted or lost"))
-        last = intervals[-1]
-        ranges.append((last[1], None, last[2], None, "after-last",
-                       f"records newer than the last index file {last[2].name}: never indexed (dispatch had not reached "
+            if e1 >= reach:
+                reach, f0 = e1, f1
+        ranges.append((reach, None, f0, None, "after-last",
+                       f"records newer than the last index file {f0.name}: never indexed (dispatch had not reached "
                        f"them, or the newer index files were deleted: crash recovery deletes index files newer than "
                        f"the checkpoint and re-indexes at the next start)"))
     covered_b = np.array([i[0] for i in intervals], dtype=np.int64)
@@ -379,6 +381,32 @@ def _ts(ms: int) -> str:
         return str(ms)
 
 
+def _causes(ex: KeyExplanation, r: dict) -> list[str]:
+    """Why one record carrying the key is missing from the broker's answer (same text for the same cause)."""
+    causes = []
+    if r["gap"] is not None:
+        g = ex.gaps[r["gap"]]
+        causes.append(f"not indexed: no index file covers offsets {g.first_offset}..{g.last_offset} (store times "
+                      f"{g.first_timestamp}..{g.last_timestamp}; {g.why})")
+    if not r["inRange"]:
+        clock = ""
+        if r["bornInRange"]:
+            clock = ("; the born time (the producer's clock) is inside the range, but the query filters by the "
+                     "broker's store time, and the two clocks differ (store - born above)")
+        causes.append(f"the store time is outside the query's range [{ex.begin}, {ex.end}]{clock}")
+    elif r["indexTimestamp"] is not None and not (ex.begin <= r["indexTimestamp"] <= ex.end):
+        causes.append(f"indexed at {r['indexTimestamp']}: index entries keep store time in whole seconds after the "
+                      f"file's begin time, and the query compares that rounded-down time with the range")
+    if not causes and r["foundBy"] == "index":
+        causes.append(f"beyond the broker's result cap: {ex.hits_in_range} index hits in the range (collisions "
+                      f"included) and the broker returns the newest {ex.cap} (maxMsgsNumBatch default "
+                      f"{MAX_MSGS_NUM_BATCH})")
+    if not causes:
+        causes.append("found by the scan although an index file covers its offset: the index lacks its entry "
+                      "(damaged or partly re-written index)")
+    return causes
+
+
 def _reasons(store: Store, ex: KeyExplanation) -> list[str]:
     out = []
     recs = ex.records
@@ -388,34 +416,32 @@ def _reasons(store: Store, ex: KeyExplanation) -> list[str]:
         out.append(f"no record in the commitlog [{store.commitlog.min_offset}, end) carries key {ex.key!r} "
                    f"under {'/'.join(ex.topics) if len(ex.topics) < 4 else 'any topic'} (searched {scanned}); "
                    f"it expired, was never stored under this topic, or the key is spelled differently")
+    answered = [r["offset"] for r in recs if r["inBrokerAnswer"]]
+    if answered:
+        shown = ", ".join(map(str, answered[:8])) + (" ..." if len(answered) > 8 else "")
+        out.append(f"{len(answered)} record{'s' if len(answered) > 1 else ''} carrying the key "
+                   f"{'are' if len(answered) > 1 else 'is'} in the broker's answer (offsets {shown})")
+    groups: dict = {}
     for r in recs:
-        where = f"record at offset {r['offset']} (store time {r['storeTimestamp']} = {_ts(r['storeTimestamp'])}, " \
-                f"born {r['bornTimestamp']}, store - born = {r['storeMinusBornMs']} ms)"
-        if r["inBrokerAnswer"]:
-            out.append(f"{where} is in the broker's answer")
-            continue
-        causes = []
-        if r["gap"] is not None:
-            g = ex.gaps[r["gap"]]
-            causes.append(f"it is not indexed: it lies in a range no index file covers (offsets {g.first_offset}.."
-                          f"{g.last_offset}, store times {g.first_timestamp}..{g.last_timestamp}: {g.why})")
-        if not r["inRange"]:
-            clock = ""
-            if r["bornInRange"]:
-                clock = (f"; its born time (the producer's clock) is inside the range, but the query filters by the "
-                         f"broker's store time, which differs by {r['storeMinusBornMs']} ms")
-            causes.append(f"its store time is outside the query's range [{ex.begin}, {ex.end}]{clock}")
-        elif r["indexTimestamp"] is not None and not (ex.begin <= r["indexTimestamp"] <= ex.end):
-            causes.append(f"it is indexed at {r['indexTimestamp']}: index entries keep store time in whole seconds "
-                          f"after the file's begin time, and the query compares that rounded-down time with the range")
-        if not causes and r["foundBy"] == "index":
-            causes.append(f"it is beyond the broker's result cap: {ex.hits_in_range} index hits in the range "
-                          f"(collisions included) and the broker returns the newest {ex.cap} (maxMsgsNumBatch "
-                          f"default {MAX_MSGS_NUM_BATCH})")
-        if not causes:
-            causes.append("it was found by the scan although an index file covers its offset: the index lacks its "
-                          "entry (damaged or partly re-written index)")
-        out.append(f"{where} is not in the broker's answer: " + "; and ".join(causes))
+        if not r["inBrokerAnswer"]:
+            groups.setdefault(tuple(_causes(ex, r)), []).append(r)
+    for causes, rs in groups.items():
+        if len(rs) == 1:
+            r = rs[0]
+            who = (f"the record at offset {r['offset']} (store time {r['storeTimestamp']} = {_ts(r['storeTimestamp'])}, "
+                   f"born {r['bornTimestamp']}, store - born = {r['storeMinusBornMs']} ms) is")
+        else:
+            offs = ", ".join(str(r["offset"]) for r in rs[:8]) + (" ..." if len(rs) > 8 else "")
+            st = [r["storeTimestamp"] for r in rs]
+            skew = [r["storeMinusBornMs"] for r in rs]
+            who = (f"{len(rs)} records carrying the key (offsets {offs}; store times {min(st)}..{max(st)}, "
+                   f"store - born {min(skew)}..{max(skew)} ms) are")
+        out.append(f"{who} not in the broker's answer: " + "; and ".join(causes))
+    matching = [f["name"] for f in ex.index_files if f["matchesRange"]]
+    if not matching:
+        out.append(f"no index file's time span overlaps the query range [{ex.begin}, {ex.end}]"
+                   + (f" (index files span {ex.index_files[0]['beginTimestamp']}..{ex.index_files[-1]['endTimestamp']})"
+                      if ex.index_files else " (there are no index files)"))
     if ex.hits_in_range > ex.cap:
         out.append(f"the slot holds {ex.hits_in_range} entries with this key's hash in the range: more than the "
                    f"broker's cap {ex.cap} (maxMsgsNumBatch default {MAX_MSGS_NUM_BATCH}); older hits are not returned")

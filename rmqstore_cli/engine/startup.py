@@ -97,7 +97,7 @@ def startup_cost(store: Store, plan, rate_mbps: float | None = None) -> dict:
                                               "minTimestamp", "minTimestampIndex")},
         "consumeQueues": {"files": cq_n, "bytes": cq_bytes, "recoveryFiles": cqr_n, "recoveryBytes": cqr_bytes},
         "indexFiles": {"files": ix_n, "bytes": ix_bytes, "deletedAtStart": list(plan.index_deleted)},
-        "estimate": {"seconds": round(secs, 3), "how": how, "scanSeconds": round(scan_secs, 3),
+        "estimate": {"seconds": round(secs, 6), "how": how, "scanSeconds": round(scan_secs, 6),
                      "scanRateMBps": rate, "scanRateSource": source,
                      "note": "measured on a warm log; a log not in the page cache is read at the disk's speed"},
     }
