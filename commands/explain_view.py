@@ -51,6 +51,10 @@ def _say(text: str) -> None:
     stdout.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
+def _n(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
 def _short(text: str, width: int = 40) -> str:
     return text if len(text) <= width else text[: width // 2 - 1] + "…" + text[-(width // 2):]
 
@@ -68,8 +72,8 @@ def print_key_explanation(out: Output, ex) -> None:
     first = next(iter(d["keyHash"]))
     out.kv({"keyHash (stored)": d["keyHash"][first] if len(d["keyHash"]) == 1 else d["keyHash"],
             "slot": d["slot"][first] if len(d["slot"]) == 1 else d["slot"],
-            "broker answer": f"{len(d['brokerAnswer'])} offsets (cap {d['brokerCap']}, maxMsgsNumBatch; "
-                             f"{d['hitsInRange']} same-hash hits in range)",
+            "broker answer": f"{_n(len(d['brokerAnswer']), 'offset')} (cap {d['brokerCap']}, maxMsgsNumBatch; "
+                             f"{_n(d['hitsInRange'], 'same-hash hit')} in range)",
             "entries in the slot": f"{d['slotEntries']} (all keys, all times)",
             "other keys in the slot": ", ".join(_short(k) for k in d["slotOtherKeys"][:3])
                                       + (" ..." if len(d["slotOtherKeys"]) > 3 else ""),
@@ -137,8 +141,8 @@ def startup_lines(cost: dict) -> list[str]:
         lines.append(f"  re-dispatch: {cost['dispatchRecords']} records ({cost['dispatchBytes']} bytes) into consume "
                      f"queues and index ({cost['dispatchRule']})")
     cq, ix = cost["consumeQueues"], cost["indexFiles"]
-    lines.append(f"  loads {cq['files']} consume-queue files ({cq['bytes']} bytes; recovery reads the last "
-                 f"{cq['recoveryFiles']} of them: {cq['recoveryBytes']} bytes) and {ix['files']} index files "
+    lines.append(f"  loads {cq['files']} consume-queue files ({cq['bytes']} bytes; recovery reads the last three of "
+                 f"each queue: {cq['recoveryFiles']} files, {cq['recoveryBytes']} bytes) and {ix['files']} index files "
                  f"({ix['bytes']} bytes{'; ' + str(len(ix['deletedAtStart'])) + ' deleted and re-indexed' if ix['deletedAtStart'] else ''})")
     est = cost["estimate"]
     lines.append(f"  estimate: ~{_secs(est['seconds'])} ({est['how']})")

@@ -449,8 +449,9 @@ def _reasons(store: Store, ex: KeyExplanation) -> list[str]:
         names = sorted({k for c in ex.collisions for k in c["otherKeys"]})
         one = len(ex.collisions) == 1
         out.append(f"{len(ex.collisions)} index entr{'y' if one else 'ies'} with the same slot and "
-                   f"stored hash belong{'s' if one else ''} to other keys ({', '.join(names[:8])}): the broker returns them, its client "
-                   f"drops them; they count against the cap")
+                   f"stored hash belong{'s' if one else ''} to other keys ({', '.join(names[:8])}): the broker returns "
+                   f"{'it' if one else 'them'}, its client drops {'it' if one else 'them'}; "
+                   f"{'it counts' if one else 'they count'} against the cap")
     if ex.stale_hits:
         out.append(f"{len(ex.stale_hits)} index entr{'y' if len(ex.stale_hits) == 1 else 'ies'} for this hash point "
                    f"to no record ({ex.stale_hits[0]['why']})")
