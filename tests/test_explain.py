@@ -349,3 +349,18 @@ def test_dump_store_shows_startup_cost():
     assert d["startupCost"] == plan["startupCost"]
     assert d["startupCost"]["mode"] == "normal" and d["startupCost"]["estimate"]["scanRateMBps"] == 223
     assert "next broker start" in run("dump", "store", root).stdout
+
+
+def test_explain_and_startup_cost_leave_a_writable_store_untouched(store_copy):
+    """On a writable copy (a write would succeed): --explain, recover --dry-run and dump store change nothing."""
+    name = "4.9.3-crash"
+    root = store_copy(name)
+    rec = single_record_uniq_key(name)
+    before = tree_digest(root)
+    for args in (["index", "query", root, "--topic", rec["msg"]["topic"], "--key", rec["dispatch"]["uniqKey"], "--explain"],
+                 ["get", root, "--msg-id", rec["msg"]["msgId"], "--explain"],
+                 ["get", root, "--uniq-key", rec["dispatch"]["uniqKey"], "--explain", "--json"],
+                 ["recover", root, "--dry-run"], ["dump", "store", root]):
+        r = run(*args)
+        assert r.exit_code in (0, 1), (args, r.output)
+    assert tree_digest(root) == before
