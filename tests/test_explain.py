@@ -364,3 +364,24 @@ def test_explain_and_startup_cost_leave_a_writable_store_untouched(store_copy):
         r = run(*args)
         assert r.exit_code in (0, 1), (args, r.output)
     assert tree_digest(root) == before
+
+
+def test_result_cap_is_named_when_hits_outnumber_it():
+    """--max plays the broker's maxNum (capped at maxMsgsNumBatch 64): hits beyond it are explained by the cap."""
+    name = "4.9.3-clean"
+    by_key: dict = {}
+    for r in records(name):
+        if r["msg"]["sysFlag"] & 0xC == 0xC:
+            continue  # the broker never indexes a rollback record
+        for k in set(keys_of(r)):
+            by_key.setdefault((r["msg"]["topic"], k), []).append(r["offset"])
+    (topic, key), offsets = max(by_key.items(), key=lambda kv: len(kv[1]))
+    assert len(offsets) >= 3
+    r = run("index", "query", shared_store(name), "--topic", topic, "--key", key, "--max", 2, "--explain", "--json")
+    (ex,) = [o for o in json_lines(r.stdout) if o["type"] == "explain-key"]
+    assert ex["brokerCap"] == 2 and ex["capped"] and ex["hitsInRange"] >= len(offsets)
+    assert sorted(x["offset"] for x in ex["records"]) == sorted(offsets)
+    assert sum(x["inBrokerAnswer"] for x in ex["records"]) <= 2
+    missing = [x["offset"] for x in ex["records"] if not x["inBrokerAnswer"]]
+    assert len(missing) >= len(offsets) - 2
+    assert any("result cap" in s and str(missing[0]) in s for s in ex["reasons"])
