@@ -19,7 +19,7 @@ from rmqstore_cli.engine.errors import EXIT_CORRUPT, NotFoundError, StoreCorrupt
 
 from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
                      parse_time_option)
-from .output import Output, handle_errors, iso_ms, progress, warn
+from .output import Output, handle_errors, iso_ms, progress, stdout, warn
 
 dump_app = typer.Typer(help="Print the records of one part of a store (read-only).", no_args_is_help=True)
 
@@ -398,11 +398,13 @@ def dump_store(
             for chunk in st.commitlog.scan(check_crc=False, result=res):
                 advance(int(chunk.headers.totalSize.sum()))
         obj = _store_summary(st, res)
+        obj["startupCost"] = _startup_cost(st)
         out = Output(json_)
         if json_:
             out.line(obj)
             return
-        flat = {k: v for k, v in obj.items() if k not in ("queues", "indexFiles", "geometry", "commitlogFiles")}
+        flat = {k: v for k, v in obj.items() if k not in ("queues", "indexFiles", "geometry", "commitlogFiles",
+                                                           "startupCost")}
         flat["commitlogFiles"] = f"{len(obj['commitlogFiles'])} ({obj['commitlogFiles'][0]} .. {obj['commitlogFiles'][-1]})" \
             if obj["commitlogFiles"] else "none"
         for k, g in obj["geometry"].items():
@@ -411,6 +413,21 @@ def dump_store(
         out.table(obj["queues"], [("topic", "topic"), ("queueId", "q"), ("minOffset", "min"), ("maxOffset", "max"),
                                   ("maxPhysicOffset", "maxPhysicOffset"), ("files", "files")], title="consume queues")
         out.table(obj["indexFiles"], INDEX_COLUMNS, title="index files")
+        from .explain_view import startup_lines
+
+        for line in startup_lines(obj["startupCost"]):
+            stdout.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _startup_cost(st) -> dict:
+    """The broker's next start on this store (engine.startup via the recovery plan); {} if it cannot be planned."""
+    from rmqstore_cli.engine.errors import RmqStoreError
+    from rmqstore_cli.engine.recovery import plan_recovery
+
+    try:
+        return plan_recovery(st).startup_cost or {}
+    except RmqStoreError as e:
+        return {"error": str(e)}
 
 
 def _store_summary(st, res) -> dict:

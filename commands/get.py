@@ -40,6 +40,9 @@ def get(
     body: str = typer.Option("text", "--body", help="hex|text|base64|raw|none (raw: the bytes on stdout)."),
     out_file: Optional[str] = typer.Option(None, "--out", help="Write the raw body bytes to FILE."),
     no_scan: bool = typer.Option(False, "--no-scan", help="--uniq-key: do not fall back to a commitlog scan."),
+    explain: bool = typer.Option(False, "--explain", help="With --msg-id or --uniq-key: say why the message is (not) "
+                                 "found: the offset a msgId decodes to (expired, past the end, not a record), or "
+                                 "for a UNIQ_KEY the index evidence as `index query --explain` shows it."),
     json_: bool = JsonOpt,
     geometry: Geometry = None,
 ):
@@ -54,9 +57,14 @@ def get(
         fail("give exactly one of --offset, --msg-id, --uniq-key or --topic T --queue Q --queue-offset N|--time T")
     if by_queue and (topic is None or queue is None or (queue_offset is None) == (time is None)):
         fail("--topic and --queue go with one of --queue-offset or --time")
+    if explain and msg_id is None and uniq_key is None:
+        fail("--explain goes with --msg-id or --uniq-key")
     time_ms = parse_time_option(time, "--time")
     st = open_store(store, geometry)
     with st:
+        if explain:
+            _explain(st, Output(json_), msg_id, uniq_key, topic)
+            return
         if offset is not None:
             msgs = [get_by_offset(st, offset)]
         elif msg_id is not None:
@@ -88,6 +96,26 @@ def get(
         out = Output(json_)
         for m in msgs:
             _print(out, m, body, json_)
+
+
+def _explain(st, out: Output, msg_id: Optional[str], uniq_key: Optional[str], topic: Optional[str]) -> None:
+    """Exit 0 when the message is there (and, for a UNIQ_KEY, answered by the index), else 1."""
+    from rmqstore_cli.engine.errors import EXIT_FINDINGS
+    from rmqstore_cli.engine.explain import explain_key, explain_msgid
+
+    from .explain_view import print_key_explanation, print_msgid_explanation, scan_progress
+
+    if msg_id is not None:
+        d = explain_msgid(st, msg_id.strip())
+        print_msgid_explanation(out, d)
+        found = d["status"] == "found"
+    else:
+        with scan_progress("scanning commitlog ranges no index file covers") as advance:
+            ex = explain_key(st, topic, uniq_key.strip(), uniq_only=True, progress=advance)
+        print_key_explanation(out, ex)
+        found = any(r["inBrokerAnswer"] for r in ex.records)
+    if not found:
+        raise typer.Exit(EXIT_FINDINGS)
 
 
 def _print(out: Output, msg: dict, body: str, as_json: bool) -> None:

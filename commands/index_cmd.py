@@ -41,6 +41,10 @@ def index_query(
     max_: Optional[int] = typer.Option(None, "--max", help="At most N index hits (the broker caps at 64; we do not unless asked)."),
     raw: bool = typer.Option(False, "--raw", help="Exactly the broker's answer: offsets sorted ascending, hash collisions included."),
     scan: bool = typer.Option(False, "--scan", help="Ignore the index: scan the commitlog for records carrying the key."),
+    explain: bool = typer.Option(False, "--explain", help="Say why the answer is what it is: the records carrying the key "
+                                 "(index chains, then a scan of what no index file covers), index files and gaps, "
+                                 "time window, collisions, the broker's cap. Exit 1 when the broker's answer holds no "
+                                 "record carrying the key."),
     json_: bool = JsonOpt,
     geometry: Geometry = None,
 ):
@@ -54,6 +58,9 @@ def index_query(
     st = open_store(store, geometry)
     out = Output(json_)
     with st:
+        if explain:
+            _explain(st, out, topic, key, b, e, max_)
+            return
         if scan:
             msgs = scan_for_key(st, topic, key, b, e, max_)
             rows = [dict(_row(m), source="scan") for m in msgs]
@@ -86,6 +93,18 @@ def index_query(
                  f"{', '.join(map(str, ans.unreadable[:10]))}")
         if not (ans.offsets if raw else ans.matches):
             raise typer.Exit(EXIT_FINDINGS)
+
+
+def _explain(st, out: Output, topic: str, key: str, begin: int, end: int, max_num) -> None:
+    from rmqstore_cli.engine.explain import explain_key
+
+    from .explain_view import print_key_explanation, scan_progress
+
+    with scan_progress("scanning commitlog ranges no index file covers") as advance:
+        ex = explain_key(st, topic, key, begin, end, max_num, progress=advance)
+    print_key_explanation(out, ex)
+    if not any(r["inBrokerAnswer"] for r in ex.records):
+        raise typer.Exit(EXIT_FINDINGS)
 
 
 def register(app: typer.Typer, panel: str | None = None) -> None:

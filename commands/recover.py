@@ -10,6 +10,7 @@ from rmqstore_cli.engine.errors import EXIT_CLEAN, EXIT_FINDINGS, StoreInUseErro
 from rmqstore_cli.engine.recovery import plan_recovery
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
+from .explain_view import print_next_start, startup_lines
 from .output import Output, handle_errors, stderr
 
 ACTION_COLUMNS = [("action", "action"), ("path", "file"), ("offset", "offset"), ("why", "why")]
@@ -37,6 +38,8 @@ def print_plan(out: Output, plan, title: str) -> None:
         say(f"  after the bad record at {s['badOffset']}: {s['validRecordsAfter']} valid records in "
             f"[{s['firstValidAfter']}, {s['endOfValidAfter']}) -- run `rmqstore salvage` first "
             f"(or --keep-valid-after to copy them into the backup folder before the cut)")
+    for line in startup_lines(plan.startup_cost or {}):
+        say(f"  {line}")
     d = plan.dispatch
     if d:
         say(f"  re-dispatch: broker from {d['brokerFrom']} ({d['brokerRule']}); ours [{d['from']}, {d['to']}): "
@@ -98,7 +101,9 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
                  f"(undo with: rmqstore restore {backup.dir})", markup=False, highlight=False)
     if json_:
         out.line({"type": "applied", "backup": backup.dir, "steps": res.steps, "dispatch": res.dispatch})
-    return run_verify(root, config, out, json_)
+    code = run_verify(root, config, out, json_)
+    print_next_start(out, root, plan.version, plan.startup_cost)  # what the broker's next start reads now
+    return code
 
 
 def run_verify(root: str, config, out: Output, json_: bool) -> int:

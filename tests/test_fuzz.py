@@ -112,6 +112,10 @@ def case_commands(rng: random.Random, name: str, root: str, facts: Facts, dmg: f
     if small or rng.random() < 0.25:
         cmds.append(("stats", ["stats", "--json", root]))
     cmds.append(("recover", ["recover", "--dry-run", root]))
+    if small:  # --explain walks what the index does not cover; no rng draw, so other cases are unchanged
+        if qkey:
+            cmds.append(("index query", ["index", "query", "--json", "--explain", "--topic", qkey[0], "--key", qkey[1], root]))
+        cmds.append(("get", ["get", "--json", "--explain", "--msg-id", rec[2]["msgId"], root]))
     return [(n, a) for n, a in cmds if n in available]
 
 

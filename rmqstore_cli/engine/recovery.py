@@ -98,6 +98,7 @@ class RecoveryPlan:
     salvage: dict | None = None
     summary: dict = field(default_factory=dict)
     queues: dict = field(default_factory=dict)
+    startup_cost: dict | None = None  # engine.startup: what the next start reads (recover plans only)
 
     @property
     def repairs(self) -> list:
@@ -117,7 +118,7 @@ class RecoveryPlan:
             "checkpointBefore": self.checkpoint_before, "checkpointAfter": self.checkpoint_after,
             "salvage": self.salvage, "actions": [a.as_json() for a in self.actions],
             "summary": self.summary, "exitCode": self.exit_code,
-        }
+        } | ({"startupCost": self.startup_cost} if self.startup_cost is not None else {})
 
 
 def _nonzero_after(path: str, pos: int) -> bool:
@@ -677,8 +678,12 @@ def _units(seg, file_size: int) -> np.ndarray:
 
 def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after: bool = False) -> RecoveryPlan:
     """The broker's next start, as a plan (nothing is changed)."""
+    from .startup import startup_cost
+
     v = version or store.config.version
-    return Planner(store, v, keep_valid_after=keep_valid_after).run()
+    plan = Planner(store, v, keep_valid_after=keep_valid_after).run()
+    plan.startup_cost = startup_cost(store, plan)
+    return plan
 
 
 def plan_truncate(store: Store, offset: int, version: int | None = None) -> RecoveryPlan:
