@@ -7,10 +7,12 @@ from typing import Optional
 
 import typer
 
+from rmqstore_cli.engine.offsets import offsets_for_stats
 from rmqstore_cli.engine.stats import compute_stats
 
 from .common import (CommitLogSizeOpt, ConfigOpt, CqSizeOpt, IndexEntriesOpt, IndexSlotsOpt, JsonOpt, StoreArg,
                      VersionOpt, open_store)
+from .offsets_cmd import print_offsets_audit
 from .output import Output, handle_errors, stdout
 
 QUEUE_COLUMNS = [
@@ -54,6 +56,8 @@ def stats(
     st = open_store(store, config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries)
     with st:
         s = compute_stats(st)
+        offsets = offsets_for_stats(st)  # consumer offsets audit (#16)
+    s.update(offsets)
     out = Output(json_)
     if json_:
         out.line(s)
@@ -78,6 +82,7 @@ def stats(
         out.table(lagging, LAG_COLUMNS, title="consume queues behind the commitlog")
     else:
         stdout.print("consume queues: none behind the commitlog", markup=False)
+    print_offsets_audit(out, offsets)
     _histogram(s["sizeHistogram"])
     _timeline(s["timeline"])
 

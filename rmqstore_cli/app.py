@@ -27,6 +27,7 @@ def _register() -> None:
     from commands import truncate; truncate.register(app)  # noqa: E702 truncate (#8)
     from commands import rebuild; rebuild.register(app)  # noqa: E702 rebuild (#8)
     from commands import spark_cmd; spark_cmd.register(app)  # noqa: E702 spark (#5)
+    from commands import offsets_cmd; offsets_cmd.register(app)  # noqa: E702 consumer offsets, config/*.json (#16)
 
 
 _register()

@@ -260,7 +260,9 @@ def _age(bak: FileCopy, main: FileCopy) -> str:
     if main.mtime_ms is None:
         return f"at {bak.mtime_ms} ms"
     d = (main.mtime_ms - bak.mtime_ms) / 1000
-    if d >= 0:
+    if abs(d) < 1:
+        return "within a second of the main file"
+    if d > 0:
         return f"{d:.0f} s before the main file: offsets committed after it are lost"
     return f"{-d:.0f} s after the main file"
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from formats import fastjson
 
-from .configfiles import (CONFIG_FILES, CONSUMER_OFFSETS, DELAY_OFFSETS, GROUPS, TABLE, TOPICS, ConfigFile, FileCopy,
-                          consumer_offsets, delay_offsets, read_config, write_config_file)
+from .configfiles import (CONFIG_FILES, CONSUMER_OFFSETS, DELAY_OFFSETS, TABLE, TOPICS, ConfigFile, FileCopy, read_config,
+                          write_config_file)
 from .errors import UsageError
 from .offsets import SCHEDULE_TOPIC, all_bounds, next_pull
 from .timesearch import offset_by_time
@@ -167,8 +167,8 @@ def plan_config_repair(store, *, clamp_offsets: bool = False, files: dict | None
             age = ""
             if cf.bak.mtime_ms is not None and cf.main.mtime_ms is not None:
                 d = (cf.main.mtime_ms - cf.bak.mtime_ms) / 1000
-                age = (f"; .bak is {d:.0f} s older than the main file: changes made after it are lost" if d > 0 else
-                       f"; .bak is {-d:.0f} s newer than the main file" if d < 0 else "")
+                age = (f"; .bak is {d:.0f} s older than the main file: changes made after it are lost" if d >= 1 else
+                       f"; .bak is {-d:.0f} s newer than the main file" if d <= -1 else "")
             plan.changes.append(FileChange(name, "restore-from-bak", f"{name} {state}; {name}.bak decodes (the broker "
                                            f"would load it){age}", cf.bak.value))
         else:

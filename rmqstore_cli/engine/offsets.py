@@ -208,14 +208,49 @@ def consumer_impact(entries: list[OffsetEntry], before: dict, after: dict, versi
     return out
 
 
-def plan_consumer_impact(store, plan, files: dict | None = None) -> dict:
-    """Consumer impact of a recover/truncate plan on this store (the one engine entry the commands call)."""
+@dataclass
+class QueuesAfter:
+    """A plan-like view of queue bounds measured after a change (``rebuild`` applies without a plan)."""
+
+    version: int
+    summary: dict
+
+
+def measured_after(store) -> QueuesAfter:
+    return QueuesAfter(store.config.version, {"queues": [{"topic": t, "queueId": q, "minOffset": b.min, "maxOffset": b.max}
+                                                         for (t, q), b in all_bounds(store).items()]})
+
+
+def plan_consumer_impact(store, plan, files: dict | None = None, before: dict | None = None) -> dict:
+    """Consumer impact of a recover/truncate plan (or a :class:`QueuesAfter`) on this store: the one engine
+    entry the commands call. ``before`` defaults to the store's queue bounds now."""
     files = files if files is not None else read_config(store.root)
     co = files[CONSUMER_OFFSETS]
     entries = consumer_offsets(co)
     if not entries:
         return {"type": "consumer-impact", "offsetsFile": None if co.source is None else co.name, "groups": []}
-    before = all_bounds(store)
+    before = before if before is not None else all_bounds(store)
     after = bounds_after_plan(before, plan)
     return {"type": "consumer-impact", "offsetsFile": co.name,
             "groups": consumer_impact(entries, before, after, plan.version)}
+
+
+def add_config_audit(store, result) -> None:
+    """Adds the config-file and consumer-offset findings to a :class:`VerifyResult` (the ``verify`` command)."""
+    from .configfiles import config_findings
+    from .verify_records import SEVERITY_ORDER
+
+    files = read_config(store.root)
+    extra = config_findings(files) + audit_offsets(store, files).findings
+    if not extra:
+        return
+    result.findings += extra
+    result.findings.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), f.path or "",
+                                        f.offset if f.offset is not None else -1, f.code))
+    result.summary["findings"] = {s: sum(1 for f in result.findings if f.severity == s) for s in ("error", "warning", "info")}
+
+
+def offsets_for_stats(store) -> dict:
+    """The ``stats`` report's consumer part: ``consumerOffsets`` (one row per group/topic/queue) and ``delayOffsets``."""
+    a = audit_offsets(store)
+    return {"consumerOffsets": a.rows, "delayOffsets": a.delay_rows, "consumerOffsetsFile": a.offsets_source}
