@@ -18,7 +18,7 @@ from .configfiles import (CONFIG_FILES, CONSUMER_OFFSETS, DELAY_OFFSETS, TABLE, 
                           write_config_file)
 from .errors import UsageError
 from .offsets import SCHEDULE_TOPIC, all_bounds, next_pull
-from .timesearch import offset_by_time
+from .timesearch import TimeSearch
 
 
 @dataclass
@@ -244,6 +244,7 @@ def plan_offsets_set(store, group: str, topic: str, queue: int | None, *, to_off
         raise UsageError(f"topic {topic} has no queues on disk and group {group} has no offsets for it")
     plan = ConfigPlan(store.root)
     new = dict(current)
+    search = TimeSearch(store, version) if to_time is not None else None
     for q in queues:
         b = bounds.get((topic, q))
         lo, hi = (b.min, b.max) if b else (0, 0)
@@ -254,7 +255,7 @@ def plan_offsets_set(store, group: str, topic: str, queue: int | None, *, to_off
         elif to_max:
             target = hi
         else:
-            target = offset_by_time(store, topic, q, to_time, version) if b else 0
+            target = search.offset(topic, q, to_time) if b else 0
         old_key = next((k for k in current if int(k) == q), q)
         before = current.get(old_key)
         new[old_key] = target

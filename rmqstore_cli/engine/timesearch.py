@@ -83,19 +83,30 @@ def _unit(seg, pos: int) -> tuple[int, int]:
     return struct.unpack_from(">qi", seg.buffer(), pos)
 
 
+class TimeSearch:
+    """getOffsetInQueueByTime over one opened store (the commitlog's end is found once)."""
+
+    def __init__(self, store, version: int | None = None):
+        self.store = store
+        self.version = version or store.config.version
+        self.reader = _Reader(store, self.version)
+
+    def offset(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """The queue offset DefaultMessageStore.getOffsetInQueueByTime returns for this queue and time (ms)."""
+        b = queue_bounds(self.store, topic, queue_id)
+        files, file_size = _files(self.store, topic, queue_id, b.max)
+        if not files:
+            return 0
+        min_logic = b.min * UNIT
+        if self.version < 5:
+            return _search_493(files, self.reader, min_logic, timestamp)
+        r = _search_533(files, file_size, self.reader, min_logic, timestamp)
+        return min(max(r, b.min), b.max)
+
+
 def offset_by_time(store, topic: str, queue_id: int, timestamp: int, version: int | None = None) -> int:
-    """The queue offset DefaultMessageStore.getOffsetInQueueByTime returns for this queue and time (ms)."""
-    version = version or store.config.version
-    b = queue_bounds(store, topic, queue_id)
-    files, file_size = _files(store, topic, queue_id, b.max)
-    if not files:
-        return 0
-    rd = _Reader(store, version)
-    min_logic = b.min * UNIT
-    if version < 5:
-        return _search_493(files, rd, min_logic, timestamp)
-    r = _search_533(files, file_size, rd, min_logic, timestamp)
-    return min(max(r, b.min), b.max)
+    """One search (see :class:`TimeSearch` for many on one store)."""
+    return TimeSearch(store, version).offset(topic, queue_id, timestamp)
 
 
 def _search_493(files, rd: _Reader, min_logic: int, ts: int) -> int:
