@@ -346,8 +346,9 @@ class WriteResult:
 
 def write_config_file(root: str, name: str, value, *, backup=None, keep_previous_as_bak: bool = True) -> WriteResult:
     """Persist ``value`` like ConfigManager.persist (MixAll.string2File): ``FILE.tmp`` written, the previous
-    content kept as ``FILE.bak`` (only when it decodes, so a good ``.bak`` is never replaced by garbage),
-    then ``FILE.tmp`` renamed over ``FILE``; each step fsynced. Every file about to change is first saved
+    content kept as ``FILE.bak`` (only when it decodes, so a good ``.bak`` is never replaced by garbage; a
+    ``.bak`` that does not decode gets the new content), then ``FILE.tmp`` renamed over ``FILE``; each step
+    fsynced. Every file about to change is first saved
     into ``backup`` (an :class:`~rmqstore_cli.engine.backup.Backup`), a file created is journaled so
     ``restore`` removes it. The caller holds the store's lock."""
     d = config_dir(root)
@@ -369,6 +370,11 @@ def write_config_file(root: str, name: str, value, *, backup=None, keep_previous
             _write_durable(bak, f.read())
         res.bak_written = True
         res.steps.append(f"kept the previous {name} as {name}.bak")
+    elif (os.path.exists(bak) or prev.exists) and not read_copy(bak).usable:
+        # a .bak the broker cannot decode makes its load fail the day the main file is damaged again
+        _write_durable(bak, data)
+        res.bak_written = True
+        res.steps.append(f"wrote {name}.bak with the same content (the old one did not decode)")
     os.replace(tmp, path)
     _fsync_dir(d)
     res.steps.append(f"wrote {name} ({len(data)} bytes, the broker's format)")
