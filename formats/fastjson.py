@@ -57,11 +57,15 @@ _IDENT_START = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_$%")
 _IDENT_PART = _IDENT_START | set("0123456789-|@.")
 
 
+MAX_DEPTH = 256  # config files nest 4 deep; deeper is damage, refused before Python's recursion limit
+
+
 class _Parser:
     def __init__(self, text: str):
         self.s = text
         self.n = len(text)
         self.i = 0
+        self.depth = 0
 
     def fail(self, msg: str, pos: int | None = None):
         raise FastjsonError(msg, self.s, self.i if pos is None else pos)
@@ -80,10 +84,14 @@ class _Parser:
 
     def value(self):
         c = self.peek()
-        if c == "{":
-            return self.obj()
-        if c == "[":
-            return self.arr()
+        if c in "{[":
+            if self.depth >= MAX_DEPTH:
+                self.fail(f"nested more than {MAX_DEPTH} levels deep")
+            self.depth += 1
+            try:
+                return self.obj() if c == "{" else self.arr()
+            finally:
+                self.depth -= 1
         if c in "\"'":
             return self.string()
         if c == "-" or c.isdigit():
@@ -125,7 +133,13 @@ class _Parser:
         if c == "-" or c.isdigit():
             return self.number()
         if c == "{":
-            v = self.obj()
+            if self.depth >= MAX_DEPTH:
+                self.fail(f"nested more than {MAX_DEPTH} levels deep")
+            self.depth += 1
+            try:
+                v = self.obj()
+            finally:
+                self.depth -= 1
             return ObjectKey(_compact(v), v)
         if c in _IDENT_START:
             start = self.i
