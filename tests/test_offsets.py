@@ -443,3 +443,23 @@ def test_damaged_config_files_never_crash_a_command(store_copy):
         for n in list(os.listdir(base / "config")):
             if n.endswith(".bak") and n[:-4] in originals:
                 os.unlink(base / "config" / n)
+
+
+@pytest.mark.parametrize("name,version", VERSIONED)
+def test_delay_offsets_rebuilt_from_what_the_schedule_queue_proves_delivered(store_copy, name, version):
+    """A scheduled message is delivered by re-putting it under its REAL_TOPIC with the same UNIQ_KEY; the first
+    message without such a copy is where the level's offset restarts."""
+    root = store_copy(name)
+    write_config(root, name, version)
+    sched = sorted((e for e in broker_read(name)["cqe"] if e["topic"] == "SCHEDULE_TOPIC_XXXX"),
+                   key=lambda e: e["queueOffset"])
+    delivered = 5
+    for e in sched[:delivered]:
+        p = e["msg"]["properties"]
+        r = run("append", "--topic", p["REAL_TOPIC"], "--queue", p["REAL_QID"], "--body", "delivered",
+                "--property", f"UNIQ_KEY={p['UNIQ_KEY']}", root)
+        assert r.exit_code == 0, r.stderr
+    (root / "config" / "delayOffset.json").write_bytes(b"\x00" * 40)
+    r = run("repair", "config", "--backup-dir", root.parent / "bk", root)
+    assert r.exit_code == 0, r.stderr
+    assert fastjson.loads((root / "config" / "delayOffset.json").read_text())["offsetTable"] == {18: delivered}

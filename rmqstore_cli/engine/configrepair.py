@@ -17,7 +17,7 @@ from formats import fastjson
 from .configfiles import (CONFIG_FILES, CONSUMER_OFFSETS, DELAY_OFFSETS, TABLE, TOPICS, ConfigFile, FileCopy, read_config,
                           write_config_file)
 from .errors import UsageError
-from .offsets import SCHEDULE_TOPIC, all_bounds, next_pull
+from .offsets import SCHEDULE_TOPIC, all_bounds, delivered_prefix, next_pull
 from .timesearch import TimeSearch
 
 
@@ -117,9 +117,9 @@ def _rebuild(store, cf: ConfigFile, bounds: dict, clamp: bool, notes: list) -> F
                 continue
         for (t, q), b in sorted(bounds.items()):
             if t == SCHEDULE_TOPIC and (q + 1) not in levels:
-                levels[q + 1] = b.min
-                details.append(f"delay level {q + 1}: no offset left; set to the schedule queue's min {b.min} "
-                               "(messages still in the queue are delivered, some possibly again)")
+                off, how = delivered_prefix(store, q + 1, b.min, b.max)
+                levels[q + 1] = off
+                details.append(f"delay level {q + 1}: no offset left; {off} = {how} (schedule queue [{b.min}, {b.max}])")
         for lv, off in list(levels.items()):
             b = bounds.get((SCHEDULE_TOPIC, lv - 1))
             if b is not None and not b.min <= off <= b.max:
