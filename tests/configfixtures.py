@@ -44,7 +44,11 @@ def consumer_offsets_text(name: str, version: int) -> tuple[str, dict]:
         f'\t\t"{A}@group_a":{a},',
         f'\t\t"{B}@group_a":{{0:{cases["above_max"][3]},1:{mx[(B, 1)]}\n\t\t}},',
         '\t\t"GoneTopic@group_gone":{0:42\n\t\t},',
-        f'\t\t"{A}@group_b":{{0:0,9:3\n\t\t}}',
+        f'\t\t"{A}@group_b":{{0:0,9:3\n\t\t}}' + (',' if version >= 5 else ''),
+    ]
+    if version >= 5:  # BroadcastOffsetManager commits under "topic@group@broadcast"
+        lines.append(f'\t\t"{A}@group_bc@broadcast":{{0:10\n\t\t}}')
+    lines += [
         '\t}',
         '}',
     ]

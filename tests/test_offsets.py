@@ -101,7 +101,15 @@ def test_verify_and_stats_report_the_offsets(store_copy, name, version):
     s = run("stats", "--json", root)
     assert s.exit_code == 0
     st = json.loads(s.stdout)
-    assert len(st["consumerOffsets"]) == 9 and st["consumerOffsetsFile"].endswith("consumerOffset.json")
+    assert len(st["consumerOffsets"]) == (9 if version < 5 else 10) and st["consumerOffsetsFile"].endswith("consumerOffset.json")
+    if version >= 5:
+        bc = row(st["consumerOffsets"], "group_bc", A, 0)
+        assert (bc["suffix"], bc["committed"], bc["nextPull"]) == ("broadcast", 10, "none")
+    cfgs = {o["file"]: o for o in lines(run("dump", "config", "--json", root), "config-file")}
+    assert cfgs["consumerOffset.json"]["brokerLoads"] == "main"
+    std = cfgs["consumerOffset.json"]["content"]["offsetTable"][f"{A}@group_a"]  # standard JSON: keys are strings
+    assert std == {str(k): v for k, v in fastjson.loads((root / "config" / "consumerOffset.json").read_text())
+                   ["offsetTable"][f"{A}@group_a"].items()}
     tbl = run("stats", root)
     assert "consumer offsets" in tbl.stdout and "move to" in tbl.stdout
 
@@ -436,6 +444,7 @@ def test_damaged_config_files_never_crash_a_command(store_copy):
         before = tree_digest(base)
         for args in (["verify", "--json", "--no-crc"], ["dump", "offsets", "--json"], ["dump", "config", "--json"],
                      ["dump", "config"], ["stats", "--json"], ["repair", "config", "--dry-run"],
+                     ["repair", "config", "--dry-run", "--clamp-offsets"],
                      ["offsets", "set", "--group", "g", "--topic", A, "--to-min", "--dry-run"]):
             r = run(*args, base)
             assert not fuzzlib.problems_of(r, {0, 1, 3}), (case, args, r.stderr[-500:])

@@ -37,7 +37,7 @@ def config_dir(root: str) -> str:
     return os.path.join(root, "config")
 
 
-def _as_long(v) -> int | None:
+def as_long(v) -> int | None:
     """A Java long as fastjson reads one (a number, or a numeric string)."""
     if isinstance(v, bool):
         return None
@@ -45,7 +45,7 @@ def _as_long(v) -> int | None:
         return v if -(1 << 63) <= v < (1 << 63) else None
     if isinstance(v, str):
         try:
-            return _as_long(int(v.strip()))
+            return as_long(int(v.strip()))
         except ValueError:
             return None
     return None
@@ -65,10 +65,10 @@ def shape_problem(name: str, value) -> str | None:
             if not isinstance(v, dict):
                 return f"{TABLE[name]}[{k!r}] is not an object of queue offsets"
             for q, off in v.items():
-                if _as_long(q) is None or _as_long(off) is None and off is not None:
+                if as_long(q) is None or as_long(off) is None and off is not None:
                     return f"{TABLE[name]}[{k!r}] has a non-numeric queue id or offset ({q!r}: {off!r})"
         elif name == DELAY_OFFSETS:
-            if _as_long(k) is None or (_as_long(v) is None and v is not None):
+            if as_long(k) is None or (as_long(v) is None and v is not None):
                 return f"offsetTable has a non-numeric delay level or offset ({k!r}: {v!r})"
         elif not isinstance(v, dict):
             return f"{TABLE[name]}[{k!r}] is not an object"
@@ -290,7 +290,7 @@ def consumer_offsets(cf: ConfigFile) -> list[OffsetEntry]:
         topic, _, rest = key.partition(TOPIC_GROUP_SEPARATOR)
         group, _, suffix = rest.partition(TOPIC_GROUP_SEPARATOR)
         for q, off in queues.items():
-            qi, oi = _as_long(q), _as_long(off)
+            qi, oi = as_long(q), as_long(off)
             if qi is None or oi is None:
                 continue
             out.append(OffsetEntry(key, topic, group, suffix, qi, oi))
@@ -301,7 +301,7 @@ def consumer_offsets(cf: ConfigFile) -> list[OffsetEntry]:
 def delay_offsets(cf: ConfigFile) -> dict[int, int]:
     out = {}
     for k, v in cf.table().items():
-        lk, lv = _as_long(k), _as_long(v)
+        lk, lv = as_long(k), as_long(v)
         if lk is not None and lv is not None:
             out[lk] = lv
     return dict(sorted(out.items()))
@@ -313,7 +313,7 @@ def topic_table(cf: ConfigFile) -> dict[str, dict]:
 
 def topic_queue_count(cfg: dict) -> int | None:
     """The broker accepts queue ids below max(readQueueNums, writeQueueNums) (§16)."""
-    r, w = _as_long(cfg.get("readQueueNums")), _as_long(cfg.get("writeQueueNums"))
+    r, w = as_long(cfg.get("readQueueNums")), as_long(cfg.get("writeQueueNums"))
     if r is None and w is None:
         return None
     return max(r or 0, w or 0)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from formats import fastjson
 
 from .configfiles import (CONFIG_FILES, CONSUMER_OFFSETS, DELAY_OFFSETS, TABLE, TOPICS, ConfigFile, FileCopy, read_config,
-                          write_config_file)
+                          as_long, write_config_file)
 from .errors import UsageError
 from .offsets import SCHEDULE_TOPIC, all_bounds, delivered_prefix, next_pull
 from .timesearch import TimeSearch
@@ -88,13 +88,15 @@ def _rebuild(store, cf: ConfigFile, bounds: dict, clamp: bool, notes: list) -> F
     details = [f"{len(table)} entries salvaged from the readable part of {name} and {name}.bak"]
     old = _salvage(cf.main) or _salvage(cf.bak) or {}
     if name == CONSUMER_OFFSETS:
-        table = {k: v for k, v in table.items() if isinstance(k, str) and isinstance(v, dict)}
+        # only what the broker can decode: numeric queue ids and offsets
+        table = {k: {as_long(q): as_long(o) for q, o in v.items() if as_long(q) is not None and as_long(o) is not None}
+                 for k, v in table.items() if isinstance(k, str) and isinstance(v, dict)}
         if clamp:
             for key, queues in table.items():
                 topic = key.split("@", 1)[0]
                 for q, off in list(queues.items()):
-                    b = bounds.get((topic, int(q)))
-                    if b is None or not isinstance(off, int):
+                    b = bounds.get((topic, q))
+                    if b is None:
                         continue
                     fixed = min(max(off, b.min), b.max)
                     if fixed != off:
@@ -109,12 +111,7 @@ def _rebuild(store, cf: ConfigFile, bounds: dict, clamp: bool, notes: list) -> F
         value = {"offsetTable": table} if version < 5 else {"dataVersion": _data_version(old.get("dataVersion"), version),
                                                            "offsetTable": table}
     elif name == DELAY_OFFSETS:
-        levels = {}
-        for k, v in table.items():
-            try:
-                levels[int(k)] = int(v)
-            except (TypeError, ValueError):
-                continue
+        levels = {as_long(k): as_long(v) for k, v in table.items() if as_long(k) is not None and as_long(v) is not None}
         for (t, q), b in sorted(bounds.items()):
             if t == SCHEDULE_TOPIC and (q + 1) not in levels:
                 off, how = delivered_prefix(store, q + 1, b.min, b.max)
@@ -129,6 +126,7 @@ def _rebuild(store, cf: ConfigFile, bounds: dict, clamp: bool, notes: list) -> F
         if version >= 5:
             value = {"dataVersion": _data_version(old.get("dataVersion"), version), **value}
     elif name == TOPICS:
+        table = {k: v for k, v in table.items() if isinstance(k, str) and isinstance(v, dict)}
         queues: dict = {}
         for t, q in bounds:
             queues[t] = max(queues.get(t, 0), q + 1)
@@ -139,6 +137,7 @@ def _rebuild(store, cf: ConfigFile, bounds: dict, clamp: bool, notes: list) -> F
                 details.append(f"topic {t}: {n} queues (from consumequeue/), perm 6, the broker's defaults otherwise")
         value = {"dataVersion": _data_version(old.get("dataVersion"), version), "topicConfigTable": table}
     else:  # GROUPS
+        table = {k: v for k, v in table.items() if isinstance(k, str) and isinstance(v, dict)}
         for t, _ in bounds:
             if t.startswith("%RETRY%"):
                 g = t[len("%RETRY%"):]
@@ -190,9 +189,10 @@ def _clamped_offsets(co: ConfigFile, bounds: dict, version: int) -> FileChange |
             continue
         topic = key.split("@", 1)[0]
         for q, off in queues.items():
-            b = bounds.get((topic, int(q)))
-            if b is None or not isinstance(off, int):
+            b = bounds.get((topic, as_long(q)))
+            if b is None or as_long(off) is None:
                 continue
+            off = as_long(off)
             fixed = min(max(off, b.min), b.max)
             if fixed != off:
                 queues[q] = fixed

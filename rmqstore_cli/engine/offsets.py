@@ -108,12 +108,14 @@ class Audit:
 def audit_offsets(store, files: dict | None = None, bounds: dict | None = None) -> Audit:
     """Every committed offset and delay offset against its queue's bounds, with findings."""
     files = files if files is not None else read_config(store.root)
-    bounds = bounds if bounds is not None else all_bounds(store)
     version = store.config.version
     co: ConfigFile = files[CONSUMER_OFFSETS]
     tcf: ConfigFile = files[TOPICS]
     topics = topic_table(tcf) if tcf.source else None
-    disk_topics = {t for t, _ in bounds}
+    if bounds is None:  # consume queues are read only when there are offsets to check
+        bounds = all_bounds(store) if (co.source or files[DELAY_OFFSETS].source) else {}
+    on_disk = store.queues()
+    disk_topics = {t for t, _ in on_disk}
     rows, findings = [], []
     src = co.main.path if co.source == "main" else co.bak.path if co.source == "bak" else None
     for e in consumer_offsets(co):
@@ -142,7 +144,7 @@ def audit_offsets(store, files: dict | None = None, bounds: dict | None = None) 
         for t in sorted(disk_topics - set(topics)):
             if t.startswith("%LMQ%"):
                 continue  # light message queues are not topics of topics.json
-            n = sum(1 for tt, _ in bounds if tt == t)
+            n = sum(1 for tt, _ in on_disk if tt == t)
             findings.append(Finding("CFG_TOPIC_MISSING", "warning", tsrc, None,
                                     f"topic {t} has {n} queue(s) on disk but is not in topics.json: the broker refuses "
                                     "pulls for it (TOPIC_NOT_EXIST) until it is created again", {"topic": t}))
