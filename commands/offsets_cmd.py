@@ -148,6 +148,9 @@ def print_consumer_impact(out: Output, impact: dict) -> None:
         out.line(impact)
         return
     groups = impact["groups"]
+    if impact.get("error"):
+        _say(f"  consumers: {impact['error']}")
+        return
     if impact["offsetsFile"] is None:
         _say("  consumers: no config/consumerOffset.json, committed offsets unknown")
         return
@@ -158,10 +161,23 @@ def print_consumer_impact(out: Output, impact: dict) -> None:
     out.table(rows, IMPACT_COLUMNS, title="consumer groups whose committed offset goes out of range")
 
 
+def _guarded(compute) -> dict:
+    """The consumer impact never stops a repair: a failure to compute it is said, not raised."""
+    import os
+
+    try:
+        return compute()
+    except Exception as e:  # noqa: BLE001
+        if os.environ.get("RMQSTORE_DEBUG"):
+            raise
+        return {"type": "consumer-impact", "offsetsFile": None, "groups": [],
+                "error": f"consumer offsets not checked: {type(e).__name__}: {e}"}
+
+
 def plan_impact(st, plan) -> dict:
     from rmqstore_cli.engine.offsets import plan_consumer_impact
 
-    return plan_consumer_impact(st, plan)
+    return _guarded(lambda: plan_consumer_impact(st, plan))
 
 
 # --- writes ------------------------------------------------------------------------------------------
@@ -319,10 +335,17 @@ def print_offsets_audit(out: Output, offsets: dict) -> None:
         out.table(offsets["delayOffsets"], DELAY_COLUMNS, title="delay offsets (delayOffset.json)")
 
 
-def queue_bounds_now(st) -> dict:
+def queue_bounds_now(st) -> dict | None:
+    """Queue bounds before a rebuild, read only when there are committed offsets to compare (None: none)."""
+    from rmqstore_cli.engine.configfiles import CONSUMER_OFFSETS, read_config_file
     from rmqstore_cli.engine.offsets import all_bounds
 
-    return all_bounds(st)
+    try:
+        if read_config_file(st.root, CONSUMER_OFFSETS).source is None:
+            return None
+        return all_bounds(st)
+    except Exception:  # noqa: BLE001 - the rebuild goes on; the impact then says it was not checked
+        return None
 
 
 def rebuild_impact(root: str, config, before: dict) -> dict:
@@ -330,7 +353,12 @@ def rebuild_impact(root: str, config, before: dict) -> dict:
     from rmqstore_cli.engine.offsets import measured_after, plan_consumer_impact
     from rmqstore_cli.engine.store import Store
 
-    st = Store.open(root, overrides={"version": config.version,
-                                     "mappedFileSizeConsumeQueue": config.mappedFileSizeConsumeQueue})
-    with st:
-        return plan_consumer_impact(st, measured_after(st), before=before)
+    def compute():
+        if before is None:
+            return {"type": "consumer-impact", "offsetsFile": None, "groups": []}
+        st = Store.open(root, overrides={"version": config.version,
+                                         "mappedFileSizeConsumeQueue": config.mappedFileSizeConsumeQueue})
+        with st:
+            return plan_consumer_impact(st, measured_after(st), before=before)
+
+    return _guarded(compute)
