@@ -116,8 +116,8 @@ def dump_config(
     else:
         rows = []
         for cf in files.values():
-            for copy, c in (("main", cf.main), ("bak", cf.bak)):
-                if not c.exists:
+            for copy, c in (("main", cf.main), ("bak", cf.bak), ("tmp", cf.tmp)):
+                if c is None or not c.exists:
                     continue
                 j = c.as_json()
                 err = j.get("error")

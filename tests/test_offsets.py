@@ -472,3 +472,25 @@ def test_delay_offsets_rebuilt_from_what_the_schedule_queue_proves_delivered(sto
     r = run("repair", "config", "--backup-dir", root.parent / "bk", root)
     assert r.exit_code == 0, r.stderr
     assert fastjson.loads((root / "config" / "delayOffset.json").read_text())["offsetTable"] == {18: delivered}
+
+
+def test_an_interrupted_4_9_3_persist_is_finished_from_its_tmp(store_copy):
+    """MixAll.string2File (4.9.3): FILE.tmp written, FILE.bak = previous, FILE deleted, FILE.tmp renamed. Killed
+    after the delete, the broker would load the older .bak; the complete .tmp is the newest content."""
+    root = store_copy("4.9.3-clean")
+    write_config(root, "4.9.3-clean", 4)
+    cfg = root / "config"
+    newest = (cfg / "consumerOffset.json").read_text()
+    older = newest.replace("{0:826,", "{0:700,")
+    assert older != newest
+    (cfg / "consumerOffset.json.bak").write_text(older)
+    os.rename(cfg / "consumerOffset.json", cfg / "consumerOffset.json.tmp")
+    set_mtime(cfg / "consumerOffset.json.bak", 1_700_000_000_000)
+    set_mtime(cfg / "consumerOffset.json.tmp", 1_700_000_001_000)
+    v = run("verify", "--json", root)
+    assert next(o for o in lines(v) if o.get("code") == "CFG_MISSING")["brokerLoads"] == "bak"
+    r = run("repair", "config", "--json", "--backup-dir", root.parent / "bk", root)
+    assert r.exit_code == 0, r.stderr
+    assert lines(r, "config-plan")[0]["changes"][0]["action"] == "restore-from-tmp"
+    assert (cfg / "consumerOffset.json").read_text() == newest
+    assert (cfg / "consumerOffset.json.bak").read_text() == older and not (cfg / "consumerOffset.json.tmp").exists()

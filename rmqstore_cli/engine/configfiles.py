@@ -141,7 +141,7 @@ def read_copy(path: str) -> FileCopy:
     except fastjson.FastjsonError as e:
         c.error, c.byte_offset = e, fastjson.byte_offset(c.text, e.pos)
         return c
-    c.problem = shape_problem(os.path.basename(path).removesuffix(".bak"), c.value)
+    c.problem = shape_problem(os.path.basename(path).removesuffix(".bak").removesuffix(".tmp"), c.value)
     return c
 
 
@@ -152,6 +152,7 @@ class ConfigFile:
     name: str
     main: FileCopy
     bak: FileCopy
+    tmp: FileCopy | None = None  # 4.9.3 persists through FILE.tmp: left behind when a persist was interrupted
 
     @property
     def source(self) -> str | None:
@@ -184,13 +185,16 @@ class ConfigFile:
         return t if isinstance(t, dict) else {}
 
     def as_json(self) -> dict:
-        return {"file": self.name, "manager": MANAGER[self.name], "brokerLoads": self.broker_outcome,
-                "main": self.main.as_json(), "bak": self.bak.as_json()}
+        d = {"file": self.name, "manager": MANAGER[self.name], "brokerLoads": self.broker_outcome,
+             "main": self.main.as_json(), "bak": self.bak.as_json()}
+        if self.tmp is not None and self.tmp.exists:
+            d["tmp"] = self.tmp.as_json()
+        return d
 
 
 def read_config_file(root: str, name: str) -> ConfigFile:
     path = os.path.join(config_dir(root), name)
-    return ConfigFile(name, read_copy(path), read_copy(path + ".bak"))
+    return ConfigFile(name, read_copy(path), read_copy(path + ".bak"), read_copy(path + ".tmp"))
 
 
 def read_config(root: str) -> dict[str, ConfigFile]:
@@ -352,7 +356,9 @@ def write_config_file(root: str, name: str, value, *, backup=None, keep_previous
     into ``backup`` (an :class:`~rmqstore_cli.engine.backup.Backup`), a file created is journaled so
     ``restore`` removes it. The caller holds the store's lock."""
     d = config_dir(root)
-    os.makedirs(d, exist_ok=True)
+    if not os.path.isdir(d):
+        os.makedirs(d)
+        _fsync_dir(root)
     path = os.path.join(d, name)
     tmp, bak = path + ".tmp", path + ".bak"
     data = fastjson.dumps(value).encode("utf-8")

@@ -159,9 +159,16 @@ def plan_config_repair(store, *, clamp_offsets: bool = False, files: dict | None
         cf = files[name]
         if cf.main.usable:
             continue
-        if not cf.main.exists and not cf.bak.exists:
+        if not cf.main.exists and not cf.bak.exists and not (cf.tmp is not None and cf.tmp.exists):
             continue
         state = "missing" if not cf.main.exists else "empty" if cf.main.empty else "does not decode"
+        tmp = cf.tmp
+        if tmp is not None and tmp.usable and (not cf.bak.usable or (tmp.mtime_ms or 0) >= (cf.bak.mtime_ms or 0)):
+            # MixAll.string2File (4.9.3) writes FILE.tmp completely before it touches FILE: a .tmp that decodes is
+            # the newest content, written by a persist that was cut before its rename
+            plan.changes.append(FileChange(name, "restore-from-tmp", f"{name} {state}; {name}.tmp decodes and is the "
+                                           "newest copy (a persist interrupted before its rename)", tmp.value))
+            continue
         if cf.bak.usable:
             age = ""
             if cf.bak.mtime_ms is not None and cf.main.mtime_ms is not None:
@@ -277,7 +284,7 @@ def apply_config_plan(root: str, plan: ConfigPlan, backup) -> list[str]:
     """Write every file of the plan (the caller holds the lock and made ``backup``); returns the steps."""
     steps = []
     for ch in plan.changes:
-        bad_main = ch.action in ("restore-from-bak", "rebuild")
+        bad_main = ch.action in ("restore-from-bak", "restore-from-tmp", "rebuild")
         res = write_config_file(root, ch.name, ch.value, backup=backup, keep_previous_as_bak=not bad_main)
         steps += res.steps
     return steps
