@@ -174,13 +174,12 @@ def _search_533(files, file_size: int, rd: _Reader, min_logic: int, ts: int) -> 
     phy, size = _unit(seg, floor)
     if rd.store_time(phy, size) > ts:
         return _jdiv(seg.start, UNIT)
-    target = left = right = -1
+    target = right = -1  # (the broker's leftOffset only matters for its UPPER boundary)
     while high >= low:
         mid = (low + high) // (2 * UNIT) * UNIT
         phy, size = _unit(seg, mid)
         if phy < rd.min_phy:
             low = mid + UNIT
-            left = mid
             continue
         t = rd.store_time(phy, size)
         if t < 0:
@@ -193,7 +192,6 @@ def _search_533(files, file_size: int, rd: _Reader, min_logic: int, ts: int) -> 
             right = mid
         else:
             low = mid + UNIT
-            left = mid
     if target != -1:
         off = target
         while off - UNIT >= floor:
