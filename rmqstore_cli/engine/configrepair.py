@@ -238,8 +238,9 @@ def plan_offsets_set(store, group: str, topic: str, queue: int | None, *, to_off
     version = store.config.version
     bounds = all_bounds(store)
     key = f"{topic}@{group}"
-    value = _copy(co.value) if co.source else ({"offsetTable": {}} if version < 5 else
-                                               {"dataVersion": _data_version(None, version), "offsetTable": {}})
+    value = _copy(co.value) if co.source else ({"offsetTable": {}} if version < 5 else  # counter 0: bumped to 1 below
+                                               {"dataVersion": {"counter": 0, "stateVersion": 0, "timestamp": 0},
+                                                "offsetTable": {}})
     table = value.setdefault("offsetTable", {})
     current = table.get(key) if isinstance(table.get(key), dict) else {}
     disk_queues = sorted(q for t, q in bounds if t == topic)
