@@ -10,7 +10,7 @@ import typer
 from formats.message import render_body
 from rmqstore_cli.engine.errors import NotFoundError
 from rmqstore_cli.engine.lookup import get_by_msgid, get_by_offset, get_by_queue, get_by_uniq_key
-from rmqstore_cli.engine.timesearch import queue_offset_by_time
+from rmqstore_cli.engine.timesearch import offset_by_time
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store, parse_time_option
 from .output import Output, fail, handle_errors, stdout, warn
@@ -81,7 +81,7 @@ def get(
                 warn(f"{len(msgs)} records carry this UNIQ_KEY (e.g. a transaction half message and its commit)")
         else:
             if time_ms is not None:
-                queue_offset = queue_offset_by_time(st, topic, queue, time_ms)
+                queue_offset = offset_by_time(st, topic, queue, time_ms)
                 warn(f"store time {time_ms}: the broker ({st.config.version}.x rules) answers queue offset {queue_offset}")
             msgs = [get_by_queue(st, topic, queue, queue_offset)]
         if out_file is not None:

@@ -10,6 +10,7 @@ from rmqstore_cli.engine.backup import Backup
 from rmqstore_cli.engine.rebuild import rebuild as engine_rebuild
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
+from .offsets_cmd import print_consumer_impact, queue_bounds_now, rebuild_impact
 from .output import Output, handle_errors, stderr
 from .recover import BackupOpt, ForceOpt, YesOpt, guard_lock, run_verify
 
@@ -46,6 +47,7 @@ def rebuild(
     lock = take_lock(st.root, force)
     try:
         with st:
+            bounds_before = queue_bounds_now(st)  # for the consumers' side (#16)
             res = engine_rebuild(st, what, topic=topic, from_offset=from_offset, backup=backup, jobs=jobs)
         backup.mark("complete")
     finally:
@@ -55,6 +57,7 @@ def rebuild(
         out.line({"type": "rebuild", "backup": backup.dir, **res})
     stderr.print(f"rmqstore: rebuilt {', '.join(res['rebuilt']) or 'nothing'} from {res['records']} records "
                  f"({res['cqUnits']} units, {res['indexEntries']} index entries); old files in {backup.dir}", markup=False)
+    print_consumer_impact(out, rebuild_impact(st.root, st.config, bounds_before))
     if not json_:
         for p in res.get("problems", [])[:20]:
             stderr.print(f"  {p['severity']} {p['code']} at {p['offset']}: {p['message']}", markup=False, highlight=False)

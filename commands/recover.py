@@ -11,6 +11,7 @@ from rmqstore_cli.engine.recovery import plan_recovery
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .explain_view import print_next_start, startup_lines
+from .offsets_cmd import plan_impact, print_consumer_impact
 from .output import Output, handle_errors, stderr
 
 ACTION_COLUMNS = [("action", "action"), ("path", "file"), ("offset", "offset"), ("why", "why")]
@@ -154,6 +155,7 @@ def recover(
     guard_lock(st, force, yes)
     plan = plan_recovery(st, geometry.broker_version, keep_valid_after=not stop_at_first_error)
     print_plan(out, plan, f"recover {st.root}")
+    print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side (#16)
     if dry_run:
         st.close()
         raise typer.Exit(plan.exit_code)

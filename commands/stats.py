@@ -6,11 +6,13 @@ from typing import Optional
 
 import typer
 
+from rmqstore_cli.engine.offsets import offsets_for_stats
 from rmqstore_cli.engine.stats import compute_stats
 
 from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
                      parse_time_option)
 from .output import Output, handle_errors, iso_ms, stdout
+from .offsets_cmd import print_offsets_audit
 
 QUEUE_COLUMNS = [
     ("topic", "topic"), ("queueId", "q"), ("count", "msgs"), ("bytes", "bytes"), ("minQueueOffset", "min qoff"),
@@ -50,6 +52,8 @@ def stats(
     st = open_store(store, geometry)
     with st:
         s = compute_stats(st, since_ms, until_ms)
+        offsets = offsets_for_stats(st)  # consumer offsets audit (#16)
+    s.update(offsets)
     out = Output(json_)
     if json_:
         out.line(s)
@@ -74,6 +78,7 @@ def stats(
         out.table(lagging, LAG_COLUMNS, title="consume queues behind the commitlog")
     else:
         stdout.print("consume queues: none behind the commitlog", markup=False)
+    print_offsets_audit(out, offsets)
     _histogram(s["sizeHistogram"])
     _timeline(s["timeline"])
 

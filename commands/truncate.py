@@ -10,6 +10,7 @@ from rmqstore_cli.engine.errors import StoreCorruptError
 from rmqstore_cli.engine.recovery import plan_truncate
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
+from .offsets_cmd import plan_impact, print_consumer_impact
 from .output import Output, handle_errors
 from .recover import BackupOpt, DryRunOpt, ForceOpt, YesOpt, apply_and_verify, guard_lock, print_plan
 
@@ -39,6 +40,7 @@ def truncate(
         raise StoreCorruptError(f"store {st.root} was not shut down cleanly (abort file present); run `rmqstore recover` first")
     plan = plan_truncate(st, offset, geometry.broker_version)
     print_plan(out, plan, f"truncate {st.root} at {offset}")
+    print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side (#16)
     if dry_run or not plan.actions:
         st.close()
         raise typer.Exit(plan.exit_code if dry_run else 0)

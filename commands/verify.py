@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from rmqstore_cli.engine.offsets import add_config_audit
 from rmqstore_cli.engine.verify import verify_segments_parallel, verify_store
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
@@ -30,6 +31,7 @@ def verify(
     with st, progress("verifying commitlog", sum(s.size for s in st.commitlog.segments)) as advance:
         reports = verify_segments_parallel(st.commitlog, jobs, check_crc=not no_crc, progress=advance) if jobs > 1 else None
         result = verify_store(st, check_crc=not no_crc, reports=reports, progress=advance)
+        add_config_audit(st, result)  # config/*.json and consumer offsets (#16)
     out = Output(json_)
     rows = [f.as_json() for f in result.findings]
     if json_:

@@ -34,6 +34,7 @@ COMMANDS = [
     ("truncate", "Repair"),
     ("rebuild", "Repair"),
     ("salvage", "Repair"),
+    ("offsets_cmd", "Repair"),
     ("spark_cmd", "Spark"),
 ]
 
@@ -58,6 +59,10 @@ EXAMPLES = {
     "truncate": "rmqstore truncate /data/store --offset 1073741824 --dry-run",
     "rebuild": "rmqstore rebuild all /data/store --yes",
     "salvage": "rmqstore salvage /data/store --jsonl rescued.jsonl",
+    "dump offsets": "rmqstore dump offsets /data/store --group GID_orders",
+    "dump config": "rmqstore dump config /data/store --json",
+    "offsets set": "rmqstore offsets set /data/store --group GID_orders --topic Orders --to-time 2026-11-24T03:00 --dry-run",
+    "repair config": "rmqstore repair config /data/store --dry-run",
     "spark export": "rmqstore spark export /data/store --to /tmp/records.parquet",
     "spark verify": "rmqstore spark verify /data/store --master spark://10.0.0.5:7077",
     "spark rebuild": "rmqstore spark rebuild /data/store --what index --out /tmp/rebuilt",

@@ -86,7 +86,8 @@ def test_geometry_options_are_declared_once():
     for name, cmd in cmds:
         opts = {o for p in cmd.params for o in getattr(p, "opts", [])}
         if name not in ("msgid decode", "restore", "diff") and not name.startswith("spark export"):
-            assert "--commitlog-file-size" in opts or name in ("dump checkpoint", "append"), name
+            assert "--commitlog-file-size" in opts or name in ("dump checkpoint", "append", "dump config",
+                                                                "repair config"), name
 
 
 def test_tables_show_store_times_as_local_iso_with_milliseconds():

@@ -185,6 +185,23 @@ def plan_kill(rng: random.Random, run: int, full_time: float):
     return ("anywrite", "-", rng.randrange(1, 400), None)  # between (or in the middle of) any two writes
 
 
+def drain_stderr(proc: subprocess.Popen):
+    """Read the child's stderr in a thread (a full stderr pipe would block the child while the test reads
+    stdout); returns a function giving all of it once the child ended. stdout is read only by the test,
+    through ``proc.stdout`` alone: mixing its buffered reader with ``communicate()`` loses lines."""
+    import threading
+
+    chunks: list[str] = []
+    t = threading.Thread(target=lambda: chunks.append(proc.stderr.read()), daemon=True)
+    t.start()
+
+    def result() -> str:
+        t.join(timeout=300)
+        return "".join(chunks)
+
+    return result
+
+
 def test_kill_during_append(crash_env):
     base, script = crash_env
     original = [(o, s, m) for o, s, m in fuzzlib.model(NAME).clmsg]
@@ -197,10 +214,15 @@ def test_kill_during_append(crash_env):
     args = ["append", "--from", str(base / "full.jsonl"), "--fsync", "always", "--json", str(root)]
     proc = subprocess.Popen(child_cmd(script, "none", "-", 0, args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
+    stderr = drain_stderr(proc)
     first = proc.stdout.readline()
     t0 = time.time()
-    out, err = proc.communicate(timeout=300)
+    # the rest through the same reader: communicate() would read the descriptor itself and lose whatever
+    # readline() had already buffered beyond the first line (about 20 acknowledgements)
+    out = proc.stdout.read()
+    proc.wait(timeout=300)
     full_time = time.time() - t0  # from the first acknowledgement to the end
+    err = stderr()
     assert proc.returncode == 0, err[-2000:]
     acks = read_acks(first + out)
     assert len(acks) == MESSAGES
@@ -218,6 +240,7 @@ def test_kill_during_append(crash_env):
         args = ["append", "--from", str(src), "--fsync", "always", "--json", str(root)]
         proc = subprocess.Popen(child_cmd(script, mode, target, nth, args), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env)
+        stderr = drain_stderr(proc)
         first = ""
         if delay is not None:
             first = proc.stdout.readline()  # appending has begun: kill somewhere inside the appends
@@ -225,8 +248,8 @@ def test_kill_during_append(crash_env):
             proc.send_signal(signal.SIGKILL)
         # read through the same file objects: readline() may have buffered more than one line
         out = first + proc.stdout.read()
-        err = proc.stderr.read()
         proc.wait(timeout=300)
+        err = stderr()
         died = proc.returncode == -signal.SIGKILL
         killed += died
         key = f"{mode}:{target}"

@@ -16,7 +16,7 @@ import pytest
 
 from formats import fast
 from rmqstore_cli.engine.store import Store
-from rmqstore_cli.engine.timesearch import commitlog_offset_at, queue_offset_by_time
+from rmqstore_cli.engine.timesearch import commitlog_offset_at, offset_by_time
 
 from .conftest import broker_read, shared_store, tree_digest
 
@@ -148,9 +148,9 @@ def test_stats_and_salvage_since_until(name, tmp_path):
 
 def _broker_answer(entries, ts, version):
     """The broker's getOffsetInQueueByTime, read from its rules: 5.x (LOWER): first unit stored at
-    or after ts, clamped to [min, max]; 4.9.3: in the first file whose last unit is stored at or
-    after ts (the file time a live broker sees), the nearest unit (the earlier on a tie); an exact
-    hit may be any unit of that time."""
+    or after ts, clamped to [min, max]; 4.9.3: in the first file modified at or after ts (the test
+    gives each file its last unit's store time, as a live broker's last write), the nearest unit
+    (the earlier on a tie); an exact hit may be any unit of that time."""
     times = [e["msg"]["storeTimestamp"] for e in entries]
     qoffs = [e["queueOffset"] for e in entries]
     if version >= 5:
@@ -173,14 +173,30 @@ def _broker_answer(entries, ts, version):
     return {rq if abs(ts - lt) > abs(ts - rt) else lq}
 
 
+def _file_times_as_written(root, cqe):
+    """Each consume-queue file gets its last unit's store time as modification time (a copy loses
+    the broker's last-write times, which the 4.9.3 search reads)."""
+    per_file = 6000 // 20
+    by_queue = {}
+    for e in cqe:
+        by_queue.setdefault((e["topic"], e["queueId"]), {})[e["queueOffset"]] = e["msg"]["storeTimestamp"]
+    for (t, q), times in by_queue.items():
+        d = root / "consumequeue" / t / str(q)
+        for name in os.listdir(d):
+            last = min(int(name) // 20 + per_file, max(times) + 1) - 1
+            os.utime(d / name, ns=(times[last] * 1_000_000, times[last] * 1_000_000))
+
+
 @pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean"])
-def test_get_time_is_the_brokers_time_search(name):
+def test_get_time_is_the_brokers_time_search(name, store_copy):
     print(f"seed {SEED}")
     cqe = broker_read(name)["cqe"]
     version = 5 if name.startswith("5") else 4
     rng = random.Random(f"{SEED}-{name}-get")
     queues = sorted({(e["topic"], e["queueId"]) for e in cqe})
-    with Store.open(str(shared_store(name))) as st:
+    root = store_copy(name)
+    _file_times_as_written(root, cqe)
+    with Store.open(str(root)) as st:
         for topic, qid in rng.sample(queues, min(4, len(queues))):
             entries = sorted((e for e in cqe if (e["topic"], e["queueId"]) == (topic, qid)),
                              key=lambda e: e["queueOffset"])
@@ -188,13 +204,13 @@ def test_get_time_is_the_brokers_time_search(name):
             probes = rng.sample(times, min(5, len(times))) + [times[0] - 10, times[-1] + 10,
                                                                (times[0] + times[-1]) // 2]
             for ts in probes:
-                got = queue_offset_by_time(st, topic, qid, ts)
+                got = offset_by_time(st, topic, qid, ts)
                 assert got in _broker_answer(entries, ts, version), (topic, qid, ts, got)
     # the CLI prints the message at that offset
     topic, qid = queues[0]
     entries = sorted((e for e in cqe if (e["topic"], e["queueId"]) == (topic, qid)), key=lambda e: e["queueOffset"])
     ts = entries[len(entries) // 2]["msg"]["storeTimestamp"]
-    p = run("get", str(shared_store(name)), "--topic", topic, "--queue", str(qid), "--time", str(ts), "--json",
+    p = run("get", str(root), "--topic", topic, "--queue", str(qid), "--time", str(ts), "--json",
             "--body", "none")
     assert p.returncode == 0, p.stderr
     msg = json.loads(p.stdout)

@@ -1,24 +1,223 @@
 """Finding places in a store by store time, without reading everything before them.
 
 Store times (STORETIMESTAMP) are taken inside the broker's append lock, so they do not go down
-along the commitlog (FORMAT.md §2.1, field 11); both searches rely on that, as the broker does.
+along the commitlog; every search here relies on that, as the broker does.
 
 * :func:`commitlog_offset_at` — the physical offset of the first record stored at or after a
   time: a binary search over the segments by their first record's store time, then one walk of
   the segment it lands in (record boundaries only; no CRC) and a binary search over its records.
-* :func:`queue_offset_by_time` — the broker's ``ConsumeQueue.getOffsetInQueueByTime`` for each
-  version: a binary search over consume-queue units that reads the store time of the record each
-  unit points at (``CommitLog.pickupStoreTimestamp``).
+* :func:`queue_range_by_time` — the consume-queue units whose records were stored in a range.
+* :class:`TimeSearch` / :func:`offset_by_time` — the broker's ``getOffsetInQueueByTime``:
+
+4.9.3 (``ConsumeQueue.getOffsetInQueueByTime``): the file is the first whose last-modified time is at or
+after the timestamp (else the last file); a binary search over that file's readable units, skipping units
+below the commitlog's min offset, ends on a unit with exactly that store time, or else on the nearer
+(in time) of the two neighbours, the earlier one on a tie; a unit whose store time cannot be read makes
+the answer 0. No clamping.
+
+5.3.3 (``ConsumeQueue.getOffsetInQueueByTime(ts, LOWER)`` + ``ConsumeQueueStore``): the file is the first
+whose last unit's store time is at or after the timestamp (else the last file); in it, if the last unit
+is older than the timestamp the answer is just past it, if the first unit is newer it is the file's first
+offset; otherwise the binary search, and on an exact hit the search walks back to the first unit of that
+store time; with no exact hit the unit just after the timestamp. The answer is clamped into [min, max].
+
+Store times are read from the commitlog record each unit points at (``CommitLog.pickupStoreTimestamp``).
+Read-only.
 """
 
 from __future__ import annotations
 
+import os
+import struct
+
 import numpy as np
 
 from formats import fast
-from formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2
+from formats.records import CQ_UNIT_SIZE, SYSFLAG_BORNHOST_V6
 
-LOWER, UPPER = "lower", "upper"  # the broker's BoundaryType (5.x)
+from .errors import StoreCorruptError
+from .offsets import queue_bounds
+
+UNIT = CQ_UNIT_SIZE
+_SYSFLAG_POS = 36
+
+
+def _jdiv(a: int, b: int) -> int:
+    """Java long division (truncates toward zero)."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+class _Reader:
+    """CommitLog.pickupStoreTimestamp over one opened store (its valid end found once)."""
+
+    def __init__(self, store, version: int, max_phy: int | None = None):
+        self.cl = store.commitlog
+        self.version = version
+        self.min_phy = self.cl.min_offset
+        if max_phy is None:
+            end = self.cl.find_end(check_crc=False).stop
+            max_phy = end.offset if end is not None else self.min_phy
+        self.max_phy = max_phy
+
+    def store_time(self, phy: int, size: int) -> int:
+        """CommitLog.pickupStoreTimestamp: -1 when the broker cannot select [phy, phy+size)."""
+        if phy < self.min_phy:
+            return -1
+        if self.version >= 5 and phy + size > self.max_phy:
+            return -1
+        seg = self.cl.segments.find(phy)
+        if seg is None or size < 0:
+            return -1
+        pos = phy - seg.start
+        readable = seg.size if seg.end <= self.max_phy else self.max_phy - seg.start  # the last file's wrote position
+        if pos + size > readable:
+            return -1
+        buf = seg.buffer()
+        if size < _SYSFLAG_POS + 4:
+            raise StoreCorruptError(f"consume-queue unit points at {phy} with size {size}: too small to hold a store time "
+                                    "(the broker's search fails on it)")
+        (sysflag,) = struct.unpack_from(">i", buf, pos + _SYSFLAG_POS)
+        at = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + (20 if sysflag & SYSFLAG_BORNHOST_V6 else 8)
+        if at + 8 > size:
+            raise StoreCorruptError(f"record at {phy} (size {size}) is too short for its store time")
+        return struct.unpack_from(">q", buf, pos + at)[0]
+
+
+def _files(store, topic: str, queue_id: int, end_offset: int):
+    """(segment, readable bytes) per consume-queue file: full files, the last up to the queue's end."""
+    q = store.queue(topic, queue_id)
+    out = []
+    end_bytes = end_offset * UNIT
+    for seg in q.segments.segments:
+        readable = max(0, min(q.file_size, seg.size, end_bytes - seg.start))
+        out.append((seg, readable))
+    return out, q.file_size
+
+
+def _unit(seg, pos: int) -> tuple[int, int]:
+    return struct.unpack_from(">qi", seg.buffer(), pos)
+
+
+class TimeSearch:
+    """getOffsetInQueueByTime over one opened store (the commitlog's end is found once)."""
+
+    def __init__(self, store, version: int | None = None):
+        self.store = store
+        self.version = version or store.config.version
+        self.reader = _Reader(store, self.version)
+
+    def offset(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """The queue offset DefaultMessageStore.getOffsetInQueueByTime returns for this queue and time (ms)."""
+        b = queue_bounds(self.store, topic, queue_id)
+        files, file_size = _files(self.store, topic, queue_id, b.max)
+        if not files:
+            return 0
+        min_logic = b.min * UNIT
+        if self.version < 5:
+            return _search_493(files, self.reader, min_logic, timestamp)
+        r = _search_533(files, file_size, self.reader, min_logic, timestamp)
+        return min(max(r, b.min), b.max)
+
+
+def offset_by_time(store, topic: str, queue_id: int, timestamp: int, version: int | None = None) -> int:
+    """One search (see :class:`TimeSearch` for many on one store)."""
+    return TimeSearch(store, version).offset(topic, queue_id, timestamp)
+
+
+def _search_493(files, rd: _Reader, min_logic: int, ts: int) -> int:
+    seg, readable = files[-1]
+    for s, r in files:
+        if os.stat(s.path).st_mtime_ns // 1_000_000 >= ts:  # File.lastModified()
+            seg, readable = s, r
+            break
+    low = min_logic - seg.start if min_logic > seg.start else 0
+    high = readable - UNIT
+    target = left = right = -1
+    left_v = right_v = -1
+    while high >= low:
+        mid = (low + high) // (2 * UNIT) * UNIT
+        phy, size = _unit(seg, mid)
+        if phy < rd.min_phy:
+            low = mid + UNIT
+            left = mid
+            continue
+        t = rd.store_time(phy, size)
+        if t < 0:
+            return 0
+        if t == ts:
+            target = mid
+            break
+        if t > ts:
+            high = mid - UNIT
+            right, right_v = mid, t
+        else:
+            low = mid + UNIT
+            left, left_v = mid, t
+    if target != -1:
+        off = target
+    elif left_v == -1:
+        off = right
+    elif right_v == -1:
+        off = left
+    else:
+        off = right if abs(ts - left_v) > abs(ts - right_v) else left
+    return _jdiv(seg.start + off, UNIT)
+
+
+def _search_533(files, file_size: int, rd: _Reader, min_logic: int, ts: int) -> int:
+    # getConsumeQueueMappedFileByTime(LOWER): stop time = store time of a full file's last unit
+    chosen = files[-1]
+    for i, (s, r) in enumerate(files[:-1]):
+        if r >= file_size:
+            phy, size = _unit(s, file_size - UNIT)
+            stop = rd.store_time(phy, size)
+            if stop > 0 and stop >= ts:
+                chosen = (s, r)
+                break
+    seg, readable = chosen
+    wrote = readable
+    rng = wrote if (wrote != 0 and wrote != file_size) else file_size
+    if rng > readable:  # selectMappedBuffer(0, range) past the wrote position: no buffer
+        return 0
+    low = min_logic - seg.start if min_logic > seg.start else 0
+    ceiling = rng - UNIT
+    floor = low
+    high = ceiling
+    phy, size = _unit(seg, ceiling)
+    if rd.store_time(phy, size) < ts:
+        return _jdiv(seg.start + ceiling + UNIT, UNIT)
+    phy, size = _unit(seg, floor)
+    if rd.store_time(phy, size) > ts:
+        return _jdiv(seg.start, UNIT)
+    target = right = -1  # (the broker's leftOffset only matters for its UPPER boundary)
+    while high >= low:
+        mid = (low + high) // (2 * UNIT) * UNIT
+        phy, size = _unit(seg, mid)
+        if phy < rd.min_phy:
+            low = mid + UNIT
+            continue
+        t = rd.store_time(phy, size)
+        if t < 0:
+            return 0
+        if t == ts:
+            target = mid
+            break
+        if t > ts:
+            high = mid - UNIT
+            right = mid
+        else:
+            low = mid + UNIT
+    if target != -1:
+        off = target
+        while off - UNIT >= floor:
+            phy, size = _unit(seg, off - UNIT)
+            if rd.store_time(phy, size) != ts:
+                break
+            off -= UNIT
+    else:
+        off = right
+    return _jdiv(seg.start + off, UNIT)
 
 
 def _first_time(seg) -> int | None:
@@ -81,193 +280,6 @@ def commitlog_offset_at(commitlog, timestamp: int) -> int | None:
     return None
 
 
-def pickup_store_timestamp(commitlog, phy: int, size: int, max_offset: int) -> int:
-    """The broker's ``CommitLog.pickupStoreTimestamp``: -1 outside [min offset, max offset]."""
-    if phy < commitlog.min_offset or phy + size > max_offset:
-        return -1
-    seg = commitlog.segments.find(phy)
-    if seg is None:
-        return -1
-    pos = phy - seg.start
-    if pos + fast.FIXED_V4_SIZE > seg.size:
-        return -1
-    h = fast.decode_headers(seg.buffer(), np.array([pos], dtype=np.int64))
-    return int(h.storeTimestamp[0])
-
-
-def queue_offset_by_time(store, topic: str, queue_id: int, timestamp: int, *, version: int | None = None,
-                         boundary: str = LOWER, max_phy_offset: int | None = None) -> int:
-    """The queue offset the broker answers for ``timestamp`` (``getOffsetInQueueByTime``).
-
-    5.x (``BoundaryType`` LOWER by default): the first unit stored at or after the time (UPPER:
-    the last at or before it), clamped into the queue's [min, max] offsets. 4.9.3: the unit whose
-    store time is nearest (the earlier one on a tie), no clamp; its file is picked by modification
-    time on a live broker, approximated here by the store time of each file's last unit.
-    """
-    version = store.config.version if version is None else version
-    cq = store.queue(topic, queue_id)
-    units = cq.units()
-    if max_phy_offset is None:
-        res = store.commitlog.find_end(check_crc=False)
-        max_phy_offset = res.stop.offset if res.stop else 0
-    files = _queue_files(cq, units)
-    if not files:
-        return 0
-    if version >= 5:
-        seg = _file_by_time_v5(store.commitlog, cq, files, timestamp, boundary, max_phy_offset)
-        off = _search_v5(store.commitlog, cq, seg, units, timestamp, boundary, max_phy_offset)
-        return max(min_queue_offset(units, store.commitlog), min(off, units.end_offset))
-    # 4.9.3 takes the first file whose modification time is at or after the time. On a live broker
-    # that is when the file's last unit was written; copies and restores lose it, so the store time
-    # of each file's last unit stands in for it (what 5.x reads instead of the file time).
-    seg = _file_by_time_v5(store.commitlog, cq, files, timestamp, LOWER, max_phy_offset)
-    return _search_v4(store.commitlog, cq, seg, units, timestamp, max_phy_offset)
-
-
-def _queue_files(cq, units):
-    return [s for s in cq.segments.segments if s.size]
-
-
-def _unit(cq, seg, pos: int) -> tuple[int, int]:
-    u = cq.file_units(seg)[pos // CQ_UNIT_SIZE]
-    return int(u["phyOffset"]), int(u["size"])
-
-
-def _written(cq, seg, units) -> int:
-    """Bytes of valid units in the file (the broker's wrote position after recovery)."""
-    start_q = seg.start // CQ_UNIT_SIZE
-    n = int(np.count_nonzero((units.queue_offsets >= start_q) & (units.queue_offsets < start_q + cq.file_size // CQ_UNIT_SIZE)))
-    return n * CQ_UNIT_SIZE
-
-
-def min_queue_offset(units, commitlog) -> int:
-    """The broker's ``minLogicOffset / 20`` after ``correctMinOffset``: the first unit that points
-    into the part of the log that still exists (the queue's max offset when none does)."""
-    live = np.flatnonzero(units.phy >= commitlog.min_offset)
-    return int(units.queue_offsets[live[0]]) if len(live) else int(units.end_offset)
-
-
-def _jdiv(a: int, b: int) -> int:
-    """Java's long division (truncates toward zero)."""
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b > 0) else -q
-
-
-def _file_by_time_v5(commitlog, cq, files, ts, boundary, max_phy):
-    starts, stops = [], []
-    for i, seg in enumerate(files):
-        phy, size = _unit(cq, seg, 0)
-        t = pickup_store_timestamp(commitlog, phy, size, max_phy)
-        starts.append(t if t > 0 else -1)
-        if i < len(files) - 1:
-            phy, size = _unit(cq, seg, cq.file_size - CQ_UNIT_SIZE)
-            t = pickup_store_timestamp(commitlog, phy, size, max_phy)
-            stops.append(t if t > 0 else -1)
-    if boundary == LOWER:
-        for i, seg in enumerate(files[:-1]):
-            if stops[i] >= ts:
-                return seg
-        return files[-1]
-    for i in range(len(files) - 1, -1, -1):
-        if starts[i] <= ts:
-            return files[i]
-    return None
-
-
-def _search_v5(commitlog, cq, seg, units, ts, boundary, max_phy) -> int:
-    if seg is None:
-        return 0
-    min_phy = commitlog.min_offset
-    file_from = seg.start
-    low = max(0, min_queue_offset(units, commitlog) * CQ_UNIT_SIZE - file_from)
-    rng = _written(cq, seg, units) or cq.file_size
-    ceiling = rng - CQ_UNIT_SIZE
-    floor = low
-    high = ceiling
-    if ceiling < 0:
-        return file_from // CQ_UNIT_SIZE
-
-    def time_at(pos: int) -> int:
-        phy, size = _unit(cq, seg, pos)
-        return pickup_store_timestamp(commitlog, phy, size, max_phy)
-
-    if time_at(ceiling) < ts:
-        return (file_from + ceiling + (CQ_UNIT_SIZE if boundary == LOWER else 0)) // CQ_UNIT_SIZE
-    if time_at(floor) > ts:
-        return file_from // CQ_UNIT_SIZE if boundary == LOWER else 0
-    target = left = right = -1
-    while high >= low:
-        mid = (low + high) // (2 * CQ_UNIT_SIZE) * CQ_UNIT_SIZE
-        phy, size = _unit(cq, seg, mid)
-        if phy < min_phy:
-            low = mid + CQ_UNIT_SIZE
-            left = mid
-            continue
-        t = pickup_store_timestamp(commitlog, phy, size, max_phy)
-        if t < 0:
-            return 0
-        if t == ts:
-            target = mid
-            break
-        if t > ts:
-            high = mid - CQ_UNIT_SIZE
-            right = mid
-        else:
-            low = mid + CQ_UNIT_SIZE
-            left = mid
-    if target != -1:
-        step = -CQ_UNIT_SIZE if boundary == LOWER else CQ_UNIT_SIZE
-        pos = target
-        while floor <= pos + step <= ceiling and time_at(pos + step) == ts:
-            pos += step
-        offset = pos
-    else:
-        offset = right if boundary == LOWER else left
-    return _jdiv(file_from + offset, CQ_UNIT_SIZE)
-
-
-def _search_v4(commitlog, cq, seg, units, ts, max_phy) -> int:
-    min_phy = commitlog.min_offset
-    file_from = seg.start
-    low = max(0, min_queue_offset(units, commitlog) * CQ_UNIT_SIZE - file_from)
-    # 4.9.3 searches the file's whole readable range (its wrote position after recovery).
-    high = (_written(cq, seg, units) or 0) - CQ_UNIT_SIZE
-    target = left = right = -1
-    left_t = right_t = -1
-    while high >= low:
-        mid = (low + high) // (2 * CQ_UNIT_SIZE) * CQ_UNIT_SIZE
-        phy, size = _unit(cq, seg, mid)
-        if phy < min_phy:
-            low = mid + CQ_UNIT_SIZE
-            left = mid
-            continue
-        t = pickup_store_timestamp(commitlog, phy, size, max_phy)
-        if t < 0:
-            return 0
-        if t == ts:
-            target = mid
-            break
-        if t > ts:
-            high = mid - CQ_UNIT_SIZE
-            right, right_t = mid, t
-        else:
-            low = mid + CQ_UNIT_SIZE
-            left, left_t = mid, t
-    if target != -1:
-        offset = target
-    elif left_t == -1:
-        offset = right
-    elif right_t == -1:
-        offset = left
-    else:
-        offset = right if abs(ts - left_t) > abs(ts - right_t) else left
-    return _jdiv(file_from + offset, CQ_UNIT_SIZE)
-
-
-__all__ = ["commitlog_offset_at", "queue_offset_by_time", "pickup_store_timestamp", "LOWER", "UPPER", "MAGIC_V1",
-           "MAGIC_V2"]
-
-
 def queue_range_by_time(store, units, since: int | None, until: int | None,
                         max_phy_offset: int | None = None) -> tuple[int, int]:
     """Indexes [lo, hi) into ``units`` (a :class:`~.consumequeue.QueueUnits`) of the units whose
@@ -275,17 +287,17 @@ def queue_range_by_time(store, units, since: int | None, until: int | None,
     Units pointing below the log's start count as older than any time, past its end as newer."""
     from bisect import bisect_left, bisect_right
 
-    cl = store.commitlog
-    if max_phy_offset is None:
-        res = cl.find_end(check_crc=False)
-        max_phy_offset = res.stop.offset if res.stop else 0
+    reader = _Reader(store, 5, max_phy_offset)
     n = len(units.phy)
 
     def time_of(i: int) -> float:
         phy, size = int(units.phy[i]), int(units.size[i])
-        if phy < cl.min_offset:
+        if phy < reader.min_phy:
             return float("-inf")
-        t = pickup_store_timestamp(cl, phy, size, max_phy_offset)
+        try:
+            t = reader.store_time(phy, size)
+        except StoreCorruptError:
+            t = -1
         return float("inf") if t < 0 else t
 
     lo = 0 if since is None else bisect_left(range(n), since, key=time_of)
