@@ -42,6 +42,13 @@ OFF_PHYSICALOFFSET = 28
 OFF_SYSFLAG = 36
 OFF_BORNTIMESTAMP = 40
 OFF_BORNHOST = 48  # end of the fixed prefix; everything after moves with the host widths
+# After the born host: storeTimestamp (8), then the store host at MID_STOREHOST; after the store
+# host: reconsumeTimes, preparedTransactionOffset at TAIL_PREPARED, bodyLength at TAIL_BODYLENGTH,
+# the body at TAIL_BODY.
+MID_STOREHOST = 8
+TAIL_PREPARED = 4
+TAIL_BODYLENGTH = 12
+TAIL_BODY = 16
 HOST_V4_WIDTH = 8
 HOST_V6_WIDTH = 20
 SYSFLAG_BORNHOST_V6 = 0x10
@@ -135,14 +142,14 @@ def _jit(fn):
     try:
         return numba.njit(cache=True, nogil=True)(fn)
     except RuntimeError:
-        saved = numba.config.CACHE_DIR
-        numba.config.CACHE_DIR = _private_cache_dir()
+        saved = numba.config.CACHE_DIR, numba.config.CACHE_LOCATOR_CLASSES
+        numba.config.CACHE_DIR, numba.config.CACHE_LOCATOR_CLASSES = _private_cache_dir(), "UserProvidedCacheLocator"
         try:
             return numba.njit(cache=True, nogil=True)(fn)
         except RuntimeError:
             return numba.njit(cache=False, nogil=True)(fn)
         finally:
-            numba.config.CACHE_DIR = saved
+            numba.config.CACHE_DIR, numba.config.CACHE_LOCATOR_CLASSES = saved
 
 
 # --- big-endian reads ---------------------------------------------------------------------------
@@ -215,9 +222,9 @@ def _decode(u8, p):
     bh = HOST_V6_WIDTH if sysflag & SYSFLAG_BORNHOST_V6 else HOST_V4_WIDTH
     sh = HOST_V6_WIDTH if sysflag & SYSFLAG_STOREHOST_V6 else HOST_V4_WIDTH
     st = p + OFF_BORNHOST + bh
-    rc = st + 8 + sh
-    body_len = _i32(u8, rc + 12)
-    body_start = rc + 16
+    rc = st + MID_STOREHOST + sh
+    body_len = _i32(u8, rc + TAIL_BODYLENGTH)
+    body_start = rc + TAIL_BODY
     body = max(body_len, 0)
     tl_pos = body_start + body
     if magic == MAGIC_V2:
@@ -244,7 +251,8 @@ def _decode(u8, p):
     v32 = (total, magic, _i32(u8, p + OFF_BODYCRC), _i32(u8, p + OFF_QUEUEID), _i32(u8, p + OFF_FLAG), sysflag,
            _i32(u8, rc))
     v64 = (p, _i64(u8, p + OFF_QUEUEOFFSET), _i64(u8, p + OFF_PHYSICALOFFSET), _i64(u8, p + OFF_BORNTIMESTAMP),
-           p + OFF_BORNHOST, np.int64(bh), _i64(u8, st), st + 8, np.int64(sh), _i64(u8, rc + 4), body_start,
+           p + OFF_BORNHOST, np.int64(bh), _i64(u8, st), st + MID_STOREHOST, np.int64(sh), _i64(u8, rc + TAIL_PREPARED),
+           body_start,
            body_len, topic_start, topic_len, props_start, props_len, computed)
     return v32, v64, reason
 
