@@ -431,3 +431,25 @@ validate = _jit(_validate)
 body_crc_mask = _jit(_body_crc_mask)
 crc32_of = _jit(_crc32_of)
 property_crc_of = _jit(_property_crc_of)
+
+
+def warm_up() -> None:
+    """Compile (or load from the cache) every kernel once, with the argument types the callers use."""
+    from . import fast
+
+    data = bytes(256)
+    u8 = fast.kernel_view(data)
+    fast.walk(data)
+    h = fast.decode_headers(data, np.zeros(1, dtype=np.int64))
+    fast.validate(data, h, True, PROP_IF_PRESENT)
+    fast.check_body_crc(data, h)
+    fast.check_property_crc(data, 0, 128)
+    fast.scan_records(data, 0, len(data))
+    crc32_of(u8, 0, 16)
+
+
+if __name__ == "__main__":  # python -m formats.kernel: compile ahead of the first command (set-up scripts)
+    from formats import kernel as _k  # the module the callers use, not this __main__ copy
+
+    _k.warm_up()
+    print(f"rmqstore kernels ready (CRC32: {_k.CRC_IMPLEMENTATION}; cache: {_k.scan_records.stats.cache_path})")
