@@ -425,3 +425,27 @@ def test_kernel_cache_without_a_writable_package_dir(tmp_path):
     second = _probe(env)
     assert second["path"].startswith(str(tmp_path / "tmp" / "rmqstore-numba-cache-"))
     assert (second["hits"], second["misses"]) == (1, 0)
+
+
+_NO_ISAL = """
+import sys, zlib, json
+sys.modules["isal"] = None  # an isal build without the symbol: the kernels must fall back, same values
+from formats import fast, kernel
+data = bytes(range(256)) * 40
+u8 = fast.kernel_view(data)
+print(json.dumps({"impl": kernel.CRC_IMPLEMENTATION,
+                  "same": all(int(kernel.crc32_of(u8, s, n)) == zlib.crc32(data[s:s + n])
+                              for s, n in ((0, 0), (3, 1), (5, 100), (1, 4000), (0, len(data)))),
+                  "hits": sum(kernel.crc32_of.stats.cache_hits.values())}))
+"""
+
+
+def test_kernels_fall_back_to_a_compiled_table_crc_without_isal(tmp_path):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "nc")}
+    for run in range(2):
+        out = subprocess.run([sys.executable, "-c", _NO_ISAL], cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert got["impl"].startswith("compiled table") and got["same"], got
+    assert got["hits"] == 1  # the cached kernel binds to the fallback by symbol name, no re-compile
