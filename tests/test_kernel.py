@@ -449,3 +449,13 @@ def test_kernels_fall_back_to_a_compiled_table_crc_without_isal(tmp_path):
         got = json.loads(out.stdout.strip().splitlines()[-1])
         assert got["impl"].startswith("compiled table") and got["same"], got
     assert got["hits"] == 1  # the cached kernel binds to the fallback by symbol name, no re-compile
+
+
+@pytest.mark.parametrize("data,crc,stored", [(b"", 0x00000000, 0), (b"hello", 0x3610A686, 907060870),
+                                             (b"123456789", 0xCBF43926, 1274296614),
+                                             (b"rocketmq", 0x3E7ADDDD, 1048239581)])
+def test_kernel_crc_format_vectors(data, crc, stored):
+    """FORMAT.md §18.3: the kernel's CRC32 and the BODYCRC comparison it makes."""
+    u8 = fast.kernel_view(b"xx" + data)
+    assert int(kernel.crc32_of(u8, 2, len(data))) == crc
+    assert int(kernel.crc32_of(u8, 2, len(data))) & 0x7FFFFFFF == stored
