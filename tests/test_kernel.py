@@ -459,3 +459,19 @@ def test_kernel_crc_format_vectors(data, crc, stored):
     u8 = fast.kernel_view(b"xx" + data)
     assert int(kernel.crc32_of(u8, 2, len(data))) == crc
     assert int(kernel.crc32_of(u8, 2, len(data))) & 0x7FFFFFFF == stored
+
+
+@pytest.mark.parametrize("body_len", [0, 1, 2, 7, 100])
+def test_scan_body_crc_on_short_bodies(body_len):
+    """Any non-empty body is checked (a wrong BODYCRC fails it); an empty body never is (§4.1)."""
+    rec = bytearray(encode_message(
+        topic=b"T", queue_id=0, flag=0, queue_offset=0, physical_offset=0, sysflag=0, born_timestamp=1,
+        born_host=(bytes(4), 1), store_timestamp=2, store_host=(bytes(4), 2), reconsume_times=0, prepared_offset=0,
+        body=bytes(range(body_len)), properties=b"", magic=records.MAGIC_V1))
+    assert fast.scan_records(bytes(rec) + bytes(8), 0, len(rec) + 8).kind == fast.STOP_ZERO
+    struct_crc = int.from_bytes(rec[8:12], "big") ^ 0x1
+    rec[8:12] = struct_crc.to_bytes(4, "big")
+    step = fast.scan_records(bytes(rec) + bytes(8), 0, len(rec) + 8)
+    assert (step.kind, step.reason) == ((fast.STOP_ZERO, fast.R_OK) if body_len == 0 else
+                                        (fast.STOP_INVALID, fast.R_BODY_CRC))
+    assert fast.scan_records(bytes(rec) + bytes(8), 0, len(rec) + 8, check_crc=False).kind == fast.STOP_ZERO
