@@ -149,7 +149,7 @@ class Bench:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--only", default="", help="comma-separated workloads (scan,verify,verify-j2,dump,rebuild,rebuild-j2,"
+    ap.add_argument("--only", default="", help="comma-separated workloads (kernel,scan,verify,verify-j2,dump,rebuild,rebuild-j2,"
                                                "recover,index-query,append,spark-export)")
     ap.add_argument("--json-out", default=os.path.join(ROOT, "bench", "results", "latest.json"))
     args = ap.parse_args()
@@ -161,6 +161,21 @@ def main() -> None:
     k1 = infos["1KiB"]
     py = sys.executable
 
+    if want("kernel"):
+        for n in ("100B", "1KiB"):
+            info = infos[n]
+            warm(info["root"])
+            name = "commitlog kernel (walk+CRC)"
+            try:  # timed inside the process: the kernel alone, against the issue #11 targets
+                out = subprocess.run([py, "-m", "bench.kernel", info["root"], "--repeat", str(max(args.repeat, 3))],
+                                     capture_output=True, text=True, cwd=ROOT, check=True)
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                row.update(workload=name, store=n)
+                b.results.append(row)
+                print(f"# {name} {n}: {row['MB_s']} MB/s {row['msg_s']} msg/s (per CPU second: {row['cpu_MB_s']} MB/s "
+                      f"{row['cpu_msg_s']} msg/s)", file=sys.stderr)
+            except (subprocess.CalledProcessError, ValueError, KeyError) as e:
+                b.results.append({"workload": name, "store": n, "failed": str(e)[:300]})
     if want("scan"):
         for n, info in infos.items():
             warm(info["root"])

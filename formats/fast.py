@@ -1,9 +1,12 @@
-"""Vectorised commitlog codec: record boundaries, header columns and validity, without
-building a Python object per field.
+"""Commitlog codec for the hot paths: record boundaries, header columns and validity as numpy
+columns, without building a Python object per field.
 
-Layouts come from :mod:`formats.records` (``MESSAGE_PREFIX_FIELDS``); the numpy dtype
-below is derived from that declaration. Works on any buffer (bytes, mmap, memoryview):
-no files are opened here.
+The per-record work (walk, header gather, body and property CRC) runs in the compiled kernels
+of :mod:`formats.kernel`, imported on first use; this module is their Python face (buffers in,
+:class:`Headers` columns and stop reasons out). Layouts come from :mod:`formats.records`
+(``MESSAGE_PREFIX_FIELDS``); :func:`decode_headers_reference` is a numpy gather derived from that
+declaration, kept as the tests' independent reference. Works on any buffer (bytes, mmap,
+memoryview): no files are opened here.
 """
 
 from __future__ import annotations
@@ -13,15 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import lanes as lanes_mod
-from .hashing import crc31, crc32, parse_crc_property_digits
 from .records import (
-    CRC32_RESERVED_LEN,
-    MAGIC_BLANK,
     MAGIC_V1,
     MAGIC_V2,
     MESSAGE_PREFIX_FIELDS,
-    MIN_MESSAGE_SIZE,
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
 )
@@ -34,7 +32,6 @@ def _np_type(ctype) -> str:
 PREFIX_DTYPE = np.dtype([(name, _np_type(ctype)) for name, ctype in MESSAGE_PREFIX_FIELDS])
 PREFIX_SIZE = PREFIX_DTYPE.itemsize  # 48: born host starts here
 PREFIX_STRUCT = struct.Struct(">" + "".join({4: "i", 8: "q"}[c.sizeof()] for _, c in MESSAGE_PREFIX_FIELDS))
-_SIZE_MAGIC = struct.Struct(">ii")
 
 # Why a walk stopped (Appendix B / §13.3). "blank" is the normal end of a segment.
 STOP_BLANK = "blank"  # BLANK marker: continue in the next segment
@@ -58,113 +55,62 @@ class Walk:
     magic: int
 
 
-def _walk_seq(buf, pos: int, end: int, magics, max_records: int) -> Walk:
-    """The plain walk: one ``struct`` read per record. Reference semantics for :func:`walk`."""
-    unpack = _SIZE_MAGIC.unpack_from
-    out = []
-    append = out.append
-    v1, v2 = (tuple(magics) + (None,))[:2]
-    min_size = MIN_MESSAGE_SIZE
-    size = magic = 0
-    kind = STOP_EOF
-    while pos + 8 <= end:
-        if len(out) >= max_records:
-            kind = STOP_CHUNK
-            size = magic = 0
-            break
-        size, magic = unpack(buf, pos)
-        if magic == v1 or magic == v2:
-            if size < min_size:
-                kind = STOP_BAD_SIZE
-                break
-            if pos + size > end:
-                kind = STOP_TORN
-                break
-            append(pos)
-            pos += size
-            continue
-        if magic == MAGIC_BLANK:
-            kind = STOP_BLANK
-        elif magic == 0 and size == 0:
-            kind = STOP_ZERO
-        else:
-            kind = STOP_BAD_MAGIC
-        break
-    else:
-        size = magic = 0
-        kind = STOP_EOF
-    return Walk(np.asarray(out, dtype=np.int64), pos, kind, size, magic)
+_KERNEL = None
 
 
-# The lane walk pays off from ~1 MiB of data; per record it costs ~100 ns whatever the size,
-# the plain walk ~250 ns, so records averaging more than LANE_MAX_AVG are walked plainly.
-LANE_MIN_BYTES = 1 << 20
-LANE_MIN_RECORDS = 4096
-LANE_MAX_AVG = 16384
-LANE_RECORDS = 24  # records per lane aimed at
-MAX_LANES = 8192
-_PROBE = 64
+def _kernel():
+    """The compiled kernels (:mod:`formats.kernel`), imported on first use: numba's import (~0.4 s)
+    is too slow for commands that never walk records."""
+    global _KERNEL
+    if _KERNEL is None:
+        from . import kernel
+
+        _KERNEL = kernel
+    return _KERNEL
+
+
+# Kernel stop codes, in formats.kernel's K_* order.
+_KINDS = (STOP_BLANK, STOP_ZERO, STOP_EOF, STOP_BAD_MAGIC, STOP_BAD_SIZE, STOP_TORN, STOP_CHUNK, STOP_INVALID)
+WALK_PIECE = 1 << 18  # offsets gathered per kernel call: bounded temporaries, few calls
+
+
+def kernel_view(buf) -> np.ndarray:
+    """Read-only uint8 view of any buffer: one kernel specialisation for mmaps, bytes and bytearrays."""
+    u8 = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
+    if u8.flags.writeable:
+        u8 = u8.view()
+        u8.flags.writeable = False
+    return u8
+
+
+def _magic_pair(magics) -> tuple[int, int]:
+    magics = tuple(magics)
+    return int(magics[0]), int(magics[1] if len(magics) > 1 else magics[0])
 
 
 def walk(buf, pos: int = 0, end: int | None = None, magics=(MAGIC_V1, MAGIC_V2), max_records: int = 1 << 62) -> Walk:
     """Follow the TOTALSIZE chain from ``pos``; stop at a BLANK, zeros, or anything not a record.
 
-    Only the 8-byte size/magic pair of each record is read. Large ranges are walked with the
-    speculative lane walk of :mod:`formats.lanes` (same result as the plain walk, which is
-    used for small ranges and buffers without ``find``).
+    Only the 8-byte size/magic pair of each record is read (compiled kernel,
+    :func:`formats.kernel.walk_offsets`).
     """
     if end is None:
         end = len(buf)
-    if max_records < LANE_MIN_RECORDS or end - pos < LANE_MIN_BYTES or not hasattr(buf, "find"):
-        return _walk_seq(buf, pos, end, magics, max_records)
-    probe = _walk_seq(buf, pos, end, magics, _PROBE)
-    if probe.kind != STOP_CHUNK:
-        return probe
-    parts = [probe.offsets]
-    n = len(probe.offsets)
-    p = probe.stop
-    avg = max((p - pos) / n, MIN_MESSAGE_SIZE)
-    u8 = as_u8(buf)
-    magics = tuple(magics)
-
-    def seq_rest(q: int):
-        w = _walk_seq(buf, q, end, magics, 1 << 62)
-        return w.offsets, w.stop
-
-    while n < max_records and p + 8 <= end:
-        want = int((max_records - n) * avg * 1.02) + 4096
-        wend = end if want >= end - p else p + want
-        lanes = min(MAX_LANES, int((wend - p) // (avg * LANE_RECORDS)))
-        if avg > LANE_MAX_AVG or lanes < 16:
-            w = _walk_seq(buf, p, end, magics, max_records - n)
-            parts.append(w.offsets)
-            return Walk(np.concatenate(parts), w.stop, w.kind, w.size, w.magic)
-        offs, p, stopped = lanes_mod.lane_walk(buf, u8, p, wend, end, magics, MIN_MESSAGE_SIZE, lanes, seq_rest)
-        parts.append(offs)
-        n += len(offs)
-        if stopped:
+    k = _kernel()
+    u8 = kernel_view(buf)
+    v1, v2 = _magic_pair(magics)
+    parts = []
+    n = 0
+    while True:
+        want = min(max_records - n, WALK_PIECE)
+        out = np.empty(max(want, 0), dtype=np.int64)
+        got, pos, kind, size, magic = k.walk_offsets(u8, int(pos), int(end), v1, v2, want, out)
+        parts.append(out[:got])
+        n += got
+        if kind != k.K_CHUNK or n >= max_records:
             break
-    offsets = np.concatenate(parts)
-    if len(offsets) >= max_records:
-        q = int(offsets[max_records]) if len(offsets) > max_records else p
-        if q + 8 <= end:
-            return Walk(offsets[:max_records], q, STOP_CHUNK, 0, 0)
-    kind, size, magic = _classify(buf, p, end, magics)
-    return Walk(offsets, p, kind, size, magic)
-
-
-def _classify(buf, pos: int, end: int, magics) -> tuple[str, int, int]:
-    """Why the plain walk would stop at ``pos`` (which is known not to hold a valid record)."""
-    if pos + 8 > end:
-        return STOP_EOF, 0, 0
-    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
-    if magic in magics:
-        return (STOP_BAD_SIZE if size < MIN_MESSAGE_SIZE else STOP_TORN), size, magic
-    if magic == MAGIC_BLANK:
-        return STOP_BLANK, size, magic
-    if magic == 0 and size == 0:
-        return STOP_ZERO, size, magic
-    return STOP_BAD_MAGIC, size, magic
+    offsets = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return Walk(offsets, int(pos), _KINDS[kind], int(size), int(magic))
 
 
 # Reasons a record fails validation, in the order the broker would notice them.
@@ -226,112 +172,83 @@ def as_u8(buf) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.uint8)
 
 
-# The whole fixed header up to BODYLENGTH when both hosts are IPv4 (nearly every record):
-# one row gather per record instead of one gather per field (NOTES-performance).
-FIXED_V4_DTYPE = np.dtype(PREFIX_DTYPE.descr + [
-    ("bornHost", "V8"), ("storeTimestamp", ">i8"), ("storeHost", "V8"), ("reconsumeTimes", ">i4"),
-    ("preparedTransactionOffset", ">i8"), ("bodyLength", ">i4"),
-])
-FIXED_V4_SIZE = FIXED_V4_DTYPE.itemsize  # 88
-_HOSTS_V6 = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
+def new_headers(n: int):
+    """Empty Headers with room for ``n`` records, and the column tuples the kernels fill."""
+    k = _kernel()
+    h = Headers()
+    c32 = tuple(np.empty(n, dtype=np.int32) for _ in k.I32_COLUMNS)
+    c64 = tuple(np.empty(n, dtype=np.int64) for _ in k.I64_COLUMNS)
+    for name, col in zip(k.I32_COLUMNS, c32):
+        setattr(h, name, col)
+    for name, col in zip(k.I64_COLUMNS, c64):
+        setattr(h, name, col)
+    h.reason = np.zeros(n, dtype=np.int8)
+    return h, c32, c64
 
 
-def _rows(u8: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray | None:
-    """(n, width) bytes at ``starts`` through a strided view, or None if any row leaves ``u8``."""
-    if len(starts) and (int(starts.min()) < 0 or int(starts.max()) > len(u8) - width):
-        return None
-    view = np.lib.stride_tricks.as_strided(u8, shape=(max(len(u8) - width + 1, 0), width), strides=(1, 1),
-                                           writeable=False)
-    return view[starts]
-
-
-def _gather_fast(u8: np.ndarray, starts: np.ndarray, width: int, dtype: str) -> np.ndarray:
-    rows = _rows(u8, starts, width) if len(starts) else None
-    if rows is None:
-        return _gather(u8, starts, width, dtype)
-    return rows.view(dtype).reshape(-1).astype(dtype.replace(">", "<"))
+def _columns(h: Headers):
+    k = _kernel()
+    return (tuple(getattr(h, name) for name in k.I32_COLUMNS), tuple(getattr(h, name) for name in k.I64_COLUMNS))
 
 
 def decode_headers(buf, offsets: np.ndarray, u8: np.ndarray | None = None) -> Headers:
-    """Gather every fixed and length field of the records at ``offsets`` in one pass.
+    """Gather every fixed and length field of the records at ``offsets`` (compiled kernel).
 
     Structural checks (lengths, TOTALSIZE formula, topic length sign) are filled into
-    ``reason``; CRC checks are separate (:func:`check_body_crc`).
+    ``reason``; CRC checks are separate (:func:`check_body_crc`). Bytes past the buffer read as
+    its last byte (as :func:`decode_headers_reference` does), so any offset is safe.
     """
-    if u8 is None:
-        u8 = as_u8(buf)
-    offsets = np.asarray(offsets, dtype=np.int64)
-    n = len(offsets)
-    rows = _rows(u8, offsets, FIXED_V4_SIZE) if n else None
-    if rows is None:
-        return decode_headers_reference(buf, offsets, u8)
-    fixed = rows.view(FIXED_V4_DTYPE).reshape(-1)
-    h = Headers()
-    h.offsets = offsets
-    for name, _ in MESSAGE_PREFIX_FIELDS:
-        setattr(h, name, fixed[name].astype(PREFIX_DTYPE[name].newbyteorder("=")))
-    sysflag = h.sysFlag
-    v6 = (sysflag & _HOSTS_V6) != 0
-    any_v6 = bool(v6.any())
-    if any_v6:
-        bh = np.where(sysflag & SYSFLAG_BORNHOST_V6, 20, 8).astype(np.int64)
-        sh = np.where(sysflag & SYSFLAG_STOREHOST_V6, 20, 8).astype(np.int64)
-    else:
-        bh = np.full(n, 8, dtype=np.int64)
-        sh = np.full(n, 8, dtype=np.int64)
-    h.bornHostStart = offsets + PREFIX_SIZE
-    h.bornHostLen = bh
-    h.storeHostLen = sh
-    if any_v6:
-        # Fields after a 20-byte host move: gather them where they really are.
-        st = h.bornHostStart + bh
-        h.storeTimestamp = _gather_fast(u8, st, 8, ">i8")
-        h.storeHostStart = st + 8
-        rc = h.storeHostStart + sh
-        h.reconsumeTimes = _gather_fast(u8, rc, 4, ">i4")
-        h.preparedTransactionOffset = _gather_fast(u8, rc + 4, 8, ">i8")
-        h.bodyLength = _gather_fast(u8, rc + 12, 4, ">i4").astype(np.int64)
-        h.bodyStart = rc + 16
-    else:
-        h.storeTimestamp = fixed["storeTimestamp"].astype(np.int64)
-        h.storeHostStart = offsets + (PREFIX_SIZE + 16)
-        h.reconsumeTimes = fixed["reconsumeTimes"].astype(np.int32)
-        h.preparedTransactionOffset = fixed["preparedTransactionOffset"].astype(np.int64)
-        h.bodyLength = fixed["bodyLength"].astype(np.int64)
-        h.bodyStart = offsets + FIXED_V4_SIZE
-    body = np.maximum(h.bodyLength, 0)
-    tl_pos = h.bodyStart + body
-    is_v2 = h.magicCode == MAGIC_V2
-    tl = _rows(u8, tl_pos, 2)
-    if tl is None:
-        tl8 = _gather(u8, tl_pos, 1, "i1").astype(np.int64)
-        tl16 = _gather(u8, tl_pos, 2, ">i2").astype(np.int64)
-    else:
-        tl8 = tl[:, 0].view(np.int8).astype(np.int64)
-        tl16 = tl.view(">i2").reshape(-1).astype(np.int64)
-    any_v2 = bool(is_v2.any())
-    h.topicLength = np.where(is_v2, tl16, tl8) if any_v2 else tl8
-    tw = np.where(is_v2, 2, 1) if any_v2 else np.ones(n, dtype=np.int64)
-    h.topicStart = tl_pos + tw
-    topic = np.maximum(h.topicLength, 0)
-    pl_pos = h.topicStart + topic
-    h.propsLength = _gather_fast(u8, pl_pos, 2, ">i2").astype(np.int64)
-    h.propsStart = pl_pos + 2
-    props = np.maximum(h.propsLength, 0)
-    h.computedSize = 74 + bh + sh + tw + body + topic + props
-    h.reason = _reasons(h, offsets, body, props)
+    u8 = kernel_view(buf if u8 is None else u8)
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    h, c32, c64 = new_headers(len(offsets))
+    if len(offsets):
+        _kernel().decode_at(u8, offsets, c32, c64, h.reason)
     return h
 
 
-def _reasons(h: Headers, offsets: np.ndarray, body: np.ndarray, props: np.ndarray) -> np.ndarray:
-    rec_end = offsets + h.totalSize.astype(np.int64)
-    reason = np.zeros(len(offsets), dtype=np.int8)
-    # Checked from the last to the first so the earliest reason the broker would hit wins.
-    reason[h.computedSize != h.totalSize] = R_TOTALSIZE
-    over = (h.propsStart + props > rec_end) | (h.bodyLength < 0) | (h.bodyStart + body > rec_end)
-    reason[over] = R_LENGTHS
-    reason[h.topicLength < 0] = R_TOPIC_LENGTH
-    return reason
+# Property-CRC policies of :func:`scan_records` / :func:`validate` (formats.kernel PROP_*).
+PROP_NONE, PROP_IF_PRESENT, PROP_REQUIRED = 0, 1, 2
+
+
+@dataclass
+class ScanStep:
+    """What :func:`scan_records` found: the valid records and why it stopped."""
+
+    headers: Headers  # valid records only
+    stop: int  # position of the first byte not taken (the failing record for STOP_INVALID)
+    kind: str  # STOP_*, incl. STOP_INVALID and STOP_CHUNK
+    size: int  # TOTALSIZE at the stop
+    magic: int
+    reason: int  # R_* of the failing record for STOP_INVALID, else R_OK
+
+
+def scan_records(buf, pos: int, end: int, magics=(MAGIC_V1, MAGIC_V2), max_records: int = 8192,
+                 check_crc: bool = True, prop_crc: int = PROP_NONE, u8: np.ndarray | None = None) -> ScanStep:
+    """Walk, decode and validate up to ``max_records`` records from ``pos`` in one compiled pass
+    (the broker's recovery loop, §13.3): stops at a BLANK, zeros, anything not a record, or the
+    first record that fails a structural check, its body CRC (``check_crc``) or its property CRC
+    (``prop_crc``, see :func:`validate`)."""
+    k = _kernel()
+    u8 = kernel_view(buf if u8 is None else u8)
+    v1, v2 = _magic_pair(magics)
+    h, c32, c64 = new_headers(max(int(max_records), 0))
+    n, stop, kind, size, magic, reason = k.scan_records(u8, int(pos), int(end), v1, v2, int(max_records),
+                                                        bool(check_crc), int(prop_crc), c32, c64, h.reason)
+    return ScanStep(h.take(n), int(stop), _KINDS[kind], int(size), int(magic), int(reason))
+
+
+def validate(buf, h: Headers, check_crc: bool, prop_crc: int, u8: np.ndarray | None = None) -> None:
+    """CommitLog.validate's content checks on decoded records, into ``h.reason``: a body CRC
+    mismatch (``check_crc``) replaces any structural reason; then records still valid fail with
+    R_PROP_CRC when their ``__CRC32#`` property is wrong, or missing under PROP_REQUIRED."""
+    if not len(h):
+        return
+    c32, c64 = _columns(h)
+    c32 = tuple(np.ascontiguousarray(c, dtype=np.int32) for c in c32)
+    c64 = tuple(np.ascontiguousarray(c, dtype=np.int64) for c in c64)
+    reason = np.ascontiguousarray(h.reason, dtype=np.int8)
+    _kernel().validate(kernel_view(buf if u8 is None else u8), bool(check_crc), int(prop_crc), c32, c64, reason)
+    h.reason[:] = reason
 
 
 def decode_headers_reference(buf, offsets: np.ndarray, u8: np.ndarray | None = None) -> Headers:
@@ -391,68 +308,25 @@ def decode_headers_reference(buf, offsets: np.ndarray, u8: np.ndarray | None = N
 
 
 def check_body_crc(buf, h: Headers, mask: np.ndarray | None = None) -> np.ndarray:
-    """Boolean array: body CRC matches (records with an empty body always match, as in Java)."""
-    mv = memoryview(buf)
+    """Boolean array: body CRC matches (records with an empty body always match, as in Java;
+    a body running past the buffer never does). Records outside ``mask`` count as matching."""
     n = len(h)
     ok = np.ones(n, dtype=bool)
     if n == 0:
         return ok
-    lens = h.bodyLength
-    starts = h.bodyStart
-    ends = starts + lens
-    todo = lens > 0
-    if mask is not None:
-        todo &= mask
-    outside = todo & (ends > len(mv))
-    if outside.any():
-        ok[outside] = False
-        todo &= ~outside
-    if todo.all():
-        idx = None
-        s, e, expected = starts.tolist(), ends.tolist(), h.bodyCRC
-    else:
-        idx = np.flatnonzero(todo)
-        s, e, expected = starts[idx].tolist(), ends[idx].tolist(), h.bodyCRC[idx]
-    if not s:
-        return ok
-    # One C call per body on a zero-copy slice; ~170 ns per record is the floor in Python.
-    crcs = np.array([crc32(mv[a:b]) for a, b in zip(s, e)], dtype=np.int64)
-    good = (crcs & 0x7FFFFFFF) == expected
-    if idx is None:
-        ok[:] = good
-    else:
-        ok[idx] = good
+    todo = np.ones(n, dtype=bool) if mask is None else np.ascontiguousarray(mask, dtype=bool)
+    _kernel().body_crc_mask(kernel_view(buf), np.ascontiguousarray(h.bodyStart, dtype=np.int64),
+                            np.ascontiguousarray(h.bodyLength, dtype=np.int64),
+                            np.ascontiguousarray(h.bodyCRC, dtype=np.int32), todo, ok)
     return ok
 
 
 CRC_PROP_PREFIX = b"__CRC32#\x01"
 
 
-def has_crc_property(u8: np.ndarray, h: Headers) -> np.ndarray:
-    """Records whose properties end with the 20-byte ``__CRC32#`` entry (5.2+)."""
-    n = len(h)
-    if n == 0:
-        return np.zeros(0, dtype=bool)
-    start = h.propsStart + np.maximum(h.propsLength, 0) - CRC32_RESERVED_LEN
-    candidates = (h.propsLength >= CRC32_RESERVED_LEN) & (h.reason == R_OK)
-    idx = start[:, None] + np.arange(len(CRC_PROP_PREFIX), dtype=np.int64)
-    np.clip(idx, 0, len(u8) - 1, out=idx)
-    pattern = np.frombuffer(CRC_PROP_PREFIX, dtype=np.uint8)
-    return candidates & np.all(u8[idx] == pattern, axis=1)
-
-
 def check_property_crc(buf, offset: int, total_size: int) -> bool:
     """Whole-record CRC of §4.2: CRC31 of all but the last 20 bytes equals the stored digits."""
-    mv = memoryview(buf)
-    tail = bytes(mv[offset + total_size - CRC32_RESERVED_LEN : offset + total_size])
-    if not tail.startswith(CRC_PROP_PREFIX) or tail[-1:] != b"\x02":
-        return False
-    try:
-        digits = tail[len(CRC_PROP_PREFIX) : -1].decode("ascii")
-    except UnicodeDecodeError:
-        return False
-    expected = parse_crc_property_digits(digits)
-    return expected >= 0 and crc31(mv[offset : offset + total_size - CRC32_RESERVED_LEN]) == expected
+    return bool(_kernel().property_crc_of(kernel_view(buf), int(offset), int(total_size)))
 
 
 def first_invalid(h: Headers, crc_ok: np.ndarray | None = None) -> int:

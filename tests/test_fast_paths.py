@@ -1,8 +1,7 @@
-"""The optimised walker / header gather / CRC check give exactly what a plain reference gives.
+"""The compiled walker / header gather / CRC check give exactly what a plain reference gives.
 
 References here are written independently of formats.fast (a struct loop, per-field struct
-reads, zlib CRC). The lane walk only engages on large ranges, so most tests lower its
-thresholds to force it onto small buffers as well.
+reads, zlib CRC). tests/test_kernel.py compares the kernels with the construct declarations.
 """
 
 from __future__ import annotations
@@ -57,14 +56,6 @@ def check_walk(buf, pos=0, end=None, magics=BOTH, max_records=1 << 62):
     return w
 
 
-@pytest.fixture
-def force_lanes(monkeypatch):
-    monkeypatch.setattr(fast, "LANE_MIN_BYTES", 0)
-    monkeypatch.setattr(fast, "LANE_MIN_RECORDS", 0)
-    monkeypatch.setattr(fast, "LANE_RECORDS", 2)
-    monkeypatch.setattr(fast, "_PROBE", 2)
-
-
 def _record(rng: random.Random, body: bytes, phy: int, v2: bool = False, v6: bool = False) -> bytes:
     topic = b"T" * rng.randint(1, 40)
     sysflag = (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6) if v6 else 0
@@ -85,7 +76,7 @@ def synthetic(seed: int, n: int, tail: str, magic_bodies: bool = False) -> tuple
         size = rng.choice([0, 1, 7, 100, 300, 1024, 3000, rng.randint(0, 6000)])
         body = bytearray(rng.randbytes(size))
         if magic_bodies and size >= 16:
-            # magic codes (and whole fake records) inside bodies: false lane starts
+            # magic codes (and whole fake records) inside bodies: false record starts
             for _ in range(rng.randint(1, 4)):
                 at = rng.randrange(0, size - 8)
                 body[at : at + 8] = struct.pack(">ii", rng.randint(91, 400), rng.choice(BOTH))
@@ -115,7 +106,7 @@ TAILS = ["blank", "zeros", "torn", "garbage", "badsize", "partial8", "eof"]
 
 @pytest.mark.parametrize("tail", TAILS)
 @pytest.mark.parametrize("magic_bodies", [False, True])
-def test_lane_walk_matches_reference_on_synthetic(force_lanes, tail, magic_bodies):
+def test_walk_matches_reference_on_synthetic(tail, magic_bodies):
     for seed in range(4):
         buf, starts = synthetic(seed * 31 + len(tail), 300, tail, magic_bodies)
         w = check_walk(buf)
@@ -130,7 +121,7 @@ def test_lane_walk_matches_reference_on_synthetic(force_lanes, tail, magic_bodie
         check_walk(buf, pos=mid + 3)  # not a record start: stops at once
 
 
-def test_lane_walk_blank_at_various_positions(force_lanes):
+def test_walk_blank_at_various_positions():
     rng = random.Random(5)
     buf, starts = synthetic(9, 120, "eof")
     for k in (0, 1, 2, 59, 60, 118, 119):
@@ -140,18 +131,15 @@ def test_lane_walk_blank_at_various_positions(force_lanes):
         assert w.kind == fast.STOP_BLANK and w.stop == cut
 
 
-def test_lane_walk_with_many_false_starts_and_buffer_types(force_lanes, monkeypatch):
-    # Every body is full of magic codes: lanes start wrong and must be re-walked (also the
-    # sequential finish when they do not settle within the round limit).
+def test_walk_with_fake_records_in_bodies_and_buffer_types():
+    # Bodies full of magic codes and whole fake records: only the chain from the start counts.
     buf, starts = synthetic(77, 400, "zeros", magic_bodies=True)
-    for rounds in (0, 1, 6):
-        monkeypatch.setattr(fast.lanes_mod, "_MAX_ROUNDS", rounds)
-        assert check_walk(buf).offsets.tolist() == starts
-        assert check_walk(bytearray(buf)).offsets.tolist() == starts
-        assert check_walk(memoryview(buf)).offsets.tolist() == starts  # no find(): plain walk
+    assert check_walk(buf).offsets.tolist() == starts
+    assert check_walk(bytearray(buf)).offsets.tolist() == starts
+    assert check_walk(memoryview(buf)).offsets.tolist() == starts
 
 
-def test_default_thresholds_on_a_large_buffer():
+def test_walk_on_a_large_buffer():
     rng = random.Random(3)
     parts, starts, pos = [], [], 0
     while pos < (3 << 20):
@@ -165,7 +153,7 @@ def test_default_thresholds_on_a_large_buffer():
     check_walk(buf, pos=starts[5000], max_records=4096)
 
 
-def test_walk_on_shared_stores(force_lanes):
+def test_walk_on_shared_stores():
     for name in STORE_NAMES:
         st = Store.open(str(shared_store(name)))
         try:
@@ -257,7 +245,7 @@ def test_check_body_crc_matches_zlib():
 # --- the scan against the broker's own read-back ------------------------------------------------
 
 @pytest.mark.parametrize("name", CLEAN_STORES + ["4.9.3-crash"])
-def test_scan_offsets_are_the_brokers(name, force_lanes):
+def test_scan_offsets_are_the_brokers(name):
     st = Store.open(str(shared_store(name)))
     try:
         got = []

@@ -1,6 +1,6 @@
 """The commitlog read side (the broker's CommitLog + checkMessageAndReturnSize, §13.3).
 
-A scan walks segments in order, validates records in numpy chunks, and stops exactly
+A scan walks segments in order, validates records in compiled chunks, and stops exactly
 where the broker's recovery walk would: at the first record that fails, or at the end
 of data (zeros / torn tail / garbage). BLANK markers move the walk to the next segment.
 """
@@ -76,22 +76,16 @@ class CommitLog:
     def magics(self, strict_version: bool) -> tuple[int, ...]:
         return (MAGIC_V1,) if (strict_version and self.config.version < 5) else (MAGIC_V1, MAGIC_V2)
 
+    def prop_crc_policy(self, check_crc: bool) -> int:
+        """Which records need a ``__CRC32#`` property check (§4.2): none before 5.x; on 5.x those
+        that carry the property, or every record when forceVerifyPropCRC is set and CRCs are checked."""
+        if self.config.version < 5:
+            return fast.PROP_NONE
+        return fast.PROP_REQUIRED if (check_crc and self.config.forceVerifyPropCRC) else fast.PROP_IF_PRESENT
+
     def validate(self, buf, u8, h: Headers, check_crc: bool, strict_version: bool = False) -> None:
         """Fill ``h.reason`` with the first rule each record breaks (§13.3 order)."""
-        if check_crc and len(h):
-            ok = fast.check_body_crc(buf, h)
-            h.reason[~ok] = fast.R_BODY_CRC
-        cfg = self.config
-        if cfg.version >= 5 and len(h):
-            has_prop_crc = fast.has_crc_property(u8, h)
-            force = check_crc and cfg.forceVerifyPropCRC
-            idx = np.flatnonzero(has_prop_crc | force) if (force or has_prop_crc.any()) else ()
-            for i in idx.tolist() if len(idx) else ():
-                if h.reason[i] != fast.R_OK:
-                    continue
-                if not has_prop_crc[i] or not fast.check_property_crc(buf, int(h.offsets[i]), int(h.totalSize[i])):
-                    if force or has_prop_crc[i]:
-                        h.reason[i] = fast.R_PROP_CRC
+        fast.validate(buf, h, check_crc, self.prop_crc_policy(check_crc), u8)
 
     def scan(self, *, start_index: int = 0, start_position: int = 0, check_crc: bool = True,
              strict_version: bool = False, result: ScanResult | None = None,
@@ -103,10 +97,12 @@ class CommitLog:
         valid record ends the log (``result.stop`` says where and why). With ``end_index``
         the walk also ends after segment ``end_index - 1`` (a stop of kind "blank" there means
         the log goes on in the next range: how ``-j`` splits a scan, see :mod:`.parallel`).
+        Each chunk is one call of the compiled walk+decode+CRC kernel (:func:`formats.fast.scan_records`).
         """
         result = result if result is not None else ScanResult()
         segs = self.segments.segments
         magics = self.magics(strict_version)
+        prop_crc = self.prop_crc_policy(check_crc)
         i = start_index
         pos = start_position
         if not segs:
@@ -115,40 +111,32 @@ class CommitLog:
         while i < len(segs):
             seg = segs[i]
             buf = seg.buffer()
-            u8 = fast.as_u8(buf) if seg.size else np.zeros(0, np.uint8)
+            u8 = fast.kernel_view(buf) if seg.size else np.zeros(0, np.uint8)
             limit = min(seg.size, self.segments.file_size) if seg.size else 0
-            # Boundaries of the whole segment first (lane walk), then validation in chunks of
-            # ``chunk_records``: bounded temporaries, same stop as a record-by-record walk.
-            w = fast.walk(buf, pos, limit, magics)
-            offsets = w.offsets
-            for c in range(0, len(offsets), chunk_records):
-                h = fast.decode_headers(buf, offsets[c : c + chunk_records], u8)
-                self.validate(buf, u8, h, check_crc, strict_version)
-                bad = fast.first_invalid(h)
-                if bad < len(h):
-                    good = h.take(bad)
-                    if len(good):
-                        result.records += len(good)
-                        result.bytes += int(good.totalSize.sum())
-                        yield Chunk(seg, buf, good, check_crc)
-                    p = int(h.offsets[bad])
-                    result.stop = Stop(seg.start + p, seg, p, fast.STOP_INVALID, int(h.reason[bad]),
-                                       int(h.totalSize[bad]), int(h.magicCode[bad]))
-                    return
-                result.records += len(h)
-                result.bytes += int(h.totalSize.sum())
-                yield Chunk(seg, buf, h, check_crc)
+            while True:
+                step = fast.scan_records(buf, pos, limit, magics, chunk_records, check_crc, prop_crc, u8)
+                h = step.headers
+                if len(h):
+                    result.records += len(h)
+                    result.bytes += int(h.totalSize.sum())
+                    yield Chunk(seg, buf, h, check_crc)
+                pos = step.stop
+                if step.kind != fast.STOP_CHUNK:
+                    break
+            if step.kind == fast.STOP_INVALID:
+                result.stop = Stop(seg.start + pos, seg, pos, fast.STOP_INVALID, step.reason, step.size, step.magic)
+                return
             del u8
             _release(buf)
-            if w.kind == fast.STOP_BLANK:
-                result.blanks.append((seg.start + w.stop, w.size))
+            if step.kind == fast.STOP_BLANK:
+                result.blanks.append((seg.start + pos, step.size))
                 if i + 1 == len(segs) or (end_index is not None and i + 1 >= end_index):
-                    result.stop = Stop(seg.start + w.stop, seg, w.stop, fast.STOP_BLANK, size=w.size, magic=w.magic)
+                    result.stop = Stop(seg.start + pos, seg, pos, fast.STOP_BLANK, size=step.size, magic=step.magic)
                     return
                 i += 1
                 pos = 0
                 continue
-            result.stop = Stop(seg.start + w.stop, seg, w.stop, w.kind, size=w.size, magic=w.magic)
+            result.stop = Stop(seg.start + pos, seg, pos, step.kind, size=step.size, magic=step.magic)
             return
 
     def find_end(self, check_crc: bool = True, strict_version: bool = False) -> ScanResult:
