@@ -177,8 +177,11 @@ class Dispatcher:
     """
 
     def __init__(self, store_root: str, config: StoreConfig, *, index_namer: Callable[[int], str] | None = None,
-                 checkpoint: CheckpointWriter | None = None, journal=None):
+                 checkpoint: CheckpointWriter | None = None, journal=None, repair: bool = False):
         self.root = store_root
+        # repair (recover/truncate re-dispatch): units only at their record's QUEUEOFFSET, and the
+        # record the last index file ends with is not indexed a second time (the broker's '<' test does)
+        self.repair = repair
         self.config = config
         self.journal = journal  # an UndoJournal: every writer records what it changes
         self.checkpoint = checkpoint if checkpoint is not None else CheckpointWriter(store_root, journal)
@@ -187,6 +190,8 @@ class Dispatcher:
         self.index = (IndexWriter(store_root, config, namer=index_namer, on_file_full=self._index_file_full,
                                   journal=journal)
                       if config.messageIndexEnable else None)
+        cur = self.index.cur if self.index is not None else None
+        self._indexed_through = cur.end_phy if (repair and cur is not None and cur.index_count > 1) else -1
         self.stats = DispatchStats()
         self.problems: list[Finding] = []
         self.delay_table = config.delay_table
@@ -201,7 +206,7 @@ class Dispatcher:
         w = self._queues.get(key)
         if w is None:
             w = self._queues[key] = ConsumeQueueWriter(self.root, topic, queue_id, self.config,
-                                                       journal=self.journal)
+                                                       journal=self.journal, strict_offsets=self.repair)
         return w
 
     def ext(self, topic: str, queue_id: int) -> ConsumeQueueExtWriter:
@@ -234,7 +239,14 @@ class Dispatcher:
         stats = self.stats
         if self.index is not None:
             before = self.index.entries_written
-            self.index.build(b)
+            ib = b
+            if self._indexed_through >= 0:
+                if int(b.phy[0]) <= self._indexed_through:
+                    ib = b.take(np.flatnonzero(b.phy > self._indexed_through))
+                else:
+                    self._indexed_through = -1
+            if len(ib):
+                self.index.build(ib)
             stats.index_entries += self.index.entries_written - before
         n = len(b)
         stats.records += n

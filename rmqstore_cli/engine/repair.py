@@ -185,7 +185,7 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
     st = Store.open(root, overrides={k: getattr(config, k) for k in (
         "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "mappedFileSizeConsumeQueueExt",
         "enableConsumeQueueExt", "maxHashSlotNum", "maxIndexNum", "messageIndexEnable", "version")})
-    d = Dispatcher(root, st.config, index_namer=index_namer)
+    d = Dispatcher(root, st.config, index_namer=index_namer, repair=True)
     try:
         segs = st.commitlog.segments.segments
         start_index = 0
