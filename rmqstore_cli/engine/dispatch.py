@@ -191,7 +191,10 @@ class Dispatcher:
                                   journal=journal)
                       if config.messageIndexEnable else None)
         cur = self.index.cur if self.index is not None else None
-        self._indexed_through = cur.end_phy if (repair and cur is not None and cur.index_count > 1) else -1
+        # Only a file with room: when the last file is full, the record it ends with may have keys
+        # in the next (lost) file, and indexing it again, as the broker does, is what keeps them.
+        self._indexed_through = (cur.end_phy if (repair and cur is not None and 1 < cur.index_count < cur.entries)
+                                 else -1)
         self.stats = DispatchStats()
         self.problems: list[Finding] = []
         self.delay_table = config.delay_table
