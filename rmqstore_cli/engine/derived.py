@@ -45,10 +45,13 @@ class QueueVerdict:
     def refused(self) -> str | None:
         """Why re-dispatch cannot fill everything the log holds for this queue (no shifting)."""
         if self.records_after and self.contiguous_until < self.cut_offset + self.records_after:
+            if self.redispatch_phy is None:
+                return (f"the commitlog has no record with queue offset {self.cut_offset} of {self.topic}/"
+                        f"{self.queue_id} although {self.records_after} later ones exist; units are never shifted")
             return (f"the commitlog has no record with queue offset {self.contiguous_until} of {self.topic}/"
-                    f"{self.queue_id} although later offsets exist; units are not shifted, so the queue ends at "
-                    f"{self.contiguous_until} ({self.cut_offset + self.records_after - self.contiguous_until} "
-                    "records after the gap stay undispatched)")
+                    f"{self.queue_id} although later offsets exist: a re-dispatch that never shifts units would end "
+                    f"the queue at {self.contiguous_until} and leave "
+                    f"{self.cut_offset + self.records_after - self.contiguous_until} records after the gap without units")
         return None
 
 

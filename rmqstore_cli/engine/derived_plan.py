@@ -80,6 +80,14 @@ def check_derived(planner) -> None:
         if v is None:
             continue
         planner.verdicts[key] = (v, qs.max_offset, qs.max_physic)
+        if v.refused:
+            # Cutting would leave the records after the gap without units; shifting them would give
+            # consumers other messages at those offsets: the queue is left as the broker leaves it.
+            plan.notes.append(f"queue {t}/{q}: " + (v.detail + "; " if v.lies else "") + f"{v.refused}; the queue is "
+                              "left as the broker leaves it (refused)")
+            plan.refused_queues.append({"topic": t, "queueId": q, "reason": v.refused, "firstBadOffset": v.cut_offset,
+                                        "code": v.code})
+            continue
         if v.lies:
             plan.notes.append(f"queue {t}/{q}: {v.detail}; the broker's validity test (phyOffset >= 0, size > 0) "
                               f"keeps it; we cut the queue at {v.cut_offset} and re-dispatch from the record with that "
@@ -90,10 +98,6 @@ def check_derived(planner) -> None:
             qs.max_physic = v.last_kept_end
             if ext is not None and v.ext_cut is not None:
                 _cut_ext(planner, key, v.ext_cut)
-        if v.refused:
-            plan.notes.append(f"queue {t}/{q}: {v.refused}")
-            plan.refused_queues.append({"topic": t, "queueId": q, "reason": v.refused,
-                                        "endsAt": v.contiguous_until})
     _check_index(planner, table)
 
 
@@ -137,7 +141,7 @@ def dispatch_starts(planner, broker_from: int) -> dict:
     """{(topic, qid): phy} of every queue re-dispatched from below ``broker_from`` (what the broker never rebuilds)."""
     out = {}
     for key, (v, _, _) in getattr(planner, "verdicts", {}).items():
-        if v.redispatch_phy is not None and (v.redispatch_phy < broker_from or v.lies):
+        if v.redispatch_phy is not None and not v.refused and (v.redispatch_phy < broker_from or v.lies):
             out[key] = v.redispatch_phy
     return out
 
