@@ -451,3 +451,74 @@ def test_fuzz_repair(tmp_path_factory):
         shutil.rmtree(bk, ignore_errors=True)
     print(f"repair: {checked_before} record checks before the damage, {checked_after} salvage checks after it")
     assert not failures, f"seed {SEED}: {len(failures)} repair cases failed:\n" + "\n".join(failures[:10])
+
+
+# --- the repair invariant: recover (rebuild, truncate) then verify is clean ------------------------------
+
+INVARIANT_STORES = ["4.9.3-clean", "4.9.3-ext", "5.3.3-clean", "5.3.3-v2topic"]  # both broker versions
+DERIVED_CODES = ("CQ_", "EXT_", "IDX_", "CP_", "CL_LOST_TAIL")
+
+
+def _combos() -> list[tuple[str, str]]:
+    out = []
+    for cls in fuzzlib.DERIVED_CLASSES:
+        for name in INVARIANT_STORES:
+            if cls.startswith("ext") and not fuzzlib.model(name).by_kind("ext"):
+                continue
+            out.append((name, cls))
+    return out
+
+
+INVARIANT_CASES = int(os.environ.get("RMQSTORE_FUZZ_INVARIANT_CASES", str(len(_combos()) if os.path.isdir(
+    Path(__file__).resolve().parents[2] / "shared" / "stores") else 0)))
+
+
+def derived_findings(root: str) -> list[str]:
+    """verify's error/warning findings about consume queues, ext, index and checkpoint."""
+    return [f"{f['code']} {os.path.relpath(f['path'], root) if f.get('path') else ''}: {f['message'][:160]}"
+            for f in engine_findings(root)
+            if f.get("severity") in ("error", "warning") and str(f.get("code", "")).startswith(DERIVED_CODES)]
+
+
+def _equal_derived(root: Path, orig: Path, slots: int) -> list[str]:
+    probs = []
+    for sub in ("consumequeue", "consumequeue_ext"):
+        a, b = fuzzlib.tree_bytes(root, sub), fuzzlib.tree_bytes(orig, sub)
+        if a != b:
+            diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            probs.append(f"{sub} differs from the undamaged store: {diff[:4]}")
+    if fuzzlib.index_content(root, slots) != fuzzlib.index_content(orig, slots):
+        probs.append("index content differs from the undamaged store")
+    return probs
+
+
+def test_fuzz_recover_invariant(tmp_path_factory):
+    """Every derived-file damage class on both broker versions: after recover (on a copy) verify finds
+    nothing in consume queues, ext, index or checkpoint, and those files equal the undamaged store's."""
+    base = fast_tmp(tmp_path_factory, "invariant")
+    combos = _combos()
+    print(f"\nrecover invariant seed {SEED}: {INVARIANT_CASES} cases over {len(combos)} (store, class) pairs "
+          f"(RMQSTORE_FUZZ_SEED={SEED}, RMQSTORE_FUZZ_INVARIANT_CASES=n)")
+    failures = []
+    repaired = Counter()
+    for case in range(INVARIANT_CASES):
+        name, cls = combos[case % len(combos)]
+        rng = random.Random(f"{SEED}:invariant:{case}")
+        m = fuzzlib.model(name)
+        root, bk = base / f"case{case}", base / f"bk{case}"
+        shutil.copytree(m.root, root)
+        dmg = fuzzlib.derived_damage(rng, m, lambda _p: root, cls)
+        r = fuzzlib.run_cli(["recover", "--backup-dir", str(bk), "--json", str(root)])
+        probs = fuzzlib.problems_of(r, {0, 1})
+        plan = next((o for o in fuzzlib.json_lines(r.stdout) if o.get("type") == "recover-plan"), {})
+        repaired[cls] += bool(plan.get("queueRepairs") or plan.get("indexDeleted"))
+        probs += [f"after recover: {f}" for f in derived_findings(str(root))]
+        probs += _equal_derived(root, m.root, m.index_slots(0))
+        if plan.get("refusedQueues"):
+            probs.append(f"queues refused although the commitlog is intact: {plan['refusedQueues']}")
+        if probs:
+            failures.append(f"case {case} [{name}] {dmg.describe()}:\n    " + "\n    ".join(probs[:6]))
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(bk, ignore_errors=True)
+    print(f"recover invariant: cases with a repaired queue or index per class {dict(repaired)}")
+    assert not failures, f"seed {SEED}: {len(failures)} recover-invariant cases failed:\n" + "\n".join(failures[:10])

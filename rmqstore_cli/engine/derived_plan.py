@@ -96,25 +96,57 @@ def check_derived(planner) -> None:
             planner._cut_queue(qs, v.cut_offset * CQ_UNIT_SIZE, f"unit {v.cut_offset} disagrees with its record")
             qs.end = v.cut_offset * CQ_UNIT_SIZE
             qs.max_physic = v.last_kept_end
-            if ext is not None and v.ext_cut is not None:
-                _cut_ext(planner, key, v.ext_cut)
+        if ext is not None and v.ext_cut is not None and v.redispatch_phy is not None:
+            # the ext units of the units re-dispatched are written again, at the same addresses
+            _cut_ext(planner, key, v.ext_cut)
     _check_index(planner, table)
 
 
 def _cut_ext(planner, key, ext_end: int) -> None:
+    """The ext queue ends exactly after the ext unit of the last kept consume-queue unit. Replaces the
+    §8.5 cut, which follows the largest ext address among the broker-valid units: a lying unit can
+    name any address, earlier (cutting kept units) or later (keeping units that are rewritten)."""
     ext, segs = planner.exts[key]
     fs = ext.file_size
     from .recovery import _nonzero_after
 
+    paths = {seg.path for seg in segs}
+    planner.plan.actions = [a for a in planner.plan.actions if a.path not in paths]
+    planner.moved -= paths
     for seg in segs:
         if seg.start > ext_end or (seg.start == ext_end and seg.start > 0):
             planner.move_aside(seg.path, f"ext units from {ext_end} belong to rewritten consume-queue units")
         elif seg.start <= ext_end < seg.start + fs and _nonzero_after(seg.path, ext_end - seg.start):
-            already = any(a.kind == "zero_tail" and a.path == seg.path and a.offset <= ext_end - seg.start
-                          for a in planner.plan.actions)
-            if not already:
-                planner.act("zero_tail", seg.path, f"ext units from {ext_end} belong to rewritten consume-queue units; "
-                            "they are written again by the re-dispatch", offset=ext_end - seg.start)
+            planner.act("zero_tail", seg.path, f"ext units from {ext_end} belong to rewritten consume-queue units; "
+                        "they are written again by the re-dispatch", offset=ext_end - seg.start)
+
+
+def correct_checkpoint(planner, after) -> bool:
+    """Checkpoint times after the records they describe (a future time makes the broker believe data
+    was flushed or dispatched that the log does not hold): set to what the recovered store holds."""
+    table = getattr(planner, "record_table", None)
+    if table is None or not len(table.recs):
+        return False
+    c = table.recs.c
+    changed = False
+    newest = int(c["storeTimestamp"].max())
+    if after.physicMsgTimestamp > newest:
+        after.physicMsgTimestamp, changed = newest, True
+    tran = c["sysFlag"] & 0xC
+    cq_ts = c["storeTimestamp"][(tran == 0) | (tran == 8)]
+    newest_cq = int(cq_ts.max()) if len(cq_ts) else 0
+    if after.logicsMsgTimestamp > newest_cq:
+        after.logicsMsgTimestamp, changed = newest_cq, True
+    ends = [f.header().endTimestamp for f in planner.index_files if f.complete]
+    if after.indexMsgTimestamp > max(ends, default=0):
+        full = [f.header().endTimestamp for f in planner.index_files
+                if f.complete and f.header().indexCount >= planner.cfg.maxIndexNum]
+        after.indexMsgTimestamp, changed = (full[-1] if full else 0), True
+        planner.index_ts_corrected = True
+    if changed:
+        planner.plan.notes.append("checkpoint times after the newest record they describe are set back to the "
+                                  "recovered store's (the broker would trust them)")
+    return changed
 
 
 def _check_index(planner, table) -> None:

@@ -25,7 +25,7 @@ from .consumequeue import ConsumeQueue, ConsumeQueueExt
 from .errors import EXIT_CLEAN, EXIT_CORRUPT, EXIT_FINDINGS
 from .logwalk import Records, WalkStop, broker_walk, lenient_records, resync
 from .store import Store
-from .derived_plan import check_derived, dispatch_starts, queue_repairs
+from .derived_plan import check_derived, correct_checkpoint, dispatch_starts, queue_repairs
 
 REFUSE = "the broker would refuse to start: "
 
@@ -621,6 +621,7 @@ class Planner:
             after.logicsMsgTimestamp = self.last_cq_ts
         if self.version >= 5 and self.last_record_start is not None:
             after.confirmPhyOffset = self.last_record_start
+        corrected = correct_checkpoint(self, after)
         self.plan.checkpoint_after = after.as_json(self.version)
         self.plan.checkpoint_after["indexMsgTimestampNote"] = "advances if re-dispatch fills an index file"
         if after.to_bytes() != cp.to_bytes() or not cp.exists:
@@ -628,8 +629,9 @@ class Planner:
                                                      "masterFlushedOffset", "confirmPhyOffset")}
             only_confirm = (after.logicsMsgTimestamp == cp.logicsMsgTimestamp)
             self.act("checkpoint", os.path.join(self.store.root, "checkpoint"),
-                     "checkpoint fields the broker sets during recovery", housekeeping=only_confirm and self.plan.last_exit_ok,
-                     extra={"fields": fields})
+                     "checkpoint fields the broker sets during recovery" + (" (times after the log corrected)" if corrected else ""),
+                     housekeeping=only_confirm and self.plan.last_exit_ok and not corrected,
+                     extra={"fields": fields, "indexCorrected": getattr(self, "index_ts_corrected", False)})
         if not self.plan.last_exit_ok:
             self.act("remove_abort", os.path.join(self.store.root, "abort"),
                      "a clean shutdown removes abort (§12.1); done last, after everything else is on disk")

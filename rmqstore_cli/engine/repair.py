@@ -121,6 +121,7 @@ def apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, i
                     zero_range(a.path, a.offset, end)
                 res.steps.append(f"zeroed {end - a.offset} bytes of {os.path.relpath(a.path, root)} from {a.offset}")
     dispatch = next((a for a in plan.actions if a.kind == "dispatch"), None)
+    index_ts_before = _index_msg_timestamp(root)
     if dispatch is not None:
         res.dispatch = run_dispatch(root, config, backup, dispatch.extra["from"], dispatch.extra["to"],
                                     plan.dispatch.get("queuesGaining", {}), index_namer)
@@ -137,7 +138,7 @@ def apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, i
             backup.mark("created", path="checkpoint")
         w = CheckpointWriter(root)
         fields = dict(cp.extra["fields"])
-        if dispatch is not None:
+        if dispatch is not None and not (cp.extra.get("indexCorrected") and _index_msg_timestamp(root) == index_ts_before):
             fields.pop("indexMsgTimestamp", None)  # the dispatcher's value when it filled an index file
         w.set(**fields)
         w.dirty = True
@@ -149,6 +150,15 @@ def apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, i
         res.steps.append("abort removed (clean shutdown)")
     fsync_path(root, True)
     return res
+
+
+def _index_msg_timestamp(root: str) -> int | None:
+    from .checkpoint import read_checkpoint
+
+    try:
+        return read_checkpoint(os.path.join(root, "checkpoint")).indexMsgTimestamp
+    except Exception:  # noqa: BLE001 - a missing/short checkpoint: nothing to compare
+        return None
 
 
 def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gaining: dict, index_namer) -> dict:
