@@ -74,6 +74,8 @@ def check_derived(planner) -> None:
                             start, start, ext)
             if v is not None:
                 planner.verdicts[key] = (v, start, -1)
+                if ext is not None and v.redispatch_phy is not None and not v.refused:
+                    _cut_ext(planner, key, 0)  # the queue lost every unit: its ext units are all written again
             continue
         units, first = _queue_units(qs)
         v = check_queue(table, t, q, units, first, qs.max_offset, ext)
