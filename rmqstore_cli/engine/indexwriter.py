@@ -211,6 +211,8 @@ class _OpenIndex:
         self.end_phy, self.end_ts = int(phys[-1]), int(tss[-1])
 
     def close(self, flush: bool) -> None:
+        if self.seg.mm is None:
+            return  # closed already (a failed switch to a new file leaves the old one as current)
         self.write_header()
         self.slot_table = None
         self.seg.close(flush=flush)

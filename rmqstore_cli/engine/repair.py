@@ -97,7 +97,25 @@ def take_lock(root: str, force: bool) -> StoreLock | None:
 
 def apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, index_namer=None,
                zero_tails: bool = True) -> ApplyResult:
-    """Carry out ``plan`` on the store (the caller holds the lock)."""
+    """Carry out ``plan`` on the store (the caller holds the lock). An I/O error (a full disk: ENOSPC
+    from the space reservation before any mapped write) undoes every step done so far from the
+    backup journal, so the store is left as it was, then is raised again."""
+    try:
+        return _apply_plan(plan, store_root, config, backup, index_namer=index_namer, zero_tails=zero_tails)
+    except OSError as e:
+        from .backup import restore
+
+        try:
+            restore(backup.dir, os.path.abspath(store_root))
+        except (OSError, UsageError) as e2:
+            raise OSError(e.errno, f"{e.strerror or e}; undoing the steps done so far failed too "
+                                   f"({e2}): finish with `rmqstore restore {backup.dir}`", e.filename) from None
+        raise OSError(e.errno, f"{e.strerror or e}; every step done so far was undone from {backup.dir}: the "
+                               "store is as it was", e.filename) from None
+
+
+def _apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, index_namer=None,
+                zero_tails: bool = True) -> ApplyResult:
     res = ApplyResult(backup.dir)
     root = os.path.abspath(store_root)
     for a in plan.actions:
