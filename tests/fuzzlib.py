@@ -400,11 +400,12 @@ def _huge(rng: random.Random, m: StoreModel, rel: str, data: bytearray) -> str:
     return "max@0"
 
 
-def plan_and_apply(rng: random.Random, m: StoreModel, case_dir_for) -> Damage:
-    """Choose a damage, make the case clone (private copies of touched files) and apply it."""
+def plan_and_apply(rng: random.Random, m: StoreModel, case_dir_for, kind: str | None = None) -> Damage:
+    """Choose a damage (of ``kind`` if given), make the case clone (private copies of touched files) and apply it."""
     kinds = [k for k in KINDS if m.by_kind(k)]
     weights = {"commitlog": 40, "cq": 20, "ext": 12, "index": 16, "checkpoint": 7, "config": 5}
-    kind = rng.choices(kinds, [weights[k] for k in kinds])[0]
+    if kind is None:
+        kind = rng.choices(kinds, [weights[k] for k in kinds])[0]
     op = rng.choices(OPS, [24, 16, 14, 12, 14, 9, 11])[0]
     rel = _pick_file(rng, m, kind)
     files = [rel]

@@ -45,6 +45,10 @@ class QueueVerdict:
     def refused(self) -> str | None:
         """Why re-dispatch cannot fill everything the log holds for this queue (no shifting)."""
         if self.records_after and self.contiguous_until < self.cut_offset + self.records_after:
+            if self.redispatch_phy is not None and self.contiguous_until == self.cut_offset:
+                return (f"the record with queue offset {self.cut_offset} of {self.topic}/{self.queue_id} (at "
+                        f"{self.redispatch_phy}) lies before the queue's kept units in the log (records out of place); "
+                        "a re-dispatch would skip it as already present")
             if self.redispatch_phy is None:
                 return (f"the commitlog has no record with queue offset {self.cut_offset} of {self.topic}/"
                         f"{self.queue_id} although {self.records_after} later ones exist; units are never shifted")
@@ -175,13 +179,17 @@ def check_queue(table: RecordTable, topic: str, qid: int, units: np.ndarray, fir
         brk = np.flatnonzero(seq != exp)
         contiguous = cut + (int(brk[0]) if len(brk) else len(seq))
     k = int(np.argmax(bad)) if bad.any() else n
+    kept_real = np.flatnonzero(real[:k])
+    last_end = int(phy[kept_real[-1]] + size[kept_real[-1]]) if len(kept_real) else -1
+    if redispatch is not None and redispatch + int(c["size"][after[at[0]]]) <= last_end:
+        # the record lies before the last kept unit's (records out of place in the log): the put rule
+        # (§7.5, phy + size <= maxPhysicOffset: already present) would skip it
+        contiguous = cut
     code = codes[int(why[k])] if bad.any() else None
     detail = ""
     if code:
         detail = (f"unit {cut} (phyOffset {int(phy[k])}, size {int(size[k])}, tagsCode {int(tags[k])}) disagrees with "
                   f"the commitlog: {code}")
-    kept_real = np.flatnonzero(real[:k])
-    last_end = int(phy[kept_real[-1]] + size[kept_real[-1]]) if len(kept_real) else -1
     ext_cut = None
     if ext is not None:
         kept_ext = [j for j in kept_real.tolist() if tags[j] <= MAX_ADDR]
