@@ -139,7 +139,7 @@ def correct_checkpoint(planner, after) -> bool:
     newest_cq = int(cq_ts.max()) if len(cq_ts) else 0
     if after.logicsMsgTimestamp > newest_cq:
         after.logicsMsgTimestamp, changed = newest_cq, True
-    ends = [f.header().endTimestamp for f in planner.index_files if f.complete]
+    ends = [f.header().endTimestamp for f in planner.store.index.files if f.complete]  # as on disk, before any rebuild
     if after.indexMsgTimestamp > max(ends, default=0):
         full = [f.header().endTimestamp for f in planner.index_files
                 if f.complete and f.header().indexCount >= planner.cfg.maxIndexNum]
@@ -157,18 +157,47 @@ def _check_index(planner, table) -> None:
     probs = index_problems(planner.store, table, planner.index_files)
     if not probs:
         return
-    first = probs[0]
     import os
 
+    files = planner.index_files
+    bad = {f.path for f in probs}
+    first_bad = min(i for i, f in enumerate(files) if f.path in bad)
+    first = next(f for f in probs if f.path == files[first_bad].path)
+    j, after = _index_restart(files, first_bad, table)
     planner.plan.notes.append(
         f"index file {os.path.basename(first.path)} disagrees with the commitlog ({first.code}: {first.message}); "
-        f"the broker keeps it (lookups would return wrong or no messages); every index file is rebuilt from the "
-        f"commitlog instead")
-    for f in planner.index_files:
+        f"the broker keeps it (lookups would return wrong or no messages); "
+        + (f"it and the {len(files) - j - 1} files after it are rebuilt from the commitlog, from the first record "
+           f"after {after}" if j else "every index file is rebuilt from the commitlog"))
+    for f in files[j:]:
         planner.move_aside(f.path, "index rebuilt from the commitlog (entries disagree with the records)")
         planner.plan.index_deleted.append(f.name)
-    planner.index_files = []
-    planner.index_rebuild_from = 0
+    planner.index_files = files[:j]
+    if j:
+        recs = table.recs
+        k = int(np.searchsorted(recs.phy, after, side="right"))
+        planner.index_rebuild_from = int(recs.phy[k]) if k < len(recs) else table.end
+        planner.index_resume_after = after
+    else:
+        planner.index_rebuild_from = 0
+
+
+def _index_restart(files: list, j: int, table) -> tuple[int, int | None]:
+    """(first file to rebuild, the endPhyOffset the rebuild continues after). The file before a rebuilt one
+    stays only if it holds every key of the record it ends with: a record whose keys straddle two files
+    cannot be re-indexed in part, so the rebuild then starts one file earlier."""
+    recs = table.recs
+    while j > 0:
+        prev = files[j - 1]
+        h = prev.header()
+        end = h.endPhyOffset
+        ent = prev.entry_table(max(h.indexCount, 1))[1:]
+        held = int((ent["phyOffset"] == end).sum()) if len(ent) else 0
+        i, found = recs.lookup(np.asarray([end], np.int64))
+        if found[0] and held == int(recs.c["keyCount"][i[0]]):
+            return j, end
+        j -= 1
+    return 0, None
 
 
 def dispatch_starts(planner, broker_from: int) -> dict:

@@ -202,6 +202,11 @@ class Dispatcher:
         self._topic_cache: dict[bytes, str] = {}
         self._tags_cache: dict[bytes, int] = {}
 
+    def index_continues_after(self, phy: int) -> None:
+        """The index holds every key of the records up to ``phy`` (a rebuild of the files after a full one
+        whose last record is complete): those are not indexed again, as the broker's '<' test would."""
+        self._indexed_through = phy
+
     # --- per-queue writers (opened lazily, state recovered from disk) --------------------------
 
     def queue(self, topic: str, queue_id: int) -> ConsumeQueueWriter:

@@ -142,7 +142,8 @@ def _apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, 
     index_ts_before = _index_msg_timestamp(root)
     if dispatch is not None:
         res.dispatch = run_dispatch(root, config, backup, dispatch.extra["from"], dispatch.extra["to"],
-                                    plan.dispatch.get("queuesGaining", {}), index_namer)
+                                    plan.dispatch.get("queuesGaining", {}), index_namer,
+                                    index_after=dispatch.extra.get("indexAfter"))
         res.steps.append(f"dispatched {res.dispatch['records']} records: {res.dispatch['cqUnits']} consume-queue units, "
                          f"{res.dispatch['indexEntries']} index entries")
     cp = next((a for a in plan.actions if a.kind == "checkpoint"), None)
@@ -179,7 +180,8 @@ def _index_msg_timestamp(root: str) -> int | None:
         return None
 
 
-def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gaining: dict, index_namer) -> dict:
+def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gaining: dict, index_namer,
+                 index_after: int | None = None) -> dict:
     """Re-dispatch [start, end) with the Dispatcher; every file it may change is saved first."""
     from .dispatch import Dispatcher
     from .store import Store
@@ -214,6 +216,8 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
         "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "mappedFileSizeConsumeQueueExt",
         "enableConsumeQueueExt", "maxHashSlotNum", "maxIndexNum", "messageIndexEnable", "version")})
     d = Dispatcher(root, st.config, index_namer=index_namer, repair=True)
+    if index_after is not None:
+        d.index_continues_after(index_after)
     try:
         segs = st.commitlog.segments.segments
         start_index = 0
