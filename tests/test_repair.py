@@ -350,3 +350,28 @@ def test_gap_in_queue_offsets_is_refused_not_shifted(store_copy):
     before = qfile.read_bytes()
     run("recover", root)
     assert qfile.read_bytes() == before  # the queue is left alone, not cut or shifted
+
+
+def test_lying_index_entry_rebuilds_from_its_file(store_copy):
+    """An entry whose phyOffset names another record: that file and the ones after it are rebuilt, the
+    earlier files stay, and the index content equals the broker's."""
+    from . import fuzzlib
+
+    root = store_copy("4.9.3-clean")
+    names = sorted(os.listdir(root / "index"))
+    info = {f["name"]: f for f in broker_read("4.9.3-clean")["index"][0]["files"]}
+    victim = names[12]
+    slots = int(broker_read("4.9.3-clean")["store"][0]["maxHashSlotNum"])
+    pos = 40 + slots * 4 + (info[victim]["indexCount"] // 2) * 20 + 4
+    data = bytearray((root / "index" / victim).read_bytes())
+    old = struct.unpack_from(">q", data, pos)[0]
+    other = next(m["offset"] for m in clmsgs("4.9.3-clean") if m["offset"] > old + 5000)
+    struct.pack_into(">q", data, pos, other)
+    (root / "index" / victim).write_bytes(bytes(data))
+    p = plan(root, 4)
+    # a suffix of the files, from the victim or earlier (records whose keys straddle two files), never all
+    first = names.index(p.index_deleted[0])
+    assert 0 < first <= 12 and p.index_deleted == names[first:]
+    assert run("recover", root).exit_code == 0
+    assert sorted(os.listdir(root / "index"))[:first] == names[:first]
+    assert fuzzlib.index_content(root, slots) == fuzzlib.index_content(broker_store("4.9.3-clean"), slots)
