@@ -163,7 +163,7 @@ def _check_index(planner, table) -> None:
     bad = {f.path for f in probs}
     first_bad = min(i for i, f in enumerate(files) if f.path in bad)
     first = next(f for f in probs if f.path == files[first_bad].path)
-    j, after = _index_restart(files, first_bad, table)
+    j, after, held = _index_restart(files, first_bad, table)
     planner.plan.notes.append(
         f"index file {os.path.basename(first.path)} disagrees with the commitlog ({first.code}: {first.message}); "
         f"the broker keeps it (lookups would return wrong or no messages); "
@@ -176,16 +176,18 @@ def _check_index(planner, table) -> None:
     if j:
         recs = table.recs
         k = int(np.searchsorted(recs.phy, after, side="right"))
+        if held is not None:  # the record's remaining keys start the rebuilt file
+            k = int(np.searchsorted(recs.phy, after, side="left"))
         planner.index_rebuild_from = int(recs.phy[k]) if k < len(recs) else table.end
-        planner.index_resume_after = after
+        planner.index_resume_after = (after, held)
     else:
         planner.index_rebuild_from = 0
 
 
-def _index_restart(files: list, j: int, table) -> tuple[int, int | None]:
-    """(first file to rebuild, the endPhyOffset the rebuild continues after). The file before a rebuilt one
-    stays only if it holds every key of the record it ends with: a record whose keys straddle two files
-    cannot be re-indexed in part, so the rebuild then starts one file earlier."""
+def _index_restart(files: list, j: int, table) -> tuple[int, int | None, int | None]:
+    """(first file to rebuild, the endPhyOffset of the file kept before it, how many keys of that record
+    the kept file holds when its keys straddle into the rebuilt file (None: all of them)). A kept file
+    whose last record the log does not hold is rebuilt too."""
     recs = table.recs
     while j > 0:
         prev = files[j - 1]
@@ -194,10 +196,10 @@ def _index_restart(files: list, j: int, table) -> tuple[int, int | None]:
         ent = prev.entry_table(max(h.indexCount, 1))[1:]
         held = int((ent["phyOffset"] == end).sum()) if len(ent) else 0
         i, found = recs.lookup(np.asarray([end], np.int64))
-        if found[0] and held == int(recs.c["keyCount"][i[0]]):
-            return j, end
+        if found[0] and held and held <= int(recs.c["keyCount"][i[0]]):
+            return j, end, (None if held == int(recs.c["keyCount"][i[0]]) else held)
         j -= 1
-    return 0, None
+    return 0, None, None
 
 
 def dispatch_starts(planner, broker_from: int) -> dict:

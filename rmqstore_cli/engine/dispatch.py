@@ -202,10 +202,16 @@ class Dispatcher:
         self._topic_cache: dict[bytes, str] = {}
         self._tags_cache: dict[bytes, int] = {}
 
-    def index_continues_after(self, phy: int) -> None:
-        """The index holds every key of the records up to ``phy`` (a rebuild of the files after a full one
-        whose last record is complete): those are not indexed again, as the broker's '<' test would."""
-        self._indexed_through = phy
+    def index_continues_after(self, phy: int, keys_held: int | None = None) -> None:
+        """The index holds every key of the records before ``phy`` and the first ``keys_held`` keys of the
+        record at ``phy`` (all of them when None): a rebuild of the files after a full one. Those keys are
+        not indexed again, as the broker's '<' test would."""
+        if keys_held is None:
+            self._indexed_through = phy
+        else:
+            self._indexed_through = phy - 1
+            if self.index is not None:
+                self.index.skip_keys = (phy, keys_held)
 
     # --- per-queue writers (opened lazily, state recovered from disk) --------------------------
 

@@ -608,7 +608,7 @@ class Planner:
         if count and (new_units or not plan.last_exit_ok or self.index_rebuild_from is not None or ours < broker_from):
             self.act("dispatch", None, f"dispatch commitlog records [{ours}, {end}) to consume queues and index "
                      f"({rule}; already-present units are skipped by the broker's put rules)",
-                     extra={"from": ours, "to": end, "indexAfter": getattr(self, "index_resume_after", None)})
+                     extra={"from": ours, "to": end, "indexAfter": getattr(self, "index_resume_after", None)})  # (phy, keys held)
         elif count:
             plan.notes.append(f"{count} records in [{ours}, {end}) would be dispatched again; every consume-queue unit and "
                               f"index entry is already present")

@@ -181,7 +181,7 @@ def _index_msg_timestamp(root: str) -> int | None:
 
 
 def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gaining: dict, index_namer,
-                 index_after: int | None = None) -> dict:
+                 index_after: tuple | None = None) -> dict:
     """Re-dispatch [start, end) with the Dispatcher; every file it may change is saved first."""
     from .dispatch import Dispatcher
     from .store import Store
@@ -217,7 +217,7 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
         "enableConsumeQueueExt", "maxHashSlotNum", "maxIndexNum", "messageIndexEnable", "version")})
     d = Dispatcher(root, st.config, index_namer=index_namer, repair=True)
     if index_after is not None:
-        d.index_continues_after(index_after)
+        d.index_continues_after(*index_after)
     try:
         segs = st.commitlog.segments.segments
         start_index = 0
