@@ -220,12 +220,3 @@ def index_problems(store, table: RecordTable, files: list) -> list:
     _check_index(store, table.recs, refs, found, {}, files=files)
     return [f for f in found if f.severity in ("error", "warning")]
 
-
-def expected_index_keys(table: RecordTable, index_enabled: bool) -> int:
-    """How many index entries the recovered log's records need (UNIQ_KEY + KEYS tokens of
-    NOT/PREPARED/COMMIT records)."""
-    if not index_enabled:
-        return 0
-    c = table.recs.c
-    rollback = (c["sysFlag"] & 0xC) == 0xC
-    return int(c["keyCount"][~rollback].astype(np.int64).sum())
