@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from formats.extaddr import MAX_ADDR, undecorate
-from formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
+from formats.records import CQ_FILLER, TRANSACTION_COMMIT, TRANSACTION_NOT
 
 
 @dataclass
