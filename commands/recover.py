@@ -46,7 +46,7 @@ def print_plan(out: Output, plan, title: str) -> None:
         br, ours = qr["broker"], qr["ours"]
         say(f"  queue {qr['topic']}/{qr['queueId']}: first bad unit {qr['firstBadOffset']} ({qr['code'] or 'missing'}); "
             f"broker leaves offsets {br['minOffset']}..{br['maxOffset']}"
-            + (f" keeping the lying unit" if br.get("keepsLyingUnit") else "")
+            + (" keeping the lying unit" if br.get("keepsLyingUnit") else "")
             + f"; we leave {ours['minOffset']}..{ours['maxOffset']}, every unit at its record's queue offset; "
             f"{qr['recordsSaved']} records saved" + (f"; REFUSED past {qr['refused']}" if qr.get("refused") else ""))
     if plan.index_deleted:
