@@ -45,6 +45,13 @@ def print_plan(out: Output, plan, title: str) -> None:
     if d:
         say(f"  re-dispatch: broker from {d['brokerFrom']} ({d['brokerRule']}); ours [{d['from']}, {d['to']}): "
             f"{d['records']} records, {d['newConsumeQueueUnits']} new consume-queue units")
+    for qr in getattr(plan, "queue_repairs", []):
+        br, ours = qr["broker"], qr["ours"]
+        say(f"  queue {qr['topic']}/{qr['queueId']}: first bad unit {qr['firstBadOffset']} ({qr['code'] or 'missing'}); "
+            f"broker leaves offsets {br['minOffset']}..{br['maxOffset']}"
+            + (" keeping the lying unit" if br.get("keepsLyingUnit") else "")
+            + f"; we leave {ours['minOffset']}..{ours['maxOffset']}, every unit at its record's queue offset; "
+            f"{qr['recordsSaved']} records saved" + (f"; REFUSED past {qr['refused']}" if qr.get("refused") else ""))
     if plan.index_deleted:
         say(f"  index files removed and rebuilt: {', '.join(plan.index_deleted)}")
     for n in plan.notes:

@@ -400,11 +400,12 @@ def _huge(rng: random.Random, m: StoreModel, rel: str, data: bytearray) -> str:
     return "max@0"
 
 
-def plan_and_apply(rng: random.Random, m: StoreModel, case_dir_for) -> Damage:
-    """Choose a damage, make the case clone (private copies of touched files) and apply it."""
+def plan_and_apply(rng: random.Random, m: StoreModel, case_dir_for, kind: str | None = None) -> Damage:
+    """Choose a damage (of ``kind`` if given), make the case clone (private copies of touched files) and apply it."""
     kinds = [k for k in KINDS if m.by_kind(k)]
     weights = {"commitlog": 40, "cq": 20, "ext": 12, "index": 16, "checkpoint": 7, "config": 5}
-    kind = rng.choices(kinds, [weights[k] for k in kinds])[0]
+    if kind is None:
+        kind = rng.choices(kinds, [weights[k] for k in kinds])[0]
     op = rng.choices(OPS, [24, 16, 14, 12, 14, 9, 11])[0]
     rel = _pick_file(rng, m, kind)
     files = [rel]
@@ -630,4 +631,131 @@ def json_lines(text: str) -> list[dict]:
                 out.append(json.loads(line))
             except ValueError:
                 pass
+    return out
+
+
+# --- derived-file damage (consume queues, ext, index, checkpoint that lie about the log) --------------
+
+DERIVED_CLASSES = ("cq-random", "cq-random-valid", "cq-swap", "cq-past-log", "ext-tags", "idx-offset", "idx-hash",
+                   "idx-slot-past-count", "cp-future", "cp-past")
+
+
+def _cq_used_units(m: StoreModel) -> dict[str, int]:
+    """{consume-queue file: units the broker wrote into it} (from broker-read, not from rmqstore)."""
+    br = broker_read(m.name)
+    cq_size = next((m.sizes[f] for f in m.by_kind("cq")), 0)
+    used: dict[str, int] = {}
+    for e in br.get("cqe", []):
+        pos = e["queueOffset"] * 20
+        rel = f"consumequeue/{e['topic']}/{e['queueId']}/{pos - pos % cq_size:020d}"
+        used[rel] = max(used.get(rel, 0), (pos % cq_size) // 20 + 1)
+    return used
+
+
+def derived_damage(rng: random.Random, m: StoreModel, case_dir_for, cls: str | None = None) -> Damage:
+    """One seeded lie in a derived file; the commitlog is never touched. ``case_dir_for(private)`` makes
+    the case store (files in ``private`` are copies that may be written)."""
+    classes = [c for c in DERIVED_CLASSES if not c.startswith("ext") or m.by_kind("ext")]
+    cls = cls or rng.choice(classes)
+    if cls.startswith("cq"):
+        used = _cq_used_units(m)
+        rel = rng.choice(sorted(f for f, n in used.items() if n >= 3))
+        root = case_dir_for({rel})
+        data = bytearray((root / rel).read_bytes())
+        n = used[rel]
+        u = rng.randrange(n)
+        if cls in ("cq-random", "cq-random-valid"):
+            k = min(rng.randint(1, 4), n - u)
+            junk = bytearray(rng.randbytes(20 * k))
+            if cls == "cq-random-valid":  # the broker's test still accepts the first unit (phy >= 0, size > 0)
+                junk[0] &= 0x7F
+                junk[8] &= 0x7F
+                junk[11] |= 1
+            data[u * 20: u * 20 + 20 * k] = junk
+            detail = f"{k} random units at {u}"
+        elif cls == "cq-swap":
+            v = u + 1 if u + 1 < n else u - 1
+            a, b = sorted((u, v))
+            data[a * 20: b * 20 + 20] = data[b * 20: b * 20 + 20] + data[a * 20: a * 20 + 20]
+            detail = f"units {a} and {b} swapped"
+        else:  # a unit naming a record past the end of the log, size kept
+            struct.pack_into(">q", data, u * 20, m.cl_end + rng.randrange(0, 1 << 20))
+            detail = f"unit {u} points past the log end {m.cl_end}"
+    elif cls == "ext-tags":
+        rel = rng.choice(m.by_kind("ext"))
+        root = case_dir_for({rel})
+        data = bytearray((root / rel).read_bytes())
+        units, p = [], 0
+        while p + 20 <= len(data) and struct.unpack_from(">h", data, p)[0] > 0:
+            units.append(p)
+            p += struct.unpack_from(">h", data, p)[0]
+        p = rng.choice(units)
+        old = struct.unpack_from(">q", data, p + 2)[0]
+        struct.pack_into(">q", data, p + 2, old ^ (1 << rng.randrange(31)))
+        detail = f"ext unit at {p}: tagsCode changed"
+    elif cls.startswith("idx"):
+        files = [f for f in m.by_kind("index")]
+        info = {f"index/{fi['name']}": fi for fi in broker_read(m.name)["index"][0]["files"]}
+        rel = rng.choice([f for f in files if info.get(f, {}).get("indexCount", 0) > 2])
+        root = case_dir_for({rel})
+        data = bytearray((root / rel).read_bytes())
+        count = info[rel]["indexCount"]
+        slots = m.index_slots(len(data))
+        base = 40 + slots * 4
+        e = rng.randrange(1, count)
+        if cls == "idx-offset":  # another record's offset (a real record start, so only the keys can tell)
+            other = rng.choice(m.clmsg)[0]
+            old = struct.unpack_from(">q", data, base + e * 20 + 4)[0]
+            if other == old:
+                other = m.clmsg[0][0] if old != m.clmsg[0][0] else m.clmsg[-1][0]
+            struct.pack_into(">q", data, base + e * 20 + 4, other)
+            detail = f"entry {e} of {rel}: phyOffset {old} -> {other}"
+        elif cls == "idx-hash":
+            old = struct.unpack_from(">i", data, base + e * 20)[0]
+            struct.pack_into(">i", data, base + e * 20, (old ^ (1 << rng.randrange(30))) & 0x7FFFFFFF)
+            detail = f"entry {e} of {rel}: keyHash changed"
+        else:  # a slot head pointing past indexCount
+            heads = [s for s in range(slots) if struct.unpack_from(">i", data, 40 + s * 4)[0] > 0]
+            s = rng.choice(heads) if heads and rng.random() < 0.7 else rng.randrange(slots)
+            struct.pack_into(">i", data, 40 + s * 4, count + rng.randrange(0, 1000))
+            detail = f"slot {s} of {rel} points past indexCount {count}"
+    else:  # checkpoint times
+        rel = "checkpoint"
+        root = case_dir_for({rel})
+        data = bytearray((root / rel).read_bytes())
+        field_pos = rng.choice([0, 8, 16])
+        old = struct.unpack_from(">q", data, field_pos)[0]
+        delta = rng.choice([1, 60, 3600, 86400 * 365]) * 1000
+        new = old + delta if cls == "cp-future" else max(0, old - delta)
+        struct.pack_into(">q", data, field_pos, new)
+        detail = f"checkpoint field @{field_pos}: {old} -> {new}"
+    (root / rel).write_bytes(bytes(data))
+    dmg = Damage(cls, "derived", [rel], detail)
+    dmg.changed[rel] = _diff(m.original(rel), bytes(data))
+    return dmg
+
+
+def index_content(root: Path, slots: int) -> list:
+    """Every index file's header, slot table and used entries, in name order (names are not content:
+    the broker names files by its clock)."""
+    out = []
+    d = root / "index"
+    for name in sorted(os.listdir(d)) if d.is_dir() else []:
+        data = (d / name).read_bytes()
+        count = max(struct.unpack_from(">i", data, 36)[0], 1)
+        base = 40 + slots * 4
+        out.append(hashlib.sha256(data[:base + count * 20]).hexdigest() + f":{count}")
+        if data[base + count * 20:].strip(b"\0"):
+            out.append(f"{name}: live bytes past indexCount")
+    return out
+
+
+def tree_bytes(root: Path, sub: str) -> dict[str, str]:
+    """{relative path: sha256} of every file under ``root/sub``."""
+    out = {}
+    base = root / sub
+    for dirpath, _, filenames in os.walk(base):
+        for fn in filenames:
+            p = Path(dirpath) / fn
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out

@@ -127,3 +127,75 @@ def test_out_of_space_leaves_the_store_as_it_was(tmp_path, command, limit):
     # and it is still a store the tool reads cleanly (nothing half-written is left behind)
     v = fuzzlib.run_cli(["verify", "--json", str(root)])
     assert not fuzzlib.problems_of(v, {0, 1})
+
+
+# --- a really full filesystem: a small tmpfs of fixed size (root mounts it; the tests run as root) -------
+
+TMPFS_SIZE = "1m"
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 1 MiB tmpfs mounted at tmp_path/fs for the test, unmounted afterwards."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(mnt)], capture_output=True,
+                       text=True)
+    assert p.returncode == 0, f"cannot mount a {TMPFS_SIZE} tmpfs (these tests run as root): {p.stderr.strip()}"
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _fill(fs: Path) -> None:
+    """Take every free block of the filesystem."""
+    fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _one_enospc_line(p, what: str) -> None:
+    assert p.returncode != -signal.SIGBUS, f"{what}: killed by SIGBUS"
+    check_refused(p, what)
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("rmqstore:")]
+    assert len(lines) == 1 and "ENOSPC" in lines[0], f"{what}: {p.stderr[-600:]}"
+
+
+def test_append_more_than_the_filesystem_holds(small_fs, tmp_path):
+    root = copy_store(NAME, small_fs / "store")
+    src = tmp_path / "big.jsonl"
+    # ~1.6 MB of bodies into a 1 MiB filesystem
+    src.write_text("".join(json.dumps({"topic": "ShortTopic", "queueId": 1, "bodyHex": os.urandom(8000).hex(),
+                                       "properties": {"KEYS": f"big-{i}"}}) + "\n" for i in range(200)))
+    before = fuzzlib.content_digest(root)
+    p = run_child(["append", "--from", str(src), "--quiet", str(root)])
+    _one_enospc_line(p, "append --from on a full filesystem")
+    assert fuzzlib.content_digest(root) == before
+
+
+@pytest.mark.parametrize("command", ["append", "recover", "rebuild all"])
+def test_full_filesystem_is_enospc_not_sigbus(small_fs, tmp_path, command):
+    """Writes that go through mmap into holes (a new consume-queue file, a re-dispatch, a rebuild): with
+    no block left, each must fail with ENOSPC before any byte is written, never die of SIGBUS."""
+    root = copy_store(NAME, small_fs / "store")
+    if command == "recover":
+        import shutil
+
+        shutil.rmtree(root / "consumequeue" / "ShortTopic")  # re-dispatch must create its files again
+        (root / "abort").write_bytes(b"")
+    args = {"append": ["append", "--topic", "BrandNewTopic", "--queue", "0", "--body", "hello", str(root)],
+            "recover": ["recover", "--backup-dir", str(tmp_path / "bk"), str(root)],
+            "rebuild all": ["rebuild", "all", "--backup-dir", str(tmp_path / "bk"), str(root)]}[command]
+    before = fuzzlib.content_digest(root)
+    _fill(small_fs)
+    p = run_child(args)
+    assert p.returncode != -signal.SIGBUS, f"{command}: killed by SIGBUS"
+    check_refused(p, f"{command} on a full filesystem")
+    assert "ENOSPC" in p.stderr or "No space left" in p.stderr, p.stderr[-600:]
+    assert fuzzlib.content_digest(root) == before, f"{command}: the store changed"

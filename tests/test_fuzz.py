@@ -455,3 +455,158 @@ def test_fuzz_repair(tmp_path_factory):
         shutil.rmtree(bk, ignore_errors=True)
     print(f"repair: {checked_before} record checks before the damage, {checked_after} salvage checks after it")
     assert not failures, f"seed {SEED}: {len(failures)} repair cases failed:\n" + "\n".join(failures[:10])
+
+
+# --- the repair invariant: recover (rebuild, truncate) then verify is clean ------------------------------
+
+INVARIANT_STORES = ["4.9.3-clean", "4.9.3-ext", "5.3.3-clean", "5.3.3-v2topic"]  # both broker versions
+DERIVED_CODES = ("CQ_", "EXT_", "IDX_", "CP_", "CL_LOST_TAIL")
+
+
+def _combos() -> list[tuple[str, str]]:
+    out = []
+    for cls in fuzzlib.DERIVED_CLASSES:
+        for name in INVARIANT_STORES:
+            if cls.startswith("ext") and not fuzzlib.model(name).by_kind("ext"):
+                continue
+            out.append((name, cls))
+    return out
+
+
+# default: every (store, class) pair once
+INVARIANT_CASES = int(os.environ["RMQSTORE_FUZZ_INVARIANT_CASES"]) if os.environ.get("RMQSTORE_FUZZ_INVARIANT_CASES") else None
+
+
+def derived_findings(root: str, refused: set = frozenset()) -> list[str]:
+    """verify's error/warning findings about consume queues, ext, index and checkpoint (except those about
+    the queues in ``refused``: {(topic, queueId)})."""
+    out = []
+    for f in engine_findings(root):
+        if f.get("severity") not in ("error", "warning") or not str(f.get("code", "")).startswith(DERIVED_CODES):
+            continue
+        rel = os.path.relpath(f["path"], root) if f.get("path") else ""
+        parts = rel.split(os.sep)
+        queue = (f.get("topic"), f.get("queueId")) if f.get("topic") is not None else (
+            (parts[1], int(parts[2])) if len(parts) >= 3 and parts[0].startswith("consumequeue") and parts[2].isdigit() else None)
+        if queue in refused:
+            continue
+        out.append(f"{f['code']} {rel}: {f['message'][:160]}")
+    return out
+
+
+def _equal_derived(root: Path, orig: Path, slots: int) -> list[str]:
+    probs = []
+    for sub in ("consumequeue", "consumequeue_ext"):
+        a, b = fuzzlib.tree_bytes(root, sub), fuzzlib.tree_bytes(orig, sub)
+        if a != b:
+            diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            probs.append(f"{sub} differs from the undamaged store: {diff[:4]}")
+    if fuzzlib.index_content(root, slots) != fuzzlib.index_content(orig, slots):
+        probs.append("index content differs from the undamaged store")
+    return probs
+
+
+def test_fuzz_recover_invariant(tmp_path_factory):
+    """Every derived-file damage class on both broker versions: after recover (on a copy) verify finds
+    nothing in consume queues, ext, index or checkpoint, and those files equal the undamaged store's."""
+    base = fast_tmp(tmp_path_factory, "invariant")
+    combos = _combos()
+    cases = len(combos) if INVARIANT_CASES is None else INVARIANT_CASES
+    print(f"\nrecover invariant seed {SEED}: {cases} cases over {len(combos)} (store, class) pairs "
+          f"(RMQSTORE_FUZZ_SEED={SEED}, RMQSTORE_FUZZ_INVARIANT_CASES=n)")
+    failures = []
+    repaired = Counter()
+    for case in range(cases):
+        name, cls = combos[case % len(combos)]
+        rng = random.Random(f"{SEED}:invariant:{case}")
+        m = fuzzlib.model(name)
+        root, bk = base / f"case{case}", base / f"bk{case}"
+        shutil.copytree(m.root, root)
+        dmg = fuzzlib.derived_damage(rng, m, lambda _p: root, cls)
+        r = fuzzlib.run_cli(["recover", "--backup-dir", str(bk), "--json", str(root)])
+        probs = fuzzlib.problems_of(r, {0, 1})
+        plan = next((o for o in fuzzlib.json_lines(r.stdout) if o.get("type") == "recover-plan"), {})
+        did = bool(plan.get("queueRepairs") or plan.get("indexDeleted"))
+        if cls == "cp-future":
+            did = any(a.get("action") == "checkpoint" for a in plan.get("actions", []))
+        repaired[cls] += did
+        if not did and cls != "cp-past":  # a past time is only an earlier restart point: nothing to repair
+            probs.append(f"the plan repairs nothing for this damage: {plan.get('notes')}")
+        probs += [f"after recover: {f}" for f in derived_findings(str(root))]
+        probs += _equal_derived(root, m.root, m.index_slots(0))
+        if plan.get("refusedQueues"):
+            probs.append(f"queues refused although the commitlog is intact: {plan['refusedQueues']}")
+        if probs:
+            failures.append(f"case {case} [{name}] {dmg.describe()}:\n    " + "\n    ".join(probs[:6]))
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(bk, ignore_errors=True)
+    print(f"recover invariant: cases with a repaired queue or index per class {dict(repaired)}")
+    assert not failures, f"seed {SEED}: {len(failures)} recover-invariant cases failed:\n" + "\n".join(failures[:10])
+
+
+COMMITLOG_INVARIANT_CASES = int(os.environ.get("RMQSTORE_FUZZ_CL_INVARIANT_CASES", "16"))
+
+
+def test_fuzz_recover_invariant_commitlog_damage(tmp_path_factory):
+    """Seeded commitlog damage (every store, both versions): after recover --keep-valid-after, verify finds
+    nothing in consume queues, ext, index or checkpoint except in the queues the plan refused (a log that
+    cannot supply a queue offset); findings the broker keeps in the log itself (a bad CRC it does not re-walk)
+    may remain."""
+    base = fast_tmp(tmp_path_factory, "cl-invariant")
+    names = list(STORE_WEIGHTS)
+    failures = []
+    print(f"\ncommitlog-damage recover invariant seed {SEED}: {COMMITLOG_INVARIANT_CASES} cases "
+          f"(RMQSTORE_FUZZ_CL_INVARIANT_CASES=n)")
+    for case in range(COMMITLOG_INVARIANT_CASES):
+        rng = random.Random(f"{SEED}:cl-invariant:{case}")
+        name = names[case % len(names)]
+        m = fuzzlib.model(name)
+        root, bk = base / f"case{case}", base / f"bk{case}"
+        template = fuzzlib.make_template(name, base / "templates" / name)
+        dmg = fuzzlib.plan_and_apply(rng, m, lambda _p: fuzzlib.clone(template, root, set(m.files)), kind="commitlog")
+        r = fuzzlib.run_cli(["recover", "--keep-valid-after", "--backup-dir", str(bk), "--json", str(root)])
+        probs = fuzzlib.problems_of(r, {0, 1, 2})
+        plan = next((o for o in fuzzlib.json_lines(r.stdout) if o.get("type") == "recover-plan"), {})
+        refused = {(q["topic"], q["queueId"]) for q in plan.get("refusedQueues", [])}
+        if any(o.get("type") == "applied" for o in fuzzlib.json_lines(r.stdout)):
+            probs += [f"after recover: {f}" for f in derived_findings(str(root), refused)]
+        if probs:
+            failures.append(f"case {case} [{name}] {dmg.describe()} (exit {r.exit_code}):\n    " + "\n    ".join(probs[:6]))
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(bk, ignore_errors=True)
+    assert not failures, f"seed {SEED}: {len(failures)} cases failed:\n" + "\n".join(failures[:10])
+
+
+REBUILD_TRUNCATE_CASES = int(os.environ.get("RMQSTORE_FUZZ_RT_INVARIANT_CASES", "12"))
+
+
+def test_fuzz_rebuild_and_truncate_invariant(tmp_path_factory):
+    """The same derived-file damage, repaired by `rebuild all` (then queues, ext and index equal the undamaged
+    store's) and by `truncate` at a record boundary (then verify finds nothing in the derived files).
+    Checkpoint classes are left out: neither command is specified to rewrite checkpoint times."""
+    base = fast_tmp(tmp_path_factory, "rt-invariant")
+    combos = [(n, c) for n, c in _combos() if not c.startswith("cp-")]
+    failures = []
+    print(f"\nrebuild/truncate invariant seed {SEED}: {REBUILD_TRUNCATE_CASES} cases (RMQSTORE_FUZZ_RT_INVARIANT_CASES=n)")
+    for case in range(REBUILD_TRUNCATE_CASES):
+        rng = random.Random(f"{SEED}:rt-invariant:{case}")
+        name, cls = combos[(case * 7) % len(combos)]
+        command = "rebuild" if case % 2 == 0 else "truncate"
+        m = fuzzlib.model(name)
+        root, bk = base / f"case{case}", base / f"bk{case}"
+        shutil.copytree(m.root, root)
+        dmg = fuzzlib.derived_damage(rng, m, lambda _p: root, cls)
+        if command == "rebuild":
+            r = fuzzlib.run_cli(["rebuild", "all", "--backup-dir", str(bk), "--json", str(root)])
+        else:
+            cut = rng.choice(m.clmsg[len(m.clmsg) * 3 // 4:])[0]
+            r = fuzzlib.run_cli(["truncate", "--offset", str(cut), "--backup-dir", str(bk), "--json", str(root)])
+        probs = [f"{command}: {p}" for p in fuzzlib.problems_of(r, {0, 1})]
+        probs += [f"after {command}: {f}" for f in derived_findings(str(root)) if not f.startswith("CP_")]
+        if command == "rebuild":
+            probs += _equal_derived(root, m.root, m.index_slots(0))
+        if probs:
+            failures.append(f"case {case} [{name}] {command} after {dmg.describe()}:\n    " + "\n    ".join(probs[:6]))
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(bk, ignore_errors=True)
+    assert not failures, f"seed {SEED}: {len(failures)} cases failed:\n" + "\n".join(failures[:10])

@@ -279,3 +279,100 @@ def test_interrupted_apply_is_finished_by_the_next_run(store_copy, monkeypatch):
     assert len(os.listdir(parent)) == 1
     assert run("restore", parent / os.listdir(parent)[0]).exit_code == 0
     assert digest(root) == original
+
+
+@pytest.mark.parametrize("name,v", [("4.9.3-clean", 4), ("5.3.3-clean", 5)])
+def test_garbage_unit_the_broker_accepts_is_cut_and_redispatched(store_copy, name, v):
+    """60 random bytes over four units, the first still 'valid' to the broker (phy >= 0, size > 0):
+    the plan names the broker's result and ours; recover then verify is clean and every queue equals
+    the undamaged store's byte for byte."""
+    import random
+
+    root = store_copy(name, f"c{v}")
+    qdir = root / "consumequeue" / "OracleTopicA" / "1"
+    (f,) = os.listdir(qdir)
+    units = [e for e in broker_read(name)["cqe"] if (e["topic"], e["queueId"]) == ("OracleTopicA", 1)]
+    k = len(units) // 2
+    junk = bytearray(random.Random(12).randbytes(60))
+    struct.pack_into(">qi", junk, 0, units[k]["phyOffset"] + 7, 58103)  # a unit the broker's test accepts
+    struct.pack_into(">q", junk, 20, -1)  # ... followed by one it does not: the broker's queue ends at k + 1
+    patch(qdir / f, 20 * k, bytes(junk))
+    r = run("recover", root, "--broker-version", v, "--dry-run", "--json")
+    plan = next(o for o in (json.loads(x) for x in r.stdout.splitlines() if x.startswith("{"))
+                if o.get("type") == "recover-plan")
+    (qr,) = plan["queueRepairs"]
+    assert (qr["topic"], qr["queueId"], qr["firstBadOffset"], qr["code"]) == ("OracleTopicA", 1, k, "CQ_NO_RECORD")
+    c = next(c for c in broker_read(name)["cq"] if (c["topic"], c["queueId"]) == ("OracleTopicA", 1))
+    # the broker keeps the lying unit and its queue ends after it; ours ends where the undamaged one does
+    assert qr["broker"]["maxOffset"] == k + 1 and qr["broker"]["keepsLyingUnit"] == "CQ_NO_RECORD"
+    assert (qr["ours"]["minOffset"], qr["ours"]["maxOffset"]) == (c["minOffset"], c["maxOffset"])
+    assert qr["recordsSaved"] == c["maxOffset"] - k
+    assert qr["ours"]["redispatchFrom"] == units[k]["phyOffset"]
+    text = run("recover", root, "--broker-version", v, "--dry-run").output
+    assert f"broker leaves offsets {c['minOffset']}..{k + 1}" in text and f"we leave {c['minOffset']}..{c['maxOffset']}" in text
+    r = run("recover", root, "--broker-version", v)
+    assert "verify after apply: 0 errors, 0 warnings" in r.output, r.output
+    assert run("verify", root).exit_code == 0
+    src = broker_store(name)
+    for sub in ("consumequeue",):
+        for dp, _, fn in os.walk(src / sub):
+            for n in fn:
+                rel = os.path.relpath(os.path.join(dp, n), src)
+                assert (root / rel).read_bytes() == (src / rel).read_bytes(), rel
+
+
+def test_swapped_units_are_not_kept_and_nothing_is_shifted(store_copy):
+    """Two swapped units: each names a record whose QUEUEOFFSET is the other's position."""
+    root = store_copy("4.9.3-clean")
+    qdir = root / "consumequeue" / "OracleTopicA" / "2"
+    (f,) = os.listdir(qdir)
+    data = bytearray((qdir / f).read_bytes())
+    data[200:240] = data[220:240] + data[200:220]
+    (qdir / f).write_bytes(bytes(data))
+    p = plan(root, 4)
+    assert [(q["firstBadOffset"], q["code"]) for q in p.queue_repairs] == [(10, "CQ_QUEUE_OFFSET")]
+    assert run("recover", root).exit_code == 0
+    assert (qdir / f).read_bytes() == (broker_store("4.9.3-clean") / "consumequeue/OracleTopicA/2" / f).read_bytes()
+
+
+def test_gap_in_queue_offsets_is_refused_not_shifted(store_copy):
+    """A record whose QUEUEOFFSET field is changed (not covered by the CRC): the log cannot supply that
+    offset, so the queue is refused (left as the broker leaves it), never shifted."""
+    root = store_copy("4.9.3-clean")
+    e = [e for e in broker_read("4.9.3-clean")["cqe"] if (e["topic"], e["queueId"]) == ("OracleTopicA", 3)][20]
+    rec = next(m for m in clmsgs("4.9.3-clean") if m["offset"] == e["phyOffset"])
+    start = rec["offset"] - rec["offset"] % SEG
+    patch(seg_path(root, start), rec["offset"] - start + 20, struct.pack(">q", 999999))  # QUEUEOFFSET (§2.1 @20)
+    p = plan(root, 4)
+    (ref,) = p.refused_queues
+    assert (ref["topic"], ref["queueId"], ref["firstBadOffset"]) == ("OracleTopicA", 3, 20)
+    qfile = root / "consumequeue" / "OracleTopicA" / "3" / os.listdir(root / "consumequeue" / "OracleTopicA" / "3")[0]
+    before = qfile.read_bytes()
+    run("recover", root)
+    assert qfile.read_bytes() == before  # the queue is left alone, not cut or shifted
+
+
+def test_lying_index_entry_rebuilds_from_its_file(store_copy):
+    """An entry whose phyOffset names another record: that file and the ones after it are rebuilt, the
+    earlier files stay, and the index content equals the broker's."""
+    from . import fuzzlib
+
+    root = store_copy("4.9.3-clean")
+    names = sorted(os.listdir(root / "index"))
+    info = {f["name"]: f for f in broker_read("4.9.3-clean")["index"][0]["files"]}
+    victim = names[12]
+    slots = int(broker_read("4.9.3-clean")["store"][0]["maxHashSlotNum"])
+    pos = 40 + slots * 4 + (info[victim]["indexCount"] // 2) * 20 + 4
+    data = bytearray((root / "index" / victim).read_bytes())
+    old = struct.unpack_from(">q", data, pos)[0]
+    other = next(m["offset"] for m in clmsgs("4.9.3-clean") if m["offset"] > old + 5000)
+    struct.pack_into(">q", data, pos, other)
+    (root / "index" / victim).write_bytes(bytes(data))
+    p = plan(root, 4)
+    # the victim and the files after it; the earlier ones are kept (even when the record a kept file ends
+    # with has keys in the victim: they are re-indexed from the first key the kept file lacks)
+    first = names.index(p.index_deleted[0])
+    assert first == 12 and p.index_deleted == names[first:]
+    assert run("recover", root).exit_code == 0
+    assert sorted(os.listdir(root / "index"))[:first] == names[:first]
+    assert fuzzlib.index_content(root, slots) == fuzzlib.index_content(broker_store("4.9.3-clean"), slots)

@@ -371,7 +371,9 @@ class Appender:
     def _rollback(self, err: OSError) -> None:
         """Undo the whole session after an I/O failure, end it, and raise :class:`WriteFailed`."""
         self._failed = True
-        what = f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
+        name = errno.errorcode.get(err.errno, "") if err.errno else ""
+        strerror = f"{err.strerror or err}"
+        what = (f"{name}: " if name and name not in strerror else "") + strerror + (f": {err.filename}" if err.filename else "")
         head = f"out of space ({what})" if err.errno in _NO_SPACE else f"cannot write the store ({what})"
         try:
             if self.cl is not None:

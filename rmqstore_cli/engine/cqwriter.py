@@ -37,8 +37,12 @@ class ConsumeQueueWriter:
     """
 
     def __init__(self, root: str, topic: str, queue_id: int, config: StoreConfig, dirname: str = "consumequeue",
-                 journal=None):
+                 journal=None, strict_offsets: bool = False):
         self.topic = topic
+        # strict_offsets (repairs): a unit is written only at its record's QUEUEOFFSET; the broker
+        # appends at the current position whatever the offset says (§7.5) and so shifts a queue
+        self.strict_offsets = strict_offsets
+        self.refused = 0  # units not written because their offset is not the next position (strict)
         self.queue_id = queue_id
         self.file_size = config.mappedFileSizeConsumeQueue
         self.files = SegmentQueueWriter(os.path.join(root, dirname, topic, str(queue_id)), self.file_size, journal)
@@ -89,6 +93,8 @@ class ConsumeQueueWriter:
             return False
         if cq_offset != 0 and self.has_files and cq_offset * CQ_UNIT_SIZE < self.write_offset:
             return False
+        if self.strict_offsets and self.has_files and cq_offset * CQ_UNIT_SIZE != self.write_offset:
+            return False
         return True
 
     def put(self, phy: int, size: int, tags_code: int, cq_offset: int) -> bool:
@@ -121,7 +127,13 @@ class ConsumeQueueWriter:
             if expected < self.write_offset:
                 return False
             if expected != self.write_offset:
+                if self.strict_offsets:
+                    self.refused += 1
+                    return False
                 self.out_of_order += 1  # Java only logs this and appends at the current position
+        elif self.strict_offsets and expected != self.write_offset:
+            self.refused += 1
+            return False
         seg.touch(in_file, CQ_UNIT_SIZE)
         _UNIT.pack_into(seg.mm, in_file, phy, size, tags_code)
         seg.dirty = True
@@ -161,6 +173,8 @@ class ConsumeQueueWriter:
             exp = expected[i : i + k]
             nonzero = cq_offset[i : i + k] != 0
             ok = (e > prev) & ~(nonzero & (exp < pos))
+            if self.strict_offsets:
+                ok &= exp == pos
             run = k if ok.all() else int(np.argmin(ok))
             if run == 0:
                 done += self.put(int(phy[i]), int(size[i]), int(tags[i]), int(cq_offset[i]))

@@ -177,8 +177,11 @@ class Dispatcher:
     """
 
     def __init__(self, store_root: str, config: StoreConfig, *, index_namer: Callable[[int], str] | None = None,
-                 checkpoint: CheckpointWriter | None = None, journal=None):
+                 checkpoint: CheckpointWriter | None = None, journal=None, repair: bool = False):
         self.root = store_root
+        # repair (recover/truncate re-dispatch): units only at their record's QUEUEOFFSET, and the
+        # record the last index file ends with is not indexed a second time (the broker's '<' test does)
+        self.repair = repair
         self.config = config
         self.journal = journal  # an UndoJournal: every writer records what it changes
         self.checkpoint = checkpoint if checkpoint is not None else CheckpointWriter(store_root, journal)
@@ -187,12 +190,28 @@ class Dispatcher:
         self.index = (IndexWriter(store_root, config, namer=index_namer, on_file_full=self._index_file_full,
                                   journal=journal)
                       if config.messageIndexEnable else None)
+        cur = self.index.cur if self.index is not None else None
+        # Only a file with room: when the last file is full, the record it ends with may have keys
+        # in the next (lost) file, and indexing it again, as the broker does, is what keeps them.
+        self._indexed_through = (cur.end_phy if (repair and cur is not None and 1 < cur.index_count < cur.entries)
+                                 else -1)
         self.stats = DispatchStats()
         self.problems: list[Finding] = []
         self.delay_table = config.delay_table
         self.last_dispatched_end = -1  # phy + size of the last record dispatched
         self._topic_cache: dict[bytes, str] = {}
         self._tags_cache: dict[bytes, int] = {}
+
+    def index_continues_after(self, phy: int, keys_held: int | None = None) -> None:
+        """The index holds every key of the records before ``phy`` and the first ``keys_held`` keys of the
+        record at ``phy`` (all of them when None): a rebuild of the files after a full one. Those keys are
+        not indexed again, as the broker's '<' test would."""
+        if keys_held is None:
+            self._indexed_through = phy
+        else:
+            self._indexed_through = phy - 1
+            if self.index is not None:
+                self.index.skip_keys = (phy, keys_held)
 
     # --- per-queue writers (opened lazily, state recovered from disk) --------------------------
 
@@ -201,7 +220,7 @@ class Dispatcher:
         w = self._queues.get(key)
         if w is None:
             w = self._queues[key] = ConsumeQueueWriter(self.root, topic, queue_id, self.config,
-                                                       journal=self.journal)
+                                                       journal=self.journal, strict_offsets=self.repair)
         return w
 
     def ext(self, topic: str, queue_id: int) -> ConsumeQueueExtWriter:
@@ -234,7 +253,14 @@ class Dispatcher:
         stats = self.stats
         if self.index is not None:
             before = self.index.entries_written
-            self.index.build(b)
+            ib = b
+            if self._indexed_through >= 0:
+                if int(b.phy[0]) <= self._indexed_through:
+                    ib = b.take(np.flatnonzero(b.phy > self._indexed_through))
+                else:
+                    self._indexed_through = -1
+            if len(ib):
+                self.index.build(ib)
             stats.index_entries += self.index.entries_written - before
         n = len(b)
         stats.records += n

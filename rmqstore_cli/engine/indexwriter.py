@@ -211,6 +211,8 @@ class _OpenIndex:
         self.end_phy, self.end_ts = int(phys[-1]), int(tss[-1])
 
     def close(self, flush: bool) -> None:
+        if self.seg.mm is None:
+            return  # closed already (a failed switch to a new file leaves the old one as current)
         self.write_header()
         self.slot_table = None
         self.seg.close(flush=flush)
@@ -230,6 +232,9 @@ class IndexWriter:
         self.cur: _OpenIndex | None = None
         self.created: list[str] = []
         self.entries_written = 0
+        # (phy, n): the first n keys of the record at phy are already in the last file (a record whose keys
+        # straddle a full file and the next one, when that next one is rebuilt)
+        self.skip_keys: tuple[int, int] | None = None
         self._last_name = ""
         self._left_behind: list[str] = []
         self._prefix_hash: dict[str, int] = {}
@@ -344,6 +349,17 @@ class IndexWriter:
             recs = rec
         kphy = phy[recs]
         kts = tss[recs]
+        if self.skip_keys is not None and m:
+            skip_phy, skip_n = self.skip_keys
+            first = np.flatnonzero(kphy == skip_phy)[:skip_n]
+            if len(first):
+                keep = np.ones(m, dtype=bool)
+                keep[first] = False
+                recs, kphy, kts = recs[keep], kphy[keep], kts[keep]
+                hashes = hashes[keep] if hashes is not None else None
+                m = len(recs)
+            if int(phy[-1]) >= skip_phy:
+                self.skip_keys = None
         j = 0
         while True:
             take = min(self.entries - cur.index_count, m - j)
@@ -400,6 +416,10 @@ class IndexWriter:
             ks = [uniq] if uniq is not None else []
             if keys:
                 ks += [k for k in keys.split(" ") if k]
+            if self.skip_keys is not None and phy >= self.skip_keys[0]:
+                if phy == self.skip_keys[0]:
+                    ks = ks[self.skip_keys[1]:]
+                self.skip_keys = None
             ts = req.store_timestamp
             for k in ks:
                 if room <= 0:

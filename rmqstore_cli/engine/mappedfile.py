@@ -15,6 +15,7 @@ the files and directories the session created.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 
@@ -22,6 +23,27 @@ import numpy as np
 
 from .errors import UsageError
 from .segments import segment_name
+
+
+_NO_RESERVE = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+
+def reserve(fd: int, size: int, path: str) -> None:
+    """Give every byte of the file disk blocks before it is mapped for writing.
+
+    A store write through ``mmap`` into a hole (a sparse, pre-allocated segment, as the broker and
+    ``ftruncate`` leave them) allocates the block only when the page is faulted in or written back;
+    on a full filesystem the kernel then answers with SIGBUS, which kills the process in the middle
+    of a write. ``posix_fallocate`` reserves the blocks up front, so a full disk is an ENOSPC error
+    here, before any byte is written, and the undo journal can put the store back. Blocks that are
+    already allocated are left as they are (contents never change)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in _NO_RESERVE:
+            return  # a filesystem without fallocate (glibc emulates it where it can)
+        raise OSError(e.errno, f"{os.strerror(e.errno)} ({errno.errorcode.get(e.errno, e.errno)}) while reserving "
+                               f"{size} bytes before writing", path) from None
 
 
 class WritableSegment:
@@ -51,6 +73,7 @@ class WritableSegment:
                 os.ftruncate(self.fd, size)  # sparse, reads as zeros: the broker's pre-allocation
             elif os.fstat(self.fd).st_size != size:
                 raise UsageError(f"{path} is {os.fstat(self.fd).st_size} bytes, not {size}")
+            reserve(self.fd, size, path)
             self.mm = mmap.mmap(self.fd, size, access=mmap.ACCESS_WRITE)
         except BaseException:
             os.close(self.fd)

@@ -25,6 +25,7 @@ from .consumequeue import ConsumeQueue, ConsumeQueueExt
 from .errors import EXIT_CLEAN, EXIT_CORRUPT, EXIT_FINDINGS
 from .logwalk import Records, WalkStop, broker_walk, lenient_records, resync
 from .store import Store
+from .derived_plan import check_derived, correct_checkpoint, dispatch_starts, queue_repairs
 
 REFUSE = "the broker would refuse to start: "
 
@@ -99,6 +100,8 @@ class RecoveryPlan:
     summary: dict = field(default_factory=dict)
     queues: dict = field(default_factory=dict)
     startup_cost: dict | None = None  # engine.startup: what the next start reads (recover plans only)
+    queue_repairs: list = field(default_factory=list)  # per queue: the broker's outcome and ours (derived_plan)
+    refused_queues: list = field(default_factory=list)  # queues the log cannot fill contiguously
 
     @property
     def repairs(self) -> list:
@@ -117,6 +120,7 @@ class RecoveryPlan:
             "commitlog": self.commitlog, "dispatch": self.dispatch, "indexDeleted": self.index_deleted,
             "checkpointBefore": self.checkpoint_before, "checkpointAfter": self.checkpoint_after,
             "salvage": self.salvage, "actions": [a.as_json() for a in self.actions],
+            "queueRepairs": self.queue_repairs, "refusedQueues": self.refused_queues,
             "summary": self.summary, "exitCode": self.exit_code,
         } | ({"startupCost": self.startup_cost} if self.startup_cost is not None else {})
 
@@ -218,9 +222,11 @@ class Planner:
         self._truncate_queues()
         self._index_after_crash(cp)
         self._index_past_end()
+        check_derived(self)
         self._dispatch(cp)
         self._checkpoint_and_abort(cp)
         self._summary()
+        plan.queue_repairs = queue_repairs(self, self.broker_from)
         return plan
 
     def _load_queues(self) -> None:
@@ -437,9 +443,11 @@ class Planner:
         self.max_cq = max(self.max_cq, cut)  # §13.7 runs on every queue
         self._truncate_queues()
         self._index_past_end()
+        check_derived(self)
         self._dispatch(cp)
         self.last_cq_ts = None
         self._summary()
+        plan.queue_repairs = queue_repairs(self, self.broker_from)
         return plan
 
     def _look_past(self, stop: WalkStop) -> None:
@@ -549,33 +557,24 @@ class Planner:
             reput = max([qs.max_physic for qs in self.queues.values()] + [self.cl_kept[0].start if self.cl_kept else 0])
             broker_from, rule = reput, "4.9.3 reput at start() from the consume-queue high-water mark"
         broker_from = max(broker_from, 0)
-        # Ours: also every record a queue is missing (the broker never rebuilds those) and
-        # every record whose index entries were moved out with a damaged index file.
-        ours = broker_from
-        missing = {}
-        for i in range(len(r)):
-            p = r.phy[i]
-            if p >= broker_from or p >= end:
-                break
-            if not r.cq_dispatched(i):
-                continue
-            qs = self.queues.get((r.topic[i], r.queue_id[i]))
-            mp = qs.max_physic if qs is not None else -1
-            if p + r.size[i] > mp and (qs is None or r.queue_offset[i] >= qs.max_offset):
-                key = (r.topic[i], r.queue_id[i])
-                missing.setdefault(key, p)
-                ours = min(ours, p)
+        self.broker_from = broker_from
+        # Ours: also every record a queue is missing or holds a lying unit for (the broker never
+        # rebuilds those: derived_plan) and every record whose index entries were moved out.
+        missing = dispatch_starts(self, broker_from)
+        ours = min([broker_from] + list(missing.values()))
         if self.index_rebuild_from is not None:
             ours = min(ours, self.index_rebuild_from)
         for (t, q), p in missing.items():
-            plan.notes.append(f"queue {t}/{q} lacks units from commitlog offset {p} on; the broker would never "
-                              f"rebuild them (it dispatches from {broker_from}); we re-dispatch from {p}")
+            if not self.verdicts[(t, q)][0].lies:
+                plan.notes.append(f"queue {t}/{q} lacks units from commitlog offset {p} on; the broker would never "
+                                  f"rebuild them (it dispatches from {broker_from}); we re-dispatch from {p}")
         # Prediction of the consume-queue puts (§7.5); the Dispatcher does them for real.
         new_units: dict = {}
         last_cq_ts = None
         last_start = None
         count = 0
-        qstate = {k: [qs.max_offset, qs.max_physic, None] for k, qs in self.queues.items()}
+        # [next offset, maxPhysicOffset, first offset written into an empty queue, queue has no file]
+        qstate = {k: [qs.max_offset, qs.max_physic, None, not qs.segments] for k, qs in self.queues.items()}
         for i in range(len(r)):
             p = r.phy[i]
             if p >= end:
@@ -590,11 +589,14 @@ class Planner:
             key = (r.topic[i], r.queue_id[i])
             st = qstate.get(key)
             if st is None:
-                st = qstate[key] = [r.queue_offset[i], -1, r.queue_offset[i]]
+                st = qstate[key] = [r.queue_offset[i], -1, r.queue_offset[i], False]
             if p + r.size[i] <= st[1]:
                 continue
-            if r.queue_offset[i] < st[0] and r.queue_offset[i] != 0:
-                continue
+            if st[3]:  # the first unit of a queue without files opens the file holding its offset (§7.3)
+                st[0] = st[2] = r.queue_offset[i]
+                st[3] = False
+            if r.queue_offset[i] != st[0]:
+                continue  # a unit is only written at its record's QUEUEOFFSET (never shifted like §7.5 allows)
             st[0] += 1
             st[1] = p + r.size[i]
             new_units[key] = new_units.get(key, 0) + 1
@@ -607,7 +609,7 @@ class Planner:
         if count and (new_units or not plan.last_exit_ok or self.index_rebuild_from is not None or ours < broker_from):
             self.act("dispatch", None, f"dispatch commitlog records [{ours}, {end}) to consume queues and index "
                      f"({rule}; already-present units are skipped by the broker's put rules)",
-                     extra={"from": ours, "to": end})
+                     extra={"from": ours, "to": end, "indexAfter": getattr(self, "index_resume_after", None)})  # (phy, keys held)
         elif count:
             plan.notes.append(f"{count} records in [{ours}, {end}) would be dispatched again; every consume-queue unit and "
                               f"index entry is already present")
@@ -620,6 +622,7 @@ class Planner:
             after.logicsMsgTimestamp = self.last_cq_ts
         if self.version >= 5 and self.last_record_start is not None:
             after.confirmPhyOffset = self.last_record_start
+        corrected = correct_checkpoint(self, after)
         self.plan.checkpoint_after = after.as_json(self.version)
         self.plan.checkpoint_after["indexMsgTimestampNote"] = "advances if re-dispatch fills an index file"
         if after.to_bytes() != cp.to_bytes() or not cp.exists:
@@ -627,8 +630,9 @@ class Planner:
                                                      "masterFlushedOffset", "confirmPhyOffset")}
             only_confirm = (after.logicsMsgTimestamp == cp.logicsMsgTimestamp)
             self.act("checkpoint", os.path.join(self.store.root, "checkpoint"),
-                     "checkpoint fields the broker sets during recovery", housekeeping=only_confirm and self.plan.last_exit_ok,
-                     extra={"fields": fields})
+                     "checkpoint fields the broker sets during recovery" + (" (times after the log corrected)" if corrected else ""),
+                     housekeeping=only_confirm and self.plan.last_exit_ok and not corrected,
+                     extra={"fields": fields, "indexCorrected": getattr(self, "index_ts_corrected", False)})
         if not self.plan.last_exit_ok:
             self.act("remove_abort", os.path.join(self.store.root, "abort"),
                      "a clean shutdown removes abort (§12.1); done last, after everything else is on disk")
@@ -637,7 +641,7 @@ class Planner:
         plan = self.plan
         queues = []
         min_phy = self.cl_kept[0].start if self.cl_kept else 0
-        for (t, q), (max_off, max_phys, new_min) in sorted(self.qstate.items()):
+        for (t, q), (max_off, max_phys, new_min, *_) in sorted(self.qstate.items()):
             qs = self.queues.get((t, q))
             min_off = new_min or 0
             if qs is not None and qs.segments:

@@ -97,7 +97,25 @@ def take_lock(root: str, force: bool) -> StoreLock | None:
 
 def apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, index_namer=None,
                zero_tails: bool = True) -> ApplyResult:
-    """Carry out ``plan`` on the store (the caller holds the lock)."""
+    """Carry out ``plan`` on the store (the caller holds the lock). An I/O error (a full disk: ENOSPC
+    from the space reservation before any mapped write) undoes every step done so far from the
+    backup journal, so the store is left as it was, then is raised again."""
+    try:
+        return _apply_plan(plan, store_root, config, backup, index_namer=index_namer, zero_tails=zero_tails)
+    except OSError as e:
+        from .backup import restore
+
+        try:
+            restore(backup.dir, os.path.abspath(store_root))
+        except (OSError, UsageError) as e2:
+            raise OSError(e.errno, f"{e.strerror or e}; undoing the steps done so far failed too "
+                                   f"({e2}): finish with `rmqstore restore {backup.dir}`", e.filename) from None
+        raise OSError(e.errno, f"{e.strerror or e}; every step done so far was undone from {backup.dir}: the "
+                               "store is as it was", e.filename) from None
+
+
+def _apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, index_namer=None,
+                zero_tails: bool = True) -> ApplyResult:
     res = ApplyResult(backup.dir)
     root = os.path.abspath(store_root)
     for a in plan.actions:
@@ -121,9 +139,11 @@ def apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, i
                     zero_range(a.path, a.offset, end)
                 res.steps.append(f"zeroed {end - a.offset} bytes of {os.path.relpath(a.path, root)} from {a.offset}")
     dispatch = next((a for a in plan.actions if a.kind == "dispatch"), None)
+    index_ts_before = _index_msg_timestamp(root)
     if dispatch is not None:
         res.dispatch = run_dispatch(root, config, backup, dispatch.extra["from"], dispatch.extra["to"],
-                                    plan.dispatch.get("queuesGaining", {}), index_namer)
+                                    plan.dispatch.get("queuesGaining", {}), index_namer,
+                                    index_after=dispatch.extra.get("indexAfter"))
         res.steps.append(f"dispatched {res.dispatch['records']} records: {res.dispatch['cqUnits']} consume-queue units, "
                          f"{res.dispatch['indexEntries']} index entries")
     cp = next((a for a in plan.actions if a.kind == "checkpoint"), None)
@@ -137,7 +157,7 @@ def apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, i
             backup.mark("created", path="checkpoint")
         w = CheckpointWriter(root)
         fields = dict(cp.extra["fields"])
-        if dispatch is not None:
+        if dispatch is not None and not (cp.extra.get("indexCorrected") and _index_msg_timestamp(root) == index_ts_before):
             fields.pop("indexMsgTimestamp", None)  # the dispatcher's value when it filled an index file
         w.set(**fields)
         w.dirty = True
@@ -151,7 +171,17 @@ def apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, i
     return res
 
 
-def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gaining: dict, index_namer) -> dict:
+def _index_msg_timestamp(root: str) -> int | None:
+    from .checkpoint import read_checkpoint
+
+    try:
+        return read_checkpoint(os.path.join(root, "checkpoint")).indexMsgTimestamp
+    except Exception:  # noqa: BLE001 - a missing/short checkpoint: nothing to compare
+        return None
+
+
+def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gaining: dict, index_namer,
+                 index_after: tuple | None = None) -> dict:
     """Re-dispatch [start, end) with the Dispatcher; every file it may change is saved first."""
     from .dispatch import Dispatcher
     from .store import Store
@@ -185,7 +215,9 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
     st = Store.open(root, overrides={k: getattr(config, k) for k in (
         "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "mappedFileSizeConsumeQueueExt",
         "enableConsumeQueueExt", "maxHashSlotNum", "maxIndexNum", "messageIndexEnable", "version")})
-    d = Dispatcher(root, st.config, index_namer=index_namer)
+    d = Dispatcher(root, st.config, index_namer=index_namer, repair=True)
+    if index_after is not None:
+        d.index_continues_after(*index_after)
     try:
         segs = st.commitlog.segments.segments
         start_index = 0
