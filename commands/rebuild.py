@@ -46,6 +46,10 @@ def rebuild(
                     enableConsumeQueueExt=ext, mappedFileSizeConsumeQueueExt=ext_file_size)
     out = Output(json_)
     guard_lock(st, force, yes)
+    from rmqstore_cli.engine.outcome import assess_rebuild
+    from rmqstore_cli.engine.rebuild import PARTS, rebuilt_parts
+
+    verdict = assess_rebuild(st, rebuilt_parts(st, what) if what in PARTS else [], topic)
     backup = Backup.create(st.root, backup_dir, "rebuild", {"what": what, "topic": topic, "fromOffset": from_offset})
     save_lock_file(st.root, backup)
     lock = take_lock(st.root, force)
@@ -63,7 +67,13 @@ def rebuild(
     if not json_:
         for p in res.get("problems", [])[:20]:
             stderr.print(f"  {p['severity']} {p['code']} at {p['offset']}: {p['message']}", markup=False, highlight=False)
-    raise typer.Exit(run_verify(st.root, st.config, out, json_))
+        if res.get("checkpoint"):
+            stderr.print(f"  checkpoint: {', '.join(f'{k} = {v}' for k, v in res['checkpoint'].items())}", markup=False)
+        for k in verdict["kept"][:10]:
+            stderr.print(f"  KEPT {k['code']} {k.get('path') or ''}@{k.get('offset')}: {k['why']}", markup=False, highlight=False)
+    else:
+        out.line({"type": "rebuild-findings", "fixedFindings": verdict["fixed"], "keptFindings": verdict["kept"]})
+    raise typer.Exit(run_verify(st.root, st.config, out, json_, verdict["kept"]))
 
 
 def register(app: typer.Typer) -> None:

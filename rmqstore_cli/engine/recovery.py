@@ -21,6 +21,7 @@ from formats.extaddr import is_ext_addr, undecorate
 from formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6
 
 from .checkpoint import Checkpoint
+from .checkpointfix import consistent_checkpoint
 from .consumequeue import ConsumeQueue, ConsumeQueueExt
 from .errors import EXIT_CLEAN, EXIT_CORRUPT, EXIT_FINDINGS
 from .logwalk import Records, WalkStop, broker_walk, lenient_records, resync
@@ -98,16 +99,38 @@ class RecoveryPlan:
     salvage: dict | None = None
     summary: dict = field(default_factory=dict)
     queues: dict = field(default_factory=dict)
+    # The exit-code contract (engine/outcome.py fills these from a verify run before anything is
+    # applied): every error/warning finding is fixed by an action, kept on purpose (with why), or
+    # left (the plan does not repair it: the applied repair will exit 1).
+    fixed_findings: list = field(default_factory=list)
+    kept_findings: list = field(default_factory=list)
+    left_findings: list = field(default_factory=list)
+    assessed: bool = False
 
     @property
     def repairs(self) -> list:
         return [a for a in self.actions if not a.housekeeping]
 
     @property
+    def empty(self) -> bool:
+        """Nothing to do and nothing damaged: the broker's next start changes nothing (housekeeping
+        included) and, once assessed, verify found nothing."""
+        return not (self.actions or self.refusals or self.data_loss or self.kept_findings or self.left_findings)
+
+    @property
     def exit_code(self) -> int:
+        """``--dry-run``: 0 empty plan, 1 actions or damage, 2 data would be lost without a choice."""
         if self.data_loss:
             return EXIT_CORRUPT
-        return EXIT_FINDINGS if (self.repairs or self.refusals) else EXIT_CLEAN
+        return EXIT_CLEAN if self.empty else EXIT_FINDINGS
+
+    @property
+    def expected_exit(self) -> int:
+        """What applying this plan will exit with: 2 refused (data loss), 1 when findings the plan
+        does not repair will remain, else 0 (verify clean, or only the kept findings left)."""
+        if self.data_loss:
+            return EXIT_CORRUPT
+        return EXIT_FINDINGS if self.left_findings else EXIT_CLEAN
 
     def as_json(self) -> dict:
         return {
@@ -117,6 +140,8 @@ class RecoveryPlan:
             "checkpointBefore": self.checkpoint_before, "checkpointAfter": self.checkpoint_after,
             "salvage": self.salvage, "actions": [a.as_json() for a in self.actions],
             "summary": self.summary, "exitCode": self.exit_code,
+            "empty": self.empty, "assessed": self.assessed, "expectedApplyExitCode": self.expected_exit,
+            "fixedFindings": self.fixed_findings, "keptFindings": self.kept_findings, "leftFindings": self.left_findings,
         }
 
 
@@ -438,6 +463,7 @@ class Planner:
         self._index_past_end()
         self._dispatch(cp)
         self.last_cq_ts = None
+        self._checkpoint_and_abort(cp)  # consistent with the cut log (engine/checkpointfix.py)
         self._summary()
         return plan
 
@@ -619,15 +645,20 @@ class Planner:
             after.logicsMsgTimestamp = self.last_cq_ts
         if self.version >= 5 and self.last_record_start is not None:
             after.confirmPhyOffset = self.last_record_start
+        index_from_files = consistent_checkpoint(self, after)
         self.plan.checkpoint_after = after.as_json(self.version)
         self.plan.checkpoint_after["indexMsgTimestampNote"] = "advances if re-dispatch fills an index file"
-        if after.to_bytes() != cp.to_bytes() or not cp.exists:
+        if after.to_bytes() != cp.to_bytes() or not cp.exists or index_from_files:
             fields = {k: getattr(after, k) for k in ("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp",
                                                      "masterFlushedOffset", "confirmPhyOffset")}
             only_confirm = (after.logicsMsgTimestamp == cp.logicsMsgTimestamp)
+            changed = [k for k in fields if getattr(cp, k) != fields[k]]
+            why = ("5.3.3 sets confirmPhyOffset to the start of the last record at every start (4.9.3 has no such "
+                   "field): the broker's next start writes it" if changed == ["confirmPhyOffset"] and cp.exists
+                   and not index_from_files else "checkpoint fields the broker sets during recovery")
             self.act("checkpoint", os.path.join(self.store.root, "checkpoint"),
-                     "checkpoint fields the broker sets during recovery", housekeeping=only_confirm and self.plan.last_exit_ok,
-                     extra={"fields": fields})
+                     why, housekeeping=only_confirm and self.plan.last_exit_ok,
+                     extra={"fields": fields, **({"indexFromFiles": True} if index_from_files else {})})
         if not self.plan.last_exit_ok:
             self.act("remove_abort", os.path.join(self.store.root, "abort"),
                      "a clean shutdown removes abort (§12.1); done last, after everything else is on disk")

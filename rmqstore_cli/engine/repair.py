@@ -137,7 +137,12 @@ def apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, i
             backup.mark("created", path="checkpoint")
         w = CheckpointWriter(root)
         fields = dict(cp.extra["fields"])
-        if dispatch is not None:
+        if cp.extra.get("indexFromFiles"):
+            # the index was rebuilt: the end of the file the re-dispatch left behind full, if any
+            from .checkpointfix import index_timestamp_on_disk
+
+            fields["indexMsgTimestamp"] = index_timestamp_on_disk(root, config)
+        elif dispatch is not None:
             fields.pop("indexMsgTimestamp", None)  # the dispatcher's value when it filled an index file
         w.set(**fields)
         w.dirty = True
