@@ -140,7 +140,59 @@ def assess_plan(store, plan, findings=None) -> None:
         verdict, why = scope.classify(e)
         e["why"] = why
         {"fixed": plan.fixed_findings, "kept": plan.kept_findings, "left": plan.left_findings}[verdict].append(e)
+    plan.left_findings += lost_references(store.root, plan, scope)
     plan.assessed = True
+
+
+def lost_references(root: str, plan, scope: PlanScope) -> list[dict]:
+    """Damage the plan's own actions leave behind, though verify cannot see it yet: a short commitlog file
+    before the recovered end is padded with zeros (the records after its end are gone, the units and
+    entries pointing at them stay, and the file has no BLANK); a data-holding ext file of the wrong size
+    is moved out whole (the consume-queue units addressing it cannot be read)."""
+    from formats import fast
+
+    out = []
+    for a in plan.actions:
+        rel = _rel(root, a.path) or ""
+        top = rel.split(os.sep)[0]
+        if a.kind == "extend" and top == "commitlog" and os.path.basename(rel).isdigit():
+            start, full = int(os.path.basename(rel)), a.extra["size"]
+            if start + full > scope.end:
+                continue  # the recovery walk reaches into it and cuts there
+            with open(a.path, "rb") as f:
+                buf = f.read()
+            w = fast.walk(buf, 0, len(buf))
+            if w.kind == fast.STOP_BLANK:
+                continue  # its data ended before the missing bytes
+            out.append({"code": "LOST_SHORT_FILE", "severity": "error", "path": rel, "offset": len(buf),
+                        "phyOffset": start + len(buf),
+                        "message": f"commitlog file {os.path.basename(rel)} is {len(buf)} bytes: the records after that are gone",
+                        "why": "padded with zeros so the broker can start; the consume-queue units and index entries "
+                               "that point past its end, and its missing BLANK, are not repaired by this plan"})
+        elif (a.kind == "move_aside" and top == "commitlog" and os.path.basename(rel).isdigit()
+              and int(os.path.basename(rel)) < scope.end):
+            out.append({"code": "LOST_GAP", "severity": "error", "path": rel, "offset": 0,
+                        "phyOffset": int(os.path.basename(rel)),
+                        "message": f"commitlog file {os.path.basename(rel)} inside the log is moved out",
+                        "why": "moved so the broker can start; the gap it leaves in the log (and any reference into "
+                               "it) is not repaired by this plan"})
+        elif (a.kind == "move_aside" and top == "consumequeue_ext" and "so the broker can start" in a.why
+              and os.path.isfile(a.path) and _has_data(a.path)):
+            out.append({"code": "LOST_EXT_FILE", "severity": "error", "path": rel, "offset": 0,
+                        "message": f"ext file {rel} of the wrong size holds units",
+                        "why": "moved out whole; the consume-queue units addressing its ext units are not repaired "
+                               "by this plan"})
+    return out
+
+
+def _has_data(path: str) -> bool:
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(1 << 20)
+            if not b:
+                return False
+            if b.count(0) != len(b):
+                return True
 
 
 @dataclass

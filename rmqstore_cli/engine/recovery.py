@@ -106,6 +106,7 @@ class RecoveryPlan:
     kept_findings: list = field(default_factory=list)
     left_findings: list = field(default_factory=list)
     assessed: bool = False
+    keep_valid_after: bool = False  # the explicit choice that lets a plan with data loss be applied
 
     @property
     def repairs(self) -> list:
@@ -120,7 +121,7 @@ class RecoveryPlan:
     @property
     def exit_code(self) -> int:
         """``--dry-run``: 0 empty plan, 1 actions or damage, 2 data would be lost without a choice."""
-        if self.data_loss:
+        if self.data_loss and not self.keep_valid_after:
             return EXIT_CORRUPT
         return EXIT_CLEAN if self.empty else EXIT_FINDINGS
 
@@ -128,7 +129,7 @@ class RecoveryPlan:
     def expected_exit(self) -> int:
         """What applying this plan will exit with: 2 refused (data loss), 1 when findings the plan
         does not repair will remain, else 0 (verify clean, or only the kept findings left)."""
-        if self.data_loss:
+        if self.data_loss and not self.keep_valid_after:
             return EXIT_CORRUPT
         return EXIT_FINDINGS if self.left_findings else EXIT_CLEAN
 
@@ -173,7 +174,7 @@ class Planner:
         self.cfg = store.config
         self.version = version
         self.keep_valid_after = keep_valid_after
-        self.plan = RecoveryPlan(store.root, version, not store.abort_exists)
+        self.plan = RecoveryPlan(store.root, version, not store.abort_exists, keep_valid_after=keep_valid_after)
         self.moved: set[str] = set()
 
     # --- helpers --------------------------------------------------------------------
