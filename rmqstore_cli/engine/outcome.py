@@ -170,7 +170,7 @@ def lost_references(root: str, plan, scope: PlanScope) -> list[dict]:
                         "why": "padded with zeros so the broker can start; the consume-queue units and index entries "
                                "that point past its end, and its missing BLANK, are not repaired by this plan"})
         elif (a.kind == "move_aside" and top == "commitlog" and os.path.basename(rel).isdigit()
-              and int(os.path.basename(rel)) < scope.end):
+              and int(os.path.basename(rel)) < scope.end and _kept_before(root, scope, int(os.path.basename(rel)))):
             out.append({"code": "LOST_GAP", "severity": "error", "path": rel, "offset": 0,
                         "phyOffset": int(os.path.basename(rel)),
                         "message": f"commitlog file {os.path.basename(rel)} inside the log is moved out",
@@ -183,6 +183,13 @@ def lost_references(root: str, plan, scope: PlanScope) -> list[dict]:
                         "why": "moved out whole; the consume-queue units addressing its ext units are not repaired "
                                "by this plan"})
     return out
+
+
+def _kept_before(root: str, scope: PlanScope, start: int) -> bool:
+    """A commitlog file before ``start`` stays: moving ``start`` out leaves a gap (not just a later log start)."""
+    d = os.path.join(root, "commitlog")
+    return any(n.isdigit() and int(n) < start and os.path.join("commitlog", n) not in scope.moved
+               for n in os.listdir(d))
 
 
 def _has_data(path: str) -> bool:
