@@ -233,7 +233,7 @@ def broker_decisions(plan: dict) -> tuple:
 
 # --- the fuzz classes -----------------------------------------------------------------------------------
 
-CONTRACT_CASES = int(os.environ.get("RMQSTORE_FUZZ_CONTRACT_CASES", "40"))
+CONTRACT_CASES = int(os.environ.get("RMQSTORE_FUZZ_CONTRACT_CASES", "60"))
 CONTRACT_SEED = int(os.environ.get("RMQSTORE_FUZZ_SEED", "20261122") if os.environ.get("RMQSTORE_FUZZ_SEED") != "random"
                     else random.randrange(100000))
 
@@ -294,3 +294,26 @@ def test_fuzz_damage_follows_the_contract(tmp_path):
                             "but the plans show the same broker decisions")
         shutil.rmtree(damaged, ignore_errors=True)
     assert not failures, f"seed {CONTRACT_SEED}: {len(failures)} failures:\n" + "\n".join(failures[:12])
+
+
+@pytest.mark.parametrize("name", ["4.9.3-ext", "5.3.3-v2topic"])
+def test_rebuild_dry_run(name, store_copy):
+    """rebuild --dry-run changes nothing; 0 on a clean store, 1 once a consume queue lost units (the plan names
+    them as fixed), and the applied rebuild then exits 0 as predicted."""
+    from .conftest import tree_digest
+
+    root = store_copy(name)
+    before = tree_digest(root)
+    r = run("rebuild", "all", root, "--dry-run", "--json")
+    plan = next(o for o in json_lines(r.stdout) if o.get("type") == "rebuild-plan")
+    assert r.exit_code == 0 and plan["empty"], r.output
+    assert tree_digest(root) == before
+    assert not (root.parent / (root.name + ".rmqstore-backup")).exists()
+    qdir = root / "consumequeue"
+    topic = sorted(os.listdir(qdir))[0]
+    shutil.rmtree(qdir / topic / sorted(os.listdir(qdir / topic))[0])
+    r = run("rebuild", "consumequeue", root, "--dry-run", "--json")
+    plan = next(o for o in json_lines(r.stdout) if o.get("type") == "rebuild-plan")
+    assert r.exit_code == 1 and {f["code"] for f in plan["fixedFindings"]} == {"CQ_NOT_DISPATCHED"}
+    applied = run("rebuild", "consumequeue", root)
+    assert applied.exit_code == plan["expectedApplyExitCode"] == 0, applied.output[-2000:]
