@@ -233,21 +233,84 @@ def broker_decisions(plan: dict) -> tuple:
 
 # --- the fuzz classes -----------------------------------------------------------------------------------
 
-CONTRACT_CASES = int(os.environ.get("RMQSTORE_FUZZ_CONTRACT_CASES", "60"))
+CONTRACT_CASES = int(os.environ.get("RMQSTORE_FUZZ_CONTRACT_CASES", "30"))
 CONTRACT_SEED = int(os.environ.get("RMQSTORE_FUZZ_SEED", "20261122") if os.environ.get("RMQSTORE_FUZZ_SEED") != "random"
                     else random.randrange(100000))
 
 
+def contract_case(tmp_path, label: str, name: str, damaged, dmg, fuzzlib) -> list[str]:
+    """recover --dry-run then recover, on a copy per broker version of the damaged store ``damaged``."""
+    failures, results = [], {}
+    for v in (4, 5):
+        root = tmp_path / f"{label}-v{v}"
+        shutil.copytree(damaged, root, symlinks=True)
+        for dp, _, fs in os.walk(root):
+            for f in fs:
+                os.chmod(os.path.join(dp, f), 0o644)
+        d = fuzzlib.run_cli(["recover", "--dry-run", "--json", "--broker-version", str(v), "--keep-valid-after", str(root)])
+        probs = fuzzlib.problems_of(d, {0, 1, 2, 3})
+        plans = [o for o in fuzzlib.json_lines(d.stdout) if o.get("type") == "recover-plan"]
+        if d.exit_code == 3 or not plans:
+            results[v] = (d.exit_code, None)
+            shutil.rmtree(root, ignore_errors=True)
+            if probs:
+                failures.append(f"{label} v{v} [{name}] {dmg.describe()}: {probs}")
+            continue
+        plan = plans[0]
+        bk = tmp_path / f"bk-{label}-{v}"
+        a = fuzzlib.run_cli(["recover", "--broker-version", str(v), "--keep-valid-after", "--backup-dir", str(bk), str(root)])
+        probs += fuzzlib.problems_of(a, {0, 1, 2, 3})
+        if d.exit_code != plan["exitCode"]:
+            probs.append(f"dry-run exit {d.exit_code} != plan exitCode {plan['exitCode']}")
+        empty = not (plan["actions"] or plan["refusals"] or plan["dataLoss"] or plan["keptFindings"] or plan["leftFindings"])
+        if (d.exit_code == 0) != empty:
+            probs.append(f"dry-run exit {d.exit_code} but plan empty={empty}")
+        if a.exit_code != plan["expectedApplyExitCode"]:
+            probs.append(f"applied exit {a.exit_code} != predicted {plan['expectedApplyExitCode']}: "
+                         f"{a.stderr.strip().splitlines()[-1:] if a.stderr else ''}")
+        results[v] = (d.exit_code, plan)
+        if probs:
+            failures.append(f"{label} v{v} [{name}] {dmg.describe()}: " + "; ".join(probs))
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(bk, ignore_errors=True)
+    (e4, p4), (e5, p5) = results[4], results[5]
+    if p4 is not None and p5 is not None and e4 != e5 and broker_decisions(p4) == broker_decisions(p5):
+        failures.append(f"{label} [{name}] {dmg.describe()}: 4.9.3 exits {e4}, 5.3.3 exits {e5}, "
+                        "but the plans show the same broker decisions")
+    return failures
+
+
 def test_fuzz_damage_follows_the_contract(tmp_path):
-    """Seeded damage of every fuzz class (tests/fuzzlib.py) to copies of the small broker store (and some
-    big ones): for both broker versions, the dry-run and the applied recover keep the contract."""
+    """Seeded damage to copies of the broker stores, for both broker versions: the dry-run and the applied
+    recover keep the contract. First one case of every fuzz class (damage kind x operation of tests/fuzzlib.py)
+    on the small store (ext damage on the ext store), then RMQSTORE_FUZZ_CONTRACT_CASES random cases."""
     from tests import fuzzlib
 
+    print(f"\ncontract fuzz seed {CONTRACT_SEED}: every class, then {CONTRACT_CASES} random cases "
+          f"(RMQSTORE_FUZZ_SEED={CONTRACT_SEED} RMQSTORE_FUZZ_CONTRACT_CASES=n)")
+    failures, covered, missed = [], [], []
+    sweep = [("5.3.3-v2topic", k) for k in fuzzlib.KINDS if k != "ext"] + [("4.9.3-ext", "ext")]
+    for name, kind in sweep:
+        m = fuzzlib.model(name)
+        if not m.by_kind(kind):
+            continue
+        template = fuzzlib.make_template(name, tmp_path / "templates" / name)
+        for op in fuzzlib.OPS:
+            for k in range(400):  # the class is drawn inside fuzzlib: draw until this one comes up
+                rng = random.Random(f"{CONTRACT_SEED}:contract:{name}:{kind}:{op}:{k}")
+                damaged = tmp_path / f"class-{kind}-{op}"
+                dmg = fuzzlib.plan_and_apply(rng, m, lambda _p: fuzzlib.clone(template, damaged, set(m.files)))
+                if (dmg.kind, dmg.op) == (kind, op):
+                    failures += contract_case(tmp_path, f"class {kind}/{op} (k={k})", name, damaged, dmg, fuzzlib)
+                    covered.append(f"{kind}/{op}")
+                    shutil.rmtree(damaged, ignore_errors=True)
+                    break
+                shutil.rmtree(damaged, ignore_errors=True)
+            else:
+                missed.append(f"{kind}/{op}")  # e.g. swap of a kind with one file: fuzzlib turns it into a bitflip
+    print(f"classes covered: {len(covered)}; not producible: {missed}")
     weights = {"5.3.3-v2topic": 6, "4.9.3-clean": 1, "4.9.3-crash": 1, "5.3.3-clean": 1, "4.9.3-ext": 1}
     names = list(weights)
-    print(f"\ncontract fuzz seed {CONTRACT_SEED}: {CONTRACT_CASES} cases "
-          f"(RMQSTORE_FUZZ_SEED={CONTRACT_SEED} RMQSTORE_FUZZ_CONTRACT_CASES=n)")
-    failures = []
     for case in range(CONTRACT_CASES):
         rng = random.Random(f"{CONTRACT_SEED}:contract:{case}")
         name = rng.choices(names, [weights[n] for n in names])[0]
@@ -255,43 +318,7 @@ def test_fuzz_damage_follows_the_contract(tmp_path):
         template = fuzzlib.make_template(name, tmp_path / "templates" / name)
         damaged = tmp_path / f"case{case}"
         dmg = fuzzlib.plan_and_apply(rng, m, lambda _p: fuzzlib.clone(template, damaged, set(m.files)))
-        results = {}
-        for v in (4, 5):
-            root = tmp_path / f"case{case}-v{v}"
-            shutil.copytree(damaged, root, symlinks=True)
-            for dp, _, fs in os.walk(root):
-                for f in fs:
-                    os.chmod(os.path.join(dp, f), 0o644)
-            d = fuzzlib.run_cli(["recover", "--dry-run", "--json", "--broker-version", str(v), "--keep-valid-after", str(root)])
-            probs = fuzzlib.problems_of(d, {0, 1, 2, 3})
-            plans = [o for o in fuzzlib.json_lines(d.stdout) if o.get("type") == "recover-plan"]
-            if d.exit_code == 3 or not plans:
-                results[v] = (d.exit_code, None)
-                shutil.rmtree(root, ignore_errors=True)
-                if probs:
-                    failures.append(f"case {case} v{v} [{name}] {dmg.describe()}: {probs}")
-                continue
-            plan = plans[0]
-            a = fuzzlib.run_cli(["recover", "--broker-version", str(v), "--keep-valid-after",
-                                 "--backup-dir", str(tmp_path / f"bk{case}-{v}"), str(root)])
-            probs += fuzzlib.problems_of(a, {0, 1, 2, 3})
-            if d.exit_code != plan["exitCode"]:
-                probs.append(f"dry-run exit {d.exit_code} != plan exitCode {plan['exitCode']}")
-            empty = not (plan["actions"] or plan["refusals"] or plan["dataLoss"] or plan["keptFindings"] or plan["leftFindings"])
-            if (d.exit_code == 0) != empty:
-                probs.append(f"dry-run exit {d.exit_code} but plan empty={empty}")
-            if a.exit_code != plan["expectedApplyExitCode"]:
-                probs.append(f"applied exit {a.exit_code} != predicted {plan['expectedApplyExitCode']}: "
-                             f"{a.stderr.strip().splitlines()[-1:] if a.stderr else ''}")
-            results[v] = (d.exit_code, plan)
-            if probs:
-                failures.append(f"case {case} v{v} [{name}] {dmg.describe()}: " + "; ".join(probs))
-            shutil.rmtree(root, ignore_errors=True)
-            shutil.rmtree(tmp_path / f"bk{case}-{v}", ignore_errors=True)
-        (e4, p4), (e5, p5) = results[4], results[5]
-        if p4 is not None and p5 is not None and e4 != e5 and broker_decisions(p4) == broker_decisions(p5):
-            failures.append(f"case {case} [{name}] {dmg.describe()}: 4.9.3 exits {e4}, 5.3.3 exits {e5}, "
-                            "but the plans show the same broker decisions")
+        failures += contract_case(tmp_path, f"case {case}", name, damaged, dmg, fuzzlib)
         shutil.rmtree(damaged, ignore_errors=True)
     assert not failures, f"seed {CONTRACT_SEED}: {len(failures)} failures:\n" + "\n".join(failures[:12])
 
