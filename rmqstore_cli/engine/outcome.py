@@ -68,6 +68,7 @@ class PlanScope:
         self.end = cl.get("recoveredEnd", plan.summary.get("maxPhyOffset", 0))
         self.walk_start = cl.get("startOffset") if cl.get("startReason") != "truncate" else None
         self.check_crc = cl.get("checkCRCOnRecover", True)
+        self.queue_ends = getattr(plan, "queue_ends", {}) or {}
 
     def _moved(self, rel: str) -> bool:
         parts = rel.split(os.sep)
@@ -105,6 +106,10 @@ class PlanScope:
         if code == "CQ_NOT_DISPATCHED":
             if phy >= self.end:
                 return "fixed", "the record is cut"
+            qend = self.queue_ends.get((f.get("topic"), f.get("queueId")))
+            if qend is not None and f.get("queueOffset") is not None and f["queueOffset"] < qend:
+                return "left", (f"its unit belongs below units the queue keeps (queue end {qend}): the broker's put rules "
+                                "cannot fill that hole; not repaired by this plan")
             if self.dispatch and self.dispatch[0] <= phy < self.dispatch[1]:
                 return "fixed", "the record is dispatched again"
             return "left", "the plan does not dispatch this record"

@@ -107,6 +107,7 @@ class RecoveryPlan:
     left_findings: list = field(default_factory=list)
     assessed: bool = False
     keep_valid_after: bool = False  # the explicit choice that lets a plan with data loss be applied
+    queue_ends: dict = field(default_factory=dict)  # (topic, queueId) -> next queue offset before the re-dispatch
 
     @property
     def repairs(self) -> list:
@@ -566,6 +567,7 @@ class Planner:
     def _dispatch(self, cp: Checkpoint) -> None:
         """Which records get dispatched again (recovery, or 4.9.3's reput at start), and ours."""
         r, end, plan = self.records, self.end, self.plan
+        plan.queue_ends = {k: qs.max_offset for k, qs in self.queues.items() if qs.segments}
         walk_start = self.cl_segments[self.start_index].start if self.cl_segments else 0
         if not plan.last_exit_ok:
             broker_from, rule = walk_start, "abnormal recovery dispatches every record it walks"
