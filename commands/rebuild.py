@@ -24,6 +24,8 @@ def rebuild(
     from_offset: Optional[int] = typer.Option(None, "--from-offset", help="Keep what indexes records before PHY; rebuild from there."),
     ext: Optional[bool] = typer.Option(None, "--ext/--no-ext", help="enableConsumeQueueExt (inferred from consumequeue_ext/ when omitted)."),
     ext_file_size: Optional[int] = typer.Option(None, "--ext-file-size", help="mappedFileSizeConsumeQueueExt (bytes)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Change nothing: say which findings the rebuild fixes and which it "
+                                 "keeps. Exit 0 when the folders to rebuild are verify-clean and nothing else is damaged, 1 otherwise."),
     backup_dir: Optional[str] = BackupOpt,
     force: bool = ForceOpt,
     yes: bool = YesOpt,
@@ -42,6 +44,14 @@ def rebuild(
                     enableConsumeQueueExt=ext, mappedFileSizeConsumeQueueExt=ext_file_size)
     out = Output(json_)
     guard_lock(st, force, yes)
+    from rmqstore_cli.engine.outcome import assess_rebuild
+    from rmqstore_cli.engine.rebuild import PARTS, rebuilt_parts
+
+    parts = rebuilt_parts(st, what) if what in PARTS else []
+    verdict = assess_rebuild(st, parts, topic)
+    if dry_run:
+        st.close()
+        raise typer.Exit(print_rebuild_plan(out, what, parts, topic, from_offset, verdict))
     backup = Backup.create(st.root, backup_dir, "rebuild", {"what": what, "topic": topic, "fromOffset": from_offset})
     save_lock_file(st.root, backup)
     lock = take_lock(st.root, force)
@@ -61,7 +71,34 @@ def rebuild(
     if not json_:
         for p in res.get("problems", [])[:20]:
             stderr.print(f"  {p['severity']} {p['code']} at {p['offset']}: {p['message']}", markup=False, highlight=False)
-    raise typer.Exit(run_verify(st.root, st.config, out, json_))
+        if res.get("checkpoint"):
+            stderr.print(f"  checkpoint: {', '.join(f'{k} = {v}' for k, v in res['checkpoint'].items())}", markup=False)
+        for k in verdict["kept"][:10]:
+            stderr.print(f"  KEPT {k['code']} {k.get('path') or ''}@{k.get('offset')}: {k['why']}", markup=False, highlight=False)
+    else:
+        out.line({"type": "rebuild-findings", "fixedFindings": verdict["fixed"], "keptFindings": verdict["kept"]})
+    raise typer.Exit(run_verify(st.root, st.config, out, json_, verdict["kept"]))
+
+
+def print_rebuild_plan(out: Output, what: str, parts: list, topic, from_offset, verdict: dict) -> int:
+    """``rebuild --dry-run``: the contract's plan (exit 0 only when nothing is damaged)."""
+    empty = not verdict["fixed"] and not verdict["kept"]
+    code = 0 if empty else 1
+    if out.as_json:
+        out.line({"type": "rebuild-plan", "what": what, "parts": parts, "topic": topic, "fromOffset": from_offset,
+                  "empty": empty, "fixedFindings": verdict["fixed"], "keptFindings": verdict["kept"],
+                  "exitCode": code, "expectedApplyExitCode": 0})
+        return code
+    say = lambda s: stderr.print(s, markup=False, highlight=False)  # noqa: E731
+    say(f"rebuild {what}: would regenerate {', '.join(parts) or 'nothing'}"
+        + (f" (topic {topic})" if topic else "") + (f" from {from_offset}" if from_offset is not None else ""))
+    if verdict["fixed"]:
+        say(f"  fixes {len(verdict['fixed'])} finding(s): {', '.join(sorted({f['code'] for f in verdict['fixed']}))}")
+    for k in verdict["kept"][:10]:
+        say(f"  KEPT {k['code']} {k.get('path') or ''}@{k.get('offset')}: {k['why']}")
+    if empty:
+        say("  nothing to repair: the folders to rebuild are verify-clean (a rebuild would write the same content)")
+    return code
 
 
 def register(app: typer.Typer, panel: str | None = None) -> None:

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from rmqstore_cli.engine.errors import EXIT_CLEAN, EXIT_FINDINGS, StoreInUseError
+from rmqstore_cli.engine.errors import StoreInUseError
 from rmqstore_cli.engine.recovery import plan_recovery
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
@@ -16,7 +16,7 @@ from .output import Output, handle_errors, stderr
 
 ACTION_COLUMNS = [("action", "action"), ("path", "file"), ("offset", "offset"), ("why", "why")]
 BackupOpt = typer.Option(None, "--backup-dir", help="Where removed/overwritten bytes go (default: STORE.rmqstore-backup/<time>-<command>/ beside the store; never inside it).")
-DryRunOpt = typer.Option(False, "--dry-run", help="Print the plan only; change nothing. Exit 0 nothing to repair, 1 repairs planned, 2 data would be lost beyond the plan.")
+DryRunOpt = typer.Option(False, "--dry-run", help="Print the plan only; change nothing. Exit 0 empty plan (nothing to do, nothing damaged), 1 actions planned or damage found, 2 data would be lost without an explicit choice.")
 ForceOpt = typer.Option(False, "--force", help="Go on even if the store's lock file is held (only when you are sure no broker runs); asks for confirmation.")
 YesOpt = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (with --force).")
 
@@ -62,11 +62,40 @@ def print_plan(out: Output, plan, title: str) -> None:
         say("  truncated tails are zero-filled (Java leaves the old bytes), so stale records cannot reappear after a later crash")
     if plan.actions:
         out.table([a.as_json() for a in plan.actions], ACTION_COLUMNS, title="actions (every byte is copied to the backup first)")
+    elif plan.empty:
+        say("  nothing to do: the store is what the broker would have after its own recovery, and verify finds nothing")
     else:
-        say("  nothing to do: the store is what the broker would have after its own recovery")
+        say("  no action: the store is what the broker would have after its own recovery")
+    print_findings(say, plan)
     s = plan.summary
     out.kv({"lastExitOK": s["lastExitOK"], "maxPhyOffset": s["maxPhyOffset"], "minPhyOffset": s["minPhyOffset"],
             "queues": len(s["queues"])}, title="after recovery")
+
+
+def print_findings(say, plan) -> None:
+    """The plan's verdict on verify's findings (engine/outcome.py): what it keeps on purpose and what it leaves."""
+    if not plan.assessed:
+        return
+    if plan.fixed_findings:
+        say(f"  fixes {len(plan.fixed_findings)} finding(s) verify reports now")
+    for k in plan.kept_findings[:10]:
+        say(f"  KEPT {k['code']} {k.get('path') or ''}@{k.get('offset')}: {k['why']}")
+    if len(plan.kept_findings) > 10:
+        say(f"  KEPT … {len(plan.kept_findings) - 10} more (see --json keptFindings)")
+    for k in plan.left_findings[:10]:
+        say(f"  NOT REPAIRED {k['code']} {k.get('path') or ''}@{k.get('offset')}: {k['why']}")
+    if len(plan.left_findings) > 10:
+        say(f"  NOT REPAIRED … {len(plan.left_findings) - 10} more (see --json leftFindings)")
+    say(f"  applying this plan exits {plan.expected_exit}"
+        + {0: " (verify clean, or only the kept findings left)", 1: " (findings it does not repair remain)",
+           2: " (refused: data would be lost)"}.get(plan.expected_exit, ""))
+
+
+def assess(st, plan) -> None:
+    """Run verify now and sort its findings against the plan (fixed / kept on purpose / left)."""
+    from rmqstore_cli.engine.outcome import assess_plan
+
+    assess_plan(st, plan)
 
 
 def guard_lock(st, force: bool, yes: bool) -> None:
@@ -109,30 +138,50 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
                  f"(undo with: rmqstore restore {backup.dir})", markup=False, highlight=False)
     if json_:
         out.line({"type": "applied", "backup": backup.dir, "steps": res.steps, "dispatch": res.dispatch})
-    code = run_verify(root, config, out, json_)
+    code = run_verify(root, config, out, json_, plan.kept_findings, plan.left_findings)
     print_next_start(out, root, plan.version, plan.startup_cost)  # what the broker's next start reads now
     return code
 
 
-def run_verify(root: str, config, out: Output, json_: bool) -> int:
-    try:
-        from rmqstore_cli.engine.verify import verify_store
-    except ImportError:
-        return EXIT_FINDINGS
+def run_verify(root: str, config, out: Output, json_: bool, kept: list = (), left: list = ()) -> int:
+    """verify after apply; exit 0 when clean or when only the findings the plan kept on purpose remain."""
+    from rmqstore_cli.engine.outcome import judge
     from rmqstore_cli.engine.store import Store
+    from rmqstore_cli.engine.verify import verify_store
 
-    st = Store.open(root, overrides={"version": config.version})
+    st = Store.open(root, overrides={k: getattr(config, k) for k in (
+        "version", "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "mappedFileSizeConsumeQueueExt",
+        "enableConsumeQueueExt", "maxHashSlotNum", "maxIndexNum")})
     with st:
         result = verify_store(st)
+    outcome = judge(list(kept), root, result.findings, list(left))
     bad = [f for f in result.findings if f.severity in ("error", "warning")]
     if json_:
-        out.line({"type": "verify", "findings": [f.as_json() for f in bad], "summary": result.summary["findings"]})
+        out.line({"type": "verify", "findings": [f.as_json() for f in bad], "summary": result.summary["findings"],
+                  "outcome": outcome.line, "exitCode": outcome.exit_code})
     else:
         c = result.summary["findings"]
         stderr.print(f"rmqstore: verify after apply: {c['error']} errors, {c['warning']} warnings", markup=False)
-        for f in bad[:20]:
-            stderr.print(f"  {f.severity} {f.code} {f.path or ''} {f.message}", markup=False, highlight=False)
-    return EXIT_CLEAN if not bad else EXIT_FINDINGS
+        for f in [d for d in outcome.unexpected][:20]:
+            stderr.print(f"  {f['severity']} {f['code']} {f.get('path') or ''} {f['message']}", markup=False, highlight=False)
+    stderr.print(f"rmqstore: {outcome.line}", markup=False, highlight=False)
+    return outcome.exit_code
+
+
+def finish_without_actions(plan, out: Output, json_: bool, command: str) -> int:
+    """Nothing to apply: the exit the plan predicted, said in one line."""
+    if plan.empty:
+        line = "nothing to apply; verify clean"
+    elif not plan.left_findings:
+        line = (f"nothing to apply; only the {len(plan.kept_findings)} finding(s) the plan keeps on purpose are in the "
+                f"store ({', '.join(sorted({k['code'] for k in plan.kept_findings}))})")
+    else:
+        line = (f"nothing to apply; {len(plan.left_findings)} finding(s) this plan does not repair remain "
+                f"({', '.join(sorted({k['code'] for k in plan.left_findings}))})")
+    if json_:
+        out.line({"type": "applied", "steps": [], "outcome": line, "exitCode": plan.expected_exit})
+    stderr.print(f"rmqstore: {command}: {line}", markup=False, highlight=False)
+    return plan.expected_exit
 
 
 @handle_errors
@@ -161,6 +210,7 @@ def recover(
     out = Output(json_)
     guard_lock(st, force, yes)
     plan = plan_recovery(st, geometry.broker_version, keep_valid_after=not stop_at_first_error)
+    assess(st, plan)
     print_plan(out, plan, f"recover {st.root}")
     print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side (#16)
     if dry_run:
@@ -173,7 +223,7 @@ def recover(
         raise typer.Exit(2)
     if not plan.actions:
         st.close()
-        raise typer.Exit(EXIT_CLEAN)
+        raise typer.Exit(finish_without_actions(plan, out, json_, "recover"))
     if not stop_at_first_error and plan.salvage:
         from rmqstore_cli.engine.salvage import salvage_ranges_to_jsonl
 

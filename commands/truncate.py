@@ -12,7 +12,8 @@ from rmqstore_cli.engine.recovery import plan_truncate
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .offsets_cmd import plan_impact, print_consumer_impact
 from .output import Output, handle_errors
-from .recover import BackupOpt, DryRunOpt, ForceOpt, YesOpt, apply_and_verify, guard_lock, print_plan
+from .recover import (BackupOpt, DryRunOpt, ForceOpt, YesOpt, apply_and_verify, assess, finish_without_actions, guard_lock,
+                      print_plan)
 
 
 @handle_errors
@@ -39,11 +40,15 @@ def truncate(
         st.close()
         raise StoreCorruptError(f"store {st.root} was not shut down cleanly (abort file present); run `rmqstore recover` first")
     plan = plan_truncate(st, offset, geometry.broker_version)
+    assess(st, plan)
     print_plan(out, plan, f"truncate {st.root} at {offset}")
     print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side (#16)
-    if dry_run or not plan.actions:
+    if dry_run:
         st.close()
-        raise typer.Exit(plan.exit_code if dry_run else 0)
+        raise typer.Exit(plan.exit_code)
+    if not plan.actions:
+        st.close()
+        raise typer.Exit(finish_without_actions(plan, out, json_, "truncate"))
     raise typer.Exit(apply_and_verify(st, plan, out, backup_dir=backup_dir, force=force, command="truncate", json_=json_))
 
 

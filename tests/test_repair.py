@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rmqstore_cli.app import app
+from rmqstore_cli.engine.outcome import assess_plan
 from rmqstore_cli.engine.recovery import plan_recovery
 from rmqstore_cli.engine.store import Store
 
@@ -114,10 +115,16 @@ def test_crc_flip_in_middle_segment_of_clean_store_is_not_seen(store_copy, v):
     """§13.4: normal recovery re-checks only the last three (4.9.3) / the CQ high-water (5.3.3) files."""
     root = store_copy("4.9.3-clean", f"c{v}")
     recs = clmsgs("4.9.3-clean")
-    flip_body(root, next(m for m in recs if m["offset"] > 20 * SEG and len(m["msg"]["bodyHex"]) > 400))
+    bad = next(m for m in recs if m["offset"] > 20 * SEG and len(m["msg"]["bodyHex"]) > 400)
+    flip_body(root, bad)
     p = plan(root, v)
     assert p.commitlog["recoveredEnd"] == broker_read("4.9.3-clean")["store"][0]["maxPhyOffset"]
-    assert p.exit_code == 0
+    assert not any(a.kind in ("zero_tail", "move_aside", "dispatch") for a in p.actions)
+    # the exit-code contract: the damage is kept on purpose (named), so the plan is not empty
+    with Store.open(str(root)) as st:
+        assess_plan(st, p)
+    assert [(k["code"], k["phyOffset"]) for k in p.kept_findings] == [("CL_BODY_CRC", bad["offset"])]
+    assert p.exit_code == 1 and p.expected_exit == 0 and not p.left_findings
 
 
 @pytest.mark.parametrize("v", [4, 5])

@@ -24,6 +24,12 @@ PARTS = {"consumequeue": ["consumequeue"], "cqext": ["consumequeue", "consumeque
          "all": ["consumequeue", "consumequeue_ext", "index"]}
 
 
+def rebuilt_parts(store, what: str) -> list:
+    """The folders ``rebuild WHAT`` regenerates on this store."""
+    ext = store.config.enableConsumeQueueExt or what == "cqext"
+    return [p for p in PARTS[what] if p != "consumequeue_ext" or ext]
+
+
 def _cut_queue_dir(d: str, file_size: int, phy: int) -> None:
     """§13.7 in a scratch copy: keep the units of messages starting before ``phy``."""
     names = sorted(n for n in os.listdir(d) if n.isdigit())
@@ -129,9 +135,10 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
             os.rename(new, old)
             fsync_path(os.path.dirname(old), True)
             swapped.append(rel)
+        checkpoint = _checkpoint_after_rebuild(root, cfg, parts, topic, d, backup) if swapped else {}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"rebuilt": swapped, "records": stats.records, "cqUnits": stats.cq_units, "extUnits": stats.ext_units,
+    return {"rebuilt": swapped, "checkpoint": checkpoint, "records": stats.records, "cqUnits": stats.cq_units, "extUnits": stats.ext_units,
             "indexEntries": stats.index_entries, "from": start,
             "problems": [f.as_json() for f in getattr(d, "problems", [])]}  # records not dispatched, and why
 
@@ -166,3 +173,27 @@ def _segment_requests(r: range, store, d):
     segs = store.commitlog.segments.segments
     continues = res.stop is not None and res.stop.kind == "blank" and res.stop.segment is segs[r.stop - 1]
     return batches, continues
+
+
+def _checkpoint_after_rebuild(root: str, cfg, parts: list, topic: str | None, d, backup) -> dict:
+    """The checkpoint's logics / index timestamps as the rebuilt files leave them (§11): the store time of
+    the last record the consume queues took, the end of the index file left behind full. Saved first."""
+    from .checkpointfix import index_timestamp_on_disk, write_fields
+
+    fields = {}
+    logics = d.checkpoint.values.logicsMsgTimestamp  # the dispatcher's: last record a queue took
+    if "consumequeue" in parts and topic is None and logics > 0:
+        fields["logicsMsgTimestamp"] = logics
+    if "index" in parts:
+        fields["indexMsgTimestamp"] = index_timestamp_on_disk(root, cfg)
+    if not fields:
+        return {}
+    if backup is None:
+        from .checkpointwriter import CheckpointWriter
+
+        w = CheckpointWriter(root)
+        w.set(**fields)
+        if w.dirty:
+            w.flush()
+        return fields
+    return fields if write_fields(root, fields, backup) else {}

@@ -21,6 +21,7 @@ from formats.extaddr import is_ext_addr, undecorate
 from formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6
 
 from .checkpoint import Checkpoint
+from .checkpointfix import consistent_checkpoint
 from .consumequeue import ConsumeQueue, ConsumeQueueExt
 from .errors import EXIT_CLEAN, EXIT_CORRUPT, EXIT_FINDINGS
 from .logwalk import Records, WalkStop, broker_walk, lenient_records, resync
@@ -102,16 +103,40 @@ class RecoveryPlan:
     startup_cost: dict | None = None  # engine.startup: what the next start reads (recover plans only)
     queue_repairs: list = field(default_factory=list)  # per queue: the broker's outcome and ours (derived_plan)
     refused_queues: list = field(default_factory=list)  # queues the log cannot fill contiguously
+    # The exit-code contract (engine/outcome.py fills these from a verify run before anything is
+    # applied): every error/warning finding is fixed by an action, kept on purpose (with why), or
+    # left (the plan does not repair it: the applied repair will exit 1).
+    fixed_findings: list = field(default_factory=list)
+    kept_findings: list = field(default_factory=list)
+    left_findings: list = field(default_factory=list)
+    assessed: bool = False
+    keep_valid_after: bool = False  # the explicit choice that lets a plan with data loss be applied
+    queue_ends: dict = field(default_factory=dict)  # (topic, queueId) -> next queue offset before the re-dispatch
 
     @property
     def repairs(self) -> list:
         return [a for a in self.actions if not a.housekeeping]
 
     @property
+    def empty(self) -> bool:
+        """Nothing to do and nothing damaged: the broker's next start changes nothing (housekeeping
+        included) and, once assessed, verify found nothing."""
+        return not (self.actions or self.refusals or self.data_loss or self.kept_findings or self.left_findings)
+
+    @property
     def exit_code(self) -> int:
-        if self.data_loss:
+        """``--dry-run``: 0 empty plan, 1 actions or damage, 2 data would be lost without a choice."""
+        if self.data_loss and not self.keep_valid_after:
             return EXIT_CORRUPT
-        return EXIT_FINDINGS if (self.repairs or self.refusals) else EXIT_CLEAN
+        return EXIT_CLEAN if self.empty else EXIT_FINDINGS
+
+    @property
+    def expected_exit(self) -> int:
+        """What applying this plan will exit with: 2 refused (data loss), 1 when findings the plan
+        does not repair will remain, else 0 (verify clean, or only the kept findings left)."""
+        if self.data_loss and not self.keep_valid_after:
+            return EXIT_CORRUPT
+        return EXIT_FINDINGS if self.left_findings else EXIT_CLEAN
 
     def as_json(self) -> dict:
         return {
@@ -122,6 +147,8 @@ class RecoveryPlan:
             "salvage": self.salvage, "actions": [a.as_json() for a in self.actions],
             "queueRepairs": self.queue_repairs, "refusedQueues": self.refused_queues,
             "summary": self.summary, "exitCode": self.exit_code,
+            "empty": self.empty, "assessed": self.assessed, "expectedApplyExitCode": self.expected_exit,
+            "fixedFindings": self.fixed_findings, "keptFindings": self.kept_findings, "leftFindings": self.left_findings,
         } | ({"startupCost": self.startup_cost} if self.startup_cost is not None else {})
 
 
@@ -153,7 +180,7 @@ class Planner:
         self.cfg = store.config
         self.version = version
         self.keep_valid_after = keep_valid_after
-        self.plan = RecoveryPlan(store.root, version, not store.abort_exists)
+        self.plan = RecoveryPlan(store.root, version, not store.abort_exists, keep_valid_after=keep_valid_after)
         self.moved: set[str] = set()
 
     # --- helpers --------------------------------------------------------------------
@@ -446,6 +473,7 @@ class Planner:
         check_derived(self)
         self._dispatch(cp)
         self.last_cq_ts = None
+        self._checkpoint_and_abort(cp)  # consistent with the cut log (engine/checkpointfix.py)
         self._summary()
         plan.queue_repairs = queue_repairs(self, self.broker_from)
         return plan
@@ -548,6 +576,7 @@ class Planner:
     def _dispatch(self, cp: Checkpoint) -> None:
         """Which records get dispatched again (recovery, or 4.9.3's reput at start), and ours."""
         r, end, plan = self.records, self.end, self.plan
+        plan.queue_ends = {k: qs.max_offset for k, qs in self.queues.items() if qs.segments}
         walk_start = self.cl_segments[self.start_index].start if self.cl_segments else 0
         if not plan.last_exit_ok:
             broker_from, rule = walk_start, "abnormal recovery dispatches every record it walks"
@@ -622,17 +651,23 @@ class Planner:
             after.logicsMsgTimestamp = self.last_cq_ts
         if self.version >= 5 and self.last_record_start is not None:
             after.confirmPhyOffset = self.last_record_start
-        corrected = correct_checkpoint(self, after)
+        corrected = correct_checkpoint(self, after)  # times after the records they describe (derived-file damage)
+        index_from_files = consistent_checkpoint(self, after)  # times after the log this plan leaves
         self.plan.checkpoint_after = after.as_json(self.version)
         self.plan.checkpoint_after["indexMsgTimestampNote"] = "advances if re-dispatch fills an index file"
-        if after.to_bytes() != cp.to_bytes() or not cp.exists:
+        if after.to_bytes() != cp.to_bytes() or not cp.exists or index_from_files:
             fields = {k: getattr(after, k) for k in ("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp",
                                                      "masterFlushedOffset", "confirmPhyOffset")}
             only_confirm = (after.logicsMsgTimestamp == cp.logicsMsgTimestamp)
+            changed = [k for k in fields if getattr(cp, k) != fields[k]]
+            why = ("5.3.3 sets confirmPhyOffset to the start of the last record at every start (4.9.3 has no such "
+                   "field): the broker's next start writes it" if changed == ["confirmPhyOffset"] and cp.exists
+                   and not index_from_files else "checkpoint fields the broker sets during recovery")
             self.act("checkpoint", os.path.join(self.store.root, "checkpoint"),
-                     "checkpoint fields the broker sets during recovery" + (" (times after the log corrected)" if corrected else ""),
+                     why + (" (times after the log corrected)" if corrected else ""),
                      housekeeping=only_confirm and self.plan.last_exit_ok and not corrected,
-                     extra={"fields": fields, "indexCorrected": getattr(self, "index_ts_corrected", False)})
+                     extra={"fields": fields, "indexCorrected": getattr(self, "index_ts_corrected", False),
+                            **({"indexFromFiles": True} if index_from_files else {})})
         if not self.plan.last_exit_ok:
             self.act("remove_abort", os.path.join(self.store.root, "abort"),
                      "a clean shutdown removes abort (§12.1); done last, after everything else is on disk")

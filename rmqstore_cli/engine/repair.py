@@ -157,7 +157,12 @@ def _apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, 
             backup.mark("created", path="checkpoint")
         w = CheckpointWriter(root)
         fields = dict(cp.extra["fields"])
-        if dispatch is not None and not (cp.extra.get("indexCorrected") and _index_msg_timestamp(root) == index_ts_before):
+        if cp.extra.get("indexFromFiles"):
+            # the index was rebuilt: the end of the file the re-dispatch left behind full, if any
+            from .checkpointfix import index_timestamp_on_disk
+
+            fields["indexMsgTimestamp"] = index_timestamp_on_disk(root, config)
+        elif dispatch is not None and not (cp.extra.get("indexCorrected") and _index_msg_timestamp(root) == index_ts_before):
             fields.pop("indexMsgTimestamp", None)  # the dispatcher's value when it filled an index file
         w.set(**fields)
         w.dirty = True

@@ -1,0 +1,84 @@
+"""A checkpoint consistent with the log a repair leaves (StoreCheckpoint, FORMAT.md §11).
+
+The broker's checkpoint describes what was flushed: physicMsgTimestamp the store time of the last
+flushed commitlog record, logicsMsgTimestamp that of the last record written to a consume queue,
+indexMsgTimestamp the endTimestamp of the last index file left behind full (the one before the
+newest file). A cut (recover's truncation, ``truncate --offset``) or a rebuild can leave a field
+naming a record or an index file that no longer exists; the next abnormal start would then pick
+its start file from a time the log does not reach, and ``verify`` reports ``CP_*_AHEAD``.
+These helpers bring such fields back to the log's real end, and leave every other value as the
+broker wrote it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .checkpoint import Checkpoint
+
+
+def log_end_times(records, end: int) -> tuple[int | None, int | None, int | None]:
+    """(store time of the last record before ``end``, the newest store time before it, store time of
+    the last record a consume queue takes), from the planner's record columns (None when none)."""
+    last = newest = last_cq = None
+    for i in range(len(records)):
+        if records.phy[i] >= end:
+            break
+        ts = records.store_ts[i]
+        last = ts
+        newest = ts if newest is None or ts > newest else newest
+        if records.cq_dispatched(i):
+            last_cq = ts
+    return last, newest, last_cq
+
+
+def index_timestamp(files) -> int:
+    """indexMsgTimestamp as the broker keeps it: the endTimestamp of the file left behind when the
+    newest one was created (the second newest), 0 while there is at most one file (§10.6)."""
+    files = [f for f in files if f.complete]
+    return files[-2].header().endTimestamp if len(files) >= 2 else 0
+
+
+def consistent_checkpoint(planner, after: Checkpoint) -> bool:
+    """Lower the fields of ``after`` that point past the log the plan leaves; returns True when the
+    index timestamp must be taken from the index files after the re-dispatch (index rebuilt)."""
+    last, newest, last_cq = log_end_times(planner.records, planner.end)
+    if newest is not None:
+        if after.physicMsgTimestamp > newest:
+            after.physicMsgTimestamp = last
+        if after.logicsMsgTimestamp > newest:
+            after.logicsMsgTimestamp = last_cq if last_cq is not None else 0
+    if planner.plan.index_deleted:
+        return True
+    kept = [f for f in planner.index_files if f.complete]
+    if kept and after.indexMsgTimestamp > max(f.header().endTimestamp for f in kept):
+        after.indexMsgTimestamp = index_timestamp(kept)
+    return False
+
+
+def index_timestamp_on_disk(root: str, config) -> int:
+    """``index_timestamp`` of the index files now in ``root/index``."""
+    from .index import IndexService
+
+    svc = IndexService(root, config)
+    try:
+        return index_timestamp(svc.files)
+    finally:
+        svc.close()
+
+
+def write_fields(root: str, fields: dict, backup) -> bool:
+    """Set checkpoint ``fields`` (fsynced), the old file saved in ``backup`` first; False if unchanged."""
+    from .checkpointwriter import CheckpointWriter
+
+    path = os.path.join(root, "checkpoint")
+    w = CheckpointWriter(root)
+    w.set(**fields)
+    if not w.dirty and os.path.exists(path):
+        return False
+    if os.path.exists(path):
+        backup.save_file(path)
+    else:
+        backup.mark("created", path="checkpoint")
+    w.flush()
+    return True
