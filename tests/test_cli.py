@@ -100,3 +100,24 @@ def test_tables_show_store_times_as_local_iso_with_milliseconds():
     assert iso in p.stdout and str(ts) not in p.stdout
     p = run("dump", "commitlog", str(shared_store(name)), "--limit", "1", "--json")
     assert json.loads(p.stdout)["storeTimestamp"] == ts  # JSON keeps epoch ms
+
+
+def test_no_spec_section_numbers_in_any_message():
+    """No string the program can print names a FORMAT.md section (docstrings and comments may)."""
+    import ast
+
+    offenders = []
+    for pkg in ("commands", "rmqstore_cli", "formats"):
+        for path in (REPO / pkg).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            docstrings = set()
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+                    first = node.body[0]
+                    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                        docstrings.add(id(first.value))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                    if "§" in node.value or "FORMAT.md" in node.value:
+                        offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value[:60]!r}")
+    assert not offenders, "\n".join(offenders)

@@ -127,7 +127,7 @@ class PlanScope:
             return "kept", "checkCRCOnRecover is false: the broker's recovery does not check CRCs, the record stays"
         if self.walk_start is None:
             return "kept", f"before the cut at {self.end}: truncate keeps the records before the cut as they are"
-        return "kept", "the broker's recovery does not check this (§13.3): the record stays in the log"
+        return "kept", "the broker's recovery does not check this: the record stays in the log"
 
 
 def assess_plan(store, plan, findings=None) -> None:

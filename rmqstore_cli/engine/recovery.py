@@ -328,7 +328,7 @@ class Planner:
                     continue
                 qs.end = seg.start + pos
                 break
-            self._cut_queue(qs, qs.end, "consume queue recovery (§13.2)")
+            self._cut_queue(qs, qs.end, "consume queue recovery (the broker's valid-unit rule)")
             self._recover_ext(t, q, qs)
 
     def _cut_queue(self, qs: QueueState, end: int, why: str) -> None:
@@ -369,9 +369,9 @@ class Planner:
                 end = addr + unit["size"]
         for seg in segs:
             if seg.start > end:
-                self.move_aside(seg.path, "ext recovery (§8.5): file after the ext end")
+                self.move_aside(seg.path, "ext recovery: file after the ext end")
             elif seg.start <= end < seg.start + ext.file_size and _nonzero_after(seg.path, end - seg.start):
-                self.act("zero_tail", seg.path, "ext recovery (§8.5): bytes after the last ext unit zeroed",
+                self.act("zero_tail", seg.path, "ext recovery: bytes after the last ext unit zeroed",
                          offset=end - seg.start)
 
     def _start_index(self, cp: Checkpoint, max_cq: int) -> tuple[int, str]:
@@ -439,7 +439,7 @@ class Planner:
         for k, seg in enumerate(segs):
             if seg.start > end:
                 has = _file_has_data(seg.path)
-                self.move_aside(seg.path, f"commitlog truncation at {end} (§13.6): the file starts after the recovered end"
+                self.move_aside(seg.path, f"commitlog truncation at {end}: the file starts after the recovered end"
                                 + ("" if has else " (pre-allocated, all zeros)"), housekeeping=not has)
             elif seg.start <= end < seg.start + seg.size and stop.kind != fast.STOP_BLANK:
                 if _nonzero_after(seg.path, end - seg.start):
@@ -528,7 +528,7 @@ class Planner:
                 seg = qs.segments[-1]
                 arr = _units(seg, qs.file_size)
                 if not len(arr) or int(arr["phyOffset"][0]) >= end:
-                    self.move_aside(seg.path, f"consume queue truncation at commitlog offset {end} (§13.7)")
+                    self.move_aside(seg.path, f"consume queue truncation at commitlog offset {end}")
                     qs.segments.pop()
                     qs.end = seg.start
                     continue
@@ -544,7 +544,7 @@ class Planner:
                 qs.max_physic = -1
             if qs.end < old_end:
                 qs.truncated_units = (old_end - qs.end) // CQ_UNIT_SIZE
-                self._cut_queue(qs, qs.end, f"consume queue truncation at commitlog offset {end} (§13.7)")
+                self._cut_queue(qs, qs.end, f"consume queue truncation at commitlog offset {end}")
 
     def _index_after_crash(self, cp: Checkpoint) -> None:
         if self.plan.last_exit_ok:
@@ -554,7 +554,7 @@ class Planner:
             h = f.header()
             if h.endTimestamp > cp.indexMsgTimestamp:
                 self.move_aside(f.path, f"abnormal start: index file endTimestamp {h.endTimestamp} > checkpoint "
-                                f"indexMsgTimestamp {cp.indexMsgTimestamp} (§10.6); its entries are re-indexed")
+                                f"indexMsgTimestamp {cp.indexMsgTimestamp} (the broker deletes it); its entries are re-indexed")
                 self.plan.index_deleted.append(f.name)
             else:
                 keep.append(f)
@@ -670,7 +670,7 @@ class Planner:
                             **({"indexFromFiles": True} if index_from_files else {})})
         if not self.plan.last_exit_ok:
             self.act("remove_abort", os.path.join(self.store.root, "abort"),
-                     "a clean shutdown removes abort (§12.1); done last, after everything else is on disk")
+                     "a clean shutdown removes abort; done last, after everything else is on disk")
 
     def _summary(self) -> None:
         plan = self.plan
