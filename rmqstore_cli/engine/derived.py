@@ -130,6 +130,9 @@ def check_queue(table: RecordTable, topic: str, qid: int, units: np.ndarray, fir
 
     idx, found = recs.lookup(phy)
     mark(real & ~found, "CQ_NO_RECORD")
+    if not len(recs.phy):  # no record left (e.g. the log's files are gone): every real unit is already bad;
+        c = {k: np.zeros(1, v.dtype) for k, v in c.items()}  # one dummy row keeps the gathers below valid
+        idx = np.zeros(n, dtype=np.int64)
     tran = c["sysFlag"][idx] & 0xC
     want_tid = recs.topic_ids.get(topic, -2)
     mark(real & (c["size"][idx] != size), "CQ_SIZE")
