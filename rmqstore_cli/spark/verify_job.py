@@ -177,7 +177,8 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
         verified = verified.persist(StorageLevel.DISK_ONLY)
         metas: dict[str, list] = {r: [] for r in roots}
         n_tasks = 0
-        for row in verified.where(F.col("meta").isNotNull()).select("store", "meta").toLocalIterator():
+        # One small row per task (all tasks at once: toLocalIterator would run them one after another).
+        for row in verified.where(F.col("meta").isNotNull()).select("store", "meta").collect():
             metas[row["store"]].append(pickle.loads(row["meta"]))
             n_tasks += 1
         records = verified.where(F.col("meta").isNull()).drop("meta")

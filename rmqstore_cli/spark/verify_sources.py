@@ -178,16 +178,19 @@ class _VerifiedReader(DataSourceReader):
 # --- consume-queue units ------------------------------------------------------------------
 
 
-def _refs_batch(root: str, names: list, values: list, phys: np.ndarray, types: list):
-    """One marker row (phyOffset null) then one row per reference."""
-    n = len(phys) + 1
-    cols = [pa.array(np.full(n, root, dtype=object), pa.string())]
-    for v, t in zip(values, types):
-        cols.append(pa.array(np.full(n, v, dtype=object if t == pa.string() else None), t))
-    mask = np.zeros(n, bool)
-    mask[0] = True
-    cols.append(pa.array(np.r_[np.int64(0), phys.astype(np.int64)], pa.int64(), mask=mask))
-    return pa.RecordBatch.from_arrays(cols, names=["store"] + names + ["phyOffset"])
+def _refs_batches(root: str, names: list, values: list, phys: np.ndarray, types: list, batch_rows: int = 1 << 20):
+    """One marker row (phyOffset null), then one row per reference, in batches."""
+    for a in range(0, len(phys) + 1, batch_rows):
+        part = phys[max(a - 1, 0):a - 1 + batch_rows].astype(np.int64)
+        marker = a == 0
+        n = len(part) + marker
+        cols = [pa.array(np.full(n, root, dtype=object), pa.string())]
+        for v, t in zip(values, types):
+            cols.append(pa.array(np.full(n, v, dtype=object if t == pa.string() else None), t))
+        mask = np.zeros(n, bool)
+        mask[0] = marker
+        cols.append(pa.array(np.r_[np.zeros(int(marker), np.int64), part], pa.int64(), mask=mask))
+        yield pa.RecordBatch.from_arrays(cols, names=["store"] + names + ["phyOffset"])
 
 
 class ConsumeQueueUnitsSource(DataSource):
@@ -234,7 +237,7 @@ class _UnitsReader(DataSourceReader):
             for t, q in partition.items:
                 u = st.queue(t, q).units()
                 filler = (u.phy == CQ_FILLER[0]) & (u.size == CQ_FILLER[1]) & (u.tags == CQ_FILLER[2])
-                yield _refs_batch(st.root, ["topic", "queueId"], [t, q], u.phy[~filler], [pa.string(), pa.int32()])
+                yield from _refs_batches(st.root, ["topic", "queueId"], [t, q], u.phy[~filler], [pa.string(), pa.int32()])
         finally:
             st.close()
 
@@ -293,7 +296,7 @@ class _EntriesReader(DataSourceReader):
                     count = counted_entries(f)
                     phy = f.entry_table(count)[1:]["phyOffset"].astype(np.int64)
                     _drop_pages(f.segment.buffer(), INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE, count * INDEX_ENTRY_SIZE)
-                yield _refs_batch(st.root, ["file"], [i], phy, [pa.int32()])
+                yield from _refs_batches(st.root, ["file"], [i], phy, [pa.int32()])
         finally:
             st.close()
 
