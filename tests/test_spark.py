@@ -149,8 +149,36 @@ def test_corrupt_regions_are_findings_or_failfast(spark, store_copy):
         spark.read.format("rocketmq").option("mode", "failfast").load(str(root)).count()
 
 
+def _zero_last_units(qdir, n):
+    """Zero the last ``n`` valid units of a queue: the records they pointed at are no longer dispatched."""
+    f0 = sorted(qdir.iterdir())[-1]
+    data = f0.read_bytes()
+    valid = [i for i in range(len(data) // 20) if struct.unpack_from(">qi", data, i * 20)[1] > 0]
+    with open(f0, "r+b") as f:
+        for i in valid[-n:]:
+            f.seek(i * 20)
+            f.write(bytes(20))
+
+
 def _damage(root, kind):
-    if kind == "body":
+    if kind == "undispatched":
+        _zero_last_units(sorted((root / "consumequeue" / "OracleTopicA").iterdir())[0], 3)
+    elif kind == "lag":
+        for t in (root / "consumequeue").iterdir():
+            for q in t.iterdir():
+                _zero_last_units(q, 1)
+    elif kind == "store_time":
+        # One record inside a segment and the first record of another go back in time (the body CRC
+        # does not cover STORETIMESTAMP): backsteps inside a task and across a task boundary.
+        for seg_no, rec_no in ((2, 3), (9, 0)):
+            seg_path, pos, h = _first_record(root, seg_no, rec_no)
+            at = pos + 48 + (20 if int(h.sysFlag[0]) & 0x10 else 8)  # after BORNHOST (IPv6: 16 + 4 bytes)
+            with open(seg_path, "r+b") as f:
+                f.seek(at)
+                assert struct.unpack(">q", f.read(8))[0] == int(h.storeTimestamp[0])
+                f.seek(at)
+                f.write(struct.pack(">q", 1_000))
+    elif kind == "body":
         seg_path, pos, h = _first_record(root, 4, 5)
         with open(seg_path, "r+b") as f:
             f.seek(int(h.bodyStart[0]) + 2)
@@ -176,7 +204,7 @@ def _damage(root, kind):
         os.truncate(last, 30000)
 
 
-@pytest.mark.parametrize("kind", ["none", "body", "garbage", "cq", "index", "truncated"])
+@pytest.mark.parametrize("kind", ["none", "body", "garbage", "cq", "index", "truncated", "undispatched", "lag", "store_time"])
 def test_spark_verify_finds_what_verify_finds(spark, store_copy, kind):
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.engine.verify import verify_store
@@ -194,6 +222,9 @@ def test_spark_verify_finds_what_verify_finds(spark, store_copy, kind):
     assert res["exitCode"] == single.exit_code == (0 if kind == "none" else 1)
     if kind != "none":
         assert want  # the damage is seen at all
+    expected = {"undispatched": "CQ_NOT_DISPATCHED", "lag": "CQ_DISPATCH_LAG", "store_time": "CL_STORE_TIME"}.get(kind)
+    if expected:
+        assert expected in {w[0] for w in want}
 
 
 def test_spark_verify_cross_checks_run_in_executor_tasks(spark, store_copy):
