@@ -170,7 +170,7 @@ def _damage(root, kind):
     elif kind == "store_time":
         # One record inside a segment and the first record of another go back in time (the body CRC
         # does not cover STORETIMESTAMP): backsteps inside a task and across a task boundary.
-        for seg_no, rec_no in ((2, 3), (9, 0)):
+        for seg_no, rec_no in ((2, 3), (8, 0)):  # split=200_000 groups segments 0-3, 4-7, 8-11, ...
             seg_path, pos, h = _first_record(root, seg_no, rec_no)
             at = pos + 48 + (20 if int(h.sysFlag[0]) & 0x10 else 8)  # after BORNHOST (IPv6: 16 + 4 bytes)
             with open(seg_path, "r+b") as f:
