@@ -9,8 +9,8 @@
    (store, topic, queueId); each group runs the engine's ``check_queue`` against the records its
    units point at. Index: entries (``rocketmq-index``) ⋈ records on (store, phyOffset), grouped
    by (store, index file), through the engine's ``check_index_file``.
-4. Dispatch completeness: records ⋉̸ units (anti-join) aggregated per store and queue, against the
-   high-water mark from units ⋈ records aggregated per store.
+4. Dispatch completeness: the records of units ⟗ records without a unit, aggregated per store and queue, against the
+   high-water mark the queue checks report (furthest unit, end of the furthest record a unit points at).
 
 Only findings (aggregated per queue / file / code, as the engine aggregates them) and per-segment,
 per-queue and per-file summaries reach the driver; nothing per record is collected or broadcast.
@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-GROUP_RESULT_DDL = "store string, key string, n bigint, lost bigint, findings binary"
+GROUP_RESULT_DDL = "store string, key string, n bigint, lost bigint, findings binary, foundEnd bigint, maxPhy bigint"
 
 
 def _reader(spark, fmt: str, roots: list[str], options: dict):
@@ -96,6 +96,7 @@ def mini_refs(recs, commitlog, ctx: dict):
 def _group_fn(kind: str, ctx: dict, config_file, overrides):
     def run(table):
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         from rmqstore_cli.engine.store import Store
         from rmqstore_cli.engine.verify_index import check_index_file
@@ -111,14 +112,20 @@ def _group_fn(kind: str, ctx: dict, config_file, overrides):
                 topic, qid = table.column("topic")[0].as_py(), table.column("queueId")[0].as_py()
                 findings, n, _ = check_queue(st, topic, qid, recs, refs)
                 key = f"{topic}\x00{qid}"
+                # for the dispatch high-water mark: the furthest unit, and the end of the furthest record a unit points at
+                max_phy = pc.max(table.column("phyOffset")).as_py()
+                found = table.filter(pc.is_valid(table.column("size")))
+                found_end = (pc.max(pc.add(found.column("phyOffset"), pc.cast(found.column("size"), pa.int64()))).as_py()
+                             if found.num_rows else None)
             else:
                 i = table.column("file")[0].as_py()
                 findings, n = check_index_file(st, st.index.files[i], recs, refs)
-                key = str(i)
+                key, max_phy, found_end = str(i), None, None
         finally:
             st.close()
         return pa.table({"store": [root], "key": [key], "n": pa.array([n], pa.int64()),
-                         "lost": pa.array([refs.lost_refs], pa.int64()), "findings": [pickle.dumps(findings)]})
+                         "lost": pa.array([refs.lost_refs], pa.int64()), "findings": [pickle.dumps(findings)],
+                         "foundEnd": pa.array([found_end], pa.int64()), "maxPhy": pa.array([max_phy], pa.int64())})
 
     return run
 
@@ -182,7 +189,7 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
             metas[row["store"]].append(pickle.loads(row["meta"]))
             n_tasks += 1
         records = verified.where(F.col("meta").isNull()).drop("meta")
-        units = _reader(spark, "rocketmq-consumequeue", roots, opts).persist(StorageLevel.DISK_ONLY)
+        units = _reader(spark, "rocketmq-consumequeue", roots, opts)
         entries = _reader(spark, "rocketmq-index", roots, opts)
 
         # Store-level facts from the per-segment reports (the engine's own functions).
@@ -213,9 +220,10 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
                               "files": 0, "entries": 0}
         del metas
 
-        # Consume queues (+ ext): units ⋈ records, one engine check per queue.
-        q_recs = records.drop("keyHashes")
-        q_rows = (units.join(q_recs, ["store", "phyOffset"], "left")
+        # Consume queues (+ ext): units ⟗ records (full outer: the records no unit points at are the
+        # dispatch check's input), then one engine check per queue on the units' side.
+        joined = units.join(records.drop("keyHashes"), ["store", "phyOffset"], "full_outer").persist(StorageLevel.DISK_ONLY)
+        q_rows = (joined.where(F.col("topic").isNotNull())
                   .groupBy("store", "topic", "queueId")
                   .applyInArrow(_group_fn("queue", ctx, config_file, overrides), GROUP_RESULT_DDL).collect())
         for r in q_rows:
@@ -226,15 +234,14 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
             s["lost"] += r["lost"]
 
         # Dispatch completeness: records missing from every queue, below / above the high-water mark.
-        real = units.where(F.col("phyOffset").isNotNull()).select("store", "phyOffset")
-        hw = {r["store"]: dispatch_high_water(r["foundEnd"], r["maxPhy"]) for r in
-              real.join(records.select("store", "phyOffset", "size"), ["store", "phyOffset"], "left").groupBy("store")
-              .agg(F.max(F.when(F.col("size").isNotNull(), F.col("phyOffset") + F.col("size"))).alias("foundEnd"),
-                   F.max("phyOffset").alias("maxPhy")).collect()}
+        hw = {}
+        for root in roots:
+            ends = [r["foundEnd"] for r in q_rows if r["store"] == root and r["foundEnd"] is not None]
+            phys = [r["maxPhy"] for r in q_rows if r["store"] == root and r["maxPhy"] is not None]
+            hw[root] = dispatch_high_water(max(ends, default=None), max(phys, default=None))
         high = F.create_map(*[x for root in roots for x in (F.lit(root), F.lit(hw.get(root, 0)))])
         tran = F.col("sysFlag").bitwiseAND(0xC)
-        missing = (records.where(tran.isin(0, 8)).select("store", "phyOffset", "seg", "recTopic", "recQueueId", "recQueueOffset")
-                   .join(real, ["store", "phyOffset"], "left_anti")
+        missing = (joined.where(F.col("topic").isNull() & tran.isin(0, 8))
                    .withColumn("lag", F.col("phyOffset") >= F.coalesce(high[F.col("store")], F.lit(0))))
         for r in (missing.groupBy("store", "lag", "recTopic", "recQueueId")
                   .agg(F.count("*").alias("n"), F.min(F.struct("phyOffset", "seg", "recQueueOffset")).alias("first")).collect()):
@@ -266,7 +273,7 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
             s["entries"] += r["n"]
             s["files"] += 1
             s["lost"] += r["lost"]
-        units.unpersist()
+        joined.unpersist()
         verified.unpersist()
 
         results = []
