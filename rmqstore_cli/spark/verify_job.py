@@ -9,8 +9,10 @@
    (store, topic, queueId); each group runs the engine's ``check_queue`` against the records its
    units point at. Index: entries (``rocketmq-index``) ⋈ records on (store, phyOffset), grouped
    by (store, index file), through the engine's ``check_index_file``.
-4. Dispatch completeness: the records of units ⟗ records without a unit, aggregated per store and queue, against the
-   high-water mark the queue checks report (furthest unit, end of the furthest record a unit points at).
+   The consume-queue join is a full outer join: its rows without a unit are the records no queue
+   holds, which is the dispatch check's input.
+4. Dispatch completeness: those records aggregated per store and queue, split at the high-water
+   mark the queue checks report (furthest unit; end of the furthest record a unit points at).
 
 Only findings (aggregated per queue / file / code, as the engine aggregates them) and per-segment,
 per-queue and per-file summaries reach the driver; nothing per record is collected or broadcast.
