@@ -469,3 +469,18 @@ def test_spark_verify_equals_verify_on_fuzz_cases(spark, tmp_path):
     for root, err in unreadable:  # what the engine cannot open, the Spark job refuses with the same error
         with pytest.raises(err):
             jobs.verify(spark, [root])
+
+
+def test_spark_verify_uses_the_given_geometry(spark):
+    """Geometry overrides reach every source and task: a wrong consume-queue file size gives `verify`'s findings."""
+    from rmqstore_cli.engine.store import Store
+    from rmqstore_cli.engine.verify import verify_store
+    from rmqstore_cli.spark import jobs
+
+    root = str(shared_store("4.9.3-clean"))
+    overrides = {"version": None, "mappedFileSizeConsumeQueue": 20 * 100, "maxHashSlotNum": None}
+    with Store.open(root, overrides=overrides) as st:
+        single = verify_store(st)
+    assert any(f.code.startswith("SEG_") for f in single.findings)
+    res = jobs.verify(spark, [root], overrides=overrides)
+    assert _finding_keys_spark(res["findings"], root) == _finding_keys_engine(single.findings)

@@ -20,6 +20,7 @@ per-queue and per-file summaries reach the driver; nothing per record is collect
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import time
@@ -180,7 +181,8 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
     t0 = time.monotonic()
     stores = [Store.open(r, config_file=config_file, overrides=overrides) for r in roots]
     roots = [st.root for st in stores]
-    opts = dict(reader_options(overrides, config_file), splitSize=split)
+    opts = dict(reader_options(overrides, config_file), splitSize=split,
+                overrides=json.dumps({k: v for k, v in (overrides or {}).items() if v is not None}) if overrides else None)
     try:
         verified = _reader(spark, "rocketmq-verified", roots, dict(opts, checkCrc=str(check_crc).lower()))
         verified = verified.persist(StorageLevel.DISK_ONLY)

@@ -12,8 +12,9 @@ and the references the derived files hold (consume-queue units, index entries).
 - ``rocketmq-index``: one row per counted entry of every complete index file (file-aligned
   partitions), plus one marker row per file.
 
-Options of all three: ``brokerVersion``, ``commitlogFileSize``, ``config``; ``splitSize`` (bytes of
-commitlog / consume queue per task); ``checkCrc`` (verified only).
+Options of all three: ``brokerVersion``, ``commitlogFileSize``, ``config``, ``overrides`` (a JSON object
+of any geometry the engine's ``Store.open`` accepts, as the commands' geometry options give it);
+``splitSize`` (bytes of commitlog / consume queue per task); ``checkCrc`` (verified only).
 """
 
 from __future__ import annotations
@@ -44,6 +45,17 @@ _VERIFIED_TYPES = [("store", pa.string()), ("seg", pa.int32()), ("phyOffset", pa
 
 def _options(ds) -> dict:
     return {str(k).lower(): v for k, v in ds.options.items()}
+
+
+def _open(root: str, options: dict):
+    """The store with every geometry override the command was given (all tasks see the same store)."""
+    if options.get("overrides"):
+        import json
+
+        from rmqstore_cli.engine.store import Store
+
+        return Store.open(root, config_file=options.get("config"), overrides=json.loads(options["overrides"]))
+    return open_store_from_options(root, options)
 
 
 @dataclass
@@ -148,7 +160,7 @@ class _VerifiedReader(DataSourceReader):
         split = int(self.options.get("splitsize") or DEFAULT_SPLIT)
         out = []
         for root in self.roots:
-            st = open_store_from_options(root, self.options)
+            st = _open(root, self.options)
             try:
                 out += _group(st.root, [(i, seg.size) for i, seg in enumerate(st.commitlog.segments.segments)], split)
             finally:
@@ -161,7 +173,7 @@ class _VerifiedReader(DataSourceReader):
 
         if not partition.items:
             return
-        st = open_store_from_options(partition.store, self.options)
+        st = _open(partition.store, self.options)
         try:
             reports = verify_segments(st.commitlog, partition.items, check_crc=_flag(self.options, "checkcrc", True))
             recs = _Records(st, reports)  # consumes the reports' columns
@@ -214,7 +226,7 @@ class _UnitsReader(DataSourceReader):
         split = int(self.options.get("splitsize") or DEFAULT_SPLIT)
         out = []
         for root in self.roots:
-            st = open_store_from_options(root, self.options)
+            st = _open(root, self.options)
             try:
                 sized = []
                 for t, q in st.queues():
@@ -232,7 +244,7 @@ class _UnitsReader(DataSourceReader):
     def read(self, partition: Work):
         if not partition.items:
             return
-        st = open_store_from_options(partition.store, self.options)
+        st = _open(partition.store, self.options)
         try:
             for t, q in partition.items:
                 u = st.queue(t, q).units()
@@ -272,7 +284,7 @@ class _EntriesReader(DataSourceReader):
     def partitions(self):
         out = []
         for root in self.roots:
-            st = open_store_from_options(root, self.options)
+            st = _open(root, self.options)
             try:
                 out += [Work(st.root, [(i, f.path)]) for i, f in enumerate(st.index.files)]
             finally:
@@ -285,7 +297,7 @@ class _EntriesReader(DataSourceReader):
 
         if not partition.items:
             return
-        st = open_store_from_options(partition.store, self.options)
+        st = _open(partition.store, self.options)
         try:
             for i, path in partition.items:
                 f = st.index.files[i]
