@@ -75,17 +75,25 @@ def verify_store(store, *, check_crc: bool = True, reports: list[SegmentReport] 
     _check_dispatch(store, recs, cq_phys, findings)
     cross_checks.index(store, recs, refs, findings, summary)
     if refs.lost_refs:
-        seg = cl.segments.find(data_end) or (cl.segments.segments[-1] if cl.segments.segments else None)
-        path = seg.path if seg else cl.directory
-        findings.append(Finding("CL_LOST_TAIL", ERROR, path, data_end - seg.start if seg else None,
-                                f"the commitlog ends at {data_end} but {refs.lost_refs} consume-queue units / index entries point "
-                                "past it: the tail of the log is missing (zero-filled or cut)", {"phyOffset": data_end, "references": refs.lost_refs}))
+        findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))
     _check_checkpoint(store, recs, findings)
     _check_root(store, findings)
-    findings.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), f.path or "", f.offset if f.offset is not None else -1, f.code))
-    counts = {s: sum(1 for f in findings if f.severity == s) for s in (ERROR, WARNING, INFO)}
-    summary["findings"] = counts
+    sort_findings(findings, summary)
     return VerifyResult(findings, summary)
+
+
+def lost_tail_finding(cl, data_end: int, lost_refs: int) -> Finding:
+    seg = cl.segments.find(data_end) or (cl.segments.segments[-1] if cl.segments.segments else None)
+    path = seg.path if seg else cl.directory
+    return Finding("CL_LOST_TAIL", ERROR, path, data_end - seg.start if seg else None,
+                   f"the commitlog ends at {data_end} but {lost_refs} consume-queue units / index entries point "
+                   "past it: the tail of the log is missing (zero-filled or cut)", {"phyOffset": data_end, "references": lost_refs})
+
+
+def sort_findings(findings: list, summary: dict) -> None:
+    """The report's order (severity, file, offset, code) and the per-severity counts."""
+    findings.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), f.path or "", f.offset if f.offset is not None else -1, f.code))
+    summary["findings"] = {s: sum(1 for f in findings if f.severity == s) for s in (ERROR, WARNING, INFO)}
 
 
 def _log_end(store, reports: list[SegmentReport], findings: list) -> tuple[int, int]:
@@ -129,9 +137,15 @@ def _check_store_times(recs: _Records, findings: list) -> None:
     agg = _Agg()
     for i in back.tolist():
         path, pos = recs.location(i)
-        agg.add("", "CL_STORE_TIME", WARNING, path, pos, f"STORETIMESTAMP {int(ts[i])} is earlier than the previous record's "
-                f"{int(ts[i - 1])} (clock moved back, or records were copied in)", phyOffset=int(recs.phy[i]))
+        add_store_time_finding(agg, path, pos, int(ts[i]), int(ts[i - 1]), int(recs.phy[i]))
     findings += agg.findings()
+
+
+def add_store_time_finding(agg: _Agg, path: str, pos: int, ts: int, prev_ts: int, phy: int, count: int = 1) -> None:
+    """CL_STORE_TIME for a record stored before its predecessor (``count`` such records when merging partial results)."""
+    agg.add("", "CL_STORE_TIME", WARNING, path, pos, f"STORETIMESTAMP {ts} is earlier than the previous record's "
+            f"{prev_ts} (clock moved back, or records were copied in)", phyOffset=phy)
+    agg.count[("", "CL_STORE_TIME")] += count - 1
 
 
 def _check_delay_properties(recs: _Records, findings: list) -> None:

@@ -180,22 +180,38 @@ def _check_dispatch(store, recs: _Records, cq_phys: list, findings: list) -> Non
     # maxPhysicOffset of the queues: the broker re-dispatches everything from there at start (§13.1).
     if len(phys):
         _, found = recs.lookup(phys)
-        ends = phys[found] + recs.c["size"][recs.lookup(phys[found])[0]] if found.any() else phys
-        high = int(ends.max()) if len(ends) else 0
+        ends = phys[found] + recs.c["size"][recs.lookup(phys[found])[0]]
+        high = dispatch_high_water(int(ends.max()) if len(ends) else None, int(phys.max()))
     else:
         high = 0
     lag = missing[recs.phy[missing] >= high]
     old = missing[recs.phy[missing] < high]
     if len(lag):
         path, pos = recs.location(int(lag[0]))
-        findings.append(Finding("CQ_DISPATCH_LAG", INFO, path, pos, f"{len(lag)} records after the consume queues' high-water mark "
-                                "are not dispatched yet; the broker dispatches them when it starts", {"count": int(len(lag)),
-                                                                                                       "phyOffset": int(recs.phy[lag[0]])}))
+        findings.append(dispatch_lag_finding(path, pos, int(len(lag)), int(recs.phy[lag[0]])))
     agg = _Agg()
     for i in old.tolist():
         path, pos = recs.location(i)
-        t, q = recs.topic(i), int(recs.c["queueId"][i])
-        agg.add((t, q), "CQ_NOT_DISPATCHED", ERROR, path, pos, f"record of {t}/{q} (queue offset {int(recs.c['queueOffset'][i])}) is "
-                "missing from its consume queue; the broker will not dispatch it again", topic=t, queueId=q, phyOffset=int(recs.phy[i]),
-                queueOffset=int(recs.c["queueOffset"][i]))
+        add_not_dispatched(agg, path, pos, recs.topic(i), int(recs.c["queueId"][i]), int(recs.phy[i]), int(recs.c["queueOffset"][i]))
     findings += agg.findings()
+
+
+def dispatch_high_water(found_ends_max: int | None, units_phy_max: int | None) -> int:
+    """maxPhysicOffset of the queues: the broker re-dispatches everything from there at start (§13.1).
+    The end of the furthest unit that points at a record; without any, the furthest unit's offset."""
+    if found_ends_max is not None:
+        return found_ends_max
+    return units_phy_max if units_phy_max is not None else 0
+
+
+def dispatch_lag_finding(path: str, pos: int, count: int, phy: int) -> Finding:
+    return Finding("CQ_DISPATCH_LAG", INFO, path, pos, f"{count} records after the consume queues' high-water mark "
+                   "are not dispatched yet; the broker dispatches them when it starts", {"count": count, "phyOffset": phy})
+
+
+def add_not_dispatched(agg: _Agg, path: str, pos: int, topic: str, qid: int, phy: int, queue_offset: int, count: int = 1) -> None:
+    """CQ_NOT_DISPATCHED for the first missing record of a queue (``count`` of them when merging partial results)."""
+    agg.add((topic, qid), "CQ_NOT_DISPATCHED", ERROR, path, pos, f"record of {topic}/{qid} (queue offset {queue_offset}) is "
+            "missing from its consume queue; the broker will not dispatch it again", topic=topic, queueId=qid, phyOffset=phy,
+            queueOffset=queue_offset)
+    agg.count[((topic, qid), "CQ_NOT_DISPATCHED")] += count - 1

@@ -72,61 +72,18 @@ def _commitlog_bytes(root: str) -> int:
         return 0
 
 
-# --- verify ----------------------------------------------------------------------------
+# --- verify ---------------------------------------------------------------------------
 
 
-def _verify_segment_task(item):
-    """Executor side: phase 1 of the engine's verify on one segment (CRC + structure of every record)."""
-    root, overrides, config_file, indexes, check_crc = item
-    from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.verify import verify_segments
+def verify(spark, roots: list[str], **kw) -> dict:
+    """Distributed ``verify`` (see :mod:`rmqstore_cli.spark.verify_job`)."""
+    from .verify_job import verify as distributed_verify
 
-    st = Store.open(root, config_file=config_file, overrides=overrides)
-    try:
-        return verify_segments(st.commitlog, indexes, check_crc=check_crc)
-    finally:
-        st.close()
+    return distributed_verify(spark, roots, **kw)
 
 
-def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None = None, out_format: str = "json",
-           overrides: dict | None = None, config_file: str | None = None, split: int = 64 << 20) -> dict:
-    """Every segment of every store verified on the executors, then one executor task per consume
-    queue (CQ + ext checks) and per index file against the broadcast record columns; the driver
-    runs the engine's ``verify_store`` around them (log end, dispatch, checkpoint, root), so codes
-    and messages are exactly those of the single-process ``verify``.
-    """
-    from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.verify import verify_store
-
-    from .crosscheck import SparkCrossChecks
-
-    t0 = time.monotonic()
-    stores = [Store.open(r, config_file=config_file, overrides=overrides) for r in roots]
-    try:
-        items = []
-        for st in stores:
-            # Small segments travel together, so a task is worth its start-up cost.
-            group, size = [], 0
-            for i, seg in enumerate(st.commitlog.segments.segments):
-                group.append(i)
-                size += seg.size
-                if size >= split:
-                    items.append((st.root, overrides, config_file, group, check_crc))
-                    group, size = [], 0
-            if group:
-                items.append((st.root, overrides, config_file, group, check_crc))
-        by_root: dict[str, list] = {}
-        if items:
-            rdd = spark.sparkContext.parallelize(items, numSlices=len(items))
-            for it, part in zip(items, rdd.map(_verify_segment_task).collect()):
-                by_root.setdefault(it[0], []).extend(part)
-        results = []
-        cross = SparkCrossChecks(spark, overrides, config_file)
-        for st in stores:
-            results.append(verify_store(st, check_crc=check_crc, reports=by_root.get(st.root, []), cross_checks=cross))
-    finally:
-        for st in stores:
-            st.close()
+def finding_rows(roots: list[str], results: list) -> list[dict]:
+    """Findings as the rows ``--json`` prints and ``--out`` writes."""
     rows = []
     for st_root, res in zip(roots, results):
         for f in res.findings:
@@ -135,11 +92,7 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
                          "path": d.pop("path"), "offset": d.pop("offset"), "message": d.pop("message"),
                          "phyOffset": d.pop("phyOffset", None), "count": d.pop("count", None),
                          "extra": {k: str(v) for k, v in d.items()}})
-    if out:
-        _write_findings(spark, rows, out, out_format)
-    exit_code = max((r.exit_code for r in results), default=0)
-    return {"stores": [r.summary for r in results], "findings": rows, "exitCode": exit_code,
-            "segments": sum(len(it[3]) for it in items), "tasks": len(items), "crossCheckTasks": cross.tasks, "seconds": round(time.monotonic() - t0, 3), "out": os.path.abspath(out) if out else None}
+    return rows
 
 
 FINDINGS_DDL = ("store string, code string, severity string, path string, offset bigint, message string, "

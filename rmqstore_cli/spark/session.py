@@ -88,8 +88,11 @@ def _quiet_python_loggers() -> None:
 
 def register_sources(spark) -> None:
     from .datasource import RocketMQDataSource
+    from .verify_sources import SOURCES
 
     spark.dataSource.register(RocketMQDataSource)
+    for source in SOURCES:
+        spark.dataSource.register(source)
 
 
 @contextlib.contextmanager
