@@ -11,7 +11,7 @@ import typer
 
 from formats.fast import REASON_TEXT, STOP_BAD_MAGIC, STOP_BAD_SIZE, STOP_INVALID, STOP_TORN
 from formats.extaddr import decorate, is_ext_addr
-from formats.message import BODY_MODES, RecordError, decode_message, render_body
+from formats.message import BODY_MODES, RecordError, render_body
 from rmqstore_cli.engine.consumequeue import is_filler
 from rmqstore_cli.engine.commitlog import ScanResult
 from rmqstore_cli.engine.timesearch import queue_range_by_time
@@ -101,51 +101,30 @@ def _export(st, fmt, out_path, body, topic, queue, from_, to, since_ms, until_ms
 
 
 def _follow(st, topic, queue, from_, since_ms, limit, body, json_) -> None:
-    from formats.jsonl import encode_records, topic_mask
+    from rmqstore_cli.engine.commitlog import RecordFilter
     from rmqstore_cli.engine.follow import Follower
 
     start = from_
     if since_ms is not None:
-        first = st.commitlog.time_window(since_ms, None)[0]
-        start = first if first is not None else None
+        start = st.commitlog.time_window(since_ms, None)[0]
     follower = Follower(st.commitlog, start)
+    sel = RecordFilter(start=from_, topic=topic, queue=queue, since=since_ms, limit=limit)
     out = sys.stdout
-    left = limit
     try:
-        for chunk in follower.chunks():
-            h = chunk.headers
-            keep = np.ones(len(h), bool)
-            if from_ is not None:
-                keep &= chunk.phy >= from_
-            if queue is not None:
-                keep &= h.queueId == queue
-            if topic is not None and keep.any():
-                keep &= topic_mask(chunk.buf, h, topic)
-            idx = np.flatnonzero(keep)
-            if left is not None:
-                idx = idx[:left]
-                left -= len(idx)
-            if len(idx):
-                if json_:
-                    data = encode_records(chunk.buf, h, chunk.segment.start, body, None if len(idx) == len(h) else idx)
-                    out.flush()
-                    out.buffer.write(data)
-                    out.buffer.flush()
-                else:
-                    for off in h.offsets[idx].tolist():
-                        m = decode_message(chunk.buf, off, with_body=body != "none")
-                        m["offset"] = chunk.segment.start + off
-                        out.write(_follow_line(render_body(m, body)) + "\n")
-                    out.flush()
-            if left == 0:
-                return
+        if json_:
+            for data in follower.records_json(sel, body):
+                out.flush()
+                out.buffer.write(data)
+                out.buffer.flush()
+        else:
+            for msgs in follower.records(sel, body != "none"):
+                for m in msgs:
+                    out.write(_follow_line(render_body(m, body)) + "\n")
+                out.flush()
     except KeyboardInterrupt:
         return
     except BrokenPipeError:  # | head: the reader is gone
-        try:
-            sys.stdout = None  # type: ignore[assignment]
-        finally:
-            return
+        sys.stdout = None  # type: ignore[assignment]
     finally:
         follower.close()
 

@@ -58,6 +58,54 @@ class Stop:
 
 
 @dataclass
+class RecordFilter:
+    """Which records of a walk a listing keeps: offsets [start, end), a topic, a queue id, store
+    times [since, until] (epoch ms, inclusive) and at most ``limit`` records in all. One place for
+    ``dump``, ``--follow``, the file exports and the JSON encoder, vectorised per chunk."""
+
+    start: int | None = None
+    end: int | None = None
+    topic: str | None = None
+    queue: int | None = None
+    since: int | None = None
+    until: int | None = None
+    limit: int | None = None
+
+    def __post_init__(self):
+        self.left = self.limit
+
+    def pick(self, chunk: "Chunk") -> tuple[np.ndarray, bool]:
+        """Indexes of the chunk's kept records, and True when nothing after them can be kept."""
+        h = chunk.headers
+        phy = chunk.phy
+        keep = np.ones(len(h), dtype=bool)
+        done = False
+        if self.start is not None:
+            keep &= phy >= self.start
+        if self.end is not None:
+            cut = int(np.searchsorted(phy, self.end))  # offsets grow along a chunk
+            if cut < len(h):
+                keep[cut:] = False
+                done = True
+        if self.queue is not None:
+            keep &= h.queueId == self.queue
+        if self.since is not None:
+            keep &= h.storeTimestamp >= self.since
+        if self.until is not None:
+            keep &= h.storeTimestamp <= self.until
+        if self.topic is not None and keep.any():
+            from formats.jsonl import topic_mask
+
+            keep &= topic_mask(chunk.buf, h, self.topic)
+        idx = np.flatnonzero(keep)
+        if self.left is not None:
+            idx = idx[: self.left]
+            self.left -= len(idx)
+            done = done or self.left == 0
+        return idx, done
+
+
+@dataclass
 class ScanResult:
     stop: Stop | None = None
     blanks: list = field(default_factory=list)  # (absolute offset, totalSize)
@@ -184,34 +232,41 @@ class CommitLog:
                 end = past if end is None else min(end, past)
         return start, end, start is None or end is None or start < end
 
+    def start_index(self, start: int | None) -> int:
+        """Index of the segment holding ``start`` (the first segment when None)."""
+        k = 0
+        for i, s in enumerate(self.segments.segments):
+            if start is not None and s.start <= start:
+                k = i
+        return k
+
+    def selected(self, sel: "RecordFilter", *, check_crc: bool = False,
+                 result: ScanResult | None = None) -> Iterator[tuple[Chunk, np.ndarray, bool]]:
+        """The walk restricted to ``sel``: (chunk, indexes of its kept records, done). Time bounds are
+        turned into offsets first (binary search), so the walk starts in the right segment."""
+        if sel.since is not None or sel.until is not None:
+            sel.start, sel.end, any_ = self.time_window(sel.since, sel.until, sel.start, sel.end)
+            if not any_:
+                return
+        if sel.left == 0:
+            return
+        for chunk in self.scan(start_index=self.start_index(sel.start), check_crc=check_crc, result=result):
+            idx, done = sel.pick(chunk)
+            yield chunk, idx, done
+            if done:
+                return
+
     def records(self, *, start: int | None = None, end: int | None = None, check_crc: bool = False,
                 with_body: bool = True, result: ScanResult | None = None, since: int | None = None,
                 until: int | None = None) -> Iterator[dict]:
         """Decoded records in order, from the segment holding ``start`` up to ``end`` (exclusive);
         with ``since``/``until`` only records stored in that time range (epoch ms, inclusive)."""
-        if since is not None or until is not None:
-            start, end, any_ = self.time_window(since, until, start, end)
-            if not any_:
-                return
-        lo_t = -(1 << 63) if since is None else since
-        hi_t = (1 << 63) - 1 if until is None else until
-        start_index = 0
-        if start is not None and self.segments.segments:
-            for k, s in enumerate(self.segments.segments):
-                if s.start <= start:
-                    start_index = k
-        for chunk in self.scan(start_index=start_index, check_crc=check_crc, result=result):
+        sel = RecordFilter(start=start, end=end, since=since, until=until)
+        for chunk, idx, _ in self.selected(sel, check_crc=check_crc, result=result):
             base = chunk.segment.start
-            for off in chunk.headers.offsets.tolist():
-                phy = base + off
-                if start is not None and phy < start:
-                    continue
-                if end is not None and phy >= end:
-                    return
+            for off in chunk.headers.offsets[idx].tolist():
                 msg = decode_message(chunk.buf, off, with_body=with_body)
-                if not lo_t <= msg["storeTimestamp"] <= hi_t:
-                    continue
-                msg["offset"] = phy
+                msg["offset"] = base + off
                 yield msg
 
     def records_json(self, *, start: int | None = None, end: int | None = None, body: str = "none",
@@ -221,50 +276,14 @@ class CommitLog:
         """The records :meth:`records` yields (same selection, same stop), already rendered as
         JSON Lines (UTF-8 bytes, ``--body`` mode ``body``) by :mod:`formats.jsonl`, a block at a
         time: yields (text, records in it, log bytes walked for it)."""
-        from formats.jsonl import encode_records, topic_mask
+        from formats.jsonl import encode_records
 
-        if since is not None or until is not None:
-            start, end, any_ = self.time_window(since, until, start, end)
-            if not any_:
-                return
-
-        start_index = 0
-        if start is not None and self.segments.segments:
-            for k, s in enumerate(self.segments.segments):
-                if s.start <= start:
-                    start_index = k
-        left = limit
-        if left is not None and left <= 0:
-            return
-        for chunk in self.scan(start_index=start_index, check_crc=False, result=result):
+        sel = RecordFilter(start=start, end=end, topic=topic, queue=queue, since=since, until=until, limit=limit)
+        for chunk, idx, _ in self.selected(sel, result=result):
             h = chunk.headers
-            phy = chunk.phy
-            keep = np.ones(len(h), dtype=bool)
-            done = False
-            if start is not None:
-                keep &= phy >= start
-            if end is not None:
-                cut = int(np.searchsorted(phy, end))  # offsets grow along a chunk
-                if cut < len(h):
-                    keep[cut:] = False
-                    done = True
-            if queue is not None:
-                keep &= h.queueId == queue
-            if since is not None:
-                keep &= h.storeTimestamp >= since
-            if until is not None:
-                keep &= h.storeTimestamp <= until
-            if topic is not None and keep.any():
-                keep &= topic_mask(chunk.buf, h, topic)
-            idx = np.flatnonzero(keep)
-            if left is not None:
-                idx = idx[:left]
-                left -= len(idx)
             walked = int(h.totalSize[: int(idx[-1]) + 1].sum()) if len(idx) else int(h.totalSize.sum())
             whole = None if len(idx) == len(h) else idx  # no copy of the columns when nothing is left out
             yield (encode_records(chunk.buf, h, chunk.segment.start, body, whole) if len(idx) else b"", len(idx), walked)
-            if done or left == 0:
-                return
 
     def boundaries_near(self, phy: int) -> tuple[int | None, int | None]:
         """Record boundaries just before and after ``phy`` (for error messages)."""
@@ -303,4 +322,4 @@ def minimum_record_size() -> int:
     return MIN_MESSAGE_SIZE
 
 
-__all__ = ["CommitLog", "Chunk", "Stop", "ScanResult", "MAGIC_V2"]
+__all__ = ["CommitLog", "Chunk", "Stop", "ScanResult", "RecordFilter", "MAGIC_V2"]

@@ -15,7 +15,7 @@ import numpy as np
 
 from formats import fast
 
-from .commitlog import ScanResult
+from .commitlog import RecordFilter, ScanResult
 from .errors import UsageError
 from .findings import WALK_STOP_CODES
 from .verify import REASON_CODES
@@ -93,54 +93,21 @@ def _arrow(store, tmp, res, fmt, *, body, topic, queue, start, end, since, until
     cl = store.commitlog
     with_body = body and fmt == "parquet"
     schema = arrow_schema(with_body)
-    if since is not None or until is not None:
-        start, end, any_ = cl.time_window(since, until, start, end)
-    else:
-        any_ = True
+    sel = RecordFilter(start=start, end=end, topic=topic, queue=queue, since=since, until=until, limit=limit)
     writer = _writer(fmt, tmp, schema)
     try:
-        left = limit
-        start_index = 0
-        if start is not None:
-            start_index = max((k for k, s in enumerate(cl.segments.segments) if s.start <= start), default=0)
-        chunks = cl.scan(start_index=start_index, check_crc=True, result=res.scan) if any_ and left != 0 else ()
-        for chunk in chunks:
+        for chunk, idx, _ in cl.selected(sel, check_crc=True, result=res.scan):
             h = chunk.headers
-            phy = chunk.phy
-            keep = np.ones(len(h), bool)
-            done = False
-            if start is not None:
-                keep &= phy >= start
-            if end is not None:
-                keep &= phy < end
-                done = bool(len(phy)) and int(phy[-1]) >= end
-            if queue is not None:
-                keep &= h.queueId == queue
-            if since is not None:
-                keep &= h.storeTimestamp >= since
-            if until is not None:
-                keep &= h.storeTimestamp <= until
-            if topic is not None and keep.any():
-                from formats.jsonl import topic_mask
-
-                keep &= topic_mask(chunk.buf, h, topic)
-            idx = np.flatnonzero(keep)
-            if left is not None:
-                idx = idx[:left]
-                left -= len(idx)
-                done = done or left == 0
             if progress:
                 progress(int(h.totalSize.sum()))
             if len(idx):
-                sel = h if len(idx) == len(h) else h.select(idx)
-                u8 = fast.as_u8(chunk.buf)
+                part = h if len(idx) == len(h) else h.select(idx)
                 batch = build_batch(schema, store=store.root, segment=chunk.segment.name, seg_start=chunk.segment.start,
-                                    buf=chunk.buf, u8=u8, h=sel, crc_ok=np.ones(len(sel), bool),
-                                    findings=[None] * len(sel), messages=[None] * len(sel), with_body=with_body)
+                                    buf=chunk.buf, u8=fast.as_u8(chunk.buf), h=part,
+                                    crc_ok=np.ones(len(part), bool), findings=[None] * len(part),
+                                    messages=[None] * len(part), with_body=with_body)
                 _write(writer, fmt, batch)
-                res.records += len(sel)
-            if done:
-                break
+                res.records += len(part)
         _note_stop(res)
         for off, code, msg in res.findings:
             seg = cl.segments.find(off)

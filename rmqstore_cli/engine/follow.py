@@ -15,9 +15,12 @@ import time
 from typing import Callable, Iterator
 
 
-from formats import fast
+import numpy as np
 
-from .commitlog import Chunk, CommitLog
+from formats import fast
+from formats.message import decode_message
+
+from .commitlog import Chunk, CommitLog, RecordFilter
 from .segments import Segment, segment_name
 
 POLL_SECONDS = 0.1
@@ -84,6 +87,33 @@ class Follower:
                     self._seg = None
                     continue
             time.sleep(self.poll)  # nothing new, or a record still being written
+
+    def selected(self, sel: RecordFilter) -> Iterator[tuple[Chunk, np.ndarray]]:
+        """New chunks with the indexes of the records ``sel`` keeps; ends when its limit is reached."""
+        for chunk in self.chunks():
+            idx, done = sel.pick(chunk)  # done: the limit is reached (--follow takes no end offset)
+            if len(idx):
+                yield chunk, idx
+            if done:
+                return
+
+    def records_json(self, sel: RecordFilter, body: str) -> Iterator[bytes]:
+        """JSON Lines of new records, exactly as ``dump commitlog --json`` renders them."""
+        from formats.jsonl import encode_records
+
+        for chunk, idx in self.selected(sel):
+            h = chunk.headers
+            yield encode_records(chunk.buf, h, chunk.segment.start, body, None if len(idx) == len(h) else idx)
+
+    def records(self, sel: RecordFilter, with_body: bool) -> Iterator[list[dict]]:
+        """Decoded new records, a list per chunk."""
+        for chunk, idx in self.selected(sel):
+            out = []
+            for off in chunk.headers.offsets[idx].tolist():
+                m = decode_message(chunk.buf, off, with_body=with_body)
+                m["offset"] = chunk.segment.start + off
+                out.append(m)
+            yield out
 
     def close(self) -> None:
         if self._seg is not None:
