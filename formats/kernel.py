@@ -446,6 +446,11 @@ def warm_up() -> None:
     fast.check_property_crc(data, 0, 128)
     fast.scan_records(data, 0, len(data))
     crc32_of(u8, 0, 16)
+    from . import propscan
+
+    pv = propscan.scan(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
+    propscan.key_hashes(u8, np.ones(1, bool), np.zeros(1, np.uint32), pv)
+    propscan.java_hash_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
 
 
 if __name__ == "__main__":  # python -m formats.kernel: compile ahead of the first command (set-up scripts)

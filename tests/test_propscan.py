@@ -88,7 +88,54 @@ def test_hash_spans_equal_java_hash():
     e = s + np.asarray([len(w) for w in words], np.int64)
     h = propscan.java_hash_spans(u8, s, e)
     assert h.view(np.int32).tolist() == [java_hash(w) for w in words]
+    # index key hashes of topic#key through the KEYS tokenizer: one token per word (no spaces inside)
     topic = "TopicTest"
-    pre = np.full(len(words), java_hash(topic + "#") & 0xFFFFFFFF, dtype=np.uint32)
-    kh = propscan.key_hash(propscan.combine(pre, h, e - s))
-    assert kh.tolist() == [index_key_hash(f"{topic}#{w}") for w in words]
+    single = [w for w in words if w and " " not in w]
+    keys = "\x02".join("KEYS\x01" + w for w in single).encode("ascii")
+    u8 = np.frombuffer(keys, dtype=np.uint8)
+    pos, starts = 0, []
+    for w in single:
+        starts.append(pos)
+        pos += len("KEYS\x01" + w) + 1
+    starts = np.asarray(starts, np.int64)
+    lengths = np.asarray([len(w) + 5 for w in single], np.int64)
+    pv = propscan.scan(u8, starts, lengths)
+    pre = np.full(len(single), java_hash(topic + "#") & 0xFFFFFFFF, dtype=np.uint32)
+    counts, kh = propscan.key_hashes(u8, np.ones(len(single), bool), pre, pv)
+    assert counts.tolist() == [1] * len(single)
+    assert kh.tolist() == [index_key_hash(f"{topic}#{w}") for w in single]
+
+
+def test_key_hashes_equal_the_decoded_keys():
+    """UNIQ_KEY first, then the non-empty space-separated KEYS tokens, as the index writer hashes them
+    from the decoded property map (random ASCII property strings, edge cases included)."""
+    seed = 11
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    pieces = [b"KEYS\x01", b"UNIQ_KEY\x01", b"TAGS\x01", b"\x02", b"\x01", b" ", b"  ", b"k1", b"key-2", b"u", b"#", b"x y"]
+    cases = [b"KEYS\x01 a  b ", b"UNIQ_KEY\x01u1\x02KEYS\x01k", b"KEYS\x01", b"KEYS\x01   ", b"UNIQ_KEY\x01\x02KEYS\x01k"]
+    cases += [b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 10))) for _ in range(3000)]
+    buf = bytearray()
+    starts, lengths = [], []
+    for c in cases:
+        buf += b"\x02body\x01"
+        starts.append(len(buf))
+        lengths.append(len(c))
+        buf += c
+    u8 = np.frombuffer(bytes(buf), dtype=np.uint8)
+    pv = propscan.scan(u8, np.asarray(starts, np.int64), np.asarray(lengths, np.int64))
+    topic = "TopicKeys"
+    pre = np.full(len(cases), java_hash(topic + "#") & 0xFFFFFFFF, dtype=np.uint32)
+    use = np.asarray([i % 7 != 3 for i in range(len(cases))])  # some records left to the slow path
+    counts, kh = propscan.key_hashes(u8, use, pre, pv)
+    expected_counts, expected = [], []
+    for i, c in enumerate(cases):
+        if not use[i]:
+            expected_counts.append(0)
+            continue
+        p = parse_properties(decode_utf8(c))
+        keys = ([p["UNIQ_KEY"]] if p.get("UNIQ_KEY") else []) + [k for k in p.get("KEYS", "").split(" ") if k]
+        expected_counts.append(len(keys))
+        expected += [index_key_hash(f"{topic}#{k}") for k in keys]
+    assert counts.tolist() == expected_counts
+    assert kh.tolist() == expected

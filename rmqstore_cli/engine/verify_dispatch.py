@@ -79,65 +79,28 @@ def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterne
     has_tags = (ts >= 0) & ~slow
     if has_tags.any():
         codes[has_tags] = propscan.java_hash_spans(u8, ts[has_tags], te[has_tags]).view(np.int32)
-    # Keys: UNIQ_KEY, then every non-empty space-separated token of KEYS.
+    # Keys: UNIQ_KEY, then every non-empty space-separated token of KEYS (compiled kernel).
     prefix = np.asarray(interner.prefix, dtype=np.uint32)[tids] if n else np.zeros(0, np.uint32)
-    ks, ke = pv.start["KEYS"], pv.end["KEYS"]
-    us, ue = pv.start["UNIQ_KEY"], pv.end["UNIQ_KEY"]
-    spans_r, spans_s, spans_e = [], [], []
-    fast_u = np.flatnonzero((us >= 0) & ~slow)
-    spans_r.append(fast_u)
-    spans_s.append(us[fast_u])
-    spans_e.append(ue[fast_u])
-    fast_k = np.flatnonzero((ks >= 0) & ~slow)
-    if len(fast_k):
-        tr, tsp, tep = _tokens(u8, ks[fast_k], ke[fast_k])
-        spans_r.append(fast_k[tr])
-        spans_s.append(tsp)
-        spans_e.append(tep)
-    r = np.concatenate(spans_r)
-    s = np.concatenate(spans_s)
-    e = np.concatenate(spans_e)
-    if len(r):
-        kh = propscan.key_hash(propscan.combine(prefix[r], propscan.java_hash_spans(u8, s, e), e - s))
-    else:
-        kh = np.zeros(0, np.int64)
+    counts, kh = propscan.key_hashes(u8, ~slow, prefix, pv)
     # The rest, one at a time.
     slow_idx = np.flatnonzero(slow)
-    if len(slow_idx):
-        topics = list(interner.ids)
-        extra_r, extra_h = [], []
-        for i in slow_idx.tolist():
-            ps, pl = int(h.propsStart[i]), int(h.propsLength[i])
-            props = parse_properties(decode_utf8(bytes(u8[ps:ps + pl]))) if pl > 0 else {}
-            topic = decode_utf8(topics[int(tids[i])])
-            try:
-                codes[i] = tags_code(topic, props, int(h.storeTimestamp[i]), delay_table)
-            except TagsCodeError:
-                tags_bad[i] = True
-            keys = ([props["UNIQ_KEY"]] if props.get("UNIQ_KEY") else []) + [k for k in props.get("KEYS", "").split(" ") if k]
-            for k in keys:
-                extra_r.append(i)
-                extra_h.append(index_key_hash(index_key(topic, k)))
-        if extra_r:
-            r = np.concatenate([r, np.asarray(extra_r, np.int64)])
-            kh = np.concatenate([kh, np.asarray(extra_h, np.int64)])
-    order = np.argsort(r, kind="stable")
-    counts = np.bincount(r, minlength=n).astype(np.int16) if len(r) else np.zeros(n, np.int16)
-    return codes, tags_bad, counts, kh[order].astype(np.int32)
-
-
-def _tokens(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray):
-    """Non-empty runs of non-space bytes inside each span: (span index, start, end) arrays."""
-    lens = ends - starts
-    total = int(lens.sum())
-    if not total:
-        z = np.zeros(0, np.int64)
-        return z, z, z
-    first = np.cumsum(lens) - lens
-    pos = np.repeat(starts - first, lens) + np.arange(total, dtype=np.int64)
-    span = np.repeat(np.arange(len(starts), dtype=np.int64), lens)
-    word = u8[pos] != 0x20
-    begin = word & np.r_[True, (~word[:-1]) | (span[1:] != span[:-1])]
-    stop = word & np.r_[(~word[1:]) | (span[1:] != span[:-1]), True]
-    b, t = np.flatnonzero(begin), np.flatnonzero(stop)
-    return span[b], pos[b], pos[t] + 1
+    if not len(slow_idx):
+        return codes, tags_bad, counts, kh
+    topics = list(interner.ids)
+    starts = np.cumsum(counts.astype(np.int64)) - counts  # where each record's hashes start in kh
+    at, extra = [], []
+    for i in slow_idx.tolist():
+        ps, pl = int(h.propsStart[i]), int(h.propsLength[i])
+        props = parse_properties(decode_utf8(bytes(u8[ps:ps + pl]))) if pl > 0 else {}
+        topic = decode_utf8(topics[int(tids[i])])
+        try:
+            codes[i] = tags_code(topic, props, int(h.storeTimestamp[i]), delay_table)
+        except TagsCodeError:
+            tags_bad[i] = True
+        keys = ([props["UNIQ_KEY"]] if props.get("UNIQ_KEY") else []) + [k for k in props.get("KEYS", "").split(" ") if k]
+        at += [int(starts[i])] * len(keys)
+        extra += [index_key_hash(index_key(topic, k)) for k in keys]
+        counts[i] = len(keys)
+    if extra:  # the slow records have no hashes in kh yet: insert theirs at their place (equal positions keep order)
+        kh = np.insert(kh, np.asarray(at, np.int64), np.asarray(extra, np.int64).astype(np.int32))
+    return codes, tags_bad, counts, kh
