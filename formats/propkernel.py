@@ -46,10 +46,11 @@ def _find_props(u8, starts, lengths, pats, pat_off, out_s, out_e, ascii_ok):
                     continue
             # entry [entry, j)
             n = j - entry
+            first = u8[entry] if n > 0 else 0
             for k in range(names):
                 a = pat_off[k]
                 L = pat_off[k + 1] - a
-                if n <= L:
+                if n <= L or first != pats[a]:
                     continue
                 same = True
                 for t in range(L):

@@ -15,11 +15,9 @@ import random
 import numpy as np
 import pytest
 
-from formats.message import decode_utf8
-from formats.properties import parse_properties
 from rmqstore_cli.engine.config import StoreConfig
 from rmqstore_cli.engine.cqwriter import ConsumeQueueWriter
-from rmqstore_cli.engine.dispatch import DispatchBatch, DispatchRequest, _prop
+from rmqstore_cli.engine.dispatch import DispatchBatch, DispatchRequest
 from rmqstore_cli.engine.indexwriter import IndexWriter, store_time_namer
 
 
@@ -31,23 +29,6 @@ def _files(root) -> dict:
             with open(p, "rb") as f:
                 out[os.path.relpath(p, root)] = f.read()
     return out
-
-
-def test_property_lookup_matches_the_decoder():
-    rng = random.Random(7)
-    alphabet = [b"TAGS", b"KEYS", b"UNIQ_KEY", b"DELAY", b"XTAGS", b"TAG", b"a", b"\xe2\x82", b"\xff", b"v v", b""]
-    for _ in range(5000):
-        parts = []
-        for _ in range(rng.randint(0, 6)):
-            k = rng.choice(alphabet)
-            v = rng.choice(alphabet)
-            sep = rng.choice([b"\x01", b"\x01", b"", b"\x01\x01"])
-            parts.append(k + sep + v)
-        raw = b"\x02".join(parts) + rng.choice([b"", b"\x02"])
-        want = parse_properties(decode_utf8(raw))
-        for key in ("TAGS", "KEYS", "UNIQ_KEY", "DELAY"):
-            got = _prop(b"\x02" + raw, b"\x02" + key.encode() + b"\x01")
-            assert (None if got is None else decode_utf8(got)) == want.get(key), (raw, key)
 
 
 def _requests(rng: random.Random, n: int, start_phy: int = 0) -> list[DispatchRequest]:
@@ -139,3 +120,67 @@ def test_batch_reads_like_a_list_of_requests():
     assert b[7] == reqs[7] and b[-1] == reqs[-1]
     assert list(b[10:20]) == reqs[10:20]
     assert [r for r in b if r.phy >= reqs[25].phy] == reqs[25:]
+
+
+@pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean", "5.3.3-v2topic"])
+def test_scanned_batches_hash_keys_as_the_string_path(name, tmp_path):
+    """A batch scanned from the broker's commitlog carries its records' key hashes (compiled property
+    scan); the index writer's string path, fed the same records as requests, hashes the same keys."""
+    from rmqstore_cli.engine.dispatch import Dispatcher
+    from rmqstore_cli.engine.indexwriter import _hashed_keys
+    from rmqstore_cli.engine.store import Store
+    from tests.conftest import shared_store
+
+    seed = 5
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    with Store.open(str(shared_store(name))) as st:
+        d = Dispatcher(str(tmp_path / "never-written"), st.config)
+        strings = IndexWriter(str(tmp_path / "never-written"), st.config)
+        keys = 0
+        for chunk in st.commitlog.scan(check_crc=False):
+            b = d.requests_from_chunk(chunk)
+            ok = rng.random(len(b)) < 0.8
+            got = _hashed_keys(b, ok)
+            want = strings._hash_keys(DispatchBatch.from_requests(list(b)), ok)
+            assert got[0].tolist() == want[0].tolist()
+            assert got[1].tolist() == (want[1].tolist() if want[1] is not None else [])
+            keys += len(got[1])
+        d.close(flush=False)
+    assert keys > 0
+
+
+def test_a_delay_that_is_no_number_is_not_dispatched(tmp_path):
+    """A SCHEDULE_TOPIC_XXXX record whose DELAY is not a number: the broker's check rejects it and
+    reput skips it; the batch leaves it out and says why."""
+    from rmqstore_cli.engine.dispatch import Dispatcher
+    from rmqstore_cli.engine.store import Store
+    from tests.conftest import copy_store
+
+    root = copy_store("4.9.3-clean", tmp_path / "s")
+    with Store.open(str(root)) as st:
+        target = None
+        for chunk in st.commitlog.scan(check_crc=False):
+            for r in Dispatcher(str(tmp_path / "x"), st.config).requests_from_chunk(chunk):
+                if r.topic == "SCHEDULE_TOPIC_XXXX":
+                    target = (chunk.segment.path, r.phy - chunk.segment.start, r.phy, r.size)
+                    break
+            if target:
+                break
+    assert target, "the store has a delayed message"
+    path, pos, phy, size = target
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        rec = bytearray(f.read(size))
+        at = rec.index(b"DELAY\x01") + 6
+        rec[at] = ord("x")  # "DELAY\x01x...": not a number
+        f.seek(pos)
+        f.write(rec)
+    with Store.open(str(root)) as st:
+        d = Dispatcher(str(tmp_path / "y"), st.config)
+        phys = []
+        for chunk in st.commitlog.scan(check_crc=False):
+            phys += d.requests_from_chunk(chunk).phy.tolist()
+    assert phy not in phys and len(phys) > 0
+    assert [(p.code, p.offset) for p in d.problems] == [("DISPATCH_BAD_DELAY", phy)]
+    assert "is not a number" in d.problems[0].message

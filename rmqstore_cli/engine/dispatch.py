@@ -25,16 +25,18 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from formats import fast
 from formats.extaddr import is_ext_addr
 from formats.message import decode_utf8
 from formats.records import TRANSACTION_COMMIT, TRANSACTION_NOT
-from formats.tags import SCHEDULE_TOPIC, TagsCodeError, tags_code
+from formats.tags import TagsCodeError, tags_code
 
 from .checkpointwriter import CheckpointWriter
 from .config import StoreConfig
 from .cqwriter import ConsumeQueueExtWriter, ConsumeQueueWriter
 from .findings import Finding
 from .indexwriter import IndexWriter
+from .verify_dispatch import TopicInterner, dispatch_columns
 
 
 @dataclass(slots=True)
@@ -54,31 +56,87 @@ class DispatchRequest:
     bitmap: bytes = b""
 
 
-_COLUMNS = ("phy", "size", "topic", "queue_id", "queue_offset", "sysflag", "store_timestamp", "tags_code",
-            "uniq_key", "keys", "bitmap")
+_NUMBERS = ("phy", "size", "queue_id", "queue_offset", "sysflag", "store_timestamp", "tags_code")
+
+
+class _ChunkStrings:
+    """Topic, UNIQ_KEY and KEYS strings of a scanned chunk's records, decoded only when a caller reads
+    the batch as requests (the bulk dispatch works on topic ids and key hashes and never asks)."""
+
+    def __init__(self, u8, topic_names: list[str], tids, pv, slow: dict):
+        self.u8, self.topic_names, self.tids, self.pv, self.slow = u8, topic_names, tids, pv, slow
+
+    def _span(self, name: str, i: int) -> str | None:
+        s = int(self.pv.start[name][i])
+        return None if s < 0 else decode_utf8(bytes(self.u8[s:int(self.pv.end[name][i])]))
+
+    def rows(self, rows: list[int]) -> tuple[list, list, list]:
+        topics = [self.topic_names[t] for t in self.tids[rows].tolist()] if rows else []
+        uniqs, keyss = [], []
+        for i in rows:
+            props = self.slow.get(i)
+            if props is None:
+                uniqs.append(self._span("UNIQ_KEY", i))
+                keyss.append(self._span("KEYS", i))
+            else:
+                uniqs.append(props.get("UNIQ_KEY") or None)
+                keyss.append(props.get("KEYS") or None)
+        return topics, uniqs, keyss
 
 
 class DispatchBatch(Sequence):
     """Many DispatchRequests as columns (commitlog order): int64 arrays for the numbers, lists
     for topics, keys and bitmaps.  Reads like a list of :class:`DispatchRequest` (index, slice,
-    iterate); the Dispatcher works on the columns without making a request object per record."""
+    iterate); the Dispatcher works on the columns without making a request object per record.
 
-    __slots__ = _COLUMNS
+    A batch scanned from the commitlog (:meth:`Dispatcher.requests_from_chunk`) also carries what
+    dispatch computes per record as columns: ``topic_ids`` into ``topic_names``, and each record's
+    index key hashes (``key_count`` per record, ``key_hashes`` in record order); its topic and key
+    strings are decoded only if someone reads them."""
+
+    __slots__ = _NUMBERS + ("_topic", "_uniq", "_keys", "bitmap", "topic_ids", "topic_names", "key_count", "key_hashes",
+                            "_strings", "_rows")
 
     def __init__(self, phy, size, topic, queue_id, queue_offset, sysflag, store_timestamp, tags_code,
-                 uniq_key, keys, bitmap=None):
+                 uniq_key, keys, bitmap=None, *, topic_ids=None, topic_names=None, key_count=None, key_hashes=None,
+                 strings: _ChunkStrings | None = None, rows=None):
         i64 = np.int64
         self.phy = np.asarray(phy, dtype=i64)
         self.size = np.asarray(size, dtype=i64)
-        self.topic = topic
         self.queue_id = np.asarray(queue_id, dtype=i64)
         self.queue_offset = np.asarray(queue_offset, dtype=i64)
         self.sysflag = np.asarray(sysflag, dtype=i64)
         self.store_timestamp = np.asarray(store_timestamp, dtype=i64)
         self.tags_code = np.asarray(tags_code, dtype=i64)
-        self.uniq_key = uniq_key
-        self.keys = keys
+        self._topic, self._uniq, self._keys = topic, uniq_key, keys
         self.bitmap = bitmap  # None: no record has a bitmap
+        self.topic_ids, self.topic_names = topic_ids, topic_names
+        self.key_count, self.key_hashes = key_count, key_hashes
+        self._strings, self._rows = strings, rows
+
+    def _decode_strings(self) -> None:
+        self._topic, self._uniq, self._keys = self._strings.rows(self._rows.tolist())
+
+    @property
+    def topic(self) -> list:
+        if self._topic is None:
+            if self._strings is None:
+                self._topic = [self.topic_names[t] for t in self.topic_ids.tolist()]
+            else:
+                self._decode_strings()
+        return self._topic
+
+    @property
+    def uniq_key(self) -> list:
+        if self._uniq is None:
+            self._decode_strings()
+        return self._uniq
+
+    @property
+    def keys(self) -> list:
+        if self._keys is None:
+            self._decode_strings()
+        return self._keys
 
     @classmethod
     def from_requests(cls, reqs: Sequence[DispatchRequest]) -> "DispatchBatch":
@@ -95,9 +153,7 @@ class DispatchBatch(Sequence):
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return DispatchBatch(self.phy[i], self.size[i], self.topic[i], self.queue_id[i], self.queue_offset[i],
-                                 self.sysflag[i], self.store_timestamp[i], self.tags_code[i], self.uniq_key[i],
-                                 self.keys[i], None if self.bitmap is None else self.bitmap[i])
+            return self.take(np.arange(len(self.phy))[i])
         n = len(self.phy)
         if i < 0:
             i += n
@@ -121,11 +177,20 @@ class DispatchBatch(Sequence):
 
     def take(self, idx: np.ndarray) -> "DispatchBatch":
         """The records at the (sorted) positions ``idx``."""
+        idx = np.asarray(idx, dtype=np.int64)
         il = idx.tolist()
-        return DispatchBatch(self.phy[idx], self.size[idx], [self.topic[i] for i in il], self.queue_id[idx],
-                             self.queue_offset[idx], self.sysflag[idx], self.store_timestamp[idx],
-                             self.tags_code[idx], [self.uniq_key[i] for i in il], [self.keys[i] for i in il],
-                             None if self.bitmap is None else [self.bitmap[i] for i in il])
+        pick = lambda col: None if col is None else [col[i] for i in il]  # noqa: E731
+        columns = dict(topic_names=self.topic_names, strings=self._strings,
+                       topic_ids=None if self.topic_ids is None else self.topic_ids[idx],
+                       rows=None if self._rows is None else self._rows[idx])
+        if self.key_hashes is not None:
+            counts = self.key_count.astype(np.int64)
+            keep = np.zeros(len(self.phy), dtype=bool)
+            keep[idx] = True
+            columns.update(key_count=self.key_count[idx], key_hashes=self.key_hashes[np.repeat(keep, counts)])
+        return DispatchBatch(self.phy[idx], self.size[idx], pick(self._topic), self.queue_id[idx], self.queue_offset[idx],
+                             self.sysflag[idx], self.store_timestamp[idx], self.tags_code[idx], pick(self._uniq),
+                             pick(self._keys), pick(self.bitmap), **columns)
 
 
 @dataclass
@@ -136,31 +201,6 @@ class DispatchStats:
     ext_units: int = 0
     index_entries: int = 0
     unsafe_topics: int = 0
-
-
-_UTF8_ERRORS = "replace"  # as formats.message.decode_utf8 (Java's U+FFFD substitution)
-
-
-def _prop(pb: bytes, pat: bytes) -> bytes | None:
-    """Raw value of the last valid entry ``pat`` (``\\x02KEY\\x01``) in ``pb`` (a property string
-    with a leading separator), as string2messageProperties keeps it: an entry with an empty
-    value is ignored.  Splitting the bytes before decoding gives the same pieces as decoding
-    first: malformed UTF-8 never swallows an ASCII separator."""
-    j = pb.rfind(pat)
-    while j >= 0:
-        v0 = j + len(pat)
-        v1 = pb.find(b"\x02", v0)
-        if v1 < 0:
-            v1 = len(pb)
-        if v1 > v0:
-            return pb[v0:v1]
-        j = pb.rfind(pat, 0, j)
-    return None
-
-
-def _prop_str(pb: bytes, pat: bytes) -> str | None:
-    v = _prop(pb, pat)
-    return None if v is None else decode_utf8(v)
 
 
 def unsafe_topic_dir(topic: str) -> bool:
@@ -199,8 +239,7 @@ class Dispatcher:
         self.problems: list[Finding] = []
         self.delay_table = config.delay_table
         self.last_dispatched_end = -1  # phy + size of the last record dispatched
-        self._topic_cache: dict[bytes, str] = {}
-        self._tags_cache: dict[bytes, int] = {}
+        self._interner = TopicInterner()
 
     def index_continues_after(self, phy: int, keys_held: int | None = None) -> None:
         """The index holds every key of the records before ``phy`` and the first ``keys_held`` keys of the
@@ -276,32 +315,35 @@ class Dispatcher:
         sel = np.flatnonzero((t == TRANSACTION_NOT) | (t == TRANSACTION_COMMIT))
         if not len(sel):
             return None
-        topics = b.topic
-        ids = {t: k for k, t in enumerate(dict.fromkeys(topics))}
-        tid = np.fromiter(map(ids.__getitem__, topics), dtype=np.int64, count=len(topics))[sel]
-        bad_ids = [k for name, k in ids.items() if unsafe_topic_dir(name)]
+        if b.topic_ids is not None:
+            names = b.topic_names
+            tid = b.topic_ids[sel].astype(np.int64)
+        else:
+            names = list(dict.fromkeys(b.topic))
+            ids = {t: k for k, t in enumerate(names)}
+            tid = np.fromiter(map(ids.__getitem__, b.topic), dtype=np.int64, count=len(b))[sel]
+        bad_ids = [k for k, name in enumerate(names) if unsafe_topic_dir(name)]
         if bad_ids:
             bad = np.isin(tid, bad_ids)
-            for i in sel[bad].tolist():
+            for i, t in zip(sel[bad].tolist(), tid[bad].tolist()):
                 stats.unsafe_topics += 1
                 self.problems.append(Finding("DISPATCH_UNSAFE_TOPIC", "error", None, int(b.phy[i]),
-                                             f"topic {topics[i]!r} cannot be a consume queue directory; not dispatched"))
+                                             f"topic {names[t]!r} cannot be a consume queue directory; not dispatched"))
             sel, tid = sel[~bad], tid[~bad]
             if not len(sel):
                 return None
         qid = b.queue_id[sel]
         key = (tid << 32) | (qid & 0xFFFFFFFF)
-        if len(ids) == 1 and (qid == qid[0]).all():
-            groups = [sel]
+        if len(names) == 1 and (qid == qid[0]).all():
+            groups = [(sel, int(tid[0]))]
         else:
             order = np.argsort(key, kind="stable")
             ks = key[order]
             cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
-            groups = np.split(sel[order], cuts)
+            groups = zip(np.split(sel[order], cuts), tid[order][np.r_[0, cuts]].tolist())
         ext_on = self.config.enableConsumeQueueExt
-        for g in groups:
-            i0 = int(g[0])
-            topic, q = topics[i0], int(b.queue_id[i0])
+        for g, t in groups:
+            topic, q = names[t], int(b.queue_id[g[0]])
             cq = self._queues.get((topic, q)) or self.queue(topic, q)
             phy, size, tags, qo = b.phy[g], b.size[g], b.tags_code[g], b.queue_offset[g]
             if not ext_on:
@@ -330,83 +372,28 @@ class Dispatcher:
 
     def requests_from_chunk(self, chunk) -> DispatchBatch:
         """DispatchRequests for the records of a :class:`commitlog.Chunk` (reput's parse, §13.3),
-        as a :class:`DispatchBatch`.  Only the properties dispatch reads are looked up (the last
-        valid ``TAGS``, ``KEYS``, ``UNIQ_KEY``, ``DELAY`` entry, as the decoder's map holds)."""
+        as a :class:`DispatchBatch` of columns: topic ids, tagsCode and index key hashes come from
+        the compiled property scan verify uses (:func:`verify_dispatch.dispatch_columns`), so a
+        record is parsed by one implementation whichever command reads it."""
         h = chunk.headers
-        buf = chunk.buf
-        base = chunk.segment.start
+        u8 = fast.kernel_view(chunk.buf)
         n = len(h)
-        topic_cache = self._topic_cache
-        tags_cache = self._tags_cache
-        topics: list[str] = []
-        uniqs: list = []
-        keyss: list = []
-        codes: list[int] = []
-        drop: list[int] = []
-        delay_table = self.delay_table
-        ts_list = h.storeTimestamp.tolist()
-        for i, t0, tl, p0, pl in zip(range(n), h.topicStart.tolist(), h.topicLength.tolist(), h.propsStart.tolist(),
-                                     h.propsLength.tolist()):
-            tb = buf[t0 : t0 + tl]
-            topic = topic_cache.get(tb)
-            if topic is None:
-                topic = topic_cache[tb] = decode_utf8(bytes(tb))
-            topics.append(topic)
-            if pl <= 0:
-                uniqs.append(None)
-                keyss.append(None)
-                codes.append(0)
-                continue
-            pb = b"\x02" + buf[p0 : p0 + pl]
-            # _prop inlined for the common case (the last entry of each key has a value).
-            j = pb.rfind(b"\x02TAGS\x01")
-            if j < 0:
-                tags = None
-            else:
-                v1 = pb.find(b"\x02", j + 6)
-                tags = pb[j + 6 : v1] if v1 >= 0 else pb[j + 6 :]
-                if not tags:
-                    tags = _prop(pb, b"\x02TAGS\x01")
-            j = pb.rfind(b"\x02UNIQ_KEY\x01")
-            if j < 0:
-                uniqs.append(None)
-            else:
-                v1 = pb.find(b"\x02", j + 10)
-                v = pb[j + 10 : v1] if v1 >= 0 else pb[j + 10 :]
-                uniqs.append(str(v, "utf-8", _UTF8_ERRORS) if v else _prop_str(pb, b"\x02UNIQ_KEY\x01"))
-            j = pb.rfind(b"\x02KEYS\x01")
-            if j < 0:
-                keyss.append(None)
-            else:
-                v1 = pb.find(b"\x02", j + 6)
-                v = pb[j + 6 : v1] if v1 >= 0 else pb[j + 6 :]
-                keyss.append(str(v, "utf-8", _UTF8_ERRORS) if v else _prop_str(pb, b"\x02KEYS\x01"))
-            if topic == SCHEDULE_TOPIC:
-                props = {"TAGS": decode_utf8(tags)} if tags else {}
-                delay = _prop_str(pb, b"\x02DELAY\x01")
-                if delay is not None:
-                    props["DELAY"] = delay
+        interner = self._interner
+        tids = interner.intern_chunk(u8, chunk.buf, h)
+        codes, tags_bad, counts, kh, pv, slow = dispatch_columns(u8, h, tids, interner, self.delay_table, details=True)
+        names = interner.topics()
+        batch = DispatchBatch(h.offsets + chunk.segment.start, h.totalSize, None, h.queueId, h.queueOffset, h.sysFlag,
+                              h.storeTimestamp, codes, None, None, topic_ids=tids, topic_names=names, key_count=counts,
+                              key_hashes=kh, strings=_ChunkStrings(u8, names, tids, pv, slow),
+                              rows=np.arange(n, dtype=np.int64))
+        if tags_bad.any():
+            # checkMessageAndReturnSize fails on such a record; reput skips it by its size
+            for i in np.flatnonzero(tags_bad).tolist():
                 try:
-                    codes.append(tags_code(topic, props, ts_list[i], delay_table))
+                    tags_code(names[int(tids[i])], slow[i], int(h.storeTimestamp[i]), self.delay_table)
                 except TagsCodeError as e:
-                    # checkMessageAndReturnSize fails on such a record; reput skips it by its size
-                    self.problems.append(Finding("DISPATCH_BAD_DELAY", "error", None, base + int(h.offsets[i]), str(e)))
-                    codes.append(0)
-                    drop.append(i)
-                continue
-            if tags is None:
-                codes.append(0)
-                continue
-            code = tags_cache.get(tags)
-            if code is None:
-                code = tags_cache[tags] = tags_code(topic, {"TAGS": decode_utf8(tags)}, 0, delay_table)
-            codes.append(code)
-        batch = DispatchBatch(h.offsets + base, h.totalSize, topics, h.queueId, h.queueOffset, h.sysFlag,
-                              h.storeTimestamp, codes, uniqs, keyss)
-        if drop:
-            keep = np.ones(n, dtype=bool)
-            keep[drop] = False
-            batch = batch.take(np.flatnonzero(keep))
+                    self.problems.append(Finding("DISPATCH_BAD_DELAY", "error", None, int(batch.phy[i]), str(e)))
+            batch = batch.take(np.flatnonzero(~tags_bad))
         return batch
 
     def dispatch_chunk(self, chunk) -> int:

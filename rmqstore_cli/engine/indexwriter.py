@@ -103,6 +103,14 @@ def _index_hashes(keys: list[str], prefix: np.ndarray, topics: list[str], rec: n
     return out
 
 
+def _hashed_keys(b, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(record of each key, its keyHash) for the records with ``ok``, from a batch that carries its
+    records' key hashes (``key_count`` per record, ``key_hashes`` in record order: UNIQ_KEY, then KEYS)."""
+    counts = b.key_count.astype(np.int64)
+    recs = np.repeat(np.arange(len(counts), dtype=np.int64), np.where(ok, counts, 0))
+    return recs, b.key_hashes[np.repeat(ok, counts)].astype(np.int64)
+
+
 class _OpenIndex:
     """An index file mapped read-write, with its header held in memory."""
 
@@ -305,6 +313,50 @@ class IndexWriter:
         # Requests come in commitlog order, so only those below the file's end at the start
         # are "already indexed" (every indexed key moves endPhyOffset up to its own offset).
         ok = (phy >= cur.end_phy) & ((b.sysflag & 0xC) != TRANSACTION_ROLLBACK)
+        if getattr(b, "key_hashes", None) is not None:
+            recs, hashes = _hashed_keys(b, ok)
+        else:
+            recs, hashes = self._hash_keys(b, ok)
+        m = len(recs)
+        kphy = phy[recs]
+        kts = tss[recs]
+        if self.skip_keys is not None and m:
+            skip_phy, skip_n = self.skip_keys
+            first = np.flatnonzero(kphy == skip_phy)[:skip_n]
+            if len(first):
+                keep = np.ones(m, dtype=bool)
+                keep[first] = False
+                recs, kphy, kts = recs[keep], kphy[keep], kts[keep]
+                hashes = hashes[keep] if hashes is not None else None
+                m = len(recs)
+            if int(phy[-1]) >= skip_phy:
+                self.skip_keys = None
+        j = 0
+        while True:
+            take = min(self.entries - cur.index_count, m - j)
+            if take > 0:
+                self.entries_written += take
+                if take < VECTOR_MIN:
+                    for h, p, t in zip(hashes[j : j + take].tolist(), kphy[j : j + take].tolist(),
+                                       kts[j : j + take].tolist()):
+                        ok = cur.put(h, p, t)
+                        assert ok
+                else:
+                    cur.put_many(hashes[j : j + take], kphy[j : j + take], kts[j : j + take])
+                j += take
+            if cur.index_count < self.entries or j == 0:
+                break
+            r = int(recs[j - 1])
+            if j < m and int(recs[j]) == r:
+                cur = self._new_file(int(kts[j]))  # full in the middle of one message's keys
+            elif r + 1 < n:
+                cur = self._new_file(int(tss[r + 1]))  # the next request finds the file full
+            else:
+                break
+
+    def _hash_keys(self, b, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(record of each key, its keyHash) for the records with ``ok``, from the batch's key strings."""
+        n = len(b)
         topics, uniqs, keyss = b.topic, b.uniq_key, b.keys
         if ok.all():
             il = range(n)
@@ -347,41 +399,7 @@ class IndexWriter:
         else:
             hashes = None
             recs = rec
-        kphy = phy[recs]
-        kts = tss[recs]
-        if self.skip_keys is not None and m:
-            skip_phy, skip_n = self.skip_keys
-            first = np.flatnonzero(kphy == skip_phy)[:skip_n]
-            if len(first):
-                keep = np.ones(m, dtype=bool)
-                keep[first] = False
-                recs, kphy, kts = recs[keep], kphy[keep], kts[keep]
-                hashes = hashes[keep] if hashes is not None else None
-                m = len(recs)
-            if int(phy[-1]) >= skip_phy:
-                self.skip_keys = None
-        j = 0
-        while True:
-            take = min(self.entries - cur.index_count, m - j)
-            if take > 0:
-                self.entries_written += take
-                if take < VECTOR_MIN:
-                    for h, p, t in zip(hashes[j : j + take].tolist(), kphy[j : j + take].tolist(),
-                                       kts[j : j + take].tolist()):
-                        ok = cur.put(h, p, t)
-                        assert ok
-                else:
-                    cur.put_many(hashes[j : j + take], kphy[j : j + take], kts[j : j + take])
-                j += take
-            if cur.index_count < self.entries or j == 0:
-                break
-            r = int(recs[j - 1])
-            if j < m and int(recs[j]) == r:
-                cur = self._new_file(int(kts[j]))  # full in the middle of one message's keys
-            elif r + 1 < n:
-                cur = self._new_file(int(tss[r + 1]))  # the next request finds the file full
-            else:
-                break
+        return recs, hashes
 
     def _prefix(self, topic: str) -> int:
         """String.hashCode of ``topic#`` as uint32 (cached)."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .backup import Backup, find_unfinished, fsync_path, read_manifest, undo_entries
 from .errors import StoreInUseError, UsageError
 from .lockfile import LOCK_CONTENT, StoreLock
@@ -230,8 +232,8 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
             if s.start <= start:
                 start_index = k
         for chunk in st.commitlog.scan(start_index=start_index, check_crc=False):
-            reqs = [r for r in d.requests_from_chunk(chunk) if start <= r.phy < end]
-            d.dispatch_many(reqs)
+            batch = d.requests_from_chunk(chunk)
+            d.dispatch_many(batch.take(np.flatnonzero((batch.phy >= start) & (batch.phy < end))))
             if chunk.segment.start + int(chunk.headers.offsets[-1]) >= end:
                 break
         d.flush()

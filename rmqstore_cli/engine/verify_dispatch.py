@@ -62,12 +62,14 @@ class TopicInterner:
         return [decode_utf8(t) for t in self.ids]
 
 
-def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterner, delay_table: dict):
+def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterner, delay_table: dict, details: bool = False):
     """(tagsCode int64, tagsBad bool, keyCount int16, keyHashes int32) for the chunk's records.
 
     ``tagsBad``: the DELAY property is not a number (tags_code fails; CL_DELAY_PROPERTY).
     ``keyHashes`` holds each record's index key hashes (UNIQ_KEY first, then KEYS tokens, duplicates
-    kept), ``keyCount`` how many belong to each record, in record order.
+    kept), ``keyCount`` how many belong to each record, in record order. With ``details``, also the
+    property spans (:class:`formats.propscan.PropValues`) and the decoded properties of the records
+    that took the one-at-a-time rules ({record: properties}).
     """
     n = len(h)
     pv = propscan.scan(u8, h.propsStart, h.propsLength)
@@ -84,14 +86,15 @@ def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterne
     counts, kh = propscan.key_hashes(u8, ~slow, prefix, pv)
     # The rest, one at a time.
     slow_idx = np.flatnonzero(slow)
+    slow_props: dict = {}
     if not len(slow_idx):
-        return codes, tags_bad, counts, kh
+        return (codes, tags_bad, counts, kh, pv, slow_props) if details else (codes, tags_bad, counts, kh)
     topics = list(interner.ids)
     starts = np.cumsum(counts.astype(np.int64)) - counts  # where each record's hashes start in kh
     at, extra = [], []
     for i in slow_idx.tolist():
         ps, pl = int(h.propsStart[i]), int(h.propsLength[i])
-        props = parse_properties(decode_utf8(bytes(u8[ps:ps + pl]))) if pl > 0 else {}
+        props = slow_props[i] = parse_properties(decode_utf8(bytes(u8[ps:ps + pl]))) if pl > 0 else {}
         topic = decode_utf8(topics[int(tids[i])])
         try:
             codes[i] = tags_code(topic, props, int(h.storeTimestamp[i]), delay_table)
@@ -103,4 +106,4 @@ def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterne
         counts[i] = len(keys)
     if extra:  # the slow records have no hashes in kh yet: insert theirs at their place (equal positions keep order)
         kh = np.insert(kh, np.asarray(at, np.int64), np.asarray(extra, np.int64).astype(np.int32))
-    return codes, tags_bad, counts, kh
+    return (codes, tags_bad, counts, kh, pv, slow_props) if details else (codes, tags_bad, counts, kh)
