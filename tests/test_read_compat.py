@@ -211,3 +211,13 @@ def test_cli_dump_store(name):
     for q in row["queues"]:
         b = cq[(q["topic"], q["queueId"])]
         assert (q["minOffset"], q["maxOffset"], q["maxPhysicOffset"]) == (b["minOffset"], b["maxOffset"], b["maxPhysicOffset"])
+
+
+@pytest.mark.parametrize("name", STORE_NAMES)
+def test_broker_version_is_inferred_from_the_first_records(name):
+    """Without --broker-version the version comes from the commitlog's first records (magic v2, or
+    property strings ending in \\x02 on 5.x), read without the compiled kernels."""
+    from rmqstore_cli.engine.config import StoreConfig, infer_geometry
+
+    cfg = infer_geometry(StoreConfig(), str(shared_store(name)))
+    assert cfg.version == int(name[0]) and "version" in cfg.inferred

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 
+from formats.records import MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE
 from formats.tags import DEFAULT_DELAY_LEVELS, parse_delay_levels
 
 from .errors import UsageError
@@ -125,7 +127,8 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
         sizes = _file_sizes(cl_dir)
         if len(sizes) >= 1:
             # The most common size wins; a wrong-size stray is reported by verify.
-            size = max(sizes, key=lambda s: sum(1 for n in os.listdir(cl_dir) if n.isdigit() and os.path.getsize(os.path.join(cl_dir, n)) == s))
+            counts = Counter(os.path.getsize(os.path.join(cl_dir, n)) for n in os.listdir(cl_dir) if n.isdigit())
+            size = max(sizes, key=lambda s: counts[s])
             cfg.mappedFileSizeCommitLog = size
             cfg.inferred["mappedFileSizeCommitLog"] = "size of the commitlog files"
     cq_root = os.path.join(root, "consumequeue")
@@ -176,10 +179,27 @@ def _listdir(p: str) -> list[str]:
         return []
 
 
+def _first_records(data: bytes, limit: int = 200) -> list[int]:
+    """Offsets of the first records of a segment head, by their TOTALSIZE chain (no compiled
+    kernel: inferring the version must not cost the kernels' import on commands that never walk)."""
+    import struct
+
+    out, pos = [], 0
+    while len(out) < limit and pos + 8 <= len(data):
+        size, magic = struct.unpack_from(">ii", data, pos)
+        if magic not in (MAGIC_V1, MAGIC_V2) or size < MIN_MESSAGE_SIZE or pos + size > len(data):
+            break
+        out.append(pos)
+        pos += size
+    return out
+
+
 def _infer_version(root: str, cl_dir: str) -> tuple[int | None, str]:
     import struct
 
-    from formats.fast import decode_headers, walk
+    import numpy as np
+
+    from formats.fast import R_OK, decode_headers_reference
 
     for name in _listdir(cl_dir)[:3]:
         p = os.path.join(cl_dir, name)
@@ -188,15 +208,15 @@ def _infer_version(root: str, cl_dir: str) -> tuple[int | None, str]:
                 data = f.read(1 << 20)
         except OSError:
             continue
-        w = walk(data)
-        if not len(w.offsets):
+        offsets = _first_records(data)
+        if not offsets:
             continue
-        h = decode_headers(data, w.offsets)
-        for i in range(min(len(h), 200)):
-            if h.magicCode[i] != -626843481:
+        h = decode_headers_reference(data, np.asarray(offsets, dtype=np.int64))
+        for i in range(len(h)):
+            if h.magicCode[i] != MAGIC_V1:
                 return 5, "magic v2 records in the commitlog"
             plen = int(h.propsLength[i])
-            if plen > 0 and h.reason[i] == 0:
+            if plen > 0 and h.reason[i] == R_OK:
                 last = data[int(h.propsStart[i]) + plen - 1]
                 return (5, "property strings end with \\x02 (5.x)") if last == 2 else (4, "property strings without a trailing \\x02 (4.x)")
     cp = os.path.join(root, "checkpoint")
