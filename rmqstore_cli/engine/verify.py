@@ -43,7 +43,7 @@ class InProcessCrossChecks:
     a distributed verify passes its own object with the same two methods to :func:`verify_store`."""
 
     @staticmethod
-    def consume_queues(store, recs, refs, findings: list, summary: dict) -> list:
+    def consume_queues(store, recs, refs, findings: list, summary: dict):
         return _check_consume_queues(store, recs, refs, findings, summary)
 
     @staticmethod
@@ -71,8 +71,8 @@ def verify_store(store, *, check_crc: bool = True, reports: list[SegmentReport] 
     _check_store_times(recs, findings)
     _check_delay_properties(recs, findings)
     refs = _RefClassifier(recs, reports, cl, data_end)
-    cq_phys = cross_checks.consume_queues(store, recs, refs, findings, summary)
-    _check_dispatch(store, recs, cq_phys, findings)
+    marks = cross_checks.consume_queues(store, recs, refs, findings, summary)
+    _check_dispatch(store, recs, marks, findings)
     cross_checks.index(store, recs, refs, findings, summary)
     if refs.lost_refs:
         findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))

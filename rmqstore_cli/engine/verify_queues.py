@@ -17,14 +17,37 @@ def check_queue(store, topic: str, qid: int, recs: _Records, refs: _RefClassifie
     Independent of every other queue, so a distributed verify can run one task per queue."""
     findings: list = []
     summary: dict = {}
-    phys = _check_consume_queues(store, recs, refs, findings, summary, queues=[(topic, qid)])
+    phys: list = []
+    _check_consume_queues(store, recs, refs, findings, summary, queues=[(topic, qid)], unit_phys=phys)
     return findings, summary["consumeQueues"]["units"], phys[0]
 
 
+class DispatchMarks:
+    """Which records some consume-queue unit points at (one flag per record, set queue by queue), and the
+    queues' high-water mark: what the dispatch-completeness check needs, without keeping the units."""
+
+    def __init__(self, n_records: int):
+        self.has_unit = np.zeros(n_records, dtype=bool)
+        self.found_end_max: int | None = None  # end of the furthest record a unit points at
+        self.phy_max: int | None = None  # the furthest unit's offset
+
+    def add(self, phys: np.ndarray, idx: np.ndarray, found: np.ndarray, sizes: np.ndarray) -> None:
+        """One queue's non-filler units: their offsets, record indexes and whether the record was found."""
+        if not len(phys):
+            return
+        ri = idx[found]
+        self.has_unit[ri] = True
+        self.phy_max = max(self.phy_max if self.phy_max is not None else int(phys[0]), int(phys.max()))
+        if len(ri):
+            end = int((phys[found] + sizes[ri]).max())
+            self.found_end_max = end if self.found_end_max is None else max(self.found_end_max, end)
+
+
 def _check_consume_queues(store, recs: _Records, refs: _RefClassifier, findings: list, summary: dict,
-                          queues: list | None = None) -> list:
-    """Consume queue ↔ commitlog and ext ↔ consume queue (Appendix B); returns the phys of every unit."""
-    all_phys = []
+                          queues: list | None = None, unit_phys: list | None = None) -> DispatchMarks:
+    """Consume queue ↔ commitlog and ext ↔ consume queue (Appendix B); returns which records have a unit
+    (``unit_phys``, when given, also receives each queue's non-filler unit offsets)."""
+    marks = DispatchMarks(len(recs))
     queues = store.queues() if queues is None else queues
     n_units = 0
     ext_on = store.config.enableConsumeQueueExt
@@ -45,8 +68,10 @@ def _check_consume_queues(store, recs: _Records, refs: _RefClassifier, findings:
             findings.append(Finding("CQ_FILLER", INFO, path, pos, f"{int(filler.sum())} pre-blank filler units (queue starts at a non-zero offset)",
                                     {"count": int(filler.sum())}))
         phys = u.phy[real]
-        all_phys.append(phys)
+        if unit_phys is not None:
+            unit_phys.append(phys)
         idx, status = refs.classify(phys)
+        marks.add(phys, idx, status == refs.FOUND, recs.c["size"])
         want_tid = recs.topic_ids.get(topic, -1)
         ext = store.ext(topic, qid) if ext_on else None
         ext_refs = []
@@ -104,7 +129,7 @@ def _check_consume_queues(store, recs: _Records, refs: _RefClassifier, findings:
             _check_ext(ext, cq, ext_refs, recs, agg, group, findings)
         findings += agg.findings()
     summary["consumeQueues"] = {"queues": len(queues), "units": n_units}
-    return all_phys
+    return marks
 
 
 def _lmq_match(recs: _Records, ri, queue_offsets, topic: str, mask) -> np.ndarray:
@@ -164,26 +189,17 @@ def _check_ext(ext, cq, ext_refs, recs: _Records, agg: _Agg, group, findings: li
                     f"ext unit size {unit['size']} does not equal 20 + bitMapSize {unit['bitMapSize']}")
 
 
-def _check_dispatch(store, recs: _Records, cq_phys: list, findings: list) -> None:
+def _check_dispatch(store, recs: _Records, marks: DispatchMarks, findings: list) -> None:
     """Records the broker should have put into a consume queue but did not."""
     if not len(recs):
         return
     tran = recs.c["sysFlag"] & 0xC
-    dispatchable = (tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)
-    phys = np.concatenate(cq_phys) if cq_phys else np.zeros(0, np.int64)
-    sphys = np.sort(phys)
-    at = np.minimum(np.searchsorted(sphys, recs.phy), max(len(sphys) - 1, 0))
-    in_cq = (sphys[at] == recs.phy) if len(sphys) else np.zeros(len(recs.phy), dtype=bool)
-    missing = np.flatnonzero(dispatchable & ~in_cq)
+    missing = np.flatnonzero(((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)) & ~marks.has_unit)
+    del tran
     if not len(missing):
         return
     # maxPhysicOffset of the queues: the broker re-dispatches everything from there at start (§13.1).
-    if len(phys):
-        _, found = recs.lookup(phys)
-        ends = phys[found] + recs.c["size"][recs.lookup(phys[found])[0]]
-        high = dispatch_high_water(int(ends.max()) if len(ends) else None, int(phys.max()))
-    else:
-        high = 0
+    high = dispatch_high_water(marks.found_end_max, marks.phy_max)
     lag = missing[recs.phy[missing] >= high]
     old = missing[recs.phy[missing] < high]
     if len(lag):

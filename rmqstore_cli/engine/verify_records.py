@@ -33,12 +33,19 @@ class _Agg:
     def __init__(self):
         self.first: dict[tuple, Finding] = {}
         self.count: dict[tuple, int] = {}
+        self.rank: dict[tuple, object] = {}
 
-    def add(self, group, code, sev, path, offset, msg, **extra) -> None:
+    def add(self, group, code, sev, path, offset, msg, *, rank=None, **extra) -> None:
+        """Without ``rank`` the first finding added is kept; with one, the lowest ``rank`` is (so a
+        check that reads its input in blocks or windows reports the same first location)."""
         key = (group, code)
         if key not in self.first:
             self.first[key] = Finding(code, sev, path, offset, msg, extra)
             self.count[key] = 0
+            self.rank[key] = rank
+        elif rank is not None and self.rank[key] is not None and rank < self.rank[key]:
+            self.first[key] = Finding(code, sev, path, offset, msg, extra)
+            self.rank[key] = rank
         self.count[key] += 1
 
     def findings(self) -> list[Finding]:
@@ -149,6 +156,19 @@ class _RefClassifier:
         self.lost_refs = 0
 
     def classify(self, phys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(record index, status) of each offset, ``phys`` being all references of one queue or file in order."""
+        idx, status = self.classify_raw(phys)
+        # References are in offset order: a reference past the end followed by one that is found is a corrupt
+        # reference, not a lost tail (only the trailing run can be the tail).
+        found_at = np.flatnonzero(status == self.FOUND)
+        if len(found_at):
+            status[np.flatnonzero(status[: found_at[-1]] == self.LOST)] = self.MISSING
+        self.lost_refs += int((status == self.LOST).sum())
+        return idx, status
+
+    def classify_raw(self, phys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`classify` of a block of references, before the trailing-run rule and without counting
+        lost ones: a caller reading a file in blocks applies those across its blocks."""
         idx, found = self.recs.lookup(phys)
         status = np.full(len(phys), self.MISSING, dtype=np.int8)
         status[found] = self.FOUND
@@ -163,12 +183,6 @@ class _RefClassifier:
         status[rest & (status == self.MISSING) & beyond] = self.LOST
         status[rest & (status == self.MISSING) & ~in_seg] = self.SKIP  # a missing/short file: SEG_* explains it
         status[rest & (phys < 0)] = self.MISSING  # no file or lost tail explains a negative offset
-        # References are in offset order: a reference past the end followed by one that is found is a corrupt
-        # reference, not a lost tail (only the trailing run can be the tail).
-        found_at = np.flatnonzero(status == self.FOUND)
-        if len(found_at):
-            status[np.flatnonzero(status[: found_at[-1]] == self.LOST)] = self.MISSING
-        self.lost_refs += int((status == self.LOST).sum())
         return idx, status
 
 
