@@ -60,6 +60,28 @@ class _Agg:
 
 
 _CONSUMED = np.zeros(0, np.int64)
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+_mapped_allocations = False
+
+
+def map_large_allocations() -> None:
+    """Make glibc serve every allocation of 256 KiB or more from its own mapping, so freeing a column
+    returns its memory to the system at once. By default glibc raises that threshold each time such a
+    block is freed (up to 32 MiB); the per-segment report columns (a few MB each) then land on the
+    heap, and once merged and freed they stay resident as holes: +45 % anonymous memory on a store of
+    100 B messages. Process-wide and idempotent; a no-op where libc has no mallopt."""
+    global _mapped_allocations
+    if _mapped_allocations:
+        return
+    _mapped_allocations = True
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, 256 << 10)
+    except (OSError, AttributeError, TypeError):
+        pass
 
 
 class _Records:
@@ -71,24 +93,39 @@ class _Records:
         remaps = [np.asarray([topics.setdefault(t, len(topics)) for t in r.topics] or [0], dtype=np.int32) for r in reports]
         self.topic_ids = topics
         self.topics = list(topics)
-        cat = lambda p: np.concatenate(p) if p else np.zeros(0, np.int64)  # noqa: E731
-        # Column by column, each report's copy dropped once merged (the reports are consumed):
-        # the peak is the merged columns plus one column, not twice everything.
+        # Each column is allocated once and filled report by report, each report's copy dropped once
+        # copied (the reports are consumed): no column exists twice, so merging needs no memory beyond
+        # what the reports held.
+        lens = [len(r.cols["phy"]) for r in reports]
+        n = sum(lens)
         self.c = {}
         for c in _COLS:
-            parts = [remap[r.cols[c]] if c == "topic" and len(r.cols[c]) else r.cols[c] for r, remap in zip(reports, remaps)]
-            self.c[c] = cat(parts).astype(_COL_TYPES[c], copy=False)
-            del parts
-            for r in reports:
+            col = self.c[c] = np.empty(n, dtype=_COL_TYPES[c])
+            at = 0
+            for r, remap in zip(reports, remaps):
+                part = r.cols[c]
+                col[at:at + len(part)] = remap[part] if c == "topic" and len(part) else part
+                at += len(part)
                 r.cols[c] = _CONSUMED
-        self.seg = cat([np.full(r.records, r.index, dtype=np.int32) for r in reports])
-        self.keys = cat([r.key_hashes for r in reports if r.key_hashes is not None]).astype(np.int32, copy=False)
+        self.seg = np.empty(n, dtype=np.int32)
+        at = 0
+        for r, m in zip(reports, lens):
+            self.seg[at:at + m] = r.index
+            at += m
+        n_keys = sum(len(r.key_hashes) for r in reports if r.key_hashes is not None)
+        self.keys = np.empty(n_keys, dtype=np.int32)
+        at = 0
         for r in reports:
+            if r.key_hashes is not None:
+                self.keys[at:at + len(r.key_hashes)] = r.key_hashes
+                at += len(r.key_hashes)
             r.key_hashes = None
-        counts = self.c["keyCount"].astype(np.int64)
-        self.key_start = np.cumsum(counts) - counts
+        # where each record's key hashes start in self.keys (int32 while they fit)
+        self.key_start = np.zeros(n, dtype=np.int32 if n_keys < 2**31 else np.int64)
+        if n > 1:
+            np.cumsum(self.c["keyCount"][:-1], dtype=self.key_start.dtype, out=self.key_start[1:])
         self.phy = self.c["phy"]
-        if len(self.phy) > 1 and not np.all(np.diff(self.phy) > 0):
+        if len(self.phy) > 1 and not np.all(self.phy[1:] > self.phy[:-1]):
             order = np.argsort(self.phy, kind="stable")
             self.c = {k: v[order] for k, v in self.c.items()}
             self.seg = self.seg[order]
