@@ -212,3 +212,74 @@ def test_merging_reports_does_not_copy_the_log_twice(small_bench_store):
     # phy (8) + seg (4) + key_start (4) bytes per record at most (the replaced merge took ~29)
     print(f"merge peak {peak / n:.1f} bytes per record ({n} records)")
     assert peak < 20 * n, peak / n
+
+
+def _damage_queues(root, rng: random.Random) -> None:
+    """Seeded lies in some consume-queue units: offsets past the log's end (a tail, or one in the middle),
+    offsets where no record starts, other units' offsets, sizes, tags codes."""
+    files = sorted(p for p in (root / "consumequeue").rglob("*") if p.is_file())
+    with Store.open(str(root)) as st:
+        last = st.commitlog.segments.segments[-1]
+        end = last.start + last.size
+    for p in rng.sample(files, min(len(files), 5)):
+        data = bytearray(p.read_bytes())
+        used = next((i for i in range(len(data) // 20) if not any(data[i * 20:i * 20 + 20])), len(data) // 20)
+        if used < 2:
+            continue
+        if rng.random() < 0.4:  # a lost tail, perhaps with a found unit inside
+            k = rng.randint(1, used)
+            for u in range(used - k, used):
+                struct.pack_into(">q", data, u * 20, end + 50 * u)
+            if k > 2 and rng.random() < 0.5:
+                data[(used - k // 2) * 20:(used - k // 2) * 20 + 8] = data[0:8]
+        for _ in range(rng.randint(0, 4)):
+            u = rng.randrange(used)
+            what = rng.choice(["end", "junk", "other", "size", "tags"])
+            if what == "end":
+                struct.pack_into(">q", data, u * 20, end + rng.randint(0, 999))
+            elif what == "junk":
+                struct.pack_into(">q", data, u * 20, rng.randint(1, end))
+            elif what == "other":
+                o = rng.randrange(used)
+                data[u * 20:u * 20 + 8] = data[o * 20:o * 20 + 8]
+            elif what == "size":
+                struct.pack_into(">i", data, u * 20 + 8, rng.randint(1, 5000))
+            else:
+                struct.pack_into(">q", data, u * 20 + 12, rng.randint(0, 2**40))
+        os.chmod(p, 0o644)
+        p.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name", ["4.9.3-clean", "4.9.3-ext"])
+def test_queue_findings_do_not_depend_on_the_file_blocks(tmp_path, monkeypatch, name):
+    """Consume queues are checked file by file; cutting every file into pieces of 1-3 units gives exactly the
+    findings (first location, count, message) and summary of whole files."""
+    from rmqstore_cli.engine import verify_queues
+
+    print(f"seed {SEED} (RMQSTORE_VMEM_SEED)")
+    rng = random.Random(SEED)
+    whole_iter = verify_queues._QueueFiles.__iter__
+
+    def pieces(self):
+        for block in whole_iter(self):
+            n = len(block[0])
+            at = 0
+            while at < n:
+                step = rng.randint(1, 3)
+                yield tuple(x[at:at + step] for x in block)
+                at += step
+
+    queue_findings = 0
+    for case in range(6):
+        root = copy_store(name, tmp_path / f"{name}-{case}")
+        _damage_queues(root, rng)
+        with Store.open(str(root)) as st:
+            res = verify_store(st)
+        whole = ([f.as_json() for f in res.findings], res.summary)
+        queue_findings += sum(f["code"].startswith(("CQ_", "EXT_")) for f in whole[0])
+        with monkeypatch.context() as m:
+            m.setattr(verify_queues._QueueFiles, "__iter__", pieces)
+            with Store.open(str(root)) as st:
+                res = verify_store(st)
+        assert ([f.as_json() for f in res.findings], res.summary) == whole, case
+    assert queue_findings  # the damage reached the checks under test
