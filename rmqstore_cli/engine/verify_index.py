@@ -35,7 +35,7 @@ def _check_index(store, recs: _Records, refs: _RefClassifier, findings: list, su
     summary["index"] = {"files": len(svc.files), "entries": n_entries}
 
 
-_ENTRY_BLOCK = 1 << 18  # entries checked per step: the per-block columns stay ~10 MB whatever the file's size
+_ENTRY_BLOCK = 1 << 16  # entries checked per step: the per-block columns stay ~5 MB whatever the file's size
 
 
 class _EntryScan:
