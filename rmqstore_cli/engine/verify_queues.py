@@ -55,7 +55,7 @@ def _check_consume_queues(store, recs: _Records, refs: _RefClassifier, findings:
     for topic, qid in queues:
         cq = store.queue(topic, qid)
         findings += cq.segments.problems
-        scan = _QueueScan(topic, qid, recs.topic_ids.get(topic, -1), store.ext(topic, qid) if ext_on else None)
+        scan = _QueueScan(topic, qid, store.ext(topic, qid) if ext_on else None)
         files = _QueueFiles(cq)
         phys_parts = []
         for qofs, phy, size, tags in files:
@@ -109,8 +109,8 @@ class _QueueFiles:
 class _QueueScan:
     """What one queue's checks carry from file to file."""
 
-    def __init__(self, topic: str, qid: int, want_tid: int, ext):
-        self.topic, self.qid, self.want_tid, self.ext = topic, qid, want_tid, ext
+    def __init__(self, topic: str, qid: int, ext):
+        self.topic, self.qid, self.ext = topic, qid, ext
         self.group = (topic, qid)
         self.agg = _Agg()
         self.fillers = 0
@@ -122,7 +122,7 @@ def _check_unit_block(cq, scan: _QueueScan, qofs, uphy, usize, utags, recs: _Rec
                       marks: DispatchMarks) -> np.ndarray:
     """The units of one consume-queue file (queue offsets ``qofs``); returns the offsets of its non-filler units.
     Findings a later file may precede are added with their queue offset as rank."""
-    agg, group, topic, qid = scan.agg, scan.group, scan.topic, scan.qid
+    agg, group = scan.agg, scan.group
     filler = (uphy == CQ_FILLER[0]) & (usize == CQ_FILLER[1]) & (utags == CQ_FILLER[2])
     if filler.any():
         if not scan.fillers:
@@ -146,55 +146,61 @@ def _check_unit_block(cq, scan: _QueueScan, qofs, uphy, usize, utags, recs: _Rec
     for j in np.flatnonzero(status == refs.MISSING).tolist():
         _no_record(agg, cq, group, int(qofs[real[j]]), int(phys[j]))
     ok = np.flatnonzero(status == refs.FOUND)
-    ri = idx[ok]
     uu = real[ok]
+    check_found_units(cq, scan, qofs[uu], uphy[uu], usize[uu], utags[uu], idx[ok], recs)
+    return phys
+
+
+def check_found_units(cq, scan: _QueueScan, qofs, uphy, usize, utags, ri, recs: _Records) -> None:
+    """Units (queue offsets ``qofs``, fields ``uphy``/``usize``/``utags``) whose offset is record ``ri`` of ``recs``:
+    the unit against the record. Findings are ranked by queue offset, so any order of calls gives the same."""
+    agg, group, topic, qid = scan.agg, scan.group, scan.topic, scan.qid
     c = recs.c
     tran = c["sysFlag"][ri] & 0xC
     checks = [
-        ("CQ_SIZE", c["size"][ri] != usize[uu], lambda j, r: f"size {int(usize[j])}, the record's TOTALSIZE is {int(c['size'][r])}"),
-        ("CQ_TOPIC", c["topic"][ri] != scan.want_tid, lambda j, r: f"points at a record of topic {recs.topic(r)!r}"),
+        ("CQ_SIZE", c["size"][ri] != usize, lambda j, r: f"size {int(usize[j])}, the record's TOTALSIZE is {int(c['size'][r])}"),
+        ("CQ_TOPIC", c["topic"][ri] != recs.topic_ids.get(topic, -1), lambda j, r: f"points at a record of topic {recs.topic(r)!r}"),
         ("CQ_QUEUE_ID", c["queueId"][ri] != qid, lambda j, r: f"points at a record of queue {int(c['queueId'][r])}"),
-        ("CQ_QUEUE_OFFSET", c["queueOffset"][ri] != qofs[uu],
+        ("CQ_QUEUE_OFFSET", c["queueOffset"][ri] != qofs,
          lambda j, r: f"points at a record whose QUEUEOFFSET is {int(c['queueOffset'][r])} (queue offsets not contiguous)"),
         ("CQ_TRAN_TYPE", (tran != TRANSACTION_NOT) & (tran != TRANSACTION_COMMIT),
          lambda j, r: "points at a prepared/rollback transaction record, which the broker never dispatches"),
     ]
-    bad = np.zeros(len(ok), dtype=bool)
+    bad = np.zeros(len(ri), dtype=bool)
     for code, mask, text in checks:
         mask = mask & ~bad
         if code in ("CQ_TOPIC", "CQ_QUEUE_ID", "CQ_QUEUE_OFFSET") and mask.any():
-            mask = mask & ~_lmq_match(recs, ri, qofs[uu], topic, mask)
-        for k in np.flatnonzero(mask).tolist():
-            j, r = int(uu[k]), int(ri[k])
+            mask = mask & ~_lmq_match(recs, ri, qofs, topic, mask)
+        for j in np.flatnonzero(mask).tolist():
+            r = int(ri[j])
             qo = int(qofs[j])
             path, pos = _cq_loc(cq, qo)
             agg.add(group, code, ERROR, path, pos, f"unit {qo}: {text(j, r)}", topic=topic, queueId=qid, queueOffset=qo,
-                    phyOffset=int(uphy[j]))
+                    phyOffset=int(uphy[j]), rank=qo)
         bad |= mask
     # tagsCode (after ext indirection): units that passed the rest, records whose DELAY parses
     # (CL_DELAY_PROPERTY already says why the others cannot be checked).
     k = np.flatnonzero(~bad)
     k = k[~c["tagsBad"][ri[k]]]
-    stored = utags[uu[k]]
+    stored = utags[k]
     expected = c["tagsCode"][ri[k]]
     ext = scan.ext
     via_ext = (stored <= MAX_ADDR) if ext is not None else np.zeros(len(k), dtype=bool)
     ext_refs = []
     for m in np.flatnonzero(via_ext).tolist():
-        j, r = int(uu[k[m]]), int(ri[k[m]])
+        j, r = int(k[m]), int(ri[k[m]])
         ext_refs.append((int(qofs[j]), int(stored[m]), r, int(expected[m])))
     wrong = np.flatnonzero(~via_ext & (stored != expected))
     if len(wrong):
         m = int(wrong[0])
-        j = int(uu[k[m]])
+        j = int(k[m])
         qo = int(qofs[j])
         path, pos = _cq_loc(cq, qo)
         agg.add(group, "CQ_TAGS", ERROR, path, pos, f"unit {qo}: tagsCode {int(stored[m])}, the record's TAGS give "
-                f"{int(expected[m])}", topic=topic, queueId=qid, queueOffset=qo, phyOffset=int(uphy[j]))
+                f"{int(expected[m])}", topic=topic, queueId=qid, queueOffset=qo, phyOffset=int(uphy[j]), rank=qo)
         agg.count[(group, "CQ_TAGS")] += len(wrong) - 1
     if ext_refs:
         _check_ext_refs(ext, cq, ext_refs, recs, agg, group)
-    return phys
 
 
 def _no_record(agg: _Agg, cq, group, qo: int, phy: int) -> None:
@@ -245,14 +251,14 @@ def _check_ext_refs(ext, cq, ext_refs, recs: _Records, agg: _Agg, group) -> None
         path, pos = _cq_loc(cq, qo)
         if unit is None:
             agg.add(group, "EXT_UNREADABLE", ERROR, path, pos, f"unit {qo}: ext address {addr} cannot be read", queueOffset=qo,
-                    extOffset=undecorate(addr))
+                    extOffset=undecorate(addr), rank=qo)
             continue
         if unit["tagsCode"] != expected:
             agg.add(group, "EXT_TAGS", ERROR, path, pos, f"unit {qo}: ext tagsCode {unit['tagsCode']}, the record's TAGS give {expected}",
-                    queueOffset=qo, extOffset=unit["offset"])
+                    queueOffset=qo, extOffset=unit["offset"], rank=qo)
         elif unit["msgStoreTime"] != int(recs.c["storeTimestamp"][r]):
             agg.add(group, "EXT_STORE_TIME", ERROR, path, pos, f"unit {qo}: ext msgStoreTime {unit['msgStoreTime']} differs from the "
-                    f"record's STORETIMESTAMP {int(recs.c['storeTimestamp'][r])}", queueOffset=qo, extOffset=unit["offset"])
+                    f"record's STORETIMESTAMP {int(recs.c['storeTimestamp'][r])}", queueOffset=qo, extOffset=unit["offset"], rank=qo)
 
 
 def _check_ext_units(ext, agg: _Agg, group, findings: list) -> None:
