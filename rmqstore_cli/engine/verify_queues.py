@@ -87,6 +87,14 @@ class _QueueFiles:
         self.cq = cq
         segs = cq.segments.segments
         self.end_offset = segs[0].start // CQ_UNIT_SIZE if segs else 0
+        self.files: list = []  # (segment, valid units) of each file read, to read it again
+
+    def units(self, seg, n: int) -> tuple:
+        """(queue offsets, phy, size, tagsCode) of the first ``n`` units of file ``seg``."""
+        arr = self.cq.file_units(seg)
+        base = seg.start // CQ_UNIT_SIZE
+        return (np.arange(base, base + n, dtype=np.int64), arr["phyOffset"][:n].astype(np.int64),
+                arr["size"][:n].astype(np.int64), arr["tagsCode"][:n].astype(np.int64))
 
     def __iter__(self):
         end, first = self.end_offset, True
@@ -99,8 +107,8 @@ class _QueueFiles:
             if base != end and not first:
                 break  # gap between files: the queue's continuity is broken here
             first = False
-            yield (np.arange(base, base + n, dtype=np.int64), arr["phyOffset"][:n].astype(np.int64),
-                   arr["size"][:n].astype(np.int64), arr["tagsCode"][:n].astype(np.int64))
+            self.files.append((seg, n))
+            yield self.units(seg, n)
             end = self.end_offset = base + n
             if n * CQ_UNIT_SIZE < self.cq.file_size:
                 break
