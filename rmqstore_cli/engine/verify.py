@@ -15,13 +15,13 @@ and a summary dict. Finding codes are stable (README "Finding codes").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from .findings import Finding
-from .verify_commitlog import (REASON_CODES, SegmentReport, _resync, verify_segments,  # noqa: F401 (public API)
-                               verify_segments_parallel)
+from .verify_commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_parallel,  # noqa: F401 (public API)
+                               verify_segments, verify_segments_parallel)
 from .verify_index import _check_checkpoint, _check_index, _check_root
 from .verify_queues import _check_consume_queues, _check_dispatch
 from .verify_records import ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier  # noqa: F401
@@ -52,19 +52,21 @@ class InProcessCrossChecks:
         _check_index(store, recs, refs, findings, summary)
 
 
-def verify_store(store, *, check_crc: bool = True, reports: list[SegmentReport] | None = None,
+def verify_store(store, *, check_crc: bool = True, reports: Iterable[SegmentReport] | None = None,
                  progress: Callable[[int], None] | None = None, cross_checks=InProcessCrossChecks) -> VerifyResult:
-    """Verify everything in ``store``; ``reports`` may come from parallel :func:`verify_segments` calls
-    (they are consumed: their record columns are released once used).
+    """Verify everything in ``store``; ``reports`` (in segment order) may come from parallel
+    :func:`verify_segments` calls, e.g. the stream of :func:`iter_segments_parallel` (they are consumed:
+    their record columns are released once used).
 
     In process, the log is verified in windows (:mod:`.verify_windows`): one segment's records at a
     time. A distributed ``cross_checks``, or segments that overlap, take the whole-log formulation."""
     if cross_checks is InProcessCrossChecks and not segments_overlap(store.commitlog):
         return _verify_in_windows(store, check_crc=check_crc, reports=reports, progress=progress)
-    return _verify_whole_log(store, check_crc=check_crc, reports=reports, progress=progress, cross_checks=cross_checks)
+    return _verify_whole_log(store, check_crc=check_crc, reports=None if reports is None else list(reports), progress=progress,
+                             cross_checks=cross_checks)
 
 
-def _verify_in_windows(store, *, check_crc: bool = True, reports: list[SegmentReport] | None = None,
+def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[SegmentReport] | None = None,
                        progress: Callable[[int], None] | None = None) -> VerifyResult:
     cl = store.commitlog
     findings: list[Finding] = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -91,6 +91,32 @@ def verify_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool
 
     parts = map_ranges(_verify_range, split(len(segs), len(segs)), jobs, commitlog, check_crc, on_result=done)
     return [rep for part in parts for rep in part]
+
+
+def iter_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool = True,
+                           progress: Callable[[int], None] | None = None) -> Iterator[SegmentReport]:
+    """:func:`verify_segments_parallel` as a stream, in segment order: a windowed verify consumes each report
+    while the workers read the next segments, so the reports are never all held at once."""
+    import multiprocessing
+
+    from . import parallel
+
+    map_large_allocations()
+    segs = commitlog.segments.segments
+    ranges = parallel.split(len(segs), len(segs))
+    if jobs <= 1 or len(ranges) <= 1:
+        for r in ranges:
+            yield from verify_segments(commitlog, r, check_crc=check_crc, progress=progress)
+        return
+    parallel._TASK = (_verify_range, (commitlog, check_crc))
+    try:
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(ranges))) as pool:
+            for r, reports in zip(ranges, pool.imap(parallel._call, ranges)):
+                if progress:
+                    progress(sum(segs[i].size for i in r))
+                yield from reports
+    finally:
+        parallel._TASK = None
 
 
 def _verify_range(r: range, commitlog: CommitLog, check_crc: bool) -> list[SegmentReport]:
