@@ -109,6 +109,8 @@ def _damage_index(root, rng: random.Random) -> None:
 @pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean"])
 def test_index_findings_do_not_depend_on_the_block_size(tmp_path, monkeypatch, name):
     """Blocks of 1, 2 and 3 entries give exactly the findings (first location, count, message) of one block per file."""
+    from rmqstore_cli.engine.verify import _verify_whole_log
+
     print(f"seed {SEED} (RMQSTORE_VMEM_SEED)")
     rng = random.Random(SEED)
     index_findings = 0
@@ -118,13 +120,14 @@ def test_index_findings_do_not_depend_on_the_block_size(tmp_path, monkeypatch, n
         results = {}
         for block in (1 << 30, 1, 2, 3):
             monkeypatch.setattr(verify_index, "_ENTRY_BLOCK", block)
-            with Store.open(str(root)) as st:
-                res = verify_store(st)
-            results[block] = ([f.as_json() for f in res.findings], res.summary)
-        whole = results[1 << 30]
+            for run in (verify_store, _verify_whole_log):  # in commitlog windows, and over the whole log
+                with Store.open(str(root)) as st:
+                    res = run(st)
+                results[block, run] = ([f.as_json() for f in res.findings], res.summary)
+        whole = results[1 << 30, _verify_whole_log]
         index_findings += sum(f["code"].startswith("IDX_") for f in whole[0])
-        for block in (1, 2, 3):
-            assert results[block] == whole, (case, block)
+        for key, got in results.items():
+            assert got == whole, (case, key)
     assert index_findings  # the damage reached the checks under test
 
 
@@ -252,9 +255,11 @@ def _damage_queues(root, rng: random.Random) -> None:
 
 @pytest.mark.parametrize("name", ["4.9.3-clean", "4.9.3-ext"])
 def test_queue_findings_do_not_depend_on_the_file_blocks(tmp_path, monkeypatch, name):
-    """Consume queues are checked file by file; cutting every file into pieces of 1-3 units gives exactly the
-    findings (first location, count, message) and summary of whole files."""
+    """Consume queues are checked file by file (the whole-log formulation, which a distributed verify shares);
+    cutting every file into pieces of 1-3 units gives exactly the findings (first location, count, message) and
+    summary of whole files."""
     from rmqstore_cli.engine import verify_queues
+    from rmqstore_cli.engine.verify import _verify_whole_log
 
     print(f"seed {SEED} (RMQSTORE_VMEM_SEED)")
     rng = random.Random(SEED)
@@ -274,13 +279,13 @@ def test_queue_findings_do_not_depend_on_the_file_blocks(tmp_path, monkeypatch, 
         root = copy_store(name, tmp_path / f"{name}-{case}")
         _damage_queues(root, rng)
         with Store.open(str(root)) as st:
-            res = verify_store(st)
+            res = _verify_whole_log(st)
         whole = ([f.as_json() for f in res.findings], res.summary)
         queue_findings += sum(f["code"].startswith(("CQ_", "EXT_")) for f in whole[0])
         with monkeypatch.context() as m:
             m.setattr(verify_queues._QueueFiles, "__iter__", pieces)
             with Store.open(str(root)) as st:
-                res = verify_store(st)
+                res = _verify_whole_log(st)
         assert ([f.as_json() for f in res.findings], res.summary) == whole, case
     assert queue_findings  # the damage reached the checks under test
 
@@ -316,3 +321,37 @@ def test_windowed_verify_equals_whole_log_verify(tmp_path, name):
             whole = _verify_whole_log(st)
         assert [f.as_json() for f in windowed.findings] == [f.as_json() for f in whole.findings], case
         assert windowed.summary == whole.summary, case
+
+
+@pytest.fixture(scope="module")
+def larger_bench_store(tmp_path_factory):
+    """The same kind of store as ``small_bench_store``, four times as long."""
+    from bench import gen
+
+    root = str(tmp_path_factory.mktemp("vmem") / "store4")
+    gen.generate(root, 100, total=24 << 20, seg_size=1 << 20)
+    return root
+
+
+def _verify_peak(root: str) -> tuple[int, int]:
+    """(tracemalloc peak of verify_store, records verified)."""
+    with Store.open(root) as st:
+        tracemalloc.start()
+        try:
+            start = tracemalloc.get_traced_memory()[0]
+            res = verify_store(st)
+            peak = tracemalloc.get_traced_memory()[1] - start
+        finally:
+            tracemalloc.stop()
+    assert not res.findings, [f.code for f in res.findings]
+    return peak, res.summary["commitlog"]["records"]
+
+
+def test_verify_memory_does_not_grow_with_the_log(small_bench_store, larger_bench_store):
+    """verify keeps one segment's records at a time: a log four times as long needs no more memory
+    (whole-log record columns took ~70 bytes per record: ~4.5 MB more here)."""
+    small, n_small = _verify_peak(small_bench_store)
+    large, n_large = _verify_peak(larger_bench_store)
+    print(f"verify peak {small >> 10} KiB ({n_small} records), {large >> 10} KiB ({n_large} records)")
+    assert n_large > 3 * n_small
+    assert large - small < 1 << 20, (small, large)

@@ -24,7 +24,8 @@ from formats.records import (CQ_FILLER, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, IND
                              TRANSACTION_NOT, TRANSACTION_ROLLBACK)
 
 from .findings import Finding
-from .verify_index import _ENTRY_BLOCK, _drop_pages, _last_live_entry
+from . import verify_index
+from .verify_index import _drop_pages, _last_live_entry
 from .verify_index import _no_record as _entry_no_record
 from .verify_queues import (_check_cq_holes, _check_ext_units, _no_record, _QueueFiles, _QueueScan, add_not_dispatched,
                             check_found_units, dispatch_high_water, dispatch_lag_finding)
@@ -180,8 +181,8 @@ class IndexWindows:
         last = np.zeros(f.slots, dtype=np.int32)  # newest entry per slot so far: the expected slot table
         prev_phy = None
         first_phy = last_phy = 0
-        for a in range(1, count, _ENTRY_BLOCK):
-            b = min(a + _ENTRY_BLOCK, count)
+        for a in range(1, count, verify_index._ENTRY_BLOCK):
+            b = min(a + verify_index._ENTRY_BLOCK, count)
             ent = table[a:b]
             kh = ent["keyHash"].astype(np.int32)
             phy = ent["phyOffset"].astype(np.int64)
