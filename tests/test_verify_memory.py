@@ -355,3 +355,22 @@ def test_verify_memory_does_not_grow_with_the_log(small_bench_store, larger_benc
     print(f"verify peak {small >> 10} KiB ({n_small} records), {large >> 10} KiB ({n_large} records)")
     assert n_large > 3 * n_small
     assert large - small < 1 << 20, (small, large)
+
+
+@pytest.mark.parametrize("name", ["4.9.3-crash", "5.3.3-clean"])
+def test_streamed_parallel_reports_give_the_single_process_result(tmp_path, name):
+    """verify -j: reports streamed from 2 workers (a bounded number ahead) give the single-process findings."""
+    from rmqstore_cli.engine.verify import iter_segments_parallel
+
+    print(f"seed {SEED} (RMQSTORE_VMEM_SEED)")
+    rng = random.Random(SEED)
+    root = copy_store(name, tmp_path / name)
+    _damage_log(root, rng)
+    _damage_queues(root, rng)
+    with Store.open(str(root)) as st:
+        one = verify_store(st)
+        stream = iter_segments_parallel(st.commitlog, 2)
+        assert not isinstance(stream, list)
+        two = verify_store(st, reports=stream)
+    assert [f.as_json() for f in two.findings] == [f.as_json() for f in one.findings]
+    assert two.summary == one.summary

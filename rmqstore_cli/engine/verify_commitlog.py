@@ -7,6 +7,8 @@ of every valid record (``-j`` and the Spark job run it per segment in other proc
 from __future__ import annotations
 
 import copy
+from collections import deque
+from itertools import islice
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
@@ -109,12 +111,22 @@ def iter_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool =
             yield from verify_segments(commitlog, r, check_crc=check_crc, progress=progress)
         return
     parallel._TASK = (_verify_range, (commitlog, check_crc))
+    workers = min(jobs, len(ranges))
     try:
-        with multiprocessing.get_context("fork").Pool(min(jobs, len(ranges))) as pool:
-            for r, reports in zip(ranges, pool.imap(parallel._call, ranges)):
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            # at most one task ahead of each worker: reports the consumer has not taken yet stay few
+            todo = iter(ranges)
+            pending = deque((r, pool.apply_async(parallel._call, (r,))) for r in islice(todo, workers + 1))
+            while pending:
+                r, result = pending.popleft()
+                reports = result.get()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append((nxt, pool.apply_async(parallel._call, (nxt,))))
                 if progress:
                     progress(sum(segs[i].size for i in r))
                 yield from reports
+                del reports
     finally:
         parallel._TASK = None
 
