@@ -89,12 +89,12 @@ class _QueueFiles:
         self.end_offset = segs[0].start // CQ_UNIT_SIZE if segs else 0
         self.files: list = []  # (segment, valid units) of each file read, to read it again
 
-    def units(self, seg, n: int) -> tuple:
-        """(queue offsets, phy, size, tagsCode) of the first ``n`` units of file ``seg``."""
-        arr = self.cq.file_units(seg)
-        base = seg.start // CQ_UNIT_SIZE
-        return (np.arange(base, base + n, dtype=np.int64), arr["phyOffset"][:n].astype(np.int64),
-                arr["size"][:n].astype(np.int64), arr["tagsCode"][:n].astype(np.int64))
+    def units(self, seg, n: int, first: int = 0) -> tuple:
+        """(queue offsets, phy, size, tagsCode) of units ``first .. n-1`` of file ``seg``."""
+        arr = self.cq.file_units(seg)[first:n]
+        base = seg.start // CQ_UNIT_SIZE + first
+        return (np.arange(base, base + len(arr), dtype=np.int64), arr["phyOffset"].astype(np.int64),
+                arr["size"].astype(np.int64), arr["tagsCode"].astype(np.int64))
 
     def __iter__(self):
         end, first = self.end_offset, True

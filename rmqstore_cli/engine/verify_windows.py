@@ -108,7 +108,13 @@ class QueueWindows:
             self.deferred.add(qofs[real[before]], phys[before])
             seg, n = self.files.files[-1]
             if not before.all():
-                self.reach.append((seg, n, int(k[~before].min()), int(k.max())))
+                lo, hi = int(k[~before].min()), int(k.max())
+                spans = None
+                if np.all(k[1:] >= k[:-1]):  # units in log order (the normal case): each window's units are one run
+                    ws = np.arange(lo, hi + 1)
+                    left, right = np.searchsorted(k, ws, side="left"), np.searchsorted(k, ws, side="right")
+                    spans = (real[np.minimum(left, len(real) - 1)], real[np.maximum(right - 1, 0)] + 1, right > left)
+                self.reach.append((seg, n, lo, hi, spans))
         _check_cq_holes(cq, self.files.end_offset, scan.agg, scan.group)
         if scan.fillers:
             path, pos = _cq_loc(cq, scan.first_filler)
@@ -122,10 +128,15 @@ class QueueWindows:
         """Units pointing into window ``w`` (records ``recs``); flags the records they find in ``marks``;
         returns the end of the furthest record found."""
         found_end = None
-        for seg, n, lo, hi in self.reach:
+        for seg, n, lo, hi, spans in self.reach:
             if not lo <= w <= hi:
                 continue
-            qofs, phy, size, tags = self.files.units(seg, n)
+            first, stop = 0, n
+            if spans is not None:
+                if not spans[2][w - lo]:
+                    continue
+                first, stop = int(spans[0][w - lo]), int(spans[1][w - lo])
+            qofs, phy, size, tags = self.files.units(seg, stop, first)
             filler = (phy == CQ_FILLER[0]) & (size == CQ_FILLER[1]) & (tags == CQ_FILLER[2])
             sel = np.flatnonzero(~filler & (windows.of(phy) == w))
             if not len(sel):
