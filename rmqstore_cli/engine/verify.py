@@ -24,7 +24,8 @@ from .verify_commitlog import (REASON_CODES, SegmentReport, _resync, iter_segmen
                                verify_segments, verify_segments_parallel)
 from .verify_index import _check_checkpoint, _check_index, _check_root
 from .verify_queues import _check_consume_queues, _check_dispatch
-from .verify_records import ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier  # noqa: F401
+from .verify_records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier,  # noqa: F401
+                             map_large_allocations)
 from .verify_windows import DispatchWindows, IndexWindows, QueueWindows, Windows, segments_overlap
 
 
@@ -158,6 +159,7 @@ def _store_times_window(recs: _Records, prev_ts: int | None, agg: _Agg) -> int:
 def _verify_whole_log(store, *, check_crc: bool = True, reports: list[SegmentReport] | None = None,
                       progress: Callable[[int], None] | None = None, cross_checks=InProcessCrossChecks) -> VerifyResult:
     """Every record's columns at once, then the cross-checks (the formulation a distributed verify shares)."""
+    map_large_allocations()
     cl = store.commitlog
     findings: list[Finding] = []
     findings += cl.segments.problems

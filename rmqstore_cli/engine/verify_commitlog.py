@@ -20,7 +20,7 @@ from .commitlog import CommitLog, ScanResult
 from .findings import Finding
 from .logwalk import next_by_size
 from .verify_dispatch import TopicInterner, dispatch_columns
-from .verify_records import _COL_TYPES, _COLS, ERROR, WARNING, map_large_allocations
+from .verify_records import _COL_TYPES, _COLS, ERROR, WARNING
 
 REASON_CODES = {
     fast.R_BODY_CRC: "CL_BODY_CRC",
@@ -75,14 +75,12 @@ def _first_nonzero(u8: np.ndarray, start: int, end: int) -> int | None:
 def verify_segments(commitlog: CommitLog, indexes: Iterable[int], *, check_crc: bool = True,
                     progress: Callable[[int], None] | None = None) -> list[SegmentReport]:
     """Verify the given commitlog segments, each independently of the others."""
-    map_large_allocations()
     return [_verify_segment(commitlog, i, check_crc, progress) for i in indexes]
 
 
 def verify_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool = True,
                              progress: Callable[[int], None] | None = None) -> list[SegmentReport]:
     """:func:`verify_segments` over every segment, one segment per task on ``jobs`` forked processes (``-j``)."""
-    map_large_allocations()
     from .parallel import map_ranges, split
 
     segs = commitlog.segments.segments
@@ -103,7 +101,6 @@ def iter_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool =
 
     from . import parallel
 
-    map_large_allocations()
     segs = commitlog.segments.segments
     ranges = parallel.split(len(segs), len(segs))
     if jobs <= 1 or len(ranges) <= 1:

@@ -69,7 +69,9 @@ def map_large_allocations() -> None:
     returns its memory to the system at once. By default glibc raises that threshold each time such a
     block is freed (up to 32 MiB); the per-segment report columns (a few MB each) then land on the
     heap, and once merged and freed they stay resident as holes: +45 % anonymous memory on a store of
-    100 B messages. Process-wide and idempotent; a no-op where libc has no mallopt."""
+    100 B messages. Process-wide and idempotent; a no-op where libc has no mallopt. Only the whole-log
+    formulation needs it (call it before the reports are made); verify in windows frees and reuses
+    same-sized blocks and does not."""
     global _mapped_allocations
     if _mapped_allocations:
         return
