@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from rmqstore_cli.engine.offsets import add_config_audit
-from rmqstore_cli.engine.verify import verify_segments_parallel, verify_store
+from rmqstore_cli.engine.verify import iter_segments_parallel, verify_store
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .output import Output, handle_errors, progress, stderr
@@ -29,7 +29,8 @@ def verify(
     """
     st = open_store(store, geometry)
     with st, progress("verifying commitlog", sum(s.size for s in st.commitlog.segments)) as advance:
-        reports = verify_segments_parallel(st.commitlog, jobs, check_crc=not no_crc, progress=advance) if jobs > 1 else None
+        # with -j the per-segment reports stream in from the workers, each consumed as it arrives
+        reports = iter_segments_parallel(st.commitlog, jobs, check_crc=not no_crc, progress=advance) if jobs > 1 else None
         result = verify_store(st, check_crc=not no_crc, reports=reports, progress=advance)
         add_config_audit(st, result)  # config/*.json and consumer offsets (#16)
     out = Output(json_)

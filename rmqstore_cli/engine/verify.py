@@ -15,16 +15,18 @@ and a summary dict. Finding codes are stable (README "Finding codes").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from .findings import Finding
-from .verify_commitlog import (REASON_CODES, SegmentReport, _resync, verify_segments,  # noqa: F401 (public API)
-                               verify_segments_parallel)
+from .verify_commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_parallel,  # noqa: F401 (public API)
+                               verify_segments, verify_segments_parallel)
 from .verify_index import _check_checkpoint, _check_index, _check_root
 from .verify_queues import _check_consume_queues, _check_dispatch
-from .verify_records import ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier  # noqa: F401
+from .verify_records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier,  # noqa: F401
+                             map_large_allocations)
+from .verify_windows import DispatchWindows, IndexWindows, QueueWindows, Windows, segments_overlap
 
 
 @dataclass
@@ -43,7 +45,7 @@ class InProcessCrossChecks:
     a distributed verify passes its own object with the same two methods to :func:`verify_store`."""
 
     @staticmethod
-    def consume_queues(store, recs, refs, findings: list, summary: dict) -> list:
+    def consume_queues(store, recs, refs, findings: list, summary: dict):
         return _check_consume_queues(store, recs, refs, findings, summary)
 
     @staticmethod
@@ -51,10 +53,113 @@ class InProcessCrossChecks:
         _check_index(store, recs, refs, findings, summary)
 
 
-def verify_store(store, *, check_crc: bool = True, reports: list[SegmentReport] | None = None,
+def verify_store(store, *, check_crc: bool = True, reports: Iterable[SegmentReport] | None = None,
                  progress: Callable[[int], None] | None = None, cross_checks=InProcessCrossChecks) -> VerifyResult:
-    """Verify everything in ``store``; ``reports`` may come from parallel :func:`verify_segments` calls
-    (they are consumed: their record columns are released once merged)."""
+    """Verify everything in ``store``; ``reports`` (in segment order) may come from parallel
+    :func:`verify_segments` calls, e.g. the stream of :func:`iter_segments_parallel` (they are consumed:
+    their record columns are released once used).
+
+    In process, the log is verified in windows (:mod:`.verify_windows`): one segment's records at a
+    time. A distributed ``cross_checks``, or segments that overlap, take the whole-log formulation."""
+    if cross_checks is InProcessCrossChecks and not segments_overlap(store.commitlog):
+        return _verify_in_windows(store, check_crc=check_crc, reports=reports, progress=progress)
+    return _verify_whole_log(store, check_crc=check_crc, reports=None if reports is None else list(reports), progress=progress,
+                             cross_checks=cross_checks)
+
+
+def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[SegmentReport] | None = None,
+                       progress: Callable[[int], None] | None = None) -> VerifyResult:
+    cl = store.commitlog
+    findings: list[Finding] = []
+    findings += cl.segments.problems
+    windows = Windows(cl)
+    queues = [QueueWindows(store, topic, qid, windows, findings) for topic, qid in store.queues()]
+    svc = store.index
+    findings += svc.problems
+    index_files = [IndexWindows(f, windows) for f in svc.files if f.complete]
+    dispatch = DispatchWindows()
+    times = _Agg()
+    prev_ts = None
+    newest = None
+    n_records = 0
+    kept: list[SegmentReport] = []
+    if reports is None:
+        source = (verify_segments(cl, [i], check_crc=check_crc, progress=progress)[0] for i in range(len(cl.segments.segments)))
+    else:
+        source = iter(reports)
+    for rep in source:
+        findings += rep.findings
+        recs = _Records(store, [rep])  # consumes the report's columns
+        kept.append(rep)
+        w = rep.index
+        n_records += len(recs)
+        if len(recs):
+            ts = recs.c["storeTimestamp"]
+            prev_ts = _store_times_window(recs, prev_ts, times)
+            newest = int(ts.max()) if newest is None else max(newest, int(ts.max()))
+            _check_delay_properties(recs, findings)
+        marks = np.zeros(len(recs), dtype=bool)
+        found_end = None
+        for q in queues:
+            end = q.window(w, windows, recs, marks)
+            if end is not None:
+                found_end = end if found_end is None else max(found_end, end)
+        dispatch.window(recs, marks, found_end)
+        for ix in index_files:
+            ix.window(w, windows, recs)
+        del recs, marks
+    findings += times.findings()
+    summary: dict = {"root": store.root, "version": store.config.version,
+                     "commitlog": {"files": len(kept), "records": n_records, "bytes": int(sum(r.bytes for r in kept)),
+                                   "blanks": int(sum(r.blanks for r in kept)), "minOffset": cl.min_offset}}
+    data_end, recovery_end = _log_end(store, kept, findings)
+    summary["commitlog"].update(maxOffset=data_end, recoveryEnd=recovery_end)
+    no_records = _Records(store, [])
+    no_records.invalid = np.asarray(sorted(o for r in kept for o in r.invalid), dtype=np.int64)
+    refs = _RefClassifier(no_records, kept, cl, data_end)  # for the references no window found a record for
+    for q in queues:
+        q.finish(refs, findings)
+    phy_maxes = [q.phy_max for q in queues if q.phy_max is not None]
+    dispatch.finish(cl, max(phy_maxes) if phy_maxes else None, findings)
+    summary["consumeQueues"] = {"queues": len(queues), "units": sum(q.units for q in queues)}
+    for ix in index_files:
+        ix.finish(refs, findings)
+    summary["index"] = {"files": len(svc.files), "entries": sum(ix.entries for ix in index_files)}
+    if refs.lost_refs:
+        findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))
+    _check_checkpoint(store, _Newest(n_records, newest), findings)
+    _check_root(store, findings)
+    sort_findings(findings, summary)
+    return VerifyResult(findings, summary)
+
+
+class _Newest:
+    """What the checkpoint check reads of the records: how many, and the newest store time."""
+
+    def __init__(self, n: int, newest: int | None):
+        self.n = n
+        self.c = {"storeTimestamp": np.asarray([newest if newest is not None else 0], dtype=np.int64)}
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _store_times_window(recs: _Records, prev_ts: int | None, agg: _Agg) -> int:
+    """CL_STORE_TIME within one window and across its boundary with the previous one; returns its last store time."""
+    ts = recs.c["storeTimestamp"]
+    if prev_ts is not None and int(ts[0]) < prev_ts:
+        path, pos = recs.location(0)
+        add_store_time_finding(agg, path, pos, int(ts[0]), prev_ts, int(recs.phy[0]))
+    for i in (np.flatnonzero(ts[1:] < ts[:-1]) + 1).tolist():
+        path, pos = recs.location(i)
+        add_store_time_finding(agg, path, pos, int(ts[i]), int(ts[i - 1]), int(recs.phy[i]))
+    return int(ts[-1])
+
+
+def _verify_whole_log(store, *, check_crc: bool = True, reports: list[SegmentReport] | None = None,
+                      progress: Callable[[int], None] | None = None, cross_checks=InProcessCrossChecks) -> VerifyResult:
+    """Every record's columns at once, then the cross-checks (the formulation a distributed verify shares)."""
+    map_large_allocations()
     cl = store.commitlog
     findings: list[Finding] = []
     findings += cl.segments.problems
@@ -71,8 +176,8 @@ def verify_store(store, *, check_crc: bool = True, reports: list[SegmentReport] 
     _check_store_times(recs, findings)
     _check_delay_properties(recs, findings)
     refs = _RefClassifier(recs, reports, cl, data_end)
-    cq_phys = cross_checks.consume_queues(store, recs, refs, findings, summary)
-    _check_dispatch(store, recs, cq_phys, findings)
+    marks = cross_checks.consume_queues(store, recs, refs, findings, summary)
+    _check_dispatch(store, recs, marks, findings)
     cross_checks.index(store, recs, refs, findings, summary)
     if refs.lost_refs:
         findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))

@@ -7,8 +7,10 @@ of every valid record (``-j`` and the Spark job run it per segment in other proc
 from __future__ import annotations
 
 import copy
+from collections import deque
+from itertools import islice
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -89,6 +91,41 @@ def verify_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool
 
     parts = map_ranges(_verify_range, split(len(segs), len(segs)), jobs, commitlog, check_crc, on_result=done)
     return [rep for part in parts for rep in part]
+
+
+def iter_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool = True,
+                           progress: Callable[[int], None] | None = None) -> Iterator[SegmentReport]:
+    """:func:`verify_segments_parallel` as a stream, in segment order: a windowed verify consumes each report
+    while the workers read the next segments, so the reports are never all held at once."""
+    import multiprocessing
+
+    from . import parallel
+
+    segs = commitlog.segments.segments
+    ranges = parallel.split(len(segs), len(segs))
+    if jobs <= 1 or len(ranges) <= 1:
+        for r in ranges:
+            yield from verify_segments(commitlog, r, check_crc=check_crc, progress=progress)
+        return
+    parallel._TASK = (_verify_range, (commitlog, check_crc))
+    workers = min(jobs, len(ranges))
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            # at most one task ahead of each worker: reports the consumer has not taken yet stay few
+            todo = iter(ranges)
+            pending = deque((r, pool.apply_async(parallel._call, (r,))) for r in islice(todo, workers + 1))
+            while pending:
+                r, result = pending.popleft()
+                reports = result.get()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append((nxt, pool.apply_async(parallel._call, (nxt,))))
+                if progress:
+                    progress(sum(segs[i].size for i in r))
+                yield from reports
+                del reports
+    finally:
+        parallel._TASK = None
 
 
 def _verify_range(r: range, commitlog: CommitLog, check_crc: bool) -> list[SegmentReport]:

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from formats.indexchain import chain_block
 from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_ROLLBACK
 
 from .findings import Finding
@@ -29,117 +30,174 @@ def _check_index(store, recs: _Records, refs: _RefClassifier, findings: list, su
         findings += svc.problems
     n_entries = 0
     for f in svc.files if files is None else files:
-        if not f.complete:
-            continue
-        agg = _Agg()
-        h = f.header()
-        count = h.indexCount if h.indexCount > 0 else 1
-        base = INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE
-        if count > f.entries:
-            agg.add(f.path, "IDX_HEADER", ERROR, f.path, 36, f"indexCount {h.indexCount} exceeds maxIndexNum {f.entries}")
-            count = f.entries
-        last_live = _last_live_entry(f, max(count, 1))
-        if last_live is not None:
-            # entries the header does not count: the broker's queries never reach them
-            agg.add(f.path, "IDX_HEADER", ERROR, f.path, 36, f"indexCount {h.indexCount}, but entry "
-                    f"{last_live} is written: the broker does not see entries past the count")
-        ent = f.entry_table(count)[1:]
-        n = np.arange(1, count, dtype=np.int32)
-        n_entries += len(n)
-        if not len(n):
-            findings += agg.findings()
-            continue
-        # 4-byte fields stay int32 (millions of entries per file)
+        if f.complete:
+            n_entries += _check_index_file(f, recs, refs, findings)
+    summary["index"] = {"files": len(svc.files), "entries": n_entries}
+
+
+_ENTRY_BLOCK = 1 << 16  # entries checked per step: the per-block columns stay ~5 MB whatever the file's size
+
+
+class _EntryScan:
+    """What one file's entry checks carry from block to block."""
+
+    def __init__(self, slots: int):
+        self.last = np.zeros(slots, dtype=np.int32)  # newest entry per hash slot so far (the expected slot table)
+        self.prev_phy: int | None = None
+        self.first_phy = self.last_phy = 0
+        self.out_of_order: tuple | None = None  # (entry, phy, next entry, its phy) of the first offset larger than the next's
+        self.pending_lost: list = []  # (entries, phys) past the log's end not yet followed by a found entry
+        self.first_ts: int | None = None  # store time of the record entry 1 points at, if found
+        self.last_ts: int | None = None  # same for the last entry
+
+
+def _check_index_file(f, recs: _Records, refs: _RefClassifier, findings: list) -> int:
+    """The checks of one complete index file, reading its entries in blocks; returns its entry count."""
+    agg = _Agg()
+    h = f.header()
+    count = h.indexCount if h.indexCount > 0 else 1
+    base = INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE
+    if count > f.entries:
+        agg.add(f.path, "IDX_HEADER", ERROR, f.path, 36, f"indexCount {h.indexCount} exceeds maxIndexNum {f.entries}")
+        count = f.entries
+    last_live = _last_live_entry(f, max(count, 1))
+    if last_live is not None:
+        # entries the header does not count: the broker's queries never reach them
+        agg.add(f.path, "IDX_HEADER", ERROR, f.path, 36, f"indexCount {h.indexCount}, but entry "
+                f"{last_live} is written: the broker does not see entries past the count")
+    if count <= 1:
+        findings += agg.findings()
+        return 0
+    table = f.entry_table(count)
+    buf = f.segment.buffer()
+    scan = _EntryScan(f.slots)
+    for a in range(1, count, _ENTRY_BLOCK):
+        b = min(a + _ENTRY_BLOCK, count)
+        ent = table[a:b]
+        # 4-byte fields stay int32
         kh = ent["keyHash"].astype(np.int32)
         phy = ent["phyOffset"].astype(np.int64)
         diff = ent["timeDiff"].astype(np.int32)
         prev = ent["prevIndex"].astype(np.int32)
         del ent
-        _drop_pages(f.segment.buffer(), base, count * INDEX_ENTRY_SIZE)  # copied into columns: release the file pages
-        epos = lambda e: base + int(e) * INDEX_ENTRY_SIZE  # noqa: E731
-        # Entries are appended in dispatch (= commitlog) order: an offset larger than the next one's is damage
-        # (reported below, only if nothing else in this file explains it).
-        out_of_order = np.flatnonzero(phy[:-1] > phy[1:])[:1].tolist()
-        # Slot chains (§10.4): each entry links to the previous entry of its slot; the slot holds the newest.
-        slot = np.where(kh >= 0, kh % f.slots, -1)
-        order = np.argsort(slot, kind="stable")  # by slot, then entry number (n is ascending)
-        s_sorted, n_sorted = slot[order], n[order]
-        exp_prev_sorted = np.where(np.r_[False, s_sorted[1:] == s_sorted[:-1]], np.r_[0, n_sorted[:-1]], 0)
-        exp_prev = np.empty_like(prev)
-        exp_prev[order] = exp_prev_sorted
-        del order, exp_prev_sorted
-        for k in np.flatnonzero((prev != exp_prev) & (slot >= 0)).tolist():
-            agg.add(f.path, "IDX_CHAIN", ERROR, f.path, epos(n[k]), f"entry {int(n[k])} links to {int(prev[k])}, expected "
-                    f"{int(exp_prev[k])} (the previous entry with the same hash slot)", entry=int(n[k]))
-        del exp_prev
-        table = f.slot_table().astype(np.int32)
-        _drop_pages(f.segment.buffer(), INDEX_HEADER_SIZE, f.slots * INDEX_SLOT_SIZE)
-        exp_table = np.zeros(f.slots, dtype=np.int32)
-        last = np.r_[s_sorted[1:] != s_sorted[:-1], True]
-        ok_slots = s_sorted[last] >= 0
-        exp_table[s_sorted[last][ok_slots]] = n_sorted[last][ok_slots]
-        for s in np.flatnonzero(table != exp_table).tolist()[:1]:
-            cnt = int((table != exp_table).sum())
-            agg.add(f.path, "IDX_SLOT", ERROR, f.path, INDEX_HEADER_SIZE + s * INDEX_SLOT_SIZE, f"hash slot {s} holds entry "
-                    f"{int(table[s])}, expected {int(exp_table[s])}" + (f" ({cnt} slots differ)" if cnt > 1 else ""), slot=s)
-        del table, exp_table, s_sorted, n_sorted, last, ok_slots
-        used = int(np.count_nonzero(np.bincount(slot[slot >= 0], minlength=1)))
-        del slot
-        if h.hashSlotCount != used:
-            agg.add(f.path, "IDX_HEADER", ERROR, f.path, 32, f"hashSlotCount {h.hashSlotCount}, the entries use {used} slots")
-        if h.beginPhyOffset != int(phy[0]) or h.endPhyOffset != int(phy[-1]):
-            agg.add(f.path, "IDX_HEADER", ERROR, f.path, 16, f"header offsets {h.beginPhyOffset}..{h.endPhyOffset} differ from the "
-                    f"entries' {int(phy[0])}..{int(phy[-1])}")
-        for k in np.flatnonzero(kh < 0).tolist():
-            agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(n[k]), f"entry {int(n[k])} has a negative key hash {int(kh[k])}", entry=int(n[k]))
-        idx, status = refs.classify(phy)
-        for k in np.flatnonzero(status == refs.MISSING).tolist():
-            agg.add(f.path, "IDX_NO_RECORD", ERROR, f.path, epos(n[k]), f"entry {int(n[k])} points at {int(phy[k])}, where no commitlog "
-                    "record starts", entry=int(n[k]), phyOffset=int(phy[k]))
-        ts = recs.c["storeTimestamp"]
-        sel = np.flatnonzero((status == refs.FOUND) & (kh >= 0))
-        r_sel = idx[sel]
-        rollback = (recs.c["sysFlag"][r_sel] & 0xC) == TRANSACTION_ROLLBACK
-        no_key = ~rollback & ~recs.has_key_hash(r_sel, kh[sel])
-        wrong = np.flatnonzero(rollback | no_key)
-        for m in wrong[:1].tolist():
-            k, e = int(sel[m]), int(n[sel[m]])
-            if rollback[m]:
-                agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} points at a rollback record, which is never indexed",
-                        entry=e, phyOffset=int(phy[k]))
-            else:
-                agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} points at {int(phy[k])}, a record with no key of "
-                        f"hash {int(kh[k])}", entry=e, phyOffset=int(phy[k]))
-            agg.count[(f.path, "IDX_KEY_HASH")] += len(wrong) - 1
-        if h.beginTimestamp > 0:
-            t = np.flatnonzero(~rollback & ~no_key & (n[sel] >= 2))
-            d = ts[r_sel[t]] - h.beginTimestamp
-            # int(d / 1000) with Python's float division; exact in float64 while |d| < 2**53
-            big = np.abs(d) >= (1 << 53)
-            want = np.where(d >= 0, np.trunc(d / 1000.0), 0).astype(np.int64)
-            for q in np.flatnonzero(big).tolist():
-                dq = int(d[q])
-                want[q] = int(dq / 1000) if dq >= 0 else 0
-            want = np.minimum(np.maximum(want, 0), 2**31 - 1)
-            for q in np.flatnonzero(diff[sel[t]] != want).tolist():
-                k = int(sel[t[q]])
-                e = int(n[k])
-                agg.add(f.path, "IDX_TIME_DIFF", WARNING, f.path, epos(e), f"entry {e} timeDiff {int(diff[k])} s, the record's store "
-                        f"time gives {int(want[q])} s", entry=e)
-        first_found = status[0] == refs.FOUND
-        last_found = status[-1] == refs.FOUND
-        if first_found and h.beginTimestamp != int(ts[idx[0]]):
-            agg.add(f.path, "IDX_HEADER", WARNING, f.path, 0, f"beginTimestamp {h.beginTimestamp} differs from the first entry's record "
-                    f"({int(ts[idx[0]])})")
-        if last_found and h.endTimestamp != int(ts[idx[-1]]):
-            agg.add(f.path, "IDX_HEADER", WARNING, f.path, 8, f"endTimestamp {h.endTimestamp} differs from the last entry's record "
-                    f"({int(ts[idx[-1]])})")
-        for k in out_of_order if not agg.first else []:
-            # e.g. an offset changed to another record with the same key hash: only the order shows it
-            agg.add(f.path, "IDX_ORDER", ERROR, f.path, epos(n[k]), f"entry {int(n[k])} points at {int(phy[k])}, after "
-                    f"entry {int(n[k + 1])}'s {int(phy[k + 1])}: entries follow the commitlog order", entry=int(n[k]))
-        findings += agg.findings()
-    summary["index"] = {"files": len(svc.files), "entries": n_entries}
+        _drop_pages(buf, base + a * INDEX_ENTRY_SIZE, (b - a) * INDEX_ENTRY_SIZE)  # copied: release the file pages
+        _check_entry_block(f, h, a, kh, phy, diff, prev, b == count, scan, recs, refs, agg)
+    refs.lost_refs += sum(len(e) for e, _ in scan.pending_lost)
+    epos = lambda e: base + int(e) * INDEX_ENTRY_SIZE  # noqa: E731
+    # Slot table (§10.4): each slot holds the newest entry of its chain.
+    table_slots = f.slot_table()
+    differ = table_slots != scan.last
+    _drop_pages(buf, INDEX_HEADER_SIZE, f.slots * INDEX_SLOT_SIZE)
+    cnt = int(np.count_nonzero(differ))
+    if cnt:
+        s = int(np.argmax(differ))
+        agg.add(f.path, "IDX_SLOT", ERROR, f.path, INDEX_HEADER_SIZE + s * INDEX_SLOT_SIZE, f"hash slot {s} holds entry "
+                f"{int(table_slots[s])}, expected {int(scan.last[s])}" + (f" ({cnt} slots differ)" if cnt > 1 else ""), slot=s)
+    del differ, table_slots
+    used = int(np.count_nonzero(scan.last))
+    if h.hashSlotCount != used:
+        agg.add(f.path, "IDX_HEADER", ERROR, f.path, 32, f"hashSlotCount {h.hashSlotCount}, the entries use {used} slots")
+    if h.beginPhyOffset != scan.first_phy or h.endPhyOffset != scan.last_phy:
+        agg.add(f.path, "IDX_HEADER", ERROR, f.path, 16, f"header offsets {h.beginPhyOffset}..{h.endPhyOffset} differ from the "
+                f"entries' {scan.first_phy}..{scan.last_phy}")
+    if scan.first_ts is not None and h.beginTimestamp != scan.first_ts:
+        agg.add(f.path, "IDX_HEADER", WARNING, f.path, 0, f"beginTimestamp {h.beginTimestamp} differs from the first entry's record "
+                f"({scan.first_ts})")
+    if scan.last_ts is not None and h.endTimestamp != scan.last_ts:
+        agg.add(f.path, "IDX_HEADER", WARNING, f.path, 8, f"endTimestamp {h.endTimestamp} differs from the last entry's record "
+                f"({scan.last_ts})")
+    if scan.out_of_order is not None and not agg.first:
+        # e.g. an offset changed to another record with the same key hash: only the order shows it
+        e, p, e2, p2 = scan.out_of_order
+        agg.add(f.path, "IDX_ORDER", ERROR, f.path, epos(e), f"entry {e} points at {p}, after "
+                f"entry {e2}'s {p2}: entries follow the commitlog order", entry=e)
+    findings += agg.findings()
+    return count - 1
+
+
+def _check_entry_block(f, h, a: int, kh, phy, diff, prev, final: bool, scan: _EntryScan, recs: _Records,
+                       refs: _RefClassifier, agg: _Agg) -> None:
+    """Entries ``a ..`` of ``f``: slot chains, key hashes, the records they point at, time differences.
+    Findings that later blocks may precede are added with their entry number as rank."""
+    base = INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE
+    epos = lambda e: base + int(e) * INDEX_ENTRY_SIZE  # noqa: E731
+    if a == 1:
+        scan.first_phy = int(phy[0])
+    scan.last_phy = int(phy[-1])
+    # Entries are appended in dispatch (= commitlog) order: an offset larger than the next one's is damage
+    # (reported at the end, only if nothing else in this file explains it).
+    if scan.out_of_order is None:
+        if scan.prev_phy is not None and scan.prev_phy > int(phy[0]):
+            scan.out_of_order = (a - 1, scan.prev_phy, a, int(phy[0]))
+        else:
+            k = np.flatnonzero(phy[:-1] > phy[1:])[:1].tolist()
+            if k:
+                scan.out_of_order = (a + k[0], int(phy[k[0]]), a + k[0] + 1, int(phy[k[0] + 1]))
+    scan.prev_phy = int(phy[-1])
+    # Slot chains (§10.4): each entry links to the previous entry of its slot.
+    bad_pos, bad_exp = chain_block(kh, prev, a, f.slots, scan.last)
+    for k, want in zip(bad_pos.tolist(), bad_exp.tolist()):
+        e = a + k
+        agg.add(f.path, "IDX_CHAIN", ERROR, f.path, epos(e), f"entry {e} links to {int(prev[k])}, expected "
+                f"{want} (the previous entry with the same hash slot)", entry=e)
+    for k in np.flatnonzero(kh < 0).tolist():
+        e = a + k
+        agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} has a negative key hash {int(kh[k])}", entry=e,
+                rank=(0, e))
+    idx, status = refs.classify_raw(phy)
+    found_at = np.flatnonzero(status == refs.FOUND)
+    if len(found_at):
+        # a reference past the end followed by a found one is corrupt, not the lost tail (:meth:`_RefClassifier.classify`)
+        status[np.flatnonzero(status[: found_at[-1]] == refs.LOST)] = refs.MISSING
+        for ents, phys in scan.pending_lost:
+            for e, p in zip(ents.tolist(), phys.tolist()):
+                _no_record(agg, f, epos(e), e, p)
+        scan.pending_lost = []
+    lost = np.flatnonzero(status == refs.LOST)
+    if len(lost):
+        scan.pending_lost.append((lost + a, phy[lost]))
+    for k in np.flatnonzero(status == refs.MISSING).tolist():
+        _no_record(agg, f, epos(a + k), a + k, int(phy[k]))
+    ts = recs.c["storeTimestamp"]
+    if a == 1 and status[0] == refs.FOUND:
+        scan.first_ts = int(ts[idx[0]])
+    if final and status[-1] == refs.FOUND:
+        scan.last_ts = int(ts[idx[-1]])
+    sel = np.flatnonzero((status == refs.FOUND) & (kh >= 0))
+    r_sel = idx[sel]
+    rollback = (recs.c["sysFlag"][r_sel] & 0xC) == TRANSACTION_ROLLBACK
+    no_key = ~rollback & ~recs.has_key_hash(r_sel, kh[sel])
+    wrong = np.flatnonzero(rollback | no_key)
+    for q in wrong[:1].tolist():
+        k = int(sel[q])
+        e = a + k
+        if rollback[q]:
+            agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} points at a rollback record, which is never indexed",
+                    entry=e, phyOffset=int(phy[k]), rank=(1, e))
+        else:
+            agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} points at {int(phy[k])}, a record with no key of "
+                    f"hash {int(kh[k])}", entry=e, phyOffset=int(phy[k]), rank=(1, e))
+        agg.count[(f.path, "IDX_KEY_HASH")] += len(wrong) - 1
+    if h.beginTimestamp > 0:
+        t = np.flatnonzero(~rollback & ~no_key & (sel + a >= 2))
+        d = ts[r_sel[t]] - h.beginTimestamp
+        # int(d / 1000) with Python's float division; exact in float64 while |d| < 2**53
+        big = np.abs(d) >= (1 << 53)
+        want = np.where(d >= 0, np.trunc(d / 1000.0), 0).astype(np.int64)
+        for q in np.flatnonzero(big).tolist():
+            dq = int(d[q])
+            want[q] = int(dq / 1000) if dq >= 0 else 0
+        want = np.minimum(np.maximum(want, 0), 2**31 - 1)
+        for q in np.flatnonzero(diff[sel[t]] != want).tolist():
+            k = int(sel[t[q]])
+            e = a + k
+            agg.add(f.path, "IDX_TIME_DIFF", WARNING, f.path, epos(e), f"entry {e} timeDiff {int(diff[k])} s, the record's store "
+                    f"time gives {int(want[q])} s", entry=e)
+
+
+def _no_record(agg: _Agg, f, pos: int, e: int, phy: int) -> None:
+    agg.add(f.path, "IDX_NO_RECORD", ERROR, f.path, pos, f"entry {e} points at {phy}, where no commitlog record starts",
+            entry=e, phyOffset=phy, rank=e)
 
 
 _BLOCK = 1 << 20  # entries per step: the unused part of an index file is most of its 400 MB

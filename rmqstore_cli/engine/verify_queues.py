@@ -17,94 +17,204 @@ def check_queue(store, topic: str, qid: int, recs: _Records, refs: _RefClassifie
     Independent of every other queue, so a distributed verify can run one task per queue."""
     findings: list = []
     summary: dict = {}
-    phys = _check_consume_queues(store, recs, refs, findings, summary, queues=[(topic, qid)])
+    phys: list = []
+    _check_consume_queues(store, recs, refs, findings, summary, queues=[(topic, qid)], unit_phys=phys)
     return findings, summary["consumeQueues"]["units"], phys[0]
 
 
+class DispatchMarks:
+    """Which records some consume-queue unit points at (one flag per record, set queue by queue), and the
+    queues' high-water mark: what the dispatch-completeness check needs, without keeping the units."""
+
+    def __init__(self, n_records: int):
+        self.has_unit = np.zeros(n_records, dtype=bool)
+        self.found_end_max: int | None = None  # end of the furthest record a unit points at
+        self.phy_max: int | None = None  # the furthest unit's offset
+
+    def add(self, phys: np.ndarray, idx: np.ndarray, found: np.ndarray, sizes: np.ndarray) -> None:
+        """One queue's non-filler units: their offsets, record indexes and whether the record was found."""
+        if not len(phys):
+            return
+        ri = idx[found]
+        self.has_unit[ri] = True
+        self.phy_max = max(self.phy_max if self.phy_max is not None else int(phys[0]), int(phys.max()))
+        if len(ri):
+            end = int((phys[found] + sizes[ri]).max())
+            self.found_end_max = end if self.found_end_max is None else max(self.found_end_max, end)
+
+
 def _check_consume_queues(store, recs: _Records, refs: _RefClassifier, findings: list, summary: dict,
-                          queues: list | None = None) -> list:
-    """Consume queue ↔ commitlog and ext ↔ consume queue (Appendix B); returns the phys of every unit."""
-    all_phys = []
+                          queues: list | None = None, unit_phys: list | None = None) -> DispatchMarks:
+    """Consume queue ↔ commitlog and ext ↔ consume queue (Appendix B), each queue read file by file;
+    returns which records have a unit (``unit_phys``, when given, also receives each queue's non-filler
+    unit offsets)."""
+    marks = DispatchMarks(len(recs))
     queues = store.queues() if queues is None else queues
     n_units = 0
     ext_on = store.config.enableConsumeQueueExt
     for topic, qid in queues:
         cq = store.queue(topic, qid)
         findings += cq.segments.problems
-        u = cq.units()
-        n_units += len(u.phy)
-        agg = _Agg()
-        group = (topic, qid)
-        _check_cq_holes(cq, u, agg, group)
-        filler = (u.phy == CQ_FILLER[0]) & (u.size == CQ_FILLER[1]) & (u.tags == CQ_FILLER[2])
-        real = np.flatnonzero(~filler)
-        if filler.any():
-            first = int(u.queue_offsets[np.flatnonzero(filler)[0]])
-            path, pos = _cq_loc(cq, first)
+        scan = _QueueScan(topic, qid, store.ext(topic, qid) if ext_on else None)
+        files = _QueueFiles(cq)
+        phys_parts = []
+        for qofs, phy, size, tags in files:
+            n_units += len(phy)
+            phys_parts.append(_check_unit_block(cq, scan, qofs, phy, size, tags, recs, refs, marks))
+        refs.lost_refs += sum(len(q) for q, _ in scan.pending_lost)
+        if unit_phys is not None:
+            unit_phys.append(np.concatenate(phys_parts) if phys_parts else np.zeros(0, np.int64))
+        del phys_parts
+        _check_cq_holes(cq, files.end_offset, scan.agg, scan.group)
+        if scan.fillers:
+            path, pos = _cq_loc(cq, scan.first_filler)
             # Recognised padding (§7.3): not a problem, but worth knowing when reading offsets.
-            findings.append(Finding("CQ_FILLER", INFO, path, pos, f"{int(filler.sum())} pre-blank filler units (queue starts at a non-zero offset)",
-                                    {"count": int(filler.sum())}))
-        phys = u.phy[real]
-        all_phys.append(phys)
-        idx, status = refs.classify(phys)
-        want_tid = recs.topic_ids.get(topic, -1)
-        ext = store.ext(topic, qid) if ext_on else None
-        ext_refs = []
-        for j in np.flatnonzero(status == refs.MISSING).tolist():
-            qo = int(u.queue_offsets[real[j]])
-            path, pos = _cq_loc(cq, qo)
-            agg.add(group, "CQ_NO_RECORD", ERROR, path, pos, f"unit {qo} points at {int(phys[j])}, where no commitlog record starts",
-                    topic=topic, queueId=qid, queueOffset=qo)
-        ok = np.flatnonzero(status == refs.FOUND)
-        ri = idx[ok]
-        uu = real[ok]
-        c = recs.c
-        tran = c["sysFlag"][ri] & 0xC
-        checks = [
-            ("CQ_SIZE", c["size"][ri] != u.size[uu], lambda j, r: f"size {int(u.size[j])}, the record's TOTALSIZE is {int(c['size'][r])}"),
-            ("CQ_TOPIC", c["topic"][ri] != want_tid, lambda j, r: f"points at a record of topic {recs.topic(r)!r}"),
-            ("CQ_QUEUE_ID", c["queueId"][ri] != qid, lambda j, r: f"points at a record of queue {int(c['queueId'][r])}"),
-            ("CQ_QUEUE_OFFSET", c["queueOffset"][ri] != u.queue_offsets[uu],
-             lambda j, r: f"points at a record whose QUEUEOFFSET is {int(c['queueOffset'][r])} (queue offsets not contiguous)"),
-            ("CQ_TRAN_TYPE", (tran != TRANSACTION_NOT) & (tran != TRANSACTION_COMMIT),
-             lambda j, r: "points at a prepared/rollback transaction record, which the broker never dispatches"),
-        ]
-        bad = np.zeros(len(ok), dtype=bool)
-        for code, mask, text in checks:
-            mask = mask & ~bad
-            if code in ("CQ_TOPIC", "CQ_QUEUE_ID", "CQ_QUEUE_OFFSET") and mask.any():
-                mask = mask & ~_lmq_match(recs, ri, u.queue_offsets[uu], topic, mask)
-            for k in np.flatnonzero(mask).tolist():
-                j, r = int(uu[k]), int(ri[k])
-                qo = int(u.queue_offsets[j])
-                path, pos = _cq_loc(cq, qo)
-                agg.add(group, code, ERROR, path, pos, f"unit {qo}: {text(j, r)}", topic=topic, queueId=qid, queueOffset=qo,
-                        phyOffset=int(u.phy[j]))
-            bad |= mask
-        # tagsCode (after ext indirection): units that passed the rest, records whose DELAY parses
-        # (CL_DELAY_PROPERTY already says why the others cannot be checked).
-        k = np.flatnonzero(~bad)
-        k = k[~c["tagsBad"][ri[k]]]
-        stored = u.tags[uu[k]]
-        expected = c["tagsCode"][ri[k]]
-        via_ext = (stored <= MAX_ADDR) if ext is not None else np.zeros(len(k), dtype=bool)
-        for m in np.flatnonzero(via_ext).tolist():
-            j, r = int(uu[k[m]]), int(ri[k[m]])
-            ext_refs.append((int(u.queue_offsets[j]), int(stored[m]), r, int(expected[m])))
-        wrong = np.flatnonzero(~via_ext & (stored != expected))
-        if len(wrong):
-            m = int(wrong[0])
-            j = int(uu[k[m]])
-            qo = int(u.queue_offsets[j])
-            path, pos = _cq_loc(cq, qo)
-            agg.add(group, "CQ_TAGS", ERROR, path, pos, f"unit {qo}: tagsCode {int(stored[m])}, the record's TAGS give "
-                    f"{int(expected[m])}", topic=topic, queueId=qid, queueOffset=qo, phyOffset=int(u.phy[j]))
-            agg.count[(group, "CQ_TAGS")] += len(wrong) - 1
-        if ext is not None:
-            _check_ext(ext, cq, ext_refs, recs, agg, group, findings)
-        findings += agg.findings()
+            findings.append(Finding("CQ_FILLER", INFO, path, pos, f"{scan.fillers} pre-blank filler units (queue starts at a non-zero offset)",
+                                    {"count": scan.fillers}))
+        if scan.ext is not None:
+            _check_ext_units(scan.ext, scan.agg, scan.group, findings)
+        findings += scan.agg.findings()
     summary["consumeQueues"] = {"queues": len(queues), "units": n_units}
-    return all_phys
+    return marks
+
+
+class _QueueFiles:
+    """A queue's valid units file by file, by the rules of :meth:`.consumequeue.ConsumeQueue.units`
+    (the first invalid unit, a file that is not full or a gap between files ends the queue); after the
+    iteration ``end_offset`` is where the queue ends."""
+
+    def __init__(self, cq):
+        self.cq = cq
+        segs = cq.segments.segments
+        self.end_offset = segs[0].start // CQ_UNIT_SIZE if segs else 0
+        self.files: list = []  # (segment, valid units) of each file read, to read it again
+
+    def units(self, seg, n: int, first: int = 0) -> tuple:
+        """(queue offsets, phy, size, tagsCode) of units ``first .. n-1`` of file ``seg``."""
+        arr = self.cq.file_units(seg)[first:n]
+        base = seg.start // CQ_UNIT_SIZE + first
+        return (np.arange(base, base + len(arr), dtype=np.int64), arr["phyOffset"].astype(np.int64),
+                arr["size"].astype(np.int64), arr["tagsCode"].astype(np.int64))
+
+    def __iter__(self):
+        end, first = self.end_offset, True
+        for seg in self.cq.segments.segments:
+            arr = self.cq.file_units(seg)
+            valid = (arr["phyOffset"] >= 0) & (arr["size"] > 0)
+            bad = np.flatnonzero(~valid)
+            n = int(bad[0]) if len(bad) else len(arr)
+            base = seg.start // CQ_UNIT_SIZE
+            if base != end and not first:
+                break  # gap between files: the queue's continuity is broken here
+            first = False
+            self.files.append((seg, n))
+            yield self.units(seg, n)
+            end = self.end_offset = base + n
+            if n * CQ_UNIT_SIZE < self.cq.file_size:
+                break
+
+
+class _QueueScan:
+    """What one queue's checks carry from file to file."""
+
+    def __init__(self, topic: str, qid: int, ext):
+        self.topic, self.qid, self.ext = topic, qid, ext
+        self.group = (topic, qid)
+        self.agg = _Agg()
+        self.fillers = 0
+        self.first_filler = 0
+        self.pending_lost: list = []  # (queue offsets, phys) past the log's end not yet followed by a found unit
+
+
+def _check_unit_block(cq, scan: _QueueScan, qofs, uphy, usize, utags, recs: _Records, refs: _RefClassifier,
+                      marks: DispatchMarks) -> np.ndarray:
+    """The units of one consume-queue file (queue offsets ``qofs``); returns the offsets of its non-filler units.
+    Findings a later file may precede are added with their queue offset as rank."""
+    agg, group = scan.agg, scan.group
+    filler = (uphy == CQ_FILLER[0]) & (usize == CQ_FILLER[1]) & (utags == CQ_FILLER[2])
+    if filler.any():
+        if not scan.fillers:
+            scan.first_filler = int(qofs[np.flatnonzero(filler)[0]])
+        scan.fillers += int(filler.sum())
+    real = np.flatnonzero(~filler)
+    phys = uphy[real]
+    idx, status = refs.classify_raw(phys)
+    found_at = np.flatnonzero(status == refs.FOUND)
+    if len(found_at):
+        # a reference past the end followed by a found one is corrupt, not the lost tail (:meth:`_RefClassifier.classify`)
+        status[np.flatnonzero(status[: found_at[-1]] == refs.LOST)] = refs.MISSING
+        for qs, ps in scan.pending_lost:
+            for qo, p in zip(qs.tolist(), ps.tolist()):
+                _no_record(agg, cq, group, qo, p)
+        scan.pending_lost = []
+    lost = np.flatnonzero(status == refs.LOST)
+    if len(lost):
+        scan.pending_lost.append((qofs[real[lost]], phys[lost]))
+    marks.add(phys, idx, status == refs.FOUND, recs.c["size"])
+    for j in np.flatnonzero(status == refs.MISSING).tolist():
+        _no_record(agg, cq, group, int(qofs[real[j]]), int(phys[j]))
+    ok = np.flatnonzero(status == refs.FOUND)
+    uu = real[ok]
+    check_found_units(cq, scan, qofs[uu], uphy[uu], usize[uu], utags[uu], idx[ok], recs)
+    return phys
+
+
+def check_found_units(cq, scan: _QueueScan, qofs, uphy, usize, utags, ri, recs: _Records) -> None:
+    """Units (queue offsets ``qofs``, fields ``uphy``/``usize``/``utags``) whose offset is record ``ri`` of ``recs``:
+    the unit against the record. Findings are ranked by queue offset, so any order of calls gives the same."""
+    agg, group, topic, qid = scan.agg, scan.group, scan.topic, scan.qid
+    c = recs.c
+    tran = c["sysFlag"][ri] & 0xC
+    checks = [
+        ("CQ_SIZE", c["size"][ri] != usize, lambda j, r: f"size {int(usize[j])}, the record's TOTALSIZE is {int(c['size'][r])}"),
+        ("CQ_TOPIC", c["topic"][ri] != recs.topic_ids.get(topic, -1), lambda j, r: f"points at a record of topic {recs.topic(r)!r}"),
+        ("CQ_QUEUE_ID", c["queueId"][ri] != qid, lambda j, r: f"points at a record of queue {int(c['queueId'][r])}"),
+        ("CQ_QUEUE_OFFSET", c["queueOffset"][ri] != qofs,
+         lambda j, r: f"points at a record whose QUEUEOFFSET is {int(c['queueOffset'][r])} (queue offsets not contiguous)"),
+        ("CQ_TRAN_TYPE", (tran != TRANSACTION_NOT) & (tran != TRANSACTION_COMMIT),
+         lambda j, r: "points at a prepared/rollback transaction record, which the broker never dispatches"),
+    ]
+    bad = np.zeros(len(ri), dtype=bool)
+    for code, mask, text in checks:
+        mask = mask & ~bad
+        if code in ("CQ_TOPIC", "CQ_QUEUE_ID", "CQ_QUEUE_OFFSET") and mask.any():
+            mask = mask & ~_lmq_match(recs, ri, qofs, topic, mask)
+        for j in np.flatnonzero(mask).tolist():
+            r = int(ri[j])
+            qo = int(qofs[j])
+            path, pos = _cq_loc(cq, qo)
+            agg.add(group, code, ERROR, path, pos, f"unit {qo}: {text(j, r)}", topic=topic, queueId=qid, queueOffset=qo,
+                    phyOffset=int(uphy[j]), rank=qo)
+        bad |= mask
+    # tagsCode (after ext indirection): units that passed the rest, records whose DELAY parses
+    # (CL_DELAY_PROPERTY already says why the others cannot be checked).
+    k = np.flatnonzero(~bad)
+    k = k[~c["tagsBad"][ri[k]]]
+    stored = utags[k]
+    expected = c["tagsCode"][ri[k]]
+    ext = scan.ext
+    via_ext = (stored <= MAX_ADDR) if ext is not None else np.zeros(len(k), dtype=bool)
+    ext_refs = []
+    for m in np.flatnonzero(via_ext).tolist():
+        j, r = int(k[m]), int(ri[k[m]])
+        ext_refs.append((int(qofs[j]), int(stored[m]), r, int(expected[m])))
+    wrong = np.flatnonzero(~via_ext & (stored != expected))
+    if len(wrong):
+        m = int(wrong[0])
+        j = int(k[m])
+        qo = int(qofs[j])
+        path, pos = _cq_loc(cq, qo)
+        agg.add(group, "CQ_TAGS", ERROR, path, pos, f"unit {qo}: tagsCode {int(stored[m])}, the record's TAGS give "
+                f"{int(expected[m])}", topic=topic, queueId=qid, queueOffset=qo, phyOffset=int(uphy[j]), rank=qo)
+        agg.count[(group, "CQ_TAGS")] += len(wrong) - 1
+    if ext_refs:
+        _check_ext_refs(ext, cq, ext_refs, recs, agg, group)
+
+
+def _no_record(agg: _Agg, cq, group, qo: int, phy: int) -> None:
+    path, pos = _cq_loc(cq, qo)
+    agg.add(group, "CQ_NO_RECORD", ERROR, path, pos, f"unit {qo} points at {phy}, where no commitlog record starts",
+            topic=group[0], queueId=group[1], queueOffset=qo, rank=qo)
 
 
 def _lmq_match(recs: _Records, ri, queue_offsets, topic: str, mask) -> np.ndarray:
@@ -119,12 +229,12 @@ def _lmq_match(recs: _Records, ri, queue_offsets, topic: str, mask) -> np.ndarra
     return out
 
 
-def _check_cq_holes(cq, u, agg: _Agg, group) -> None:
+def _check_cq_holes(cq, end_offset: int, agg: _Agg, group) -> None:
     """Non-zero units after the end of a queue: data the broker can no longer reach."""
     segs = cq.segments.segments
     if not segs:
         return
-    end_pos = u.end_offset * CQ_UNIT_SIZE
+    end_pos = end_offset * CQ_UNIT_SIZE
     for seg in segs:
         if seg.start + seg.size <= end_pos:
             continue
@@ -137,26 +247,31 @@ def _check_cq_holes(cq, u, agg: _Agg, group) -> None:
             # located at the break (the first invalid unit), where the damage is, not at the stranded units
             end_seg = cq.segments.find(end_pos) or seg
             agg.add(group, "CQ_HOLE", ERROR, end_seg.path, end_pos - end_seg.start, f"units after the end of the queue at offset "
-                    f"{u.end_offset} (next non-zero unit at {seg.name}+{pos}): the broker "
+                    f"{end_offset} (next non-zero unit at {seg.name}+{pos}): the broker "
                     "treats the queue as ending at the first invalid unit and cannot reach them", topic=group[0], queueId=group[1])
             return
 
 
-def _check_ext(ext, cq, ext_refs, recs: _Records, agg: _Agg, group, findings: list) -> None:
-    findings += ext.segments.problems
+def _check_ext_refs(ext, cq, ext_refs, recs: _Records, agg: _Agg, group) -> None:
+    """Units whose tagsCode is an ext address (one file's worth): the ext unit against the record."""
     for qo, addr, r, expected in ext_refs:
         unit = ext.get(addr)
         path, pos = _cq_loc(cq, qo)
         if unit is None:
             agg.add(group, "EXT_UNREADABLE", ERROR, path, pos, f"unit {qo}: ext address {addr} cannot be read", queueOffset=qo,
-                    extOffset=undecorate(addr))
+                    extOffset=undecorate(addr), rank=qo)
             continue
         if unit["tagsCode"] != expected:
             agg.add(group, "EXT_TAGS", ERROR, path, pos, f"unit {qo}: ext tagsCode {unit['tagsCode']}, the record's TAGS give {expected}",
-                    queueOffset=qo, extOffset=unit["offset"])
+                    queueOffset=qo, extOffset=unit["offset"], rank=qo)
         elif unit["msgStoreTime"] != int(recs.c["storeTimestamp"][r]):
             agg.add(group, "EXT_STORE_TIME", ERROR, path, pos, f"unit {qo}: ext msgStoreTime {unit['msgStoreTime']} differs from the "
-                    f"record's STORETIMESTAMP {int(recs.c['storeTimestamp'][r])}", queueOffset=qo, extOffset=unit["offset"])
+                    f"record's STORETIMESTAMP {int(recs.c['storeTimestamp'][r])}", queueOffset=qo, extOffset=unit["offset"], rank=qo)
+
+
+def _check_ext_units(ext, agg: _Agg, group, findings: list) -> None:
+    """The ext files' own problems and unit sizes."""
+    findings += ext.segments.problems
     for unit in ext.units():
         if unit["size"] != 20 + unit["bitMapSize"] or unit["bitMapSize"] < 0:
             seg = ext.segments.find(unit["offset"])
@@ -164,26 +279,17 @@ def _check_ext(ext, cq, ext_refs, recs: _Records, agg: _Agg, group, findings: li
                     f"ext unit size {unit['size']} does not equal 20 + bitMapSize {unit['bitMapSize']}")
 
 
-def _check_dispatch(store, recs: _Records, cq_phys: list, findings: list) -> None:
+def _check_dispatch(store, recs: _Records, marks: DispatchMarks, findings: list) -> None:
     """Records the broker should have put into a consume queue but did not."""
     if not len(recs):
         return
     tran = recs.c["sysFlag"] & 0xC
-    dispatchable = (tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)
-    phys = np.concatenate(cq_phys) if cq_phys else np.zeros(0, np.int64)
-    sphys = np.sort(phys)
-    at = np.minimum(np.searchsorted(sphys, recs.phy), max(len(sphys) - 1, 0))
-    in_cq = (sphys[at] == recs.phy) if len(sphys) else np.zeros(len(recs.phy), dtype=bool)
-    missing = np.flatnonzero(dispatchable & ~in_cq)
+    missing = np.flatnonzero(((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)) & ~marks.has_unit)
+    del tran
     if not len(missing):
         return
     # maxPhysicOffset of the queues: the broker re-dispatches everything from there at start (§13.1).
-    if len(phys):
-        _, found = recs.lookup(phys)
-        ends = phys[found] + recs.c["size"][recs.lookup(phys[found])[0]]
-        high = dispatch_high_water(int(ends.max()) if len(ends) else None, int(phys.max()))
-    else:
-        high = 0
+    high = dispatch_high_water(marks.found_end_max, marks.phy_max)
     lag = missing[recs.phy[missing] >= high]
     old = missing[recs.phy[missing] < high]
     if len(lag):
