@@ -58,6 +58,11 @@ def _fields(i: int):
     return topic, pair % QUEUES, i // (len(TOPICS) * QUEUES), st
 
 
+def store_time(i: int) -> int:
+    """storeTimestamp of message ``i`` (64 messages per ms): ``--until`` of a record prefix."""
+    return _fields(i)[3]
+
+
 def config() -> StoreConfig:
     return StoreConfig(version=4, mappedFileSizeCommitLog=SEGMENT_SIZE)
 

@@ -131,12 +131,16 @@ def test_memory_suite_runs_every_command_on_a_tiny_store(tmp_path, monkeypatch):
     os.makedirs(run.CACHE)
     b = run.Bench(1)
     run.memory_suite(b, {"100B": {"root": str(store)}})
-    assert [m["command"] for m in b.memory] == list(run.MEMORY_COMMANDS)
+    assert [m["command"] for m in b.memory] == list(run.memory_commands())
     for m in b.memory:
         assert m["complete"], m
         assert m["rss_anon_MB"] > 0 and m["samples"] > 0, m
     assert not os.path.exists(os.path.join(run.WORK, "memory"))  # copies removed after each run
     assert not os.path.exists(os.path.join(run.WORK, "salvage.jsonl"))
+    b = run.Bench(1)
+    run.memory_suite(b, {"100B": {"root": str(store)}}, apply_recover=True)
+    recover = [m for m in b.memory if m["command"] == "recover (crash)"]
+    assert len(recover) == 1 and recover[0]["complete"], recover
 
 
 def test_clistart_reports_numba_share():
