@@ -152,7 +152,8 @@ def render(results: list[dict], rows: list[dict], memory: list[dict] | None = No
         out += ["", render_cli_start(cli_start)]
     out += ["", "| target | measured | vs bare kernel (same store, same run) | result |", "|---|---|---|---|"]
     for t in rows:
-        verdict = "not available" if t["pass"] is None else ("PASS" if t["pass"] else "FAIL")
+        verdict = ("not run" if t.get("note") == "not run" else "not available") if t["pass"] is None else (
+            "PASS" if t["pass"] else "FAIL")
         out.append(f"| {t['target']} | {t.get('shown', t.get('note', ''))} | {t.get('vs_kernel', '')} | {verdict} |")
     return "\n".join(out)
 
