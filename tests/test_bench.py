@@ -138,9 +138,14 @@ def test_memory_suite_runs_every_command_on_a_tiny_store(tmp_path, monkeypatch):
     assert not os.path.exists(os.path.join(run.WORK, "memory"))  # copies removed after each run
     assert not os.path.exists(os.path.join(run.WORK, "salvage.jsonl"))
     b = run.Bench(1)
+    throughput = {"workload": "verify", "store": "100B", "seconds": 1.0, "runs": [1.0, 1.1], "rss_anon_MB": 77.7,
+                  "maxrss_MB": 99.9}
+    b.results.append(throughput)  # verify already sampled by the throughput runs: reused, not run again
     run.memory_suite(b, {"100B": {"root": str(store)}}, apply_recover=True)
     recover = [m for m in b.memory if m["command"] == "recover (crash)"]
     assert len(recover) == 1 and recover[0]["complete"], recover
+    verify = [m for m in b.memory if m["command"] == "verify"]
+    assert len(verify) == 1 and verify[0]["rss_anon_MB"] == 77.7 and "samples" not in verify[0], verify
 
 
 def test_clistart_reports_numba_share():
