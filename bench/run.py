@@ -209,7 +209,7 @@ def memory_commands(apply_recover: bool = False) -> tuple[str, ...]:
             "dump commitlog --json")
 
 
-def memory_suite(b: Bench, infos: dict, apply_recover: bool = False) -> None:
+def memory_suite(b: Bench, infos: dict, apply_recover: bool = False, commands: tuple[str, ...] | None = None) -> None:
     """Issue #11 Deliver 1: every command's RssAnon peak on 1 GiB and 4 GiB of 100 B messages.
 
     Each command runs once per store: verify; ``recover --dry-run`` of a crash copy (abort present,
@@ -224,7 +224,7 @@ def memory_suite(b: Bench, infos: dict, apply_recover: bool = False) -> None:
     """
     from bench.targets import MEMORY_STORES
 
-    commands = memory_commands(apply_recover)
+    commands = commands or memory_commands(apply_recover)
     for name in MEMORY_STORES:
         info = infos[name]
         root = info["root"]
@@ -252,7 +252,7 @@ def memory_suite(b: Bench, infos: dict, apply_recover: bool = False) -> None:
                 "recover --dry-run (crash copy)": (lambda name=name, info=info: RMQ + [
                     "recover", crash_copy(name, info), "--dry-run"], None),
                 "rebuild all": (prep_rebuild, clean),
-                commands[3]: (RMQ + ["salvage", root, "--jsonl", jsonl, "--until", str(until)],
+                memory_commands()[3]: (RMQ + ["salvage", root, "--jsonl", jsonl, "--until", str(until)],
                               lambda: os.path.exists(jsonl) and os.unlink(jsonl)),
                 "stats": (RMQ + ["stats", root, "--json"], None),
                 "dump commitlog --json": (RMQ + ["dump", "commitlog", root, "--json"], None)}

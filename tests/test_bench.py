@@ -141,7 +141,7 @@ def test_memory_suite_runs_every_command_on_a_tiny_store(tmp_path, monkeypatch):
     throughput = {"workload": "verify", "store": "100B", "seconds": 1.0, "runs": [1.0, 1.1], "rss_anon_MB": 77.7,
                   "maxrss_MB": 99.9}
     b.results.append(throughput)  # verify already sampled by the throughput runs: reused, not run again
-    run.memory_suite(b, {"100B": {"root": str(store)}}, apply_recover=True)
+    run.memory_suite(b, {"100B": {"root": str(store)}}, commands=("verify", "recover (crash)"))
     recover = [m for m in b.memory if m["command"] == "recover (crash)"]
     assert len(recover) == 1 and recover[0]["complete"], recover
     verify = [m for m in b.memory if m["command"] == "verify"]
