@@ -13,6 +13,8 @@ from it by substituting their key digits; a sample of derived messages is compar
 ``from_json`` build, so the shortcut cannot drift from the builder.
 
     python -m bench.gen          # generate (or reuse) the cached stores, print what was done
+
+``LARGE_STORES`` adds a 4 GiB commitlog of 100 B messages (same layout) for the memory rows.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ BASE_TS = 1_700_000_000_000
 BORN_HOST = "10.0.0.7:51234"
 STORE_HOST = "10.0.0.1:10911"
 BODY_SIZES = {"100B": 100, "1KiB": 1024, "4KiB": 4096}
+# Issue #11's memory rows: the same layout as the 1 GiB 100 B store, four times the commitlog
+# (64 segments, ~14.5 M messages, two index files): memory must not grow with it.
+LARGE_STORES = {"100B-4GiB": (100, 4 << 30)}
 VERSION = 2  # bump when the layout below changes: invalidates bench/.cache (2: written by Appender)
 KEY_DIGITS = 12
 SEED = 6
@@ -51,6 +56,11 @@ def _fields(i: int):
     topic = TOPICS[pair // QUEUES]
     st = BASE_TS + i // 64
     return topic, pair % QUEUES, i // (len(TOPICS) * QUEUES), st
+
+
+def store_time(i: int) -> int:
+    """storeTimestamp of message ``i`` (64 messages per ms): ``--until`` of a record prefix."""
+    return _fields(i)[3]
 
 
 def config() -> StoreConfig:
@@ -155,5 +165,5 @@ def make_crash_copy(src: str, dest: str) -> None:
 if __name__ == "__main__":
     from bench import run
 
-    for name in BODY_SIZES:
+    for name in (*BODY_SIZES, *LARGE_STORES):
         run.store(name)

@@ -1,13 +1,17 @@
-"""Issue #6 benchmark harness: fixed synthetic stores, every workload, targets pass/fail.
+"""Issue #11 benchmark harness: fixed synthetic stores, every workload, targets pass/fail, memory.
 
-    ./.venv/bin/python -m bench.run [--repeat 3] [--only verify,dump] [--json-out FILE]
+    ./.venv/bin/python -m bench.run [--repeat 3] [--only verify,dump,memory] [--timeout 300] [--json-out FILE]
 
 Stores (1 GiB commitlog, 64 MiB segments, 100 B / 1 KiB / 4 KiB bodies, 2 topics x 8 queues,
-keys on every message, default index geometry) are generated once into bench/.cache/ (see
-bench/gen.py). Each workload runs as its own process (the real CLI where one exists) after the
-files were read once (warm page cache); we report the median wall time of ``--repeat`` runs as
-MB/s and msg/s, and the largest peak RSS of the runs. A workload whose command does not exist
-prints "not available"; nothing is estimated.
+keys on every message, default index geometry; plus a 4 GiB commitlog of 100 B messages for the
+memory rows) are generated once into bench/.cache/ (see bench/gen.py). Each workload runs as its
+own process (the real CLI where one exists) after the files were read once (warm page cache); we
+report the median wall time of ``--repeat`` runs as MB/s and msg/s, and the sampled RssAnon peak
+of the child (bench/memory.py; ru_maxrss only as information: it counts mapped file pages).
+The memory rows run verify, recover (crash), rebuild all, salvage --jsonl, stats and dump --json
+once each on the 1 GiB and the 4 GiB store of 100 B messages. A run longer than ``--timeout``
+seconds is killed and reported "timed out after N s" (a FAIL); a workload whose command does not
+exist prints "not available"; nothing is estimated.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from bench import gen
+from bench.memory import run_sampled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.join(ROOT, "bench", ".cache", f"v{gen.VERSION}")
@@ -29,7 +35,10 @@ WORK = os.path.join(ROOT, "bench", ".cache", "work")
 RMQ = [sys.executable, "-m", "rmqstore_cli"]
 MB = 1e6
 DUMP_RECORDS = 200_000
-SLOW_BUDGET = 60  # seconds: a workload is not repeated when the repeats would take longer than this
+SLOW_BUDGET = 20  # seconds: a workload is not repeated when the repeats would take longer than this
+TIMEOUT = 300  # seconds per child run (--timeout): longer runs are killed and reported as FAILED
+KILL_ABOVE_MB = 8000  # a child whose RssAnon passes this is killed (shared machine; reported as FAILED)
+SALVAGE_RECORDS = 1_000_000  # memory rows: salvage --jsonl of this prefix (a multiple of 64: whole store ms)
 
 
 def store(name: str) -> str:
@@ -38,7 +47,8 @@ def store(name: str) -> str:
     if not os.path.exists(meta):
         _drop_stale_caches()
         t, c = time.perf_counter(), time.process_time()
-        info = gen.generate(path, gen.BODY_SIZES[name])
+        body, total = gen.LARGE_STORES.get(name, (gen.BODY_SIZES.get(name), gen.TOTAL_SIZE))
+        info = gen.generate(path, body, total)
         info["generate_seconds"] = round(time.perf_counter() - t, 1)
         info["generate_cpu_seconds"] = round(time.process_time() - c, 1)
         with open(meta, "w") as f:
@@ -73,17 +83,25 @@ def warm(root: str) -> None:
                 pass
 
 
-def run(cmd: list[str], stdout=subprocess.DEVNULL, ok=(0, 1)) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of one child process."""
-    t = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, cwd=ROOT)
-    err = p.stderr.read()
-    _, status, usage = os.wait4(p.pid, 0)
-    dt = time.perf_counter() - t
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode not in ok:
-        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {err.decode(errors='replace')[-500:]}")
-    return dt, usage.ru_maxrss * 1024
+class RunFailed(RuntimeError):
+    def __init__(self, msg: str, child=None, short: str | None = None):
+        super().__init__(msg)
+        self.child = child
+        self.short = short or msg  # without the command line: for table cells
+
+
+def run(cmd: list[str], stdout=subprocess.DEVNULL, ok=(0, 1), timeout: float | None = None):
+    """One child process, measured (bench.memory.ChildRun); RunFailed on a bad exit or a timeout."""
+    timeout = TIMEOUT if timeout is None else timeout
+    c = run_sampled(cmd, stdout=stdout, cwd=ROOT, timeout=timeout, kill_above=KILL_ABOVE_MB * MB)
+    if c.timed_out:
+        raise RunFailed(f"timed out after {timeout:g} s", c)
+    if c.killed_rss:
+        raise RunFailed(f"killed at RssAnon > {KILL_ABOVE_MB} MB", c)
+    if c.returncode not in ok:
+        tail = c.stderr.decode(errors="replace").strip()[-500:]
+        raise RunFailed(f"{' '.join(cmd)} exited {c.returncode}: {tail}", c, f"exited {c.returncode}: {tail[-120:]}")
+    return c
 
 
 def has_command(*words: str, option: str | None = None) -> bool:
@@ -117,28 +135,59 @@ class Bench:
     def __init__(self, repeat: int):
         self.repeat = repeat
         self.results: list[dict] = []
+        self.memory: list[dict] = []
 
-    def measure(self, name: str, store_name: str, info: dict, cmd_for, records: int, nbytes: int, prepare=None):
+    def measure(self, name: str, store_name: str, info: dict, cmd_for, records: int, nbytes: int, prepare=None,
+                cleanup=None):
         try:
-            return self._measure(name, store_name, cmd_for, records, nbytes, prepare)
+            return self._measure(name, store_name, cmd_for, records, nbytes, prepare, cleanup)
         except Exception as e:  # a failing command is reported, never hidden or estimated
             self.results.append({"workload": name, "store": store_name, "failed": str(e)[:300]})
             print(f"# {name} {store_name}: FAILED {e}", file=sys.stderr)
 
-    def _measure(self, name, store_name, cmd_for, records, nbytes, prepare):
-        times, rss = [], 0
+    def _measure(self, name, store_name, cmd_for, records, nbytes, prepare, cleanup):
+        times, anon, maxrss = [], 0, 0
         for k in range(self.repeat):
             cmd = prepare() if prepare else cmd_for
-            dt, r = run(cmd)
-            times.append(dt)
-            rss = max(rss, r)
-            if dt * (self.repeat - k - 1) > SLOW_BUDGET:  # keep the whole run under ~15 minutes
+            try:
+                c = run(cmd)
+            finally:
+                if cleanup:
+                    cleanup()
+            times.append(c.seconds)
+            anon, maxrss = max(anon, c.rss_anon_peak), max(maxrss, c.ru_maxrss)
+            if c.seconds * (self.repeat - k - 1) > SLOW_BUDGET:  # keep the whole run under 20 minutes
                 break
         med = statistics.median(times)
         row = {"workload": name, "store": store_name, "seconds": round(med, 3), "runs": [round(t, 3) for t in times],
-               "MB_s": round(nbytes / med / MB, 1), "msg_s": round(records / med), "peak_rss_MB": round(rss / MB, 1)}
+               "MB_s": round(nbytes / med / MB, 1), "msg_s": round(records / med),
+               "rss_anon_MB": round(anon / MB, 1), "maxrss_MB": round(maxrss / MB, 1)}
         self.results.append(row)
-        print(f"# {name} {store_name}: {row['MB_s']} MB/s {row['msg_s']} msg/s rss {row['peak_rss_MB']} MB", file=sys.stderr)
+        print(f"# {name} {store_name}: {row['MB_s']} MB/s {row['msg_s']} msg/s RssAnon {row['rss_anon_MB']} MB",
+              file=sys.stderr)
+        return row
+
+    def measure_memory(self, command: str, store_name: str, cmd_or_prepare, cleanup=None):
+        """One run; the sampled RssAnon peak is the figure (a timed-out run keeps its peak so far)."""
+        row = {"command": command, "store": store_name}
+        try:
+            cmd = cmd_or_prepare() if callable(cmd_or_prepare) else cmd_or_prepare
+            c = run(cmd)
+            row.update(complete=True, seconds=round(c.seconds, 1), rss_anon_MB=round(c.rss_anon_peak / MB, 1),
+                       maxrss_MB=round(c.ru_maxrss / MB, 1), samples=c.samples)
+        except RunFailed as e:
+            c = e.child
+            row.update(complete=False, why=e.short[:200])
+            if c is not None:
+                row.update(seconds=round(c.seconds, 1), rss_anon_MB=round(c.rss_anon_peak / MB, 1),
+                           maxrss_MB=round(c.ru_maxrss / MB, 1), samples=c.samples)
+        except Exception as e:  # noqa: BLE001 -- reported in the table, never hidden
+            row.update(complete=False, why=f"FAILED: {e}"[:300])
+        finally:
+            if cleanup:
+                cleanup()
+        self.memory.append(row)
+        print(f"# memory {command} {store_name}: {row}", file=sys.stderr)
         return row
 
     def unavailable(self, name: str, store_name: str, why: str):
@@ -146,43 +195,158 @@ class Bench:
         print(f"# {name} {store_name}: not available ({why})", file=sys.stderr)
 
 
+def crash_copy(name: str, info: dict) -> str:
+    """The cached crash copy of a store (abort present, checkpoint at the start): made once."""
+    crash = os.path.join(CACHE, f"{name}-crash")
+    if not os.path.exists(os.path.join(crash, "abort")):
+        gen.make_crash_copy(info["root"], crash)
+    return crash
+
+
+def memory_commands(apply_recover: bool = False) -> tuple[str, ...]:
+    recover = "recover (crash)" if apply_recover else "recover --dry-run (crash copy)"
+    return ("verify", recover, "rebuild all", f"salvage --jsonl (first {SALVAGE_RECORDS:,} records)", "stats",
+            "dump commitlog --json")
+
+
+def memory_suite(b: Bench, infos: dict, apply_recover: bool = False, commands: tuple[str, ...] | None = None) -> None:
+    """Issue #11 Deliver 1: every command's RssAnon peak on 1 GiB and 4 GiB of 100 B messages.
+
+    Each command runs once per store: verify; ``recover --dry-run`` of a crash copy (abort present,
+    checkpoint at the start: the whole log is walked and the recovery planned; with
+    ``apply_recover`` the plan is applied to a copy and verified, as the broker's start would:
+    156 s at 1 GiB here, over the timeout at 4 GiB); rebuild all on a copy; salvage --jsonl of
+    the first SALVAGE_RECORDS records (``--until`` their last store time; salvage renders every
+    record in Python, ~30k msg/s: the whole 4 GiB store would take ~8 min) into a temp file deleted
+    after (salvage fsyncs it, which /dev/null refuses); stats; dump commitlog --json of every record
+    to /dev/null. A command the throughput runs already sampled on the same store with the same
+    command line (verify on the 1 GiB 100 B store) is not run again: its row is their peak.
+    """
+    from bench.targets import MEMORY_STORES
+
+    commands = commands or memory_commands(apply_recover)
+    for name in MEMORY_STORES:
+        info = infos[name]
+        root = info["root"]
+        warm(root)
+        dest = os.path.join(WORK, "memory")
+
+        def clean(dest=dest):
+            _rm(dest)
+            _rm(dest + ".bak")
+
+        def prep_recover(name=name, info=info, dest=dest):
+            clean()
+            fresh_copy(crash_copy(name, info), dest, real_last=True, copy=("consumequeue", "index"))
+            return RMQ + ["recover", dest, "--backup-dir", dest + ".bak"]
+
+        def prep_rebuild(root=root, dest=dest):
+            clean()
+            fresh_copy(root, dest)
+            return RMQ + ["rebuild", "all", dest, "--backup-dir", dest + ".bak"]
+
+        jsonl = os.path.join(WORK, "salvage.jsonl")
+        until = gen.store_time(SALVAGE_RECORDS - 1)
+        runs = {"verify": (RMQ + ["verify", root, "--json"], None),
+                "recover (crash)": (prep_recover, clean),
+                "recover --dry-run (crash copy)": (lambda name=name, info=info: RMQ + [
+                    "recover", crash_copy(name, info), "--dry-run"], None),
+                "rebuild all": (prep_rebuild, clean),
+                memory_commands()[3]: (RMQ + ["salvage", root, "--jsonl", jsonl, "--until", str(until)],
+                              lambda: os.path.exists(jsonl) and os.unlink(jsonl)),
+                "stats": (RMQ + ["stats", root, "--json"], None),
+                "dump commitlog --json": (RMQ + ["dump", "commitlog", root, "--json"], None)}
+        for command in commands:
+            cmd, cleanup = runs[command]
+            same = next((r for r in b.results if r["workload"] == command and r["store"] == name
+                         and r.get("rss_anon_MB")), None)
+            if same is not None:  # the throughput runs already sampled this command on this store
+                row = {"command": command, "store": name, "complete": True, "seconds": round(same["seconds"], 1),
+                       "rss_anon_MB": same["rss_anon_MB"], "maxrss_MB": same["maxrss_MB"],
+                       "note": f"peak of the {len(same['runs'])} throughput run(s)"}
+                b.memory.append(row)
+                print(f"# memory {command} {name}: {row}", file=sys.stderr)
+                continue
+            b.measure_memory(command, name, cmd, cleanup=cleanup)
+
+
+FIXTURE = os.path.join(ROOT, "fixtures", "stores", "4.9.3-clean")
+CLI_START_RUNS = 5
+
+
+def cli_start(runs: int = CLI_START_RUNS) -> dict:
+    """Wall time of a CLI start: `--version`, a record-reading command on a tiny store, and what
+    numba adds to the latter (its import and the cached kernels' load, timed in process)."""
+    exe = os.path.join(os.path.dirname(sys.executable), "rmqstore")
+    cli = [exe] if os.path.exists(exe) else RMQ
+    py = sys.executable
+
+    def median(cmd):
+        run(cmd, timeout=60)  # first run: pages and caches in
+        return round(statistics.median(run(cmd, timeout=60).seconds for _ in range(runs)), 3)
+
+    out = {"runs": runs,
+           "version_s": median(cli + ["--version"]),
+           "dump_limit1_s": median(cli + ["dump", "commitlog", FIXTURE, "--limit", "1", "--json"]),
+           "import_app_s": median([py, "-c", "import rmqstore_cli.app"]),
+           "import_app_kernel_s": median([py, "-c", "import rmqstore_cli.app, formats.kernel"])}
+    inproc = []
+    for _ in range(runs):
+        p = subprocess.run([py, "-m", "bench.clistart", FIXTURE], capture_output=True, text=True, cwd=ROOT,
+                           check=True, timeout=60)
+        inproc.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    for key in ("numba_import_s", "kernel_load_s", "numba_added_s"):
+        out[key] = round(statistics.median(r[key] for r in inproc), 3)
+    return out
+
+
 def main() -> None:
+    global TIMEOUT
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", default="", help="comma-separated workloads (kernel,scan,verify,verify-j2,dump,rebuild,rebuild-j2,"
-                                               "recover,index-query,append,spark-export)")
+                                               "recover,index-query,append,spark-export,memory,cli-start)")
+    ap.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds per child run; longer runs are killed "
+                                                                    "and reported 'timed out after N s' (FAIL)")
+    ap.add_argument("--memory-recover-apply", action="store_true",
+                    help="memory rows: apply recover to a crash copy instead of recover --dry-run on it (slow)")
     ap.add_argument("--json-out", default=os.path.join(ROOT, "bench", "results", "latest.json"))
     args = ap.parse_args()
+    TIMEOUT = args.timeout
     only = set(filter(None, args.only.split(",")))
     want = lambda w: not only or w in only  # noqa: E731
     os.makedirs(WORK, exist_ok=True)
+    started = time.perf_counter()
     b = Bench(args.repeat)
-    infos = {n: store(n) for n in gen.BODY_SIZES}
+    names = list(gen.BODY_SIZES) + (list(gen.LARGE_STORES) if want("memory") else [])
+    infos = {n: store(n) for n in names}
     k1 = infos["1KiB"]
     py = sys.executable
 
     if want("kernel"):
-        for n in ("100B", "1KiB"):
+        for n in ("100B", "1KiB", "4KiB"):  # the ceiling every workload is compared with, per store
             info = infos[n]
             warm(info["root"])
             name = "commitlog kernel (walk+CRC)"
             try:  # timed inside the process: the kernel alone, against the issue #11 targets
                 out = subprocess.run([py, "-m", "bench.kernel", info["root"], "--repeat", str(max(args.repeat, 3))],
-                                     capture_output=True, text=True, cwd=ROOT, check=True)
+                                     capture_output=True, text=True, cwd=ROOT, check=True, timeout=TIMEOUT)
                 row = json.loads(out.stdout.strip().splitlines()[-1])
                 row.update(workload=name, store=n)
                 b.results.append(row)
                 print(f"# {name} {n}: {row['MB_s']} MB/s {row['msg_s']} msg/s (per CPU second: {row['cpu_MB_s']} MB/s "
                       f"{row['cpu_msg_s']} msg/s)", file=sys.stderr)
-            except (subprocess.CalledProcessError, ValueError, KeyError) as e:
+            except (subprocess.SubprocessError, ValueError, KeyError) as e:
                 b.results.append({"workload": name, "store": n, "failed": str(e)[:300]})
-    if want("scan"):
-        for n, info in infos.items():
+    if "scan" in only:  # CommitLog.find_end in a process: informational, the kernel rows are the ceiling
+        for n in gen.BODY_SIZES:
+            info = infos[n]
             warm(info["root"])
             b.measure("commitlog scan (walk+CRC)", n, info, [py, "-m", "bench.scan", info["root"]], info["records"], info["bytes"])
     if want("verify"):
         if has_command("verify"):
-            for n, info in infos.items():
+            for n in gen.BODY_SIZES:  # the 1 GiB stores (the 4 GiB one is for the memory rows)
+                info = infos[n]
                 warm(info["root"])
                 b.measure("verify", n, info, RMQ + ["verify", info["root"], "--json"], info["records"], info["bytes"])
         else:
@@ -217,9 +381,7 @@ def main() -> None:
         b.measure(name, "1KiB", k1, None, k1["records"], k1["bytes"], prepare=prep)
     if want("recover"):
         if has_command("recover"):
-            crash = os.path.join(CACHE, "1KiB-crash")
-            if not os.path.exists(os.path.join(crash, "abort")):
-                gen.make_crash_copy(k1["root"], crash)
+            crash = crash_copy("1KiB", k1)
             dest = os.path.join(WORK, "recover")
 
             def prep_recover():
@@ -233,10 +395,15 @@ def main() -> None:
             b.unavailable("recover (crash)", "1KiB", "no `rmqstore recover`")
     if want("index-query"):
         warm(os.path.join(k1["root"], "index"))
-        out = subprocess.run([py, "-m", "bench.index_query", k1["root"], str(k1["records"])], capture_output=True,
-                             text=True, cwd=ROOT, check=True)
-        row = json.loads(out.stdout)
-        row.update(workload="index query", store="1KiB")
+        try:
+            with tempfile.TemporaryFile() as f:
+                c = run([py, "-m", "bench.index_query", k1["root"], str(k1["records"])], stdout=f, ok=(0,))
+                f.seek(0)
+                row = json.loads(f.read())
+            row.update(workload="index query", store="1KiB", rss_anon_MB=round(c.rss_anon_peak / MB, 1),
+                       maxrss_MB=row.pop("peak_rss_MB"))
+        except (RunFailed, ValueError) as e:
+            row = {"workload": "index query", "store": "1KiB", "failed": str(e)[:300]}
         b.results.append(row)
         print(f"# index query: {row}", file=sys.stderr)
     if want("append"):
@@ -271,11 +438,30 @@ def main() -> None:
         else:
             b.unavailable("spark export", "1KiB", "no `rmqstore spark export`")
 
+    if want("memory"):
+        memory_suite(b, infos, args.memory_recover_apply)
+    start = None
+    if want("cli-start"):
+        try:
+            start = cli_start()
+        except (RunFailed, subprocess.SubprocessError, ValueError, KeyError) as e:
+            start = {"failed": str(e)[:300]}
+        print(f"# CLI start: {start}", file=sys.stderr)
+
     from bench.targets import evaluate, render
 
-    rows = evaluate(b.results)
-    print(render(b.results, rows))
-    report = {"machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}, "results": b.results, "targets": rows}
+    rows = evaluate(b.results, b.memory, start)
+    wall = round(time.perf_counter() - started, 1)
+    print(render(b.results, rows, b.memory, start))
+    load = os.getloadavg()
+    print(f"\nwhole run {wall} s (incl. generation of missing stores); load average now "
+          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
+    gen_s = {n: i.get("generate_seconds") for n, i in infos.items()}
+    print(f"store generation (seconds, recorded when each store was generated; included above only for stores "
+          f"generated in this run): {gen_s}")
+    report = {"machine": {"cpus": os.cpu_count(), "load_avg": load}, "wall_seconds": wall, "generate_seconds": gen_s,
+              "results": b.results,
+              "memory": b.memory, "cli_start": start, "targets": rows}
     os.makedirs(os.path.dirname(args.json_out), exist_ok=True)
     with open(args.json_out, "w") as f:
         json.dump(report, f, indent=1)

@@ -1,0 +1,155 @@
+"""The benchmark harness itself (bench/): its RssAnon sampler, its target evaluation and its memory
+workloads' command lines, on tiny inputs, so a broken harness fails here rather than in a 20-minute
+run. No timing is asserted (only that a timeout or a memory cap is reported as a failure)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from bench import memory, run, targets
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE = os.path.join(REPO, "fixtures", "stores", "4.9.3-clean")
+PY = sys.executable
+# Touches every page of 50 MB of anonymous memory, then stays alive long enough to be sampled.
+ALLOCATE_50MB = "import time; b = bytearray(50 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.5)"
+IDLE = "import time; time.sleep(0.5)"
+
+
+def test_sampler_sees_anonymous_memory_of_the_child():
+    big = memory.run_sampled([PY, "-c", ALLOCATE_50MB])
+    small = memory.run_sampled([PY, "-c", IDLE])
+    assert big.returncode == 0 and small.returncode == 0
+    assert big.samples > 0 and small.samples > 0
+    assert small.rss_anon_peak > 0
+    assert big.rss_anon_peak >= small.rss_anon_peak + 40e6, (big.rss_anon_peak, small.rss_anon_peak)
+    assert small.rss_anon_peak < 40e6, small.rss_anon_peak  # an interpreter, not 50 MB
+    assert not big.timed_out and not big.killed_rss
+
+
+def test_sampler_ignores_mapped_file_pages(tmp_path):
+    """RssAnon, unlike ru_maxrss, does not count a file's pages the child read through a mapping."""
+    path = tmp_path / "f"
+    with open(path, "wb") as f:
+        f.truncate(64 << 20)
+    code = ("import mmap, sys, time; f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); "
+            "s = sum(m[i] for i in range(0, len(m), 4096)); time.sleep(0.3)")
+    c = memory.run_sampled([PY, "-c", code, str(path)])
+    assert c.returncode == 0
+    assert c.ru_maxrss >= c.rss_anon_peak + 50e6, (c.ru_maxrss, c.rss_anon_peak)
+
+
+def test_timeout_and_memory_cap_are_failures():
+    c = memory.run_sampled([PY, "-c", "import time; time.sleep(30)"], timeout=0.5)
+    assert c.timed_out and c.returncode != 0
+    c = memory.run_sampled([PY, "-c", ALLOCATE_50MB], kill_above=20 << 20)
+    assert c.killed_rss and c.returncode != 0
+    with pytest.raises(run.RunFailed, match="timed out after 0.5 s"):
+        run.run([PY, "-c", "import time; time.sleep(30)"], timeout=0.5)
+    with pytest.raises(run.RunFailed, match="exited 3"):
+        run.run([PY, "-c", "raise SystemExit(3)"])
+
+
+def _synthetic_results():
+    k = targets.KERNEL
+    return [
+        {"workload": k, "store": "1KiB", "MB_s": 8000.0, "msg_s": 6_500_000},
+        {"workload": k, "store": "100B", "MB_s": 2000.0, "msg_s": 6_700_000},
+        {"workload": "verify", "store": "1KiB", "MB_s": 1000.0, "msg_s": 800_000},
+        {"workload": "verify", "store": "100B", "MB_s": 1300.0, "msg_s": 4_400_000},
+        {"workload": "verify -j 2", "store": "1KiB", "MB_s": 1800.0, "msg_s": 1_400_000},
+        {"workload": "rebuild all", "store": "1KiB", "failed": "rebuild exited 2"},
+        {"workload": "index query", "store": "1KiB", "p50_ms": 0.01, "p99_ms": 0.05},
+    ]
+
+
+def _synthetic_memory():
+    return [
+        {"command": "stats", "store": "100B", "complete": True, "seconds": 5.0, "rss_anon_MB": 100.0},
+        {"command": "stats", "store": "100B-4GiB", "complete": True, "seconds": 20.0, "rss_anon_MB": 105.0},
+        {"command": "verify", "store": "100B", "complete": True, "seconds": 9.0, "rss_anon_MB": 1000.0},
+        {"command": "verify", "store": "100B-4GiB", "complete": True, "seconds": 40.0, "rss_anon_MB": 3900.0},
+        {"command": "dump", "store": "100B", "complete": True, "seconds": 9.0, "rss_anon_MB": 120.0},
+        {"command": "dump", "store": "100B-4GiB", "complete": True, "seconds": 40.0, "rss_anon_MB": 140.0},
+        {"command": "salvage", "store": "100B", "complete": True, "seconds": 90.0, "rss_anon_MB": 120.0},
+        {"command": "salvage", "store": "100B-4GiB", "complete": False, "why": "timed out after 300 s",
+         "seconds": 300.0, "rss_anon_MB": 121.0},
+    ]
+
+
+def test_evaluate_gives_the_expected_verdicts():
+    rows = {r["target"]: r for r in targets.evaluate(_synthetic_results(), _synthetic_memory(),
+                                                     {"numba_added_s": 0.45, "dump_limit1_s": 1.2})}
+    assert rows["bare walk+CRC >= 6 GB/s at 1 KiB"]["pass"] is True
+    assert rows["bare walk+CRC >= 10 M rec/s at 100 B"]["pass"] is False
+    assert rows["verify >= 2 GB/s at 1 KiB"]["pass"] is False
+    assert rows["verify >= 2 GB/s at 1 KiB"]["vs_kernel"].startswith("0.125 of kernel")
+    assert rows["verify >= 4 M msg/s at 100 B"]["pass"] is True
+    assert rows["verify >= 4 M msg/s at 100 B"]["vs_kernel"].startswith("0.650 of kernel")
+    assert rows["verify -j 2 >= 1.7x verify"]["measured"] == 1.8 and rows["verify -j 2 >= 1.7x verify"]["pass"]
+    assert rows["verify >= 4 GB/s at 4 KiB"]["pass"] is None  # not run: neither PASS nor FAIL
+    assert rows["rebuild all >= 800 MB/s at 1 KiB"]["pass"] is False  # the command failed
+    assert rows["rebuild all -j 2 >= 1.7x rebuild all"]["pass"] is None
+    assert rows["index query p50 < 5 ms"]["pass"] is True
+    mem = lambda cmd, what: rows[f"{cmd}: RssAnon " + {  # noqa: E731
+        "limit": "< 300 MB at 1 GiB and 4 GiB", "flat": "at 4 GiB within 10 % of 1 GiB"}[what]]["pass"]
+    assert mem("stats", "limit") is True and mem("stats", "flat") is True
+    assert mem("verify", "limit") is False and mem("verify", "flat") is False
+    assert mem("dump", "limit") is True and mem("dump", "flat") is False  # 1.17x
+    assert mem("salvage", "limit") is False and mem("salvage", "flat") is False  # the 4 GiB run did not finish
+    start = [r for r in rows.values() if r["target"].startswith("CLI start")]
+    assert len(start) == 1 and start[0]["pass"] is False
+
+
+def test_render_prints_every_target_and_the_memory_table():
+    results, mem = _synthetic_results(), _synthetic_memory()
+    rows = targets.evaluate(results, mem)
+    text = targets.render(results, rows, mem, {"runs": 3, "version_s": 0.4})
+    for r in rows:
+        assert r["target"] in text
+    table = targets.render_memory(mem)
+    assert "| verify | 1,000.0 | 3,900.0 | 3.9 | FAIL | FAIL |" in table
+    assert "| stats | 100.0 | 105.0 | 1.05 | PASS | PASS |" in table
+    assert ">= 121.0 (timed out after 300 s)" in table
+
+
+def test_memory_suite_runs_every_command_on_a_tiny_store(tmp_path, monkeypatch):
+    """The memory rows' real command lines (verify, recover of a crash copy, rebuild, salvage,
+    stats, dump) all run and finish on the demo store; each gets a sampled RssAnon peak."""
+    store = tmp_path / "store"
+    shutil.copytree(FIXTURE, store)
+    monkeypatch.setattr(run, "WORK", str(tmp_path / "work"))
+    monkeypatch.setattr(run, "CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(targets, "MEMORY_STORES", ("100B",))
+    os.makedirs(run.WORK)
+    os.makedirs(run.CACHE)
+    b = run.Bench(1)
+    run.memory_suite(b, {"100B": {"root": str(store)}})
+    assert [m["command"] for m in b.memory] == list(run.memory_commands())
+    for m in b.memory:
+        assert m["complete"], m
+        assert m["rss_anon_MB"] > 0 and m["samples"] > 0, m
+    assert not os.path.exists(os.path.join(run.WORK, "memory"))  # copies removed after each run
+    assert not os.path.exists(os.path.join(run.WORK, "salvage.jsonl"))
+    b = run.Bench(1)
+    throughput = {"workload": "verify", "store": "100B", "seconds": 1.0, "runs": [1.0, 1.1], "rss_anon_MB": 77.7,
+                  "maxrss_MB": 99.9}
+    b.results.append(throughput)  # verify already sampled by the throughput runs: reused, not run again
+    run.memory_suite(b, {"100B": {"root": str(store)}}, commands=("verify", "recover (crash)"))
+    recover = [m for m in b.memory if m["command"] == "recover (crash)"]
+    assert len(recover) == 1 and recover[0]["complete"], recover
+    verify = [m for m in b.memory if m["command"] == "verify"]
+    assert len(verify) == 1 and verify[0]["rss_anon_MB"] == 77.7 and "samples" not in verify[0], verify
+
+
+def test_clistart_reports_numba_share():
+    p = subprocess.run([PY, "-m", "bench.clistart", FIXTURE], capture_output=True, text=True, cwd=REPO, check=True)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert set(out) == {"import_app_s", "numba_import_s", "kernel_load_s", "numba_added_s"}
+    assert out["numba_import_s"] > 0 and out["numba_added_s"] >= out["numba_import_s"]
