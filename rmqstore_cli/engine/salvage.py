@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -103,7 +104,8 @@ def to_jsonl(store, version: int, path: str, start: int = 0, since: int | None =
         for msg in records(store, version, rep, start, since, until):
             f.write(json.dumps(render_body(msg, "hex"), ensure_ascii=False, separators=(",", ":"), default=_js) + "\n")
         f.flush()
-        os.fsync(f.fileno())
+        if stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # a pipe or /dev/null cannot be synced (EINVAL)
+            os.fsync(f.fileno())
     return rep
 
 
