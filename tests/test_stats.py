@@ -87,3 +87,47 @@ def test_stats_cli():
     assert r.exit_code == 0 and "record size histogram" in r.stdout and "messages over time" in r.stdout
     r = CliRunner().invoke(app, ["stats", "/nonexistent/store"])
     assert r.exit_code == 3
+
+
+@pytest.mark.parametrize("name", STORE_NAMES)
+def test_queue_bounds_equal_the_units(name, store_copy):
+    """ConsumeQueue.bounds (file by file, nothing per unit kept) answers what units() implies, also on a
+    queue cut short by an invalid unit."""
+    import numpy as np
+
+    from rmqstore_cli.engine.store import Store
+
+    root = store_copy(name)
+    with Store.open(str(root)) as st:
+        queues = st.queues()
+        topic, qid = queues[len(queues) // 2]
+        path = st.queue(topic, qid).segments.segments[0].path
+    with open(path, "r+b") as f:  # an invalid unit (size 0) in the middle of one queue
+        f.seek(20 * 3 + 8)
+        f.write(b"\x00\x00\x00\x00")
+    with Store.open(str(root)) as st:
+        for t, q in st.queues():
+            cq = st.queue(t, q)
+            u = cq.units()
+            want = (int(u.min_offset), int(u.end_offset), int(u.phy[-1] + u.size[-1]) if len(u.phy) else None)
+            assert cq.bounds() == want, (t, q)
+            if (t, q) == (topic, qid):
+                assert want[1] == 3 and np.all(u.size > 0)
+
+
+def test_timeline_coarsens_past_the_key_limit(monkeypatch):
+    """The per-time-key counts stay bounded (ms keys fold into seconds, then minutes) and the timeline
+    still counts every record."""
+    import numpy as np
+
+    from rmqstore_cli.engine import stats as stats_mod
+
+    monkeypatch.setattr(stats_mod, "SECOND_KEYS_LIMIT", 1000)
+    acc = StatsAccumulator()
+    acc.topics["T"] = 0
+    n = 5000
+    ts = 1_700_000_000_000 + np.arange(n, dtype=np.int64) * 7  # 5000 distinct ms keys over 35 s
+    acc.add_columns(np.zeros(n, np.int64), np.zeros(n), np.arange(n), np.full(n, 100), ts, np.zeros(n), np.zeros(n))
+    assert acc.time_unit_ms == 1000 and len(acc.seconds) <= 1000
+    tl = acc.result()["timeline"]
+    assert sum(tl["counts"]) == n and tl["bucketMs"] % 1000 == 0

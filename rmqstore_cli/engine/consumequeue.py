@@ -84,6 +84,27 @@ class ConsumeQueue:
         min_off = segs[0].start // CQ_UNIT_SIZE if segs else 0
         return QueueUnits(cat(parts_q), cat(parts_p), cat(parts_s), cat(parts_t), end, min_off, stop_file, stop_pos)
 
+    def bounds(self) -> tuple[int, int, int | None]:
+        """(min offset, end offset, end of the last valid unit's record: phy + size, or None) by the
+        same rules as :meth:`units`, one file at a time: nothing per unit is kept."""
+        segs = self.segments.segments
+        min_off = segs[0].start // CQ_UNIT_SIZE if segs else 0
+        end = min_off
+        last_end = None
+        for k, seg in enumerate(segs):
+            base = seg.start // CQ_UNIT_SIZE
+            if k and base != end:
+                break  # gap between files: the queue's continuity is broken here
+            arr = self.file_units(seg)
+            bad = np.flatnonzero((arr["phyOffset"] < 0) | (arr["size"] <= 0))
+            n = int(bad[0]) if len(bad) else len(arr)
+            if n:
+                last_end = int(arr["phyOffset"][n - 1]) + int(arr["size"][n - 1])
+            end = base + n
+            if n * CQ_UNIT_SIZE < self.file_size:
+                break
+        return min_off, end, last_end
+
     def unit_at(self, queue_offset: int) -> tuple[int, int, int] | None:
         pos = queue_offset * CQ_UNIT_SIZE
         seg = self.segments.find(pos - pos % self.file_size)

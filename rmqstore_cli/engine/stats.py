@@ -24,7 +24,7 @@ from formats.fast import Headers
 
 SIZE_BINS = 32  # bin k counts records with 2**k <= size < 2**(k+1)
 TIMELINE_BINS = 60
-SECOND_KEYS_LIMIT = 2_000_000  # beyond this many distinct time keys the timeline coarsens (ms -> s -> min)
+SECOND_KEYS_LIMIT = 100_000  # beyond this many distinct time keys the timeline coarsens (ms -> s -> min); a dict of 100k keys is ~10 MB
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 TRANS_TOPICS = ("RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC")
 TX_MASK = 0x0C
@@ -280,10 +280,7 @@ def queue_lag(store, queue_rows: list[dict]) -> list[dict]:
     for topic, qid in sorted(on_disk | {k for k, v in cl_next.items() if v is not None}):
         cq_end = cq_min = cq_phy_end = None
         if (topic, qid) in on_disk:
-            u = store.queue(topic, qid).units()
-            cq_end, cq_min = int(u.end_offset), int(u.min_offset)
-            if len(u.phy):
-                cq_phy_end = int(u.phy[-1] + u.size[-1])
+            cq_min, cq_end, cq_phy_end = store.queue(topic, qid).bounds()
         nxt = cl_next.get((topic, qid))
         rows.append({
             "topic": topic, "queueId": qid, "cqMinOffset": cq_min, "cqMaxOffset": cq_end, "cqMaxPhysicOffset": cq_phy_end,
