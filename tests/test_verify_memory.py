@@ -374,3 +374,77 @@ def test_streamed_parallel_reports_give_the_single_process_result(tmp_path, name
         two = verify_store(st, reports=stream)
     assert [f.as_json() for f in two.findings] == [f.as_json() for f in one.findings]
     assert two.summary == one.summary
+
+
+def _undispatch(root, how: str) -> None:
+    """Consume queues that miss records: all gone, one queue gone, tails cut (dispatch lag), or every unit
+    shifted off its record below the middle of the log (no unit finds a record; the high-water mark is the
+    furthest unit's offset, inside a window)."""
+    import shutil
+
+    cq = root / "consumequeue"
+    if how == "none":
+        shutil.rmtree(cq)
+        return
+    queues = sorted(p for p in cq.glob("*/*") if p.is_dir())
+    if how == "one":
+        shutil.rmtree(queues[len(queues) // 2])
+        return
+    with Store.open(str(root)) as st:
+        segs = st.commitlog.segments.segments
+        mid = segs[len(segs) // 2].start + 100
+    for q in queues:
+        for p in sorted(q.iterdir()):
+            data = bytearray(p.read_bytes())
+            used = next((i for i in range(len(data) // 20) if not any(data[i * 20:i * 20 + 20])), len(data) // 20)
+            if how == "tails":
+                cut = max(0, used - 1 - (used // 3))
+            else:
+                phys = [struct.unpack_from(">q", data, i * 20)[0] for i in range(used)]
+                cut = next((i for i, v in enumerate(phys) if v >= mid), used)
+                for i in range(cut):
+                    struct.pack_into(">q", data, i * 20, phys[i] + 1)
+            data[cut * 20:used * 20] = bytes((used - cut) * 20)
+            os.chmod(p, 0o644)
+            p.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["none", "one", "tails", "shifted"])
+@pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean"])
+def test_undispatched_records_windowed_equal_whole_log(tmp_path, name, how):
+    """CQ_NOT_DISPATCHED / CQ_DISPATCH_LAG judged window by window (bounded memory) equal the whole-log
+    judgement, wherever the queues' high-water mark falls."""
+    from rmqstore_cli.engine.verify import _verify_whole_log
+
+    root = copy_store(name, tmp_path / name)
+    _undispatch(root, how)
+    with Store.open(str(root)) as st:
+        windowed = verify_store(st)
+    with Store.open(str(root)) as st:
+        whole = _verify_whole_log(st)
+    codes = {f.code for f in whole.findings}
+    assert codes & {"CQ_NOT_DISPATCHED", "CQ_DISPATCH_LAG"}, codes
+    assert [f.as_json() for f in windowed.findings] == [f.as_json() for f in whole.findings]
+
+
+def test_verify_memory_without_consume_queues_does_not_grow(tmp_path, small_bench_store, larger_bench_store):
+    """With no consume queue at all every record is undispatched: verify still keeps nothing per record
+    (the whole-log judgement kept every missing record: ~40 bytes each)."""
+    import shutil
+
+    peaks = []
+    for src in (small_bench_store, larger_bench_store):
+        root = tmp_path / os.path.basename(src)
+        shutil.copytree(os.path.join(src, "commitlog"), root / "commitlog")
+        shutil.copy(os.path.join(src, "checkpoint"), root / "checkpoint")
+        with Store.open(str(root)) as st:
+            tracemalloc.start()
+            try:
+                start = tracemalloc.get_traced_memory()[0]
+                res = verify_store(st)
+                peaks.append(tracemalloc.get_traced_memory()[1] - start)
+            finally:
+                tracemalloc.stop()
+        assert any(f.code == "CQ_DISPATCH_LAG" for f in res.findings)
+    print(f"verify peaks without consume queues: {peaks[0] >> 10} KiB, {peaks[1] >> 10} KiB")
+    assert peaks[1] - peaks[0] < 1 << 20, peaks

@@ -120,7 +120,8 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     for q in queues:
         q.finish(refs, findings)
     phy_maxes = [q.phy_max for q in queues if q.phy_max is not None]
-    dispatch.finish(cl, max(phy_maxes) if phy_maxes else None, findings)
+    dispatch.finish(cl, max(phy_maxes) if phy_maxes else None, findings,
+                    lambda i: _Records(store, verify_segments(cl, [i], check_crc=check_crc)))
     summary["consumeQueues"] = {"queues": len(queues), "units": sum(q.units for q in queues)}
     for ix in index_files:
         ix.finish(refs, findings)

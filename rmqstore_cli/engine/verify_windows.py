@@ -325,37 +325,105 @@ class IndexWindows:
         findings += agg.findings()
 
 
+class _Missing:
+    """Some records of one window that no unit points at (columns, log order)."""
+
+    def __init__(self, recs: _Records, idx: np.ndarray):
+        self.phy, self.seg = recs.phy[idx], recs.seg[idx]
+        self.tid, self.qid, self.qoff = recs.c["topic"][idx], recs.c["queueId"][idx], recs.c["queueOffset"][idx]
+        self.names = recs.topics
+
+    def __len__(self) -> int:
+        return len(self.phy)
+
+    def take(self, mask: np.ndarray) -> "_Missing":
+        out = _Missing.__new__(_Missing)
+        out.phy, out.seg, out.tid, out.qid, out.qoff = (a[mask] for a in (self.phy, self.seg, self.tid, self.qid, self.qoff))
+        out.names = self.names
+        return out
+
+    def per_queue(self):
+        """(topic, queueId, count, first phy, its segment, its queue offset) per queue, lowest offset first."""
+        if not len(self.phy):
+            return
+        key = (self.tid.astype(np.int64) << 32) | (self.qid.astype(np.int64) & 0xFFFFFFFF)
+        _, first, counts = np.unique(key, return_index=True, return_counts=True)
+        for i, n in zip(first.tolist(), counts.tolist()):
+            yield (self.names[int(self.tid[i])], int(self.qid[i]), int(n), int(self.phy[i]), int(self.seg[i]),
+                   int(self.qoff[i]))
+
+
 class DispatchWindows:
-    """Records no consume-queue unit points at, window by window; judged at the end against the queues'
-    high-water mark (the broker re-dispatches everything after it at start, §13.1)."""
+    """Records no consume-queue unit points at, window by window, judged against the queues' high-water
+    mark (the broker re-dispatches everything after it at start, §13.1): before it CQ_NOT_DISPATCHED per
+    queue, from it CQ_DISPATCH_LAG. Memory stays bounded whatever the log (even with no consume queue at
+    all): the mark is the end of the furthest record a unit found, which lies in the last window with
+    such a unit, so only that window's missing records are kept as columns; earlier windows are judged at
+    once (all before the mark), later ones kept as per-queue summaries (all from the mark on, unless a
+    later window finds a unit). When no unit finds any record, the mark is the furthest unit's offset and
+    may fall anywhere: the one window it falls in is read again at the end."""
 
     def __init__(self):
-        self.parts: list = []  # (phy, seg, topic name per record, queueId, queueOffset)
         self.found_end_max: int | None = None
+        self.detail: _Missing | None = None  # the last window where a unit found its record
+        self.after: list = []  # later windows: (first phy, count, per_queue rows)
+        self.old_rows: list = []  # per_queue rows judged before the mark (bounded: one per queue and window)
 
     def window(self, recs: _Records, marks: np.ndarray, found_end: int | None) -> None:
-        if found_end is not None:
-            self.found_end_max = found_end if self.found_end_max is None else max(self.found_end_max, found_end)
         tran = recs.c["sysFlag"] & 0xC
-        missing = np.flatnonzero(((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)) & ~marks)
-        if len(missing):
-            names = np.asarray(recs.topics + [""], dtype=object)
-            self.parts.append((recs.phy[missing], recs.seg[missing], names[recs.c["topic"][missing]],
-                               recs.c["queueId"][missing], recs.c["queueOffset"][missing]))
+        missing = _Missing(recs, np.flatnonzero(((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)) & ~marks))
+        if found_end is not None:
+            # everything kept so far lies before this window's found record: before the mark, whatever it becomes
+            if self.detail is not None:
+                self.old_rows += list(self.detail.per_queue())
+            for _first, _count, rows in self.after:
+                self.old_rows += rows
+            self.after = []
+            self.found_end_max = found_end if self.found_end_max is None else max(self.found_end_max, found_end)
+            self.detail = missing
+        elif len(missing):
+            self.after.append((int(missing.phy[0]), len(missing), list(missing.per_queue())))
 
-    def finish(self, cl, phy_max: int | None, findings: list) -> None:
-        if not self.parts:
-            return
+    def finish(self, cl, phy_max: int | None, findings: list, reread) -> None:
+        """``reread(segment index) -> _Records`` gives one segment's records again (the rare case above)."""
         segs = cl.segments.segments
-        phy, seg, topic, qid, qoff = (np.concatenate(p) for p in zip(*self.parts))
         high = dispatch_high_water(self.found_end_max, phy_max)
-        lag = np.flatnonzero(phy >= high)
-        if len(lag):
-            i = int(lag[0])
-            s = segs[int(seg[i])]
-            findings.append(dispatch_lag_finding(s.path, int(phy[i]) - s.start, int(len(lag)), int(phy[i])))
+        old = list(self.old_rows)
+        lag_first, lag_count = None, 0
+
+        def lag(first_phy: int, seg: int, count: int) -> None:
+            nonlocal lag_first, lag_count
+            if lag_first is None:
+                lag_first = (seg, first_phy)
+            lag_count += count
+
+        if self.detail is not None and len(self.detail):  # the mark lies in this window
+            below = self.detail.phy < high
+            old += list(self.detail.take(below).per_queue())
+            rest = self.detail.take(~below)
+            if len(rest):
+                lag(int(rest.phy[0]), int(rest.seg[0]), len(rest))
+        for k, (first, count, rows) in enumerate(self.after):
+            nxt = self.after[k + 1][0] if k + 1 < len(self.after) else None
+            if nxt is not None and nxt <= high:  # the whole window lies before the mark
+                old += rows
+            elif first >= high:
+                lag(first, rows[0][4], count)
+            else:  # the mark falls inside this window: judge its records one by one
+                recs = reread(rows[0][4])
+                tran = recs.c["sysFlag"] & 0xC
+                # no unit found a record here (else the mark would be a found end), so none is marked
+                m = _Missing(recs, np.flatnonzero((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)))
+                below = m.phy < high
+                old += list(m.take(below).per_queue())
+                rest = m.take(~below)
+                if len(rest):
+                    lag(int(rest.phy[0]), int(rest.seg[0]), len(rest))
+        if lag_count:
+            s = segs[lag_first[0]]
+            findings.append(dispatch_lag_finding(s.path, lag_first[1] - s.start, lag_count, lag_first[1]))
         agg = _Agg()
-        for i in np.flatnonzero(phy < high).tolist():
-            s = segs[int(seg[i])]
-            add_not_dispatched(agg, s.path, int(phy[i]) - s.start, str(topic[i]), int(qid[i]), int(phy[i]), int(qoff[i]))
+        for topic, qid, n, phy, seg, qoff in sorted(old, key=lambda r: r[3]):
+            s = segs[seg]
+            add_not_dispatched(agg, s.path, phy - s.start, topic, qid, phy, qoff, n)
         findings += agg.findings()
