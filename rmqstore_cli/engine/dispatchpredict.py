@@ -38,10 +38,13 @@ class DispatchPrediction:
         if not keep.any():
             return
         h = h.select(keep) if not keep.all() else h
-        tid = topic_ids(buf, h, self.topics)
-        self._parts.append((h.offsets + seg_start, h.totalSize.astype(np.int64), tid, h.queueId.astype(np.int64),
-                            h.queueOffset.astype(np.int64)))
-        self._held += len(h)
+        self.add(h.offsets + seg_start, h.totalSize, topic_ids(buf, h, self.topics), h.queueId, h.queueOffset)
+
+    def add(self, phy, size, tid, qid, qo) -> None:
+        """Consume-queue records in log order (``tid``: ids in ``self.topics``)."""
+        self._parts.append((np.asarray(phy, np.int64), np.asarray(size, np.int64), np.asarray(tid, np.int64),
+                            np.asarray(qid, np.int64), np.asarray(qo, np.int64)))
+        self._held += len(phy)
         if self._held >= BATCH:
             self.flush()
 
