@@ -93,12 +93,16 @@ class RecordTable:
 
 def record_table(store, end: int) -> RecordTable:
     """Every record before ``end`` (verify's per-segment pass, CRC not checked)."""
+    segs = store.commitlog.segments.segments
+    return table_of(store, [i for i, s in enumerate(segs) if s.start < end], end)
+
+
+def table_of(store, segments: list, end: int) -> RecordTable:
+    """The records before ``end`` of the commitlog segments numbered ``segments``, as ``record_table``."""
     from .verify_commitlog import verify_segments
     from .verify_records import _Records
 
-    cl = store.commitlog
-    segs = cl.segments.segments
-    reports = verify_segments(cl, [i for i, s in enumerate(segs) if s.start < end], check_crc=False)
+    reports = verify_segments(store.commitlog, segments, check_crc=False)
     recs = _Records(store, reports)
     n = int(np.searchsorted(recs.phy, end))
     if n < len(recs.phy):
@@ -234,6 +238,10 @@ def index_problems(store, table: RecordTable, files: list) -> list:
 
     if not files:
         return []
+    if getattr(table, "per_index_file", False):  # derived_windows: one table per index file's span
+        from .derived_windows import index_problems_by_file
+
+        return index_problems_by_file(store, table.end, files)
     refs = _RefClassifier(table.recs, table.reports, store.commitlog, table.end)
     found: list = []
     _check_index(store, table.recs, refs, found, {}, files=files)

@@ -15,7 +15,7 @@ import numpy as np
 
 from formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
-from .derived import QueueVerdict, record_table, tail_redispatch
+from .derived import QueueVerdict, record_table, table_of, tail_redispatch
 
 
 class LazyRecordTable:
@@ -28,6 +28,11 @@ class LazyRecordTable:
 
     def times(self) -> tuple:
         return self._times
+
+    @property
+    def per_index_file(self) -> bool:
+        """The index check may build a table per index file (no whole table built yet)."""
+        return self._full is None
 
     def __getattr__(self, name):  # recs, reports, queue_records: the whole table
         if name.startswith("_"):
@@ -118,16 +123,7 @@ def windowed_verdicts(planner) -> dict | None:
 
 def _segment_table(store, cl, seg, end: int):
     """verify's records of one segment (no CRC), cut at ``end`` (as record_table)."""
-    from .verify_commitlog import verify_segments
-    from .verify_records import _Records
-
-    i = cl.segments.segments.index(seg)
-    t = _Records(store, verify_segments(cl, [i], check_crc=False))
-    n = int(np.searchsorted(t.phy, end))
-    if n < len(t.phy):
-        t.c = {k: v[:n] for k, v in t.c.items()}
-        t.phy = t.c["phy"]
-    return t
+    return table_of(store, [cl.segments.segments.index(seg)], end).recs
 
 
 def _check_units(t, key, first: int, units: np.ndarray, first_real, lo: int, hi: int) -> None:
@@ -200,3 +196,42 @@ def _verdicts(planner, queues: dict, tails: dict) -> dict:
         redispatch, contiguous = tail_redispatch(qo, phy, size, cut, last_end)
         out[key] = (QueueVerdict(t, q, cut, None, "", redispatch, len(qo), contiguous, None, last_end, 0), *broker)
     return out
+
+
+_BLOCK = 1 << 20  # index entries read at a time
+
+
+def _entry_span(f) -> tuple[int, int] | None:
+    """(lowest, highest) phyOffset of the entries verify's index check reads (1 .. indexCount-1), or None."""
+    h = f.header()
+    count = min(h.indexCount if h.indexCount > 0 else 1, f.entries)
+    ent = f.entry_table(count)
+    lo = hi = None
+    for a in range(1, count, _BLOCK):
+        phy = ent["phyOffset"][a:a + _BLOCK]
+        b_lo, b_hi = int(phy.min()), int(phy.max())
+        lo = b_lo if lo is None else min(lo, b_lo)
+        hi = b_hi if hi is None else max(hi, b_hi)
+    return None if lo is None else (lo, hi)
+
+
+def index_problems_by_file(store, end: int, files: list) -> list:
+    """``derived.index_problems`` with, per index file, the records of only the segments its entries point
+    into (each file is checked on its own; an entry's status depends on the records of its segment, the
+    segment files and ``end`` alone): memory follows the index file's size, not the log's."""
+    from .verify_index import _check_index
+    from .verify_records import _RefClassifier
+
+    segs = store.commitlog.segments.segments
+    found: list = []
+    for f in files:
+        if not f.complete:
+            continue
+        span = _entry_span(f)
+        idxs = [] if span is None else [i for i, s in enumerate(segs)
+                                        if s.start < end and s.start <= span[1] and s.start + s.size > span[0]]
+        t = table_of(store, idxs, end)
+        refs = _RefClassifier(t.recs, t.reports, store.commitlog, end)
+        _check_index(store, t.recs, refs, found, {}, files=[f])
+        del t, refs
+    return [x for x in found if x.severity in ("error", "warning")]
