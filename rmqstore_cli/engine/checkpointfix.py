@@ -17,19 +17,11 @@ import os
 from .checkpoint import Checkpoint
 
 
-def log_end_times(records, end: int) -> tuple[int | None, int | None, int | None]:
-    """(store time of the last record before ``end``, the newest store time before it, store time of
-    the last record a consume queue takes), from the planner's record columns (None when none)."""
-    last = newest = last_cq = None
-    for i in range(len(records)):
-        if records.phy[i] >= end:
-            break
-        ts = records.store_ts[i]
-        last = ts
-        newest = ts if newest is None or ts > newest else newest
-        if records.cq_dispatched(i):
-            last_cq = ts
-    return last, newest, last_cq
+def log_end_times(tally) -> tuple[int | None, int | None, int | None]:
+    """(store time of the last record of the log the plan leaves, the newest store time in it, store
+    time of the last record a consume queue takes), from the planner's running tally of the records
+    before its end (logwalk.LogTally; None when none)."""
+    return tally.last_ts, tally.newest_ts, tally.last_cq_ts
 
 
 def index_timestamp(files) -> int:
@@ -42,7 +34,7 @@ def index_timestamp(files) -> int:
 def consistent_checkpoint(planner, after: Checkpoint) -> bool:
     """Lower the fields of ``after`` that point past the log the plan leaves; returns True when the
     index timestamp must be taken from the index files after the re-dispatch (index rebuilt)."""
-    last, newest, last_cq = log_end_times(planner.records, planner.end)
+    last, newest, last_cq = log_end_times(planner.tally)
     if newest is not None:
         if after.physicMsgTimestamp > newest:
             after.physicMsgTimestamp = last

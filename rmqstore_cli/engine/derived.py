@@ -69,6 +69,15 @@ class RecordTable:
     end: int
     _by_queue: dict = field(default_factory=dict)
 
+    def times(self) -> tuple[int, int | None, int]:
+        """(records, newest store time, newest store time of a record a consume queue takes (0: none))."""
+        c = self.recs.c
+        if not len(self.recs):
+            return 0, None, 0
+        tran = c["sysFlag"] & 0xC
+        cq_ts = c["storeTimestamp"][(tran == 0) | (tran == 8)]
+        return len(self.recs), int(c["storeTimestamp"].max()), int(cq_ts.max()) if len(cq_ts) else 0
+
     def queue_records(self, topic: str, qid: int) -> np.ndarray:
         """Indexes (log order) of the dispatchable records of one queue."""
         key = (topic, qid)
@@ -84,12 +93,16 @@ class RecordTable:
 
 def record_table(store, end: int) -> RecordTable:
     """Every record before ``end`` (verify's per-segment pass, CRC not checked)."""
+    segs = store.commitlog.segments.segments
+    return table_of(store, [i for i, s in enumerate(segs) if s.start < end], end)
+
+
+def table_of(store, segments: list, end: int) -> RecordTable:
+    """The records before ``end`` of the commitlog segments numbered ``segments``, as ``record_table``."""
     from .verify_commitlog import verify_segments
     from .verify_records import _Records
 
-    cl = store.commitlog
-    segs = cl.segments.segments
-    reports = verify_segments(cl, [i for i, s in enumerate(segs) if s.start < end], check_crc=False)
+    reports = verify_segments(store.commitlog, segments, check_crc=False)
     recs = _Records(store, reports)
     n = int(np.searchsorted(recs.phy, end))
     if n < len(recs.phy):
@@ -171,23 +184,10 @@ def check_queue(table: RecordTable, topic: str, qid: int, units: np.ndarray, fir
     after = mine[qo >= cut]
     if not bad.any() and not len(after):
         return None
-    qa = c["queueOffset"][after]
-    at = np.flatnonzero(qa == cut)
-    redispatch = int(recs.phy[after[at[0]]]) if len(at) else None
-    # contiguous: in log order from that record, offsets cut, cut+1, ... (what strict re-dispatch writes)
-    contiguous = cut
-    if redispatch is not None:
-        seq = qa[int(at[0]):]
-        exp = cut + np.arange(len(seq), dtype=np.int64)
-        brk = np.flatnonzero(seq != exp)
-        contiguous = cut + (int(brk[0]) if len(brk) else len(seq))
     k = int(np.argmax(bad)) if bad.any() else n
     kept_real = np.flatnonzero(real[:k])
     last_end = int(phy[kept_real[-1]] + size[kept_real[-1]]) if len(kept_real) else -1
-    if redispatch is not None and redispatch + int(c["size"][after[at[0]]]) <= last_end:
-        # the record lies before the last kept unit's (records out of place in the log): the put rule
-        # (§7.5, phy + size <= maxPhysicOffset: already present) would skip it
-        contiguous = cut
+    redispatch, contiguous = tail_redispatch(c["queueOffset"][after], recs.phy[after], c["size"][after], cut, last_end)
     code = codes[int(why[k])] if bad.any() else None
     detail = ""
     if code:
@@ -205,6 +205,26 @@ def check_queue(table: RecordTable, topic: str, qid: int, units: np.ndarray, fir
     return QueueVerdict(topic, qid, cut, code, detail, redispatch, len(after), contiguous, ext_cut, last_end, agree_after)
 
 
+def tail_redispatch(qa: np.ndarray, phy: np.ndarray, size: np.ndarray, cut: int, last_end: int) -> tuple:
+    """(the record whose QUEUEOFFSET is ``cut`` or None, how far a strict re-dispatch fills the queue) from
+    the queue's records with QUEUEOFFSET >= cut (``qa``, ``phy``, ``size``, in log order); ``last_end``: end
+    of the last kept unit's record (maxPhysicOffset after the cut)."""
+    at = np.flatnonzero(qa == cut)
+    redispatch = int(phy[at[0]]) if len(at) else None
+    # contiguous: in log order from that record, offsets cut, cut+1, ... (what strict re-dispatch writes)
+    contiguous = cut
+    if redispatch is not None:
+        seq = qa[int(at[0]):]
+        exp = cut + np.arange(len(seq), dtype=np.int64)
+        brk = np.flatnonzero(seq != exp)
+        contiguous = cut + (int(brk[0]) if len(brk) else len(seq))
+        if redispatch + int(size[at[0]]) <= last_end:
+            # the record lies before the last kept unit's (records out of place in the log): the put rule
+            # (§7.5, phy + size <= maxPhysicOffset: already present) would skip it
+            contiguous = cut
+    return redispatch, contiguous
+
+
 def _one(n: int, j: int) -> np.ndarray:
     m = np.zeros(n, dtype=bool)
     m[j] = True
@@ -218,6 +238,10 @@ def index_problems(store, table: RecordTable, files: list) -> list:
 
     if not files:
         return []
+    if getattr(table, "per_index_file", False):  # derived_windows: one table per index file's span
+        from .derived_windows import index_problems_by_file
+
+        return index_problems_by_file(store, table.end, files)
     refs = _RefClassifier(table.recs, table.reports, store.commitlog, table.end)
     found: list = []
     _check_index(store, table.recs, refs, found, {}, files=files)

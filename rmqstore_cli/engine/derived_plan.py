@@ -16,6 +16,7 @@ import numpy as np
 from formats.records import CQ_UNIT_SIZE
 
 from .derived import QueueVerdict, check_queue, index_problems, record_table
+from .derived_windows import windowed_verdicts
 
 
 def _queue_units(qs) -> tuple[np.ndarray, int]:
@@ -46,10 +47,34 @@ def _queue_units(qs) -> tuple[np.ndarray, int]:
 def check_derived(planner) -> None:
     """Cut queues at their first lying unit, cut ext behind them, rebuild a lying index; record
     the verdicts for ``_dispatch`` and the plan's ``queueRepairs``."""
-    plan = planner.plan
     planner.verdicts = {}
     if not planner.cl_kept:
         return
+    found = windowed_verdicts(planner)  # one segment at a time while no unit lies
+    if found is None:
+        _check_queues(planner)
+    else:
+        for key, (v, b_end, b_maxp) in found.items():
+            planner.verdicts[key] = (v, b_end, b_maxp)
+            qs = planner.queues.get(key)
+            if qs is not None and qs.segments and v.refused:
+                _refuse(planner, key, v)
+    _check_index(planner, planner.record_table)
+
+
+def _refuse(planner, key, v: QueueVerdict) -> None:
+    # Cutting would leave the records after the gap without units; shifting them would give
+    # consumers other messages at those offsets: the queue is left as the broker leaves it.
+    t, q = key
+    planner.plan.notes.append(f"queue {t}/{q}: " + (v.detail + "; " if v.lies else "") + f"{v.refused}; the queue is "
+                              "left as the broker leaves it (refused)")
+    planner.plan.refused_queues.append({"topic": t, "queueId": q, "reason": v.refused, "firstBadOffset": v.cut_offset,
+                                        "code": v.code})
+
+
+def _check_queues(planner) -> None:
+    """Every queue against the whole record table (derived.check_queue)."""
+    plan = planner.plan
     table = planner.record_table = record_table(planner.store, planner.end)
     recs = table.recs
     ext_on = planner.cfg.enableConsumeQueueExt
@@ -83,12 +108,7 @@ def check_derived(planner) -> None:
             continue
         planner.verdicts[key] = (v, qs.max_offset, qs.max_physic)
         if v.refused:
-            # Cutting would leave the records after the gap without units; shifting them would give
-            # consumers other messages at those offsets: the queue is left as the broker leaves it.
-            plan.notes.append(f"queue {t}/{q}: " + (v.detail + "; " if v.lies else "") + f"{v.refused}; the queue is "
-                              "left as the broker leaves it (refused)")
-            plan.refused_queues.append({"topic": t, "queueId": q, "reason": v.refused, "firstBadOffset": v.cut_offset,
-                                        "code": v.code})
+            _refuse(planner, key, v)
             continue
         if v.lies:
             plan.notes.append(f"queue {t}/{q}: {v.detail}; the broker's validity test (phyOffset >= 0, size > 0) "
@@ -101,7 +121,6 @@ def check_derived(planner) -> None:
         if ext is not None and v.ext_cut is not None and v.redispatch_phy is not None:
             # the ext units of the units re-dispatched are written again, at the same addresses
             _cut_ext(planner, key, v.ext_cut)
-    _check_index(planner, table)
 
 
 def _cut_ext(planner, key, ext_end: int) -> None:
@@ -127,16 +146,14 @@ def correct_checkpoint(planner, after) -> bool:
     """Checkpoint times after the records they describe (a future time makes the broker believe data
     was flushed or dispatched that the log does not hold): set to what the recovered store holds."""
     table = getattr(planner, "record_table", None)
-    if table is None or not len(table.recs):
+    if table is None:
         return False
-    c = table.recs.c
+    count, newest, newest_cq = table.times()
+    if not count:
+        return False
     changed = False
-    newest = int(c["storeTimestamp"].max())
     if after.physicMsgTimestamp > newest:
         after.physicMsgTimestamp, changed = newest, True
-    tran = c["sysFlag"] & 0xC
-    cq_ts = c["storeTimestamp"][(tran == 0) | (tran == 8)]
-    newest_cq = int(cq_ts.max()) if len(cq_ts) else 0
     if after.logicsMsgTimestamp > newest_cq:
         after.logicsMsgTimestamp, changed = newest_cq, True
     ends = [f.header().endTimestamp for f in planner.store.index.files if f.complete]  # as on disk, before any rebuild

@@ -10,7 +10,7 @@ Both use the vectorised codec in :mod:`formats.fast`; nothing here writes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from .config import StoreConfig
 # cannot satisfy it with any heap a broker is given (array limit ~2^31, default heap 8 GiB
 # is shared), and OutOfMemoryError is not caught by the recovery loop.
 OOM_TOTALSIZE = 1 << 30
+END_OF_LOG = (1 << 63) - 1
 
 
 @dataclass
@@ -36,39 +37,54 @@ class WalkStop:
     oom: bool = False  # 4.9.3 would die with OutOfMemoryError here
 
 
-@dataclass
-class Records:
-    """Columns of valid records (absolute offsets), in log order."""
+class LogTally:
+    """What recovery needs from the records a walk finds, kept as running values: how many, the
+    first start, the last start and end, and the store times the checkpoint describes (the last
+    record's, the newest, the last one a consume queue takes). Records at or past ``limit`` are not
+    counted. A walk sink: nothing per record is kept, so memory does not grow with the log."""
 
-    phy: list = field(default_factory=list)
-    size: list = field(default_factory=list)
-    sysflag: list = field(default_factory=list)
-    queue_id: list = field(default_factory=list)
-    queue_offset: list = field(default_factory=list)
-    store_ts: list = field(default_factory=list)
-    topic: list = field(default_factory=list)
+    def __init__(self, limit: int | None = None):
+        self.limit = limit
+        self.count = 0
+        self.first: int | None = None
+        self.last_start: int | None = None
+        self.last_end: int | None = None
+        self.last_ts: int | None = None
+        self.newest_ts: int | None = None
+        self.last_cq_ts: int | None = None  # store time of the last record the consume-queue dispatcher takes
+        self.last_cq_phy: int | None = None
 
     def __len__(self) -> int:
-        return len(self.phy)
+        return self.count
 
-    def extend(self, seg_start: int, buf, h: fast.Headers, topics: dict) -> None:
-        self.phy.extend((h.offsets + seg_start).tolist())
-        self.size.extend(h.totalSize.tolist())
-        self.sysflag.extend(h.sysFlag.tolist())
-        self.queue_id.extend(h.queueId.tolist())
-        self.queue_offset.extend(h.queueOffset.tolist())
-        self.store_ts.extend(h.storeTimestamp.tolist())
-        mv = memoryview(buf)
-        for s, n in zip(h.topicStart.tolist(), h.topicLength.tolist()):
-            raw = bytes(mv[s : s + n])
-            t = topics.get(raw)
-            if t is None:
-                t = topics[raw] = raw.decode("utf-8", "replace")
-            self.topic.append(t)
+    def __call__(self, seg_start: int, buf, h: fast.Headers) -> None:
+        n = len(h)
+        if not n:
+            return
+        phy = h.offsets + seg_start
+        if self.limit is not None and int(phy[-1]) >= self.limit:
+            n = int(np.searchsorted(phy, self.limit))  # records come in log order
+            if not n:
+                return
+        ts = h.storeTimestamp[:n]
+        self.count += n
+        if self.first is None:
+            self.first = int(phy[0])
+        self.last_start = int(phy[n - 1])
+        self.last_end = self.last_start + int(h.totalSize[n - 1])
+        self.last_ts = int(ts[-1])
+        newest = int(ts.max())
+        self.newest_ts = newest if self.newest_ts is None else max(self.newest_ts, newest)
+        cq = np.flatnonzero(cq_dispatched(h.sysFlag[:n]))
+        if len(cq):
+            self.last_cq_ts = int(ts[cq[-1]])
+            self.last_cq_phy = int(phy[cq[-1]])
 
-    def cq_dispatched(self, i: int) -> bool:
-        """Build-consume-queue dispatcher only takes NOT and COMMIT records (§14.1)."""
-        return (self.sysflag[i] & SYSFLAG_TRANSACTION_MASK) in (0x0, 0x8)
+
+def cq_dispatched(sysflag: np.ndarray) -> np.ndarray:
+    """Build-consume-queue dispatcher only takes NOT and COMMIT records (§14.1)."""
+    tran = sysflag & SYSFLAG_TRANSACTION_MASK
+    return (tran == 0x0) | (tran == 0x8)
 
 
 def magics_for(version: int) -> tuple:
@@ -110,10 +126,9 @@ def _stop_reason(kind: str, size: int, magic: int, version: int, reason_code: in
 
 
 def broker_walk(segments, cfg: StoreConfig, version: int, start_index: int, check_crc: bool,
-                records: Records | None = None, topics: dict | None = None,
-                chunk: int = 8192) -> WalkStop:
-    """The §13.4 walk from ``segments[start_index]``; valid records go into ``records``."""
-    topics = {} if topics is None else topics
+                sink=None, chunk: int = 8192) -> WalkStop:
+    """The §13.4 walk from ``segments[start_index]``; each chunk of valid records goes to
+    ``sink(segment_start, buffer, headers)``."""
     magics = magics_for(version)
     i = start_index
     pos = 0
@@ -131,8 +146,8 @@ def broker_walk(segments, cfg: StoreConfig, version: int, start_index: int, chec
                 validate(buf, u8, h, cfg, version, check_crc)
                 bad = fast.first_invalid(h)
                 good = h.take(bad) if bad < len(h) else h
-                if records is not None and len(good):
-                    records.extend(seg.start, buf, good, topics)
+                if sink is not None and len(good):
+                    sink(seg.start, buf, good)
                 if bad < len(h):
                     p = int(h.offsets[bad])
                     return WalkStop(seg.start + p, i, p, "invalid",
@@ -149,18 +164,43 @@ def broker_walk(segments, cfg: StoreConfig, version: int, start_index: int, chec
                         w.size, oom)
 
 
-def lenient_records(segments, upto_index: int, records: Records, topics: dict) -> None:
+def lenient_records(segments, upto_index: int, sink, chunk: int = 8192) -> None:
     """Records of segments before ``upto_index``, each segment walked alone without CRC
-    (what reput would read); used to find queue units the broker would never rebuild."""
-    for seg in segments[:upto_index]:
-        buf = seg.buffer()
-        if not seg.size:
+    (what reput would read), to ``sink``; used to find queue units the broker would never rebuild."""
+    rewalk(segments[:upto_index], upto_index, 0, 0, END_OF_LOG, sink, chunk)
+
+
+def rewalk(segments, lenient_upto: int, version: int, lo: int, hi: int, sink, chunk: int = 8192) -> None:
+    """The records a recovery walk finds with ``lo <= phy < hi``, chunk by chunk to ``sink``, CRCs not
+    checked: segments before ``lenient_upto`` as ``lenient_records`` reads them (each alone, up to its
+    first invalid record), the later ones as ``broker_walk`` does (the version's magics). With ``hi`` at
+    most the walk's stop, every record the CRC-checking walk accepted is found again and no other one:
+    the walk reaches a segment only past the BLANKs of the ones before it, which then start below ``hi``."""
+    for k, seg in enumerate(segments):
+        if seg.start >= hi:
+            break
+        if not seg.size or seg.start + seg.size <= lo:
             continue
-        w = fast.walk(buf, 0, seg.size)
-        if len(w.offsets):
-            h = fast.decode_headers(buf, w.offsets)
-            bad = fast.first_invalid(h)
-            records.extend(seg.start, buf, h.take(bad) if bad < len(h) else h, topics)
+        magics = (MAGIC_V1, MAGIC_V2) if k < lenient_upto else magics_for(version)
+        buf = seg.buffer()
+        pos = 0
+        while True:
+            w = fast.walk(buf, pos, seg.size, magics, max_records=chunk)
+            if len(w.offsets):
+                h = fast.decode_headers(buf, w.offsets)
+                n = len(h)
+                bad = fast.first_invalid(h)
+                if bad < n:
+                    h = h.take(bad)
+                phy = h.offsets + seg.start
+                a, b = int(np.searchsorted(phy, lo)), int(np.searchsorted(phy, hi))
+                if b > a:
+                    sink(seg.start, buf, h if a == 0 and b == len(h) else h.select(slice(a, b)))
+                if bad < n or b < len(h):
+                    break
+            pos = w.stop
+            if w.kind != fast.STOP_CHUNK:
+                break
 
 
 def self_consistent(buf, u8, pos: int, seg_start: int, version: int, check_crc: bool = True) -> int:

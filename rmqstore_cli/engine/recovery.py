@@ -24,7 +24,8 @@ from .checkpoint import Checkpoint
 from .checkpointfix import consistent_checkpoint
 from .consumequeue import ConsumeQueue, ConsumeQueueExt
 from .errors import EXIT_CLEAN, EXIT_CORRUPT, EXIT_FINDINGS
-from .logwalk import Records, WalkStop, broker_walk, lenient_records, resync
+from .dispatchpredict import DispatchPrediction
+from .logwalk import LogTally, WalkStop, broker_walk, lenient_records, resync, rewalk
 from .store import Store
 from .derived_plan import check_derived, correct_checkpoint, dispatch_starts, queue_repairs
 
@@ -411,20 +412,20 @@ class Planner:
         plan = self.plan
         self.max_cq = max([qs.max_physic for qs in self.queues.values()] + [-1])
         segs = self.cl_segments
-        recs = Records()
-        self.topics: dict = {}
+        tally = LogTally()
         start, why = self._start_index(cp, self.max_cq) if segs else (0, "no commitlog files")
-        lenient_records(segs, start, recs, self.topics)
-        self.walk_first = len(recs)
-        stop = broker_walk(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, recs, self.topics)
-        self.records, self.stop, self.start_index = recs, stop, start
+        lenient_records(segs, start, tally)
+        self.walk_first = len(tally)
+        stop = broker_walk(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, tally)
+        # Every record walked lies before the stop: the tally describes the recovered log.
+        self.tally, self.stop, self.start_index, self.lenient_upto = tally, stop, start, start
         end = stop.offset if segs else 0
         self.end = end
         plan.commitlog = {
             "startFile": segs[start].name if segs else None, "startOffset": segs[start].start if segs else 0,
             "startReason": why, "checkCRCOnRecover": self.cfg.checkCRCOnRecover,
             "stopOffset": stop.offset, "stopKind": stop.kind, "stopReason": stop.reason,
-            "recoveredEnd": end, "walkedRecords": len(recs) - self.walk_first,
+            "recoveredEnd": end, "walkedRecords": len(tally) - self.walk_first,
             "maxPhyOffsetOfConsumeQueue": self.max_cq,
         }
         if stop.oom:
@@ -452,11 +453,10 @@ class Planner:
         queue, and index files reaching past the cut rebuilt from the commitlog."""
         plan, cut = self.plan, self.cut_at
         segs = self.cl_segments
-        recs = Records()
-        self.topics = {}
-        lenient_records(segs, len(segs), recs, self.topics)
+        tally = LogTally(limit=cut)
+        lenient_records(segs, len(segs), tally)
         self.max_cq = max([qs.max_physic for qs in self.queues.values()] + [-1])
-        self.records, self.start_index, self.end = recs, 0, cut
+        self.tally, self.start_index, self.end, self.lenient_upto = tally, 0, cut, len(segs)
         self.stop = WalkStop(cut, 0, 0, "cut", "truncate --offset")
         plan.commitlog = {"startFile": segs[0].name if segs else None, "startReason": "truncate", "stopOffset": cut,
                           "stopKind": "cut", "stopReason": f"cut requested at {cut}", "recoveredEnd": cut,
@@ -494,15 +494,12 @@ class Planner:
         positions += [(j, 0) for j in range(k + 1, len(segs))]
         for j, pos in positions:
             s = segs[j]
-            after = Records()
-            w = broker_walk([s], self.cfg, self.version, 0, True, after, self.topics) if pos == 0 else None
-            if pos:
-                sub = _Offset(s, pos)
-                w = broker_walk([sub], self.cfg, self.version, 0, True, after, self.topics)
+            after = LogTally()
+            broker_walk([_Offset(s, pos) if pos else s], self.cfg, self.version, 0, True, after)
             if len(after):
                 count += len(after)
-                first = after.phy[0] if first is None else first
-                last = after.phy[-1] + after.size[-1]
+                first = after.first if first is None else first
+                last = after.last_end
         if count:
             self.plan.salvage = {"badOffset": stop.offset, "validRecordsAfter": count, "firstValidAfter": first,
                                  "endOfValidAfter": last, "skippedRanges": skipped}
@@ -575,7 +572,7 @@ class Planner:
 
     def _dispatch(self, cp: Checkpoint) -> None:
         """Which records get dispatched again (recovery, or 4.9.3's reput at start), and ours."""
-        r, end, plan = self.records, self.end, self.plan
+        end, plan = self.end, self.plan
         plan.queue_ends = {k: qs.max_offset for k, qs in self.queues.items() if qs.segments}
         walk_start = self.cl_segments[self.start_index].start if self.cl_segments else 0
         if not plan.last_exit_ok:
@@ -597,41 +594,20 @@ class Planner:
             if not self.verdicts[(t, q)][0].lies:
                 plan.notes.append(f"queue {t}/{q} lacks units from commitlog offset {p} on; the broker would never "
                                   f"rebuild them (it dispatches from {broker_from}); we re-dispatch from {p}")
-        # Prediction of the consume-queue puts (§7.5); the Dispatcher does them for real.
-        new_units: dict = {}
-        last_cq_ts = None
-        last_start = None
-        count = 0
+        # Prediction of the consume-queue puts (§7.5) on the records of [ours, end), found again by a
+        # second walk (nothing per record is kept from the first); the Dispatcher does them for real.
         # [next offset, maxPhysicOffset, first offset written into an empty queue, queue has no file]
         qstate = {k: [qs.max_offset, qs.max_physic, None, not qs.segments] for k, qs in self.queues.items()}
-        for i in range(len(r)):
-            p = r.phy[i]
-            if p >= end:
-                break
-            last_start = p
-            if p < ours:
-                continue
-            count += 1
-            if not r.cq_dispatched(i):
-                continue
-            last_cq_ts = r.store_ts[i]
-            key = (r.topic[i], r.queue_id[i])
-            st = qstate.get(key)
-            if st is None:
-                st = qstate[key] = [r.queue_offset[i], -1, r.queue_offset[i], False]
-            if p + r.size[i] <= st[1]:
-                continue
-            if st[3]:  # the first unit of a queue without files opens the file holding its offset (§7.3)
-                st[0] = st[2] = r.queue_offset[i]
-                st[3] = False
-            if r.queue_offset[i] != st[0]:
-                continue  # a unit is only written at its record's QUEUEOFFSET (never shifted like §7.5 allows)
-            st[0] += 1
-            st[1] = p + r.size[i]
-            new_units[key] = new_units.get(key, 0) + 1
+        pred = DispatchPrediction(qstate)
+        if ours < end:
+            rewalk(self.cl_segments, self.lenient_upto, self.version, ours, end, pred)
+            pred.flush()
+        new_units, count = pred.new_units, pred.count
+        t = self.tally
         self.qstate = qstate
-        self.last_record_start = last_start
-        self.last_cq_ts = last_cq_ts
+        self.last_record_start = t.last_start
+        # the last record a consume queue takes, if the re-dispatch reaches it
+        self.last_cq_ts = t.last_cq_ts if t.last_cq_phy is not None and t.last_cq_phy >= ours else None
         plan.dispatch = {"brokerFrom": broker_from, "brokerRule": rule, "from": ours, "to": end, "records": count,
                          "newConsumeQueueUnits": sum(new_units.values()),
                          "queuesGaining": {f"{t}-{q}": n for (t, q), n in sorted(new_units.items())}}

@@ -17,7 +17,7 @@ from typing import Iterator
 from formats import fast
 from formats.message import decode_message, render_body
 
-from .logwalk import Records, broker_walk, resync
+from .logwalk import broker_walk, resync
 from .repair import last_nonzero
 
 
@@ -53,10 +53,12 @@ def scan(store, version: int, report: SalvageReport, start: int = 0) -> Iterator
             continue
         pos = max(0, start - seg.start)
         while pos < seg.size:
-            recs = Records()
-            stop = broker_walk([_View(seg, pos)], cfg, max(version, 5), 0, True, recs, {})
-            for p in recs.phy:
-                yield seg, p - seg.start
+            starts: list = []  # one segment's record offsets, a numpy array per chunk
+            stop = broker_walk([_View(seg, pos)], cfg, max(version, 5), 0, True,
+                               lambda s, _b, h: starts.append(h.offsets + s))
+            for part in starts:
+                for p in part.tolist():
+                    yield seg, p - seg.start
             if stop.kind == fast.STOP_BLANK:
                 break
             bad = stop.offset - seg.start

@@ -1,0 +1,237 @@
+"""The derived-file check of recovery (derived.py) one commitlog segment at a time.
+
+``derived.record_table`` holds every record of the recovered log as columns. When every consume-queue
+unit agrees with its record (the usual case: a crash leaves queues short, not lying), the verdicts
+need much less: per segment, the units pointing into it are checked against that segment's records
+(verify's per-segment pass, CRC not checked, as record_table reads them), and of each queue only
+the records past its last unit (what a re-dispatch writes) are kept. A lying unit, ext queues,
+overlapping segment files or a later step that needs the whole table (the index check, the broker's
+outcome for a repaired queue) fall back to ``record_table``, built lazily: the answers are the same.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
+
+from .derived import QueueVerdict, record_table, table_of, tail_redispatch
+
+
+class LazyRecordTable:
+    """``derived.RecordTable`` built on first use; the checkpoint's times come from the windowed pass."""
+
+    def __init__(self, store, end: int, count: int, newest: int | None, newest_cq: int):
+        self.store, self.end = store, end
+        self._times = (count, newest, newest_cq)
+        self._full = None
+
+    def times(self) -> tuple:
+        return self._times
+
+    @property
+    def per_index_file(self) -> bool:
+        """The index check may build a table per index file (no whole table built yet)."""
+        return self._full is None
+
+    def __getattr__(self, name):  # recs, reports, queue_records: the whole table
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._full is None:
+            self._full = record_table(self.store, self.end)
+        return getattr(self._full, name)
+
+
+class _Lie(Exception):
+    """A unit disagrees with its record: the whole table decides (derived.check_queue)."""
+
+
+def _queue_files(qs) -> list:
+    """(queue offset of the first unit, units) of each file the broker's recovery keeps (as derived_plan._queue_units)."""
+    from .recovery import _units
+
+    out, pos = [], None
+    for seg in qs.segments:
+        if seg.start >= qs.end or (pos is not None and seg.start != pos):
+            break
+        arr = _units(seg, qs.file_size)
+        n = min(len(arr), (qs.end - seg.start) // CQ_UNIT_SIZE)
+        out.append((seg.start // CQ_UNIT_SIZE, arr[:n]))
+        pos = seg.start + qs.file_size
+    return out
+
+
+def windowed_verdicts(planner) -> dict | None:
+    """{(topic, queueId): (QueueVerdict, broker end, broker maxPhysicOffset)} as ``check_derived`` finds
+    them, and ``planner.record_table`` set lazily; None when only the whole table can say (then nothing
+    is changed)."""
+    store, end = planner.store, planner.end
+    if planner.cfg.enableConsumeQueueExt:
+        return None
+    cl = store.commitlog
+    segs = [s for s in cl.segments.segments if s.start < end]
+    if any(a.start + a.size > b.start for a, b in zip(segs, segs[1:])):
+        return None
+    bounds = np.asarray([s.start for s in segs], np.int64)
+    limits = np.asarray([min(s.start + s.size, end) for s in segs], np.int64)
+    # Per queue with files: its units per file, where the first real unit is (pre-blank fillers before it,
+    # §7.3), and which segments each file's units point into.
+    queues = {}
+    for key, qs in planner.queues.items():
+        if not qs.segments:
+            continue
+        files, first_real, touched = _queue_files(qs), None, []
+        for first, units in files:
+            phy = units["phyOffset"].astype(np.int64)
+            if first_real is None:
+                filler = ((phy == CQ_FILLER[0]) & (units["size"] == CQ_FILLER[1]) & (units["tagsCode"] == CQ_FILLER[2]))
+                nf = np.flatnonzero(~filler)
+                if len(nf):
+                    first_real = first + int(nf[0])
+            real = phy[first + np.arange(len(phy)) >= first_real] if first_real is not None else phy[:0]
+            w = np.searchsorted(bounds, real, side="right") - 1
+            inside = (w >= 0) & (real < limits[np.maximum(w, 0)]) if len(bounds) else np.zeros(len(real), bool)
+            if not inside.all():
+                return None  # a unit points where no segment of the recovered log is: CQ_NO_RECORD
+            touched.append(set(np.unique(w).tolist()))
+        queues[key] = (qs, files, first_real, touched)
+    tails: dict = {}  # key -> list of (phy, size, queueOffset) of records at or past the queue's end
+    count, newest, newest_cq = 0, None, 0
+    try:
+        for k, seg in enumerate(segs):
+            t = _segment_table(store, cl, seg, end)
+            c = t.c
+            n = len(t)
+            count += n
+            if n:
+                ts = c["storeTimestamp"]
+                newest = int(ts.max()) if newest is None else max(newest, int(ts.max()))
+            tran = c["sysFlag"] & 0xC
+            disp = (tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)
+            if disp.any():
+                newest_cq = max(newest_cq, int(c["storeTimestamp"][disp].max()))
+            _collect_tails(t, disp, queues, tails)
+            for key, (qs, files, first_real, touched) in queues.items():
+                for (first, units), segs_hit in zip(files, touched):
+                    if k in segs_hit:
+                        _check_units(t, key, first, units, first_real, seg.start, limits[k])
+    except _Lie:
+        return None
+    planner.record_table = LazyRecordTable(store, end, count, newest, newest_cq)
+    return _verdicts(planner, queues, tails)
+
+
+def _segment_table(store, cl, seg, end: int):
+    """verify's records of one segment (no CRC), cut at ``end`` (as record_table)."""
+    return table_of(store, [cl.segments.segments.index(seg)], end).recs
+
+
+def _check_units(t, key, first: int, units: np.ndarray, first_real, lo: int, hi: int) -> None:
+    """derived.check_queue's unit tests (record at phyOffset; size, topic, queue, QUEUEOFFSET, transaction
+    type, tagsCode) on the real units of one file that point into [lo, hi); raises _Lie on the first miss."""
+    phy = units["phyOffset"].astype(np.int64)
+    pos = first + np.arange(len(phy), dtype=np.int64)
+    sel = np.flatnonzero((pos >= first_real) & (phy >= lo) & (phy < hi))
+    if not len(sel):
+        return
+    phy, pos = phy[sel], pos[sel]
+    size = units["size"][sel].astype(np.int64)
+    tags = units["tagsCode"][sel].astype(np.int64)
+    idx, found = t.lookup(phy)
+    if not found.all():
+        raise _Lie
+    c = t.c
+    tran = c["sysFlag"][idx] & 0xC
+    ok = ((c["size"][idx] == size) & (c["topic"][idx] == t.topic_ids.get(key[0], -2)) & (c["queueId"][idx] == key[1])
+          & (c["queueOffset"][idx] == pos) & ((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT))
+          & (c["tagsBad"][idx] | (c["tagsCode"][idx] == tags)))
+    if not ok.all():
+        raise _Lie
+
+
+def _collect_tails(t, disp: np.ndarray, queues: dict, tails: dict) -> None:
+    """Of each queue, the dispatchable records a re-dispatch would write: QUEUEOFFSET at or past the
+    queue's end (every record of a queue without files)."""
+    c = t.c
+    rows = np.flatnonzero(disp)
+    if not len(rows):
+        return
+    tid, qid, qo = c["topic"][rows].astype(np.int64), c["queueId"][rows].astype(np.int64), c["queueOffset"][rows]
+    pair = (tid << 32) | (qid & 0xFFFFFFFF)
+    for p in np.unique(pair).tolist():
+        m = pair == p
+        key = (t.topics[p >> 32], int(qid[np.argmax(m)]))
+        if key in queues:
+            m &= qo >= queues[key][0].max_offset
+        r = rows[m]
+        lst = tails.setdefault(key, [])
+        if len(r):
+            lst.append((t.phy[r], c["size"][r].astype(np.int64), c["queueOffset"][r].astype(np.int64)))
+
+
+def _verdicts(planner, queues: dict, tails: dict) -> dict:
+    out = {}
+    cat = lambda parts, j: np.concatenate([p[j] for p in parts]) if parts else np.zeros(0, np.int64)  # noqa: E731
+    for key in sorted(set(planner.queues) | set(tails)):
+        t, q = key
+        parts = tails.get(key, [])
+        phy, size, qo = cat(parts, 0), cat(parts, 1), cat(parts, 2)
+        qs = planner.queues.get(key)
+        if key in queues:
+            _, files, first_real, _ = queues[key]
+            cut, last_end = qs.max_offset, -1
+            units = next((u for _, u in reversed(files) if len(u)), None)
+            if first_real is not None and units is not None:  # the last unit is real: its record's end
+                last_end = int(units["phyOffset"][-1]) + int(units["size"][-1])
+            broker = (qs.max_offset, qs.max_physic)
+        else:
+            cut = int(qo.min()) if len(qo) else 0
+            if qs is not None:
+                cut = max(cut, qs.end // CQ_UNIT_SIZE) if qs.end else cut
+            last_end, broker = -1, (cut, -1)
+            keep = qo >= cut
+            phy, size, qo = phy[keep], size[keep], qo[keep]
+        if not len(qo):
+            continue
+        redispatch, contiguous = tail_redispatch(qo, phy, size, cut, last_end)
+        out[key] = (QueueVerdict(t, q, cut, None, "", redispatch, len(qo), contiguous, None, last_end, 0), *broker)
+    return out
+
+
+_BLOCK = 1 << 20  # index entries read at a time
+
+
+def _entry_span(f) -> tuple[int, int] | None:
+    """(lowest, highest) phyOffset of the entries verify's index check reads (1 .. indexCount-1), or None."""
+    h = f.header()
+    count = min(h.indexCount if h.indexCount > 0 else 1, f.entries)
+    ent = f.entry_table(count)
+    lo = hi = None
+    for a in range(1, count, _BLOCK):
+        phy = ent["phyOffset"][a:a + _BLOCK]
+        b_lo, b_hi = int(phy.min()), int(phy.max())
+        lo = b_lo if lo is None else min(lo, b_lo)
+        hi = b_hi if hi is None else max(hi, b_hi)
+    return None if lo is None else (lo, hi)
+
+
+def index_problems_by_file(store, end: int, files: list) -> list:
+    """``derived.index_problems`` with, per index file, the records of only the segments its entries point
+    into (each file is checked on its own; an entry's status depends on the records of its segment, the
+    segment files and ``end`` alone): memory follows the index file's size, not the log's."""
+    from .verify_index import _check_index
+    from .verify_records import _RefClassifier
+
+    segs = store.commitlog.segments.segments
+    found: list = []
+    for f in files:
+        if not f.complete:
+            continue
+        span = _entry_span(f)
+        idxs = [] if span is None else [i for i, s in enumerate(segs)
+                                        if s.start < end and s.start <= span[1] and s.start + s.size > span[0]]
+        t = table_of(store, idxs, end)
+        refs = _RefClassifier(t.recs, t.reports, store.commitlog, end)
+        _check_index(store, t.recs, refs, found, {}, files=[f])
+        del t, refs
+    return [x for x in found if x.severity in ("error", "warning")]
