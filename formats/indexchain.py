@@ -13,10 +13,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernel import _jit
+_COMPILED = None
 
 
-@_jit
+def _kernel():
+    """The compiled chain pass, made on first use: importing numba (~0.3 s) must not slow the start
+    of commands that never check an index file."""
+    global _COMPILED
+    if _COMPILED is None:
+        from .kernel import _jit
+
+        _COMPILED = _jit(_chain_block)
+    return _COMPILED
+
+
 def _chain_block(kh, prev, first_entry, slots, last, bad_pos, bad_exp):
     nbad = 0
     for i in range(len(kh)):
@@ -41,7 +51,7 @@ def chain_block(kh: np.ndarray, prev: np.ndarray, first_entry: int, slots: int, 
     prev = np.ascontiguousarray(prev, dtype=np.int32)
     bad_pos = np.empty(len(kh), np.int64)
     bad_exp = np.empty(len(kh), np.int32)
-    n = _chain_block(kh, prev, np.int32(first_entry), np.int32(slots), last, bad_pos, bad_exp)
+    n = _kernel()(kh, prev, np.int32(first_entry), np.int32(slots), last, bad_pos, bad_exp)
     return bad_pos[:n].copy(), bad_exp[:n].copy()
 
 

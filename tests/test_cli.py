@@ -121,3 +121,18 @@ def test_no_spec_section_numbers_in_any_message():
                     if "§" in node.value or "FORMAT.md" in node.value:
                         offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value[:60]!r}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_importing_the_cli_and_engine_does_not_import_numba():
+    """numba's import (~0.3 s) is paid only by commands that read records: importing the CLI and the
+    engine modules every command loads must not pull in the compiled kernels (a module-level import of
+    formats.kernel did, through the index-chain check)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, rmqstore_cli.app\n"
+            "from rmqstore_cli.engine import verify, recovery, dispatch, stats, lookup, rebuild, repair\n"
+            "from formats import propscan, indexchain, fast\n"
+            "print(sorted(m for m in ('numba', 'formats.kernel', 'formats.propkernel') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
