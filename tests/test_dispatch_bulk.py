@@ -184,3 +184,24 @@ def test_a_delay_that_is_no_number_is_not_dispatched(tmp_path):
     assert phy not in phys and len(phys) > 0
     assert [(p.code, p.offset) for p in d.problems] == [("DISPATCH_BAD_DELAY", phy)]
     assert "is not a number" in d.problems[0].message
+
+
+def test_a_scanned_batch_pickles_without_its_segment(tmp_path):
+    """rebuild -j sends scanned batches between processes: the pickle holds the columns and the decoded
+    strings, not the mapped segment the strings were decoded from."""
+    import pickle
+
+    from rmqstore_cli.engine.dispatch import Dispatcher
+    from rmqstore_cli.engine.store import Store
+    from tests.conftest import shared_store
+
+    with Store.open(str(shared_store("4.9.3-clean"))) as st:
+        d = Dispatcher(str(tmp_path / "never-written"), st.config)
+        chunk = next(iter(st.commitlog.scan(check_crc=False)))
+        b = d.requests_from_chunk(chunk)
+        raw = pickle.dumps(b)
+        back = pickle.loads(raw)
+        assert list(back) == list(b)
+        assert back.key_hashes.tolist() == b.key_hashes.tolist() and back.topic_ids.tolist() == b.topic_ids.tolist()
+        assert len(raw) < len(chunk.buf) // 2, (len(raw), len(chunk.buf))
+        d.close(flush=False)

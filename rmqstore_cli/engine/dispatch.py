@@ -114,6 +114,18 @@ class DispatchBatch(Sequence):
         self.key_count, self.key_hashes = key_count, key_hashes
         self._strings, self._rows = strings, rows
 
+    def __getstate__(self):
+        # A batch sent between processes (rebuild -j) must not carry its chunk's buffer: its strings are
+        # decoded here, once, and the reference to the mapped segment is dropped.
+        if self._strings is not None:
+            if self._uniq is None or self._keys is None or self._topic is None:
+                self._decode_strings()
+        return {k: (None if k in ("_strings", "_rows") else getattr(self, k)) for k in self.__slots__}
+
+    def __setstate__(self, state) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
     def _decode_strings(self) -> None:
         self._topic, self._uniq, self._keys = self._strings.rows(self._rows.tolist())
 
