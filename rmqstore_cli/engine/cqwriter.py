@@ -158,6 +158,12 @@ class ConsumeQueueWriter:
         done = 0
         i = 0
         while i < n:
+            # units whose record ends at or before max_physic_offset are already present: ``put`` skips
+            # them without changing anything (a re-dispatch over an intact queue is all of these)
+            if end[i] <= self.max_physic_offset:
+                more = np.flatnonzero(end[i:] > self.max_physic_offset)
+                i = n if not len(more) else i + int(more[0])
+                continue
             w = self.write_offset
             if per_file == 0 or not self.has_files or w == self.first_create_start:
                 done += self.put(int(phy[i]), int(size[i]), int(tags[i]), int(cq_offset[i]))
