@@ -164,23 +164,31 @@ def _check_entry_block(f, h, a: int, kh, phy, diff, prev, final: bool, scan: _En
     if final and status[-1] == refs.FOUND:
         scan.last_ts = int(ts[idx[-1]])
     sel = np.flatnonzero((status == refs.FOUND) & (kh >= 0))
-    r_sel = idx[sel]
-    rollback = (recs.c["sysFlag"][r_sel] & 0xC) == TRANSACTION_ROLLBACK
-    no_key = ~rollback & ~recs.has_key_hash(r_sel, kh[sel])
+    check_found_entries(agg, f, h, epos, recs, a, sel, idx[sel], kh, phy, diff)
+
+
+def check_found_entries(agg: _Agg, f, h, epos, recs: _Records, a: int, k: np.ndarray, r: np.ndarray, kh: np.ndarray,
+                        phy: np.ndarray, diff: np.ndarray) -> None:
+    """The entry -> record rules (§10.3) for entries that found their record: block positions ``k`` (entry
+    ``a + k``) and their records ``r`` in ``recs``; ``kh``/``phy``/``diff`` are the block's columns.
+    Shared by the whole-file check and the windowed one."""
+    ts = recs.c["storeTimestamp"]
+    rollback = (recs.c["sysFlag"][r] & 0xC) == TRANSACTION_ROLLBACK
+    no_key = ~rollback & ~recs.has_key_hash(r, kh[k])
     wrong = np.flatnonzero(rollback | no_key)
     for q in wrong[:1].tolist():
-        k = int(sel[q])
-        e = a + k
+        e = a + int(k[q])
+        p = int(phy[k[q]])
         if rollback[q]:
             agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} points at a rollback record, which is never indexed",
-                    entry=e, phyOffset=int(phy[k]), rank=(1, e))
+                    entry=e, phyOffset=p, rank=(1, e))
         else:
-            agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} points at {int(phy[k])}, a record with no key of "
-                    f"hash {int(kh[k])}", entry=e, phyOffset=int(phy[k]), rank=(1, e))
+            agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} points at {p}, a record with no key of "
+                    f"hash {int(kh[k[q]])}", entry=e, phyOffset=p, rank=(1, e))
         agg.count[(f.path, "IDX_KEY_HASH")] += len(wrong) - 1
     if h.beginTimestamp > 0:
-        t = np.flatnonzero(~rollback & ~no_key & (sel + a >= 2))
-        d = ts[r_sel[t]] - h.beginTimestamp
+        t = np.flatnonzero(~rollback & ~no_key & (k + a >= 2))
+        d = ts[r[t]] - h.beginTimestamp
         # int(d / 1000) with Python's float division; exact in float64 while |d| < 2**53
         big = np.abs(d) >= (1 << 53)
         want = np.where(d >= 0, np.trunc(d / 1000.0), 0).astype(np.int64)
@@ -188,11 +196,10 @@ def _check_entry_block(f, h, a: int, kh, phy, diff, prev, final: bool, scan: _En
             dq = int(d[q])
             want[q] = int(dq / 1000) if dq >= 0 else 0
         want = np.minimum(np.maximum(want, 0), 2**31 - 1)
-        for q in np.flatnonzero(diff[sel[t]] != want).tolist():
-            k = int(sel[t[q]])
-            e = a + k
-            agg.add(f.path, "IDX_TIME_DIFF", WARNING, f.path, epos(e), f"entry {e} timeDiff {int(diff[k])} s, the record's store "
-                    f"time gives {int(want[q])} s", entry=e)
+        for q in np.flatnonzero(diff[k[t]] != want).tolist():
+            e = a + int(k[t[q]])
+            agg.add(f.path, "IDX_TIME_DIFF", WARNING, f.path, epos(e), f"entry {e} timeDiff {int(diff[k[t[q]]])} s, the record's "
+                    f"store time gives {int(want[q])} s", entry=e, rank=e)
 
 
 def _no_record(agg: _Agg, f, pos: int, e: int, phy: int) -> None:

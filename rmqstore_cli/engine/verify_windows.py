@@ -21,7 +21,7 @@ import numpy as np
 
 from formats.indexchain import chain_block
 from formats.records import (CQ_FILLER, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_COMMIT,
-                             TRANSACTION_NOT, TRANSACTION_ROLLBACK)
+                             TRANSACTION_NOT)
 
 from .findings import Finding
 from . import verify_index
@@ -276,34 +276,7 @@ class IndexWindows:
                 self.last_ts = int(ts[fr[-1]])
             keep = kh[fk] >= 0
             fk, fr = fk[keep], fr[keep]
-            rollback = (recs.c["sysFlag"][fr] & 0xC) == TRANSACTION_ROLLBACK
-            no_key = ~rollback & ~recs.has_key_hash(fr, kh[fk])
-            wrong = np.flatnonzero(rollback | no_key)
-            for q in wrong[:1].tolist():
-                k = int(fk[q])
-                e = a + k
-                if rollback[q]:
-                    agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} points at a rollback record, which is "
-                            "never indexed", entry=e, phyOffset=int(phy[k]), rank=(1, e))
-                else:
-                    agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} points at {int(phy[k])}, a record with no "
-                            f"key of hash {int(kh[k])}", entry=e, phyOffset=int(phy[k]), rank=(1, e))
-                agg.count[(f.path, "IDX_KEY_HASH")] += len(wrong) - 1
-            if h.beginTimestamp > 0:
-                t = np.flatnonzero(~rollback & ~no_key & (fk + a >= 2))
-                d = ts[fr[t]] - h.beginTimestamp
-                # int(d / 1000) with Python's float division; exact in float64 while |d| < 2**53
-                big = np.abs(d) >= (1 << 53)
-                want = np.where(d >= 0, np.trunc(d / 1000.0), 0).astype(np.int64)
-                for q in np.flatnonzero(big).tolist():
-                    dq = int(d[q])
-                    want[q] = int(dq / 1000) if dq >= 0 else 0
-                want = np.minimum(np.maximum(want, 0), 2**31 - 1)
-                for q in np.flatnonzero(diff[fk[t]] != want).tolist():
-                    k = int(fk[t[q]])
-                    e = a + k
-                    agg.add(f.path, "IDX_TIME_DIFF", WARNING, f.path, epos(e), f"entry {e} timeDiff {int(diff[k])} s, the record's "
-                            f"store time gives {int(want[q])} s", entry=e, rank=e)
+            verify_index.check_found_entries(agg, f, h, epos, recs, a, fk, fr, kh, phy, diff)
 
     def finish(self, refs: _RefClassifier, findings: list) -> None:
         f, h, agg = self.f, self.h, self.agg
