@@ -19,6 +19,7 @@ No files, no printing: bytes/str in, values out (and back).
 
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 __all__ = ["ObjectKey", "FastjsonError", "loads", "dumps", "position_of"]
@@ -107,26 +108,26 @@ class _Parser:
     def obj(self) -> dict:
         self.i += 1  # {
         out: dict = {}
-        if self.peek() == "}":
-            self.i += 1
-            return out
-        while True:
-            key = self.key()
-            if self.peek() != ":":
-                self.fail(f"expected ':' after key {key!r}")
-            self.i += 1
-            out[key] = self.value()
-            c = self.peek()
-            if c == ",":
+        with self._keeping(out):
+            if self.peek() == "}":
                 self.i += 1
+                return out
+            while True:
+                key = self.key()
+                if self.peek() != ":":
+                    self.fail(f"expected ':' after key {key!r}")
+                self.i += 1
+                v = self._member(out, lambda partial: out.__setitem__(key, partial))
+                c = self.peek()
+                if c not in ",}":
+                    self.fail(f"expected ',' or '}}' after the value of key {key!r}")
+                out[key] = v
+                self.i += 1
+                if c == "}":
+                    return out
                 if self.peek() == "}":  # fastjson accepts a trailing comma
                     self.i += 1
                     return out
-                continue
-            if c == "}":
-                self.i += 1
-                return out
-            self.fail(f"expected ',' or '}}' after the value of key {key!r}")
 
     def key(self):
         c = self.peek()
@@ -153,22 +154,30 @@ class _Parser:
     def arr(self) -> list:
         self.i += 1
         out: list = []
-        if self.peek() == "]":
-            self.i += 1
-            return out
-        while True:
-            out.append(self.value())
-            c = self.peek()
-            if c == ",":
-                self.i += 1
-                if self.peek() == "]":
-                    self.i += 1
-                    return out
-                continue
-            if c == "]":
+        with self._keeping(out):
+            if self.peek() == "]":
                 self.i += 1
                 return out
-            self.fail("expected ',' or ']' in an array")
+            while True:
+                v = self._member(out, out.append)
+                c = self.peek()
+                if c not in ",]":
+                    self.fail("expected ',' or ']' in an array")
+                out.append(v)
+                self.i += 1
+                if c == "]":
+                    return out
+                if self.peek() == "]":  # a trailing comma
+                    self.i += 1
+                    return out
+
+    def _keeping(self, out):
+        """Context of one object or array: a strict parse keeps nothing when it fails."""
+        return nullcontext()
+
+    def _member(self, out, keep):
+        """The value of one member; ``keep(partial)`` is how :class:`_PartialParser` keeps a cut one."""
+        return self.value()
 
     def string(self) -> str:
         s, n = self.s, self.n
@@ -380,66 +389,19 @@ class _PartialParser(_Parser):
     followed by ',' or the closing bracket (the last value before a cut may itself be cut: ``12`` of ``1234``),
     and an unfinished inner object or array that holds complete entries."""
 
-    def obj(self) -> dict:
-        self.i += 1
-        out: dict = {}
+    @contextmanager
+    def _keeping(self, out):
         try:
-            if self.peek() == "}":
-                self.i += 1
-                return out
-            while True:
-                key = self.key()
-                if self.peek() != ":":
-                    self.fail("expected ':'")
-                self.i += 1
-                try:
-                    v = self.value()
-                except _Incomplete as inc:
-                    if inc.partial:
-                        out[key] = inc.partial
-                    raise _Incomplete(out) from None
-                c = self.peek()
-                out[key] = v
-                if c == ",":
-                    self.i += 1
-                    if self.peek() == "}":
-                        self.i += 1
-                        return out
-                    continue
-                if c == "}":
-                    self.i += 1
-                    return out
-                del out[key]
-                self.fail("expected ',' or '}'")
+            yield
         except FastjsonError:
             raise _Incomplete(out) from None
 
-    def arr(self) -> list:
-        self.i += 1
-        out: list = []
+    def _member(self, out, keep):
         try:
-            if self.peek() == "]":
-                self.i += 1
-                return out
-            while True:
-                try:
-                    v = self.value()
-                except _Incomplete as inc:
-                    if inc.partial:
-                        out.append(inc.partial)
-                    raise _Incomplete(out) from None
-                c = self.peek()
-                if c in ",]":
-                    out.append(v)
-                    self.i += 1
-                    if c == "]":
-                        return out
-                    if self.peek() == "]":
-                        self.i += 1
-                        return out
-                    continue
-                self.fail("expected ',' or ']'")
-        except FastjsonError:
+            return self.value()
+        except _Incomplete as inc:
+            if inc.partial:
+                keep(inc.partial)
             raise _Incomplete(out) from None
 
 

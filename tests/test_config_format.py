@@ -93,3 +93,15 @@ def test_strings_are_escaped_like_fastjson():
     text = fastjson.dumps(v)
     assert text == '{\n\t"t":"a\\"b\\\\c\\n\u00e9\u4e2d\\u0001"\n}'
     assert fastjson.loads(text) == v
+
+
+def test_partial_keeps_complete_array_members_and_inner_objects():
+    assert fastjson.loads_partial('{"a":[1,2,{"b":3,"c":') == ({"a": [1, 2, {"b": 3}]}, False)
+    assert fastjson.loads_partial('{"a":[1,2],"b":7 x') == ({"a": [1, 2]}, False)  # 7 not followed by , or }
+    assert fastjson.loads_partial('[1,[2,3') == ([1, [2]], False)
+
+
+def test_trailing_commas_are_accepted_as_fastjson_does():
+    assert fastjson.loads('{"a":1,}') == {"a": 1}
+    assert fastjson.loads('[1,2,]') == [1, 2]
+    assert fastjson.loads('{"a":[],"b":{}}') == {"a": [], "b": {}}
