@@ -132,28 +132,10 @@ def _search_493(files, rd: _Reader, min_logic: int, ts: int) -> int:
             seg, readable = s, r
             break
     low = min_logic - seg.start if min_logic > seg.start else 0
-    high = readable - UNIT
-    target = left = right = -1
-    left_v = right_v = -1
-    while high >= low:
-        mid = (low + high) // (2 * UNIT) * UNIT
-        phy, size = _unit(seg, mid)
-        if phy < rd.min_phy:
-            low = mid + UNIT
-            left = mid
-            continue
-        t = rd.store_time(phy, size)
-        if t < 0:
-            return 0
-        if t == ts:
-            target = mid
-            break
-        if t > ts:
-            high = mid - UNIT
-            right, right_v = mid, t
-        else:
-            low = mid + UNIT
-            left, left_v = mid, t
+    found = _bisect(seg, rd, low, readable - UNIT, ts)
+    if found is None:
+        return 0
+    target, left, left_v, right, right_v = found
     if target != -1:
         off = target
     elif left_v == -1:
@@ -190,24 +172,10 @@ def _search_533(files, file_size: int, rd: _Reader, min_logic: int, ts: int) -> 
     phy, size = _unit(seg, floor)
     if rd.store_time(phy, size) > ts:
         return _jdiv(seg.start, UNIT)
-    target = right = -1  # (the broker's leftOffset only matters for its UPPER boundary)
-    while high >= low:
-        mid = (low + high) // (2 * UNIT) * UNIT
-        phy, size = _unit(seg, mid)
-        if phy < rd.min_phy:
-            low = mid + UNIT
-            continue
-        t = rd.store_time(phy, size)
-        if t < 0:
-            return 0
-        if t == ts:
-            target = mid
-            break
-        if t > ts:
-            high = mid - UNIT
-            right = mid
-        else:
-            low = mid + UNIT
+    found = _bisect(seg, rd, low, high, ts)
+    if found is None:
+        return 0
+    target, _, _, right, _ = found  # (the broker's leftOffset only matters for its UPPER boundary)
     if target != -1:
         off = target
         while off - UNIT >= floor:
@@ -218,6 +186,35 @@ def _search_533(files, file_size: int, rd: _Reader, min_logic: int, ts: int) -> 
     else:
         off = right
     return _jdiv(seg.start + off, UNIT)
+
+
+def _bisect(seg, rd: _Reader, low: int, high: int, ts: int):
+    """Both versions' binary search over the units at byte positions [low, high] of one consume-queue
+    file: (unit with store time ``ts`` or -1, last unit below it (or skipped as before the log's start),
+    its time, first unit above it, its time; -1 when none); None when a unit's record cannot be read
+    (the broker then answers 0)."""
+    target = left = right = -1
+    left_v = right_v = -1
+    while high >= low:
+        mid = (low + high) // (2 * UNIT) * UNIT
+        phy, size = _unit(seg, mid)
+        if phy < rd.min_phy:
+            low = mid + UNIT
+            left = mid
+            continue
+        t = rd.store_time(phy, size)
+        if t < 0:
+            return None
+        if t == ts:
+            target = mid
+            break
+        if t > ts:
+            high = mid - UNIT
+            right, right_v = mid, t
+        else:
+            low = mid + UNIT
+            left, left_v = mid, t
+    return target, left, left_v, right, right_v
 
 
 def _first_time(seg) -> int | None:
