@@ -21,23 +21,10 @@ import shutil
 import time
 
 from .errors import UsageError
+from .mappedfile import fsync_path
 
 MANIFEST = "manifest.jsonl"
 BACKUP_SUFFIX = ".rmqstore-backup"
-
-
-def fsync_path(path: str, directory: bool = False) -> None:
-    flags = os.O_RDONLY | (os.O_DIRECTORY if directory else 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def default_backup_parent(root: str) -> str:

@@ -18,6 +18,7 @@ import fcntl
 import os
 
 from .errors import StoreInUseError, UsageError
+from .mappedfile import fsync_path
 
 LOCK_CONTENT = b"lock"
 
@@ -102,7 +103,7 @@ def create_abort(root: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    _fsync_dir(root)
+    fsync_path(root, directory=True)
 
 
 def remove_abort(root: str) -> None:
@@ -111,20 +112,7 @@ def remove_abort(root: str) -> None:
         os.unlink(abort_path(root))
     except FileNotFoundError:
         return
-    _fsync_dir(root)
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fsync_path(root, directory=True)
 
 
 class WriteSession:

@@ -188,19 +188,24 @@ class SegmentQueueWriter:
             self.current = None
 
 
+def fsync_path(path: str, directory: bool = False) -> None:
+    """fsync one file or directory, quietly: what cannot be opened or synced (gone, a device) is left as is."""
+    try:
+        fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: str) -> None:
     """Make file creations in ``path`` (and of ``path`` itself in its parent) durable."""
     for p in (path, os.path.dirname(path.rstrip(os.sep))):
-        try:
-            fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        fsync_path(p, directory=True)
 
 
 def makedirs(path: str, journal: "UndoJournal | None" = None) -> None:
