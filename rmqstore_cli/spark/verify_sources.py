@@ -58,6 +58,56 @@ def _open(root: str, options: dict):
     return open_store_from_options(root, options)
 
 
+class _StoreReader(DataSourceReader):
+    """Partitions of every store the ``path`` option names (:meth:`work`), each read with its store open."""
+
+    def __init__(self, options: dict):
+        self.options = options
+        self.roots = store_roots(options.get("path"))
+
+    def partitions(self):
+        out = []
+        for root in self.roots:
+            st = _open(root, self.options)
+            try:
+                out += self.work(st)
+            finally:
+                st.close()
+        return out or [Work("", [])]
+
+    def read(self, partition: Work):
+        if not partition.items:
+            return
+        st = _open(partition.store, self.options)
+        try:
+            yield from self.read_items(st, partition.items)
+        finally:
+            st.close()
+
+    def work(self, st) -> list:
+        raise NotImplementedError
+
+    def read_items(self, st, items):
+        raise NotImplementedError
+
+
+class _StoreSource(DataSource):
+    """A source named :attr:`NAME` with the DDL schema :attr:`DDL`, read by :attr:`READER`."""
+
+    NAME = DDL = ""
+    READER = _StoreReader
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.NAME
+
+    def schema(self):
+        return self.DDL
+
+    def reader(self, schema):
+        return self.READER(_options(self))
+
+
 @dataclass
 class Work(InputPartition):
     """One task's share of one store: segment indexes, (topic, queueId) pairs or index file numbers."""
@@ -139,52 +189,27 @@ def meta_batch(root: str, payload: bytes):
     return pa.RecordBatch.from_arrays(cols, schema=pa.schema(_VERIFIED_TYPES))
 
 
-class VerifiedRecordsSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "rocketmq-verified"
-
-    def schema(self):
-        return VERIFIED_DDL
-
-    def reader(self, schema):
-        return _VerifiedReader(_options(self))
-
-
-class _VerifiedReader(DataSourceReader):
-    def __init__(self, options: dict):
-        self.options = options
-        self.roots = store_roots(options.get("path"))
-
-    def partitions(self):
+class _VerifiedReader(_StoreReader):
+    def work(self, st) -> list:
         split = int(self.options.get("splitsize") or DEFAULT_SPLIT)
-        out = []
-        for root in self.roots:
-            st = _open(root, self.options)
-            try:
-                out += _group(st.root, [(i, seg.size) for i, seg in enumerate(st.commitlog.segments.segments)], split)
-            finally:
-                st.close()
-        return out or [Work("", [])]
+        return _group(st.root, [(i, seg.size) for i, seg in enumerate(st.commitlog.segments.segments)], split)
 
-    def read(self, partition: Work):
+    def read_items(self, st, items):
         from rmqstore_cli.engine.verify import _check_delay_properties, verify_segments
         from rmqstore_cli.engine.verify_records import _Records
 
-        if not partition.items:
-            return
-        st = _open(partition.store, self.options)
-        try:
-            reports = verify_segments(st.commitlog, partition.items, check_crc=_flag(self.options, "checkcrc", True))
-            recs = _Records(st, reports)  # consumes the reports' columns
-            findings: list = []
-            _check_delay_properties(recs, findings)
-            times = time_partial(recs)
-            yield from record_batches(st.root, recs, int(self.options.get("batchrows") or DEFAULT_BATCH_ROWS))
-            del recs
-            yield meta_batch(st.root, pickle.dumps({"reports": reports, "findings": findings, "times": times}))
-        finally:
-            st.close()
+        reports = verify_segments(st.commitlog, items, check_crc=_flag(self.options, "checkcrc", True))
+        recs = _Records(st, reports)  # consumes the reports' columns
+        findings: list = []
+        _check_delay_properties(recs, findings)
+        times = time_partial(recs)
+        yield from record_batches(st.root, recs, int(self.options.get("batchrows") or DEFAULT_BATCH_ROWS))
+        del recs
+        yield meta_batch(st.root, pickle.dumps({"reports": reports, "findings": findings, "times": times}))
+
+
+class VerifiedRecordsSource(_StoreSource):
+    NAME, DDL, READER = "rocketmq-verified", VERIFIED_DDL, _VerifiedReader
 
 
 # --- consume-queue units ------------------------------------------------------------------
@@ -205,53 +230,27 @@ def _refs_batches(root: str, names: list, values: list, phys: np.ndarray, types:
         yield pa.RecordBatch.from_arrays(cols, names=["store"] + names + ["phyOffset"])
 
 
-class ConsumeQueueUnitsSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "rocketmq-consumequeue"
-
-    def schema(self):
-        return UNITS_DDL
-
-    def reader(self, schema):
-        return _UnitsReader(_options(self))
-
-
-class _UnitsReader(DataSourceReader):
-    def __init__(self, options: dict):
-        self.options = options
-        self.roots = store_roots(options.get("path"))
-
-    def partitions(self):
-        split = int(self.options.get("splitsize") or DEFAULT_SPLIT)
-        out = []
-        for root in self.roots:
-            st = _open(root, self.options)
+class _UnitsReader(_StoreReader):
+    def work(self, st) -> list:
+        sized = []
+        for t, q in st.queues():
+            d = os.path.join(st.root, "consumequeue", t, str(q))
             try:
-                sized = []
-                for t, q in st.queues():
-                    d = os.path.join(st.root, "consumequeue", t, str(q))
-                    try:
-                        n = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
-                    except OSError:
-                        n = 0
-                    sized.append(((t, q), max(n, 1)))
-                out += _group(st.root, sized, split)
-            finally:
-                st.close()
-        return out or [Work("", [])]
+                n = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+            except OSError:
+                n = 0
+            sized.append(((t, q), max(n, 1)))
+        return _group(st.root, sized, int(self.options.get("splitsize") or DEFAULT_SPLIT))
 
-    def read(self, partition: Work):
-        if not partition.items:
-            return
-        st = _open(partition.store, self.options)
-        try:
-            for t, q in partition.items:
-                u = st.queue(t, q).units()
-                filler = (u.phy == CQ_FILLER[0]) & (u.size == CQ_FILLER[1]) & (u.tags == CQ_FILLER[2])
-                yield from _refs_batches(st.root, ["topic", "queueId"], [t, q], u.phy[~filler], [pa.string(), pa.int32()])
-        finally:
-            st.close()
+    def read_items(self, st, items):
+        for t, q in items:
+            u = st.queue(t, q).units()
+            filler = (u.phy == CQ_FILLER[0]) & (u.size == CQ_FILLER[1]) & (u.tags == CQ_FILLER[2])
+            yield from _refs_batches(st.root, ["topic", "queueId"], [t, q], u.phy[~filler], [pa.string(), pa.int32()])
+
+
+class ConsumeQueueUnitsSource(_StoreSource):
+    NAME, DDL, READER = "rocketmq-consumequeue", UNITS_DDL, _UnitsReader
 
 
 # --- index entries --------------------------------------------------------------------------
@@ -264,53 +263,28 @@ def counted_entries(f) -> int:
     return min(count, f.entries)
 
 
-class IndexEntriesSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "rocketmq-index"
+class _EntriesReader(_StoreReader):
+    def work(self, st) -> list:
+        return [Work(st.root, [(i, f.path)]) for i, f in enumerate(st.index.files)]
 
-    def schema(self):
-        return ENTRIES_DDL
-
-    def reader(self, schema):
-        return _EntriesReader(_options(self))
-
-
-class _EntriesReader(DataSourceReader):
-    def __init__(self, options: dict):
-        self.options = options
-        self.roots = store_roots(options.get("path"))
-
-    def partitions(self):
-        out = []
-        for root in self.roots:
-            st = _open(root, self.options)
-            try:
-                out += [Work(st.root, [(i, f.path)]) for i, f in enumerate(st.index.files)]
-            finally:
-                st.close()
-        return out or [Work("", [])]
-
-    def read(self, partition: Work):
+    def read_items(self, st, items):
         from rmqstore_cli.engine.verify_index import _drop_pages
         from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
-        if not partition.items:
-            return
-        st = _open(partition.store, self.options)
-        try:
-            for i, path in partition.items:
-                f = st.index.files[i]
-                if f.path != path:
-                    raise RuntimeError(f"index files changed while verifying: expected {path}, found {f.path}")
-                phy = np.zeros(0, np.int64)
-                if f.complete:
-                    count = counted_entries(f)
-                    phy = f.entry_table(count)[1:]["phyOffset"].astype(np.int64)
-                    _drop_pages(f.segment.buffer(), INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE, count * INDEX_ENTRY_SIZE)
-                yield from _refs_batches(st.root, ["file"], [i], phy, [pa.int32()])
-        finally:
-            st.close()
+        for i, path in items:
+            f = st.index.files[i]
+            if f.path != path:
+                raise RuntimeError(f"index files changed while verifying: expected {path}, found {f.path}")
+            phy = np.zeros(0, np.int64)
+            if f.complete:
+                count = counted_entries(f)
+                phy = f.entry_table(count)[1:]["phyOffset"].astype(np.int64)
+                _drop_pages(f.segment.buffer(), INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE, count * INDEX_ENTRY_SIZE)
+            yield from _refs_batches(st.root, ["file"], [i], phy, [pa.int32()])
+
+
+class IndexEntriesSource(_StoreSource):
+    NAME, DDL, READER = "rocketmq-index", ENTRIES_DDL, _EntriesReader
 
 
 SOURCES = (VerifiedRecordsSource, ConsumeQueueUnitsSource, IndexEntriesSource)
