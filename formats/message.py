@@ -144,18 +144,16 @@ def render_body(msg: dict, mode: str) -> dict:
     return msg
 
 
-def body_from_json(obj: dict) -> bytes:
-    """Body bytes from whichever of bodyHex / bodyBase64 / bodyText / body is present."""
+def body_from_json(obj: dict) -> bytes | None:
+    """Body bytes from the bodyHex / bodyBase64 / bodyText field ``dump --json`` writes (the first present),
+    None when there is none; ValueError (or binascii.Error) when its text does not decode."""
     if "bodyHex" in obj:
         return bytes.fromhex(obj["bodyHex"])
     if "bodyBase64" in obj:
         return base64.b64decode(obj["bodyBase64"], validate=True)
     if "bodyText" in obj:
         return obj["bodyText"].encode("utf-8")
-    body = obj.get("body", b"")
-    if isinstance(body, str):
-        return body.encode("utf-8")
-    return bytes(body or b"")
+    return None
 
 
 def encode_message(

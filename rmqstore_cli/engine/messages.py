@@ -12,7 +12,6 @@ when ``enabledAppendPropCRC`` is on (an existing ``__CRC32#`` entry is always re
 
 from __future__ import annotations
 
-import base64
 import binascii
 import datetime as _dt
 import itertools
@@ -23,6 +22,7 @@ import time
 from dataclasses import dataclass
 
 from formats.java_hashmap import broker_batch_record_properties, broker_properties_string
+from formats.message import body_from_json
 from formats.msgid import parse_host
 from formats.properties import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, parse_properties
 from formats.records import (CRC32_RESERVED_LEN, MAGIC_V1, MAGIC_V2, MAX_PROPERTIES_LENGTH, SYSFLAG_BORNHOST_V6,
@@ -200,14 +200,11 @@ def _body(obj: dict) -> bytes:
     if len(given) > 1:
         raise InputError(f"give one body field, not {', '.join(given)}")
     try:
-        if "bodyHex" in obj:
-            return bytes.fromhex(obj["bodyHex"])
-        if "bodyBase64" in obj:
-            return base64.b64decode(obj["bodyBase64"], validate=True)
-        if "bodyText" in obj:
-            return obj["bodyText"].encode("utf-8")
+        body = body_from_json(obj)
     except (ValueError, TypeError, AttributeError, binascii.Error) as e:
         raise InputError(f"{given[0]} is not valid: {e}") from None
+    if body is not None:
+        return body
     n = obj.get("bodyLen")
     if isinstance(n, int) and n > 0:
         raise InputError(f"bodyLen is {n} but no body was given (dump with --body hex)")

@@ -230,12 +230,7 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
         q_rows = (joined.where(F.col("topic").isNotNull())
                   .groupBy("store", "topic", "queueId")
                   .applyInArrow(_group_fn("queue", ctx, config_file, overrides), GROUP_RESULT_DDL).collect())
-        for r in q_rows:
-            s = state[r["store"]]
-            s["findings"] += pickle.loads(r["findings"])
-            s["units"] += r["n"]
-            s["queues"] += 1
-            s["lost"] += r["lost"]
+        _add_group_results(state, q_rows, "queues", "units")
 
         # Dispatch completeness: records missing from every queue, below / above the high-water mark.
         hw = {}
@@ -271,12 +266,7 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
         i_rows = (entries.join(i_recs, ["store", "phyOffset"], "left")
                   .groupBy("store", "file")
                   .applyInArrow(_group_fn("index", ctx, config_file, overrides), GROUP_RESULT_DDL).collect())
-        for r in i_rows:
-            s = state[r["store"]]
-            s["findings"] += pickle.loads(r["findings"])
-            s["entries"] += r["n"]
-            s["files"] += 1
-            s["lost"] += r["lost"]
+        _add_group_results(state, i_rows, "files", "entries")
         joined.unpersist()
         verified.unpersist()
 
@@ -305,3 +295,13 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
     return {"stores": [r.summary for r in results], "findings": rows, "exitCode": exit_code, "segments": n_segments,
             "tasks": n_tasks, "crossCheckTasks": tasks, "seconds": round(time.monotonic() - t0, 3),
             "out": os.path.abspath(out) if out else None}
+
+
+def _add_group_results(state: dict, rows, groups: str, refs: str) -> None:
+    """Fold the per-queue or per-index-file check results (GROUP_RESULT_DDL rows) into each store's state."""
+    for r in rows:
+        s = state[r["store"]]
+        s["findings"] += pickle.loads(r["findings"])
+        s[refs] += r["n"]
+        s[groups] += 1
+        s["lost"] += r["lost"]
