@@ -31,6 +31,14 @@ def index_timestamp(files) -> int:
     return files[-2].header().endTimestamp if len(files) >= 2 else 0
 
 
+def correct_times(planner, after: Checkpoint) -> tuple[bool, bool]:
+    """Every checkpoint-time correction of a recovery plan, in order: (times after the records they describe
+    were set back (derived-file damage), the index timestamp must be taken from the index files after the
+    re-dispatch (index rebuilt))."""
+    corrected = _times_after_records(planner, after)
+    return corrected, consistent_checkpoint(planner, after)
+
+
 def consistent_checkpoint(planner, after: Checkpoint) -> bool:
     """Lower the fields of ``after`` that point past the log the plan leaves; returns True when the
     index timestamp must be taken from the index files after the re-dispatch (index rebuilt)."""
@@ -46,6 +54,32 @@ def consistent_checkpoint(planner, after: Checkpoint) -> bool:
     if kept and after.indexMsgTimestamp > max(f.header().endTimestamp for f in kept):
         after.indexMsgTimestamp = index_timestamp(kept)
     return False
+
+
+def _times_after_records(planner, after: Checkpoint) -> bool:
+    """Checkpoint times after the records they describe (a future time makes the broker believe data
+    was flushed or dispatched that the log does not hold): set to what the recovered store holds."""
+    table = getattr(planner, "record_table", None)
+    if table is None:
+        return False
+    count, newest, newest_cq = table.times()
+    if not count:
+        return False
+    changed = False
+    if after.physicMsgTimestamp > newest:
+        after.physicMsgTimestamp, changed = newest, True
+    if after.logicsMsgTimestamp > newest_cq:
+        after.logicsMsgTimestamp, changed = newest_cq, True
+    ends = [f.header().endTimestamp for f in planner.store.index.files if f.complete]  # as on disk, before any rebuild
+    if after.indexMsgTimestamp > max(ends, default=0):
+        full = [f.header().endTimestamp for f in planner.index_files
+                if f.complete and f.header().indexCount >= planner.cfg.maxIndexNum]
+        after.indexMsgTimestamp, changed = (full[-1] if full else 0), True
+        planner.index_ts_corrected = True
+    if changed:
+        planner.plan.notes.append("checkpoint times after the newest record they describe are set back to the "
+                                  "recovered store's (the broker would trust them)")
+    return changed
 
 
 def index_timestamp_on_disk(root: str, config) -> int:

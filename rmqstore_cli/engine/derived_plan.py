@@ -142,32 +142,6 @@ def _cut_ext(planner, key, ext_end: int) -> None:
                         "they are written again by the re-dispatch", offset=ext_end - seg.start)
 
 
-def correct_checkpoint(planner, after) -> bool:
-    """Checkpoint times after the records they describe (a future time makes the broker believe data
-    was flushed or dispatched that the log does not hold): set to what the recovered store holds."""
-    table = getattr(planner, "record_table", None)
-    if table is None:
-        return False
-    count, newest, newest_cq = table.times()
-    if not count:
-        return False
-    changed = False
-    if after.physicMsgTimestamp > newest:
-        after.physicMsgTimestamp, changed = newest, True
-    if after.logicsMsgTimestamp > newest_cq:
-        after.logicsMsgTimestamp, changed = newest_cq, True
-    ends = [f.header().endTimestamp for f in planner.store.index.files if f.complete]  # as on disk, before any rebuild
-    if after.indexMsgTimestamp > max(ends, default=0):
-        full = [f.header().endTimestamp for f in planner.index_files
-                if f.complete and f.header().indexCount >= planner.cfg.maxIndexNum]
-        after.indexMsgTimestamp, changed = (full[-1] if full else 0), True
-        planner.index_ts_corrected = True
-    if changed:
-        planner.plan.notes.append("checkpoint times after the newest record they describe are set back to the "
-                                  "recovered store's (the broker would trust them)")
-    return changed
-
-
 def _check_index(planner, table) -> None:
     if planner.index_rebuild_from is not None or not planner.index_files:
         return

@@ -21,13 +21,13 @@ from formats.extaddr import is_ext_addr, undecorate
 from formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6
 
 from .checkpoint import Checkpoint
-from .checkpointfix import consistent_checkpoint
+from .checkpointfix import correct_times
 from .consumequeue import ConsumeQueue, ConsumeQueueExt
 from .errors import EXIT_CLEAN, EXIT_CORRUPT, EXIT_FINDINGS
 from .dispatchpredict import DispatchPrediction
 from .logwalk import LogTally, WalkStop, broker_walk, lenient_records, resync, rewalk
 from .store import Store
-from .derived_plan import check_derived, correct_checkpoint, dispatch_starts, queue_repairs
+from .derived_plan import check_derived, dispatch_starts, queue_repairs
 
 REFUSE = "the broker would refuse to start: "
 
@@ -627,8 +627,7 @@ class Planner:
             after.logicsMsgTimestamp = self.last_cq_ts
         if self.version >= 5 and self.last_record_start is not None:
             after.confirmPhyOffset = self.last_record_start
-        corrected = correct_checkpoint(self, after)  # times after the records they describe (derived-file damage)
-        index_from_files = consistent_checkpoint(self, after)  # times after the log this plan leaves
+        corrected, index_from_files = correct_times(self, after)
         self.plan.checkpoint_after = after.as_json(self.version)
         self.plan.checkpoint_after["indexMsgTimestampNote"] = "advances if re-dispatch fills an index file"
         if after.to_bytes() != cp.to_bytes() or not cp.exists or index_from_files:
