@@ -145,7 +145,11 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
 
 def run_verify(root: str, config, out: Output, json_: bool, kept: list = (), left: list = ()) -> int:
     """verify after apply; exit 0 when clean or when only the findings the plan kept on purpose remain."""
-    from rmqstore_cli.engine.outcome import judge
+    return report_verify(verify_after(root, config), root, out, json_, kept, left)
+
+
+def verify_after(root: str, config):
+    """verify of the store as the apply left it (opened afresh, with the geometry the command used)."""
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.engine.verify import verify_store
 
@@ -153,7 +157,13 @@ def run_verify(root: str, config, out: Output, json_: bool, kept: list = (), lef
         "version", "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "mappedFileSizeConsumeQueueExt",
         "enableConsumeQueueExt", "maxHashSlotNum", "maxIndexNum")})
     with st:
-        result = verify_store(st)
+        return verify_store(st)
+
+
+def report_verify(result, root: str, out: Output, json_: bool, kept: list = (), left: list = ()) -> int:
+    """Judge and print verify after apply (``result``): the contract's exit code."""
+    from rmqstore_cli.engine.outcome import judge
+
     outcome = judge(list(kept), root, result.findings, list(left))
     bad = [f for f in result.findings if f.severity in ("error", "warning")]
     if json_:
