@@ -112,6 +112,9 @@ class RecoveryPlan:
     left_findings: list = field(default_factory=list)
     assessed: bool = False
     keep_valid_after: bool = False  # the explicit choice that lets a plan with data loss be applied
+    # (size, mtime, inode) of every file under the store root when planning began (store_fingerprint):
+    # the apply reuses this plan only if the store is still so once the lock is held.
+    fingerprint: dict | None = field(default=None, repr=False, compare=False)
     queue_ends: dict = field(default_factory=dict)  # (topic, queueId) -> next queue offset before the re-dispatch
 
     @property
@@ -175,8 +178,10 @@ def _file_has_data(path: str) -> bool:
 class Planner:
     """Builds a RecoveryPlan; one method per broker step."""
 
-    def __init__(self, store: Store, version: int, *, keep_valid_after: bool = False, cut_at: int | None = None):
+    def __init__(self, store: Store, version: int, *, keep_valid_after: bool = False, cut_at: int | None = None,
+                 broker_only: bool = False):
         self.cut_at = cut_at
+        self.broker_only = broker_only
         self.store = store
         self.cfg = store.config
         self.version = version
@@ -250,11 +255,15 @@ class Planner:
         self._truncate_queues()
         self._index_after_crash(cp)
         self._index_past_end()
-        check_derived(self)
+        if self.broker_only:
+            self.verdicts = {}
+        else:
+            check_derived(self)
         self._dispatch(cp)
         self._checkpoint_and_abort(cp)
         self._summary()
-        plan.queue_repairs = queue_repairs(self, self.broker_from)
+        if not self.broker_only:
+            plan.queue_repairs = queue_repairs(self, self.broker_from)
         return plan
 
     def _load_queues(self) -> None:
@@ -691,12 +700,39 @@ def _units(seg, file_size: int) -> np.ndarray:
     return np.frombuffer(seg.buffer(), dtype=CQ_DTYPE, count=n)
 
 
-def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after: bool = False) -> RecoveryPlan:
-    """The broker's next start, as a plan (nothing is changed)."""
+def store_fingerprint(root: str) -> dict:
+    """{relative path: (size, mtime_ns, inode)} of every file and folder under ``root`` but ``lock`` (which
+    taking the lock writes). Taken before a plan reads the store and again under the lock: equal means no
+    file the plan read was written, replaced, added or removed in between."""
+    out = {}
+    root = os.path.abspath(root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            if rel == "lock":
+                continue
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after: bool = False,
+                  broker_only: bool = False) -> RecoveryPlan:
+    """The broker's next start, as a plan (nothing is changed).
+
+    ``broker_only``: the broker's own steps only, without our checks of every consume queue and index
+    file against the log (derived_plan): enough for what the next start reads (engine.startup), not a
+    plan to apply."""
     from .startup import startup_cost
 
     v = version or store.config.version
-    plan = Planner(store, v, keep_valid_after=keep_valid_after).run()
+    fingerprint = store_fingerprint(store.root)
+    plan = Planner(store, v, keep_valid_after=keep_valid_after, broker_only=broker_only).run()
+    plan.fingerprint = fingerprint
     plan.startup_cost = startup_cost(store, plan)
     return plan
 
