@@ -31,7 +31,7 @@ def rebuild(
     yes: bool = YesOpt,
     json_: bool = JsonOpt,
     geometry: Geometry = None,
-    jobs: int = typer.Option(1, "-j", "--jobs", min=1, help="Processes parsing the commitlog (segments split among them; writes stay in order)."),
+    jobs: int = typer.Option(1, "-j", "--jobs", min=1, help="Processes parsing the commitlog (segments split among them; writes stay in order), for the rebuild and the verify after it."),
 ):
     """Rebuild consume queues / ext / index from the commitlog with the broker's dispatch rules.
 
@@ -76,7 +76,7 @@ def rebuild(
             stderr.print(f"  {p['severity']} {p['code']} at {p['offset']}: {p['message']}", markup=False, highlight=False)
         if res.get("checkpoint"):
             stderr.print(f"  checkpoint: {', '.join(f'{k} = {v}' for k, v in res['checkpoint'].items())}", markup=False)
-    result = verify_after(st.root, st.config)
+    result = verify_after(st.root, st.config, jobs)
     kept = kept_after_rebuild(st.root, parts, topic, result.findings)
     if not json_:
         for k in kept[:10]:

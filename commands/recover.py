@@ -181,16 +181,17 @@ def run_verify(root: str, config, out: Output, json_: bool, kept: list = (), lef
     return report_verify(verify_after(root, config), root, out, json_, kept, left)
 
 
-def verify_after(root: str, config):
-    """verify of the store as the apply left it (opened afresh, with the geometry the command used)."""
+def verify_after(root: str, config, jobs: int = 1):
+    """verify of the store as the apply left it (opened afresh, with the geometry the command used);
+    ``jobs`` > 1 walks the commitlog segments in that many processes, as ``verify -j``."""
     from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.verify import verify_store
+    from rmqstore_cli.engine.verify import iter_segments_parallel, verify_store
 
     st = Store.open(root, overrides={k: getattr(config, k) for k in (
         "version", "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "mappedFileSizeConsumeQueueExt",
         "enableConsumeQueueExt", "maxHashSlotNum", "maxIndexNum")})
     with st:
-        return verify_store(st)
+        return verify_store(st, reports=iter_segments_parallel(st.commitlog, jobs) if jobs > 1 else None)
 
 
 def report_verify(result, root: str, out: Output, json_: bool, kept: list = (), left: list = ()) -> int:

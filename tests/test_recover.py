@@ -289,3 +289,32 @@ def test_next_start_after_recover_is_costed_on_the_broker_steps(store_copy):
             version = st.config.version
         assert next_start_after_repair(str(root), version) == full
         assert {k: v for k, v in nxt.items() if k not in ("type", "before")} == {k: v for k, v in full.items() if k != "type"}
+
+
+@pytest.mark.parametrize("where", [None, 6, 600_000, 999_999])
+def test_torn_index_found_past_the_holes_of_a_sparse_file(tmp_path, where):
+    """An index file past its indexCount is mostly a hole (the broker maps the whole file): recovery's torn
+    check reads only the parts that hold data, and still finds an entry written anywhere past the count."""
+    import struct
+
+    from rmqstore_cli.engine.index import IndexFile
+    from rmqstore_cli.engine.recovery import _index_torn
+
+    slots, entries, count = 100, 1_000_000, 5
+    path = tmp_path / "20240101000000000"
+    base = 40 + slots * 4
+    with open(path, "wb") as f:
+        f.truncate(base + entries * 20)  # a hole, as a broker-created file is before it is written
+        f.write(struct.pack(">qqqqii", 1, 2, 0, 100, 3, count))
+        f.seek(base + 20)
+        for n in range(1, count):
+            f.write(struct.pack(">iqii", 7 + n, 100 * n, 0, n - 1))
+        if where is not None:
+            f.seek(base + where * 20)
+            f.write(struct.pack(">iqii", 42, 4242, 0, 0))
+    f = IndexFile(str(path), slots, entries)
+    try:
+        assert f.complete
+        assert _index_torn(f) == (where is not None)
+    finally:
+        f.close()
