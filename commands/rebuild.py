@@ -12,7 +12,7 @@ from rmqstore_cli.engine.rebuild import rebuild as engine_rebuild
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .offsets_cmd import print_consumer_impact, queue_bounds_now, rebuild_impact
 from .output import Output, handle_errors, stderr
-from .recover import BackupOpt, ForceOpt, YesOpt, guard_lock, run_verify
+from .recover import BackupOpt, ForceOpt, YesOpt, guard_lock, report_verify, verify_after
 
 
 @handle_errors
@@ -31,7 +31,7 @@ def rebuild(
     yes: bool = YesOpt,
     json_: bool = JsonOpt,
     geometry: Geometry = None,
-    jobs: int = typer.Option(1, "-j", "--jobs", min=1, help="Processes parsing the commitlog (segments split among them; writes stay in order)."),
+    jobs: int = typer.Option(1, "-j", "--jobs", min=1, help="Processes parsing the commitlog (segments split among them; writes stay in order), for the rebuild and the verify after it."),
 ):
     """Rebuild consume queues / ext / index from the commitlog with the broker's dispatch rules.
 
@@ -48,10 +48,13 @@ def rebuild(
     from rmqstore_cli.engine.rebuild import PARTS, rebuilt_parts
 
     parts = rebuilt_parts(st, what) if what in PARTS else []
-    verdict = assess_rebuild(st, parts, topic)
     if dry_run:
+        verdict = assess_rebuild(st, parts, topic)
         st.close()
         raise typer.Exit(print_rebuild_plan(out, what, parts, topic, from_offset, verdict))
+    # Applied, no verify runs before: rebuild changes neither the commitlog nor the folders it was not
+    # asked to rebuild, so the findings it keeps on purpose are the ones verify after apply sorts as
+    # kept (assess_rebuild on that verify); a first verify would only predict the same list.
     backup = Backup.create(st.root, backup_dir, "rebuild", {"what": what, "topic": topic, "fromOffset": from_offset})
     save_lock_file(st.root, backup)
     lock = take_lock(st.root, force)
@@ -73,11 +76,22 @@ def rebuild(
             stderr.print(f"  {p['severity']} {p['code']} at {p['offset']}: {p['message']}", markup=False, highlight=False)
         if res.get("checkpoint"):
             stderr.print(f"  checkpoint: {', '.join(f'{k} = {v}' for k, v in res['checkpoint'].items())}", markup=False)
-        for k in verdict["kept"][:10]:
+    result = verify_after(st.root, st.config, jobs)
+    kept = kept_after_rebuild(st.root, parts, topic, result.findings)
+    if not json_:
+        for k in kept[:10]:
             stderr.print(f"  KEPT {k['code']} {k.get('path') or ''}@{k.get('offset')}: {k['why']}", markup=False, highlight=False)
     else:
-        out.line({"type": "rebuild-findings", "fixedFindings": verdict["fixed"], "keptFindings": verdict["kept"]})
-    raise typer.Exit(run_verify(st.root, st.config, out, json_, verdict["kept"]))
+        out.line({"type": "rebuild-findings", "keptFindings": kept})
+    raise typer.Exit(report_verify(result, st.root, out, json_, kept))
+
+
+def kept_after_rebuild(root: str, parts: list, topic, findings) -> list:
+    """The findings of verify after apply that rebuild keeps on purpose (the commitlog, folders it did not
+    rebuild); a finding in what it rebuilt is not among them, so judge exits 1 on it."""
+    from rmqstore_cli.engine.outcome import sort_rebuild_findings
+
+    return sort_rebuild_findings(root, parts, topic, findings)["kept"]
 
 
 def print_rebuild_plan(out: Output, what: str, parts: list, topic, from_offset, verdict: dict) -> int:

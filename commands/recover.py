@@ -111,8 +111,13 @@ def guard_lock(st, force: bool, yes: bool) -> None:
 
 
 def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command: str, index_namer=None,
-                     json_: bool = False) -> int:
-    """Backup + apply + verify; returns the exit code."""
+                     json_: bool = False, replan=None) -> int:
+    """Backup + apply + verify; returns the exit code.
+
+    ``replan()`` -> (open store, assessed plan): with it, the plan printed is applied only if the store is
+    as it was when planning began (``plan.fingerprint``, compared once the lock is held); otherwise the
+    store is planned again under the lock, that plan is printed and applied instead (or refused)."""
+    from rmqstore_cli.engine.recovery import store_fingerprint
     from rmqstore_cli.engine.repair import apply_plan, open_backup, save_lock_file, take_lock
 
     root, config = st.root, st.config
@@ -127,6 +132,11 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
     save_lock_file(root, backup)
     lock = take_lock(root, force)
     try:
+        if replan is not None and plan.fingerprint is not None and store_fingerprint(root) != plan.fingerprint:
+            plan, refused = _plan_again(replan, out, command, root, backup, json_)
+            if refused is not None:
+                backup.mark("complete")  # nothing applied: not an interrupted run to resume
+                return refused
         res = apply_plan(plan, root, config, backup, index_namer=index_namer)
         backup.mark("complete")
     finally:
@@ -143,17 +153,51 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
     return code
 
 
+def _plan_again(replan, out: Output, command: str, root: str, backup, json_: bool):
+    """The store changed between the printed plan and the lock (a broker ran, another repair, a copy):
+    plan it again, print that plan, and pass it through the same gates. Returns (plan, exit code if refused)."""
+    stderr.print(f"rmqstore: {root} changed after its plan was made; planned again under the lock",
+                 markup=False, highlight=False)
+    st, plan = replan()
+    try:
+        print_plan(out, plan, f"{command} {root} (planned again)")
+        if plan.data_loss and not plan.keep_valid_after:
+            stderr.print("rmqstore: not applied: the plan loses data (see DATA LOSS above); run `rmqstore salvage` "
+                         "first, or pass --keep-valid-after", markup=False)
+            return plan, 2
+        if not plan.actions:
+            return plan, finish_without_actions(plan, out, json_, command)
+        if plan.keep_valid_after and plan.salvage:
+            from rmqstore_cli.engine.salvage import salvage_ranges_to_jsonl
+
+            salvage_ranges_to_jsonl(st, plan, backup.dir)
+        return plan, None
+    finally:
+        st.close()
+
+
 def run_verify(root: str, config, out: Output, json_: bool, kept: list = (), left: list = ()) -> int:
     """verify after apply; exit 0 when clean or when only the findings the plan kept on purpose remain."""
-    from rmqstore_cli.engine.outcome import judge
+    return report_verify(verify_after(root, config), root, out, json_, kept, left)
+
+
+def verify_after(root: str, config, jobs: int = 1):
+    """verify of the store as the apply left it (opened afresh, with the geometry the command used);
+    ``jobs`` > 1 walks the commitlog segments in that many processes, as ``verify -j``."""
     from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.verify import verify_store
+    from rmqstore_cli.engine.verify import iter_segments_parallel, verify_store
 
     st = Store.open(root, overrides={k: getattr(config, k) for k in (
         "version", "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "mappedFileSizeConsumeQueueExt",
         "enableConsumeQueueExt", "maxHashSlotNum", "maxIndexNum")})
     with st:
-        result = verify_store(st)
+        return verify_store(st, reports=iter_segments_parallel(st.commitlog, jobs) if jobs > 1 else None)
+
+
+def report_verify(result, root: str, out: Output, json_: bool, kept: list = (), left: list = ()) -> int:
+    """Judge and print verify after apply (``result``): the contract's exit code."""
+    from rmqstore_cli.engine.outcome import judge
+
     outcome = judge(list(kept), root, result.findings, list(left))
     bad = [f for f in result.findings if f.severity in ("error", "warning")]
     if json_:
@@ -206,11 +250,16 @@ def recover(
     Prints the plan, then (unless --dry-run) copies every byte it removes or overwrites into a backup
     folder, applies the plan with fsync, and runs verify. Exit 4 if a broker holds the lock.
     """
+    def make_plan(st=None):
+        st = st or open_store(store, geometry)
+        plan = plan_recovery(st, geometry.broker_version, keep_valid_after=not stop_at_first_error)
+        assess(st, plan)
+        return st, plan
+
     st = open_store(store, geometry)
     out = Output(json_)
     guard_lock(st, force, yes)
-    plan = plan_recovery(st, geometry.broker_version, keep_valid_after=not stop_at_first_error)
-    assess(st, plan)
+    st, plan = make_plan(st)
     print_plan(out, plan, f"recover {st.root}")
     print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side (#16)
     if dry_run:
@@ -228,7 +277,8 @@ def recover(
         from rmqstore_cli.engine.salvage import salvage_ranges_to_jsonl
 
         plan.salvage_hook = lambda bdir: salvage_ranges_to_jsonl(st, plan, bdir)  # type: ignore[attr-defined]
-    code = apply_and_verify(st, plan, out, backup_dir=backup_dir, force=force, command="recover", json_=json_)
+    code = apply_and_verify(st, plan, out, backup_dir=backup_dir, force=force, command="recover", json_=json_,
+                            replan=make_plan)
     raise typer.Exit(code)
 
 

@@ -206,6 +206,30 @@ def test_rebuild_keeps_commitlog_damage_on_purpose(store_copy):
     assert "KEPT CL_BODY_CRC" in r.output and "kept on purpose" in r.output
 
 
+@pytest.mark.parametrize("what,jobs", [("all", 1), ("index", 1), ("consumequeue", 1), ("all", 2)])
+def test_applied_rebuild_keeps_what_its_plan_keeps(what, jobs, store_copy):
+    """An applied rebuild runs no verify before it: what it keeps on purpose is sorted from verify after apply
+    (in ``-j`` processes with -j). That list equals the one --dry-run predicts from verify before (commitlog
+    damage, and the folders not rebuilt), and the exit code is the predicted one."""
+    name = "4.9.3-clean"
+    root = store_copy(name)
+    bad = next(m for m in broker_read(name)["clmsg"][100:] if len(m["msg"]["bodyHex"]) > 200)
+    flip_body_byte(root, name, bad)
+    qfile = root / "consumequeue" / "OracleTopicA" / "1" / "00000000000000000000"
+    with open(qfile, "r+b") as f:  # units that disagree with their records: kept unless consumequeue is rebuilt
+        f.seek(100)
+        f.write(b"\xff" * 40)
+    dry = run("rebuild", what, root, "--dry-run", "--json")
+    plan = next(o for o in json_lines(dry.stdout) if o.get("type") == "rebuild-plan")
+    applied = run("rebuild", what, root, "--json", "--backup-dir", root.parent / f"bk-{what}", "-j", jobs)
+    found = next(o for o in json_lines(applied.stdout) if o.get("type") == "rebuild-findings")
+    key = lambda d: (d["code"], d.get("path"), d.get("offset"))  # noqa: E731
+    assert sorted(map(key, found["keptFindings"])) == sorted(map(key, plan["keptFindings"])), applied.output[-3000:]
+    assert any(k[0] == "CL_BODY_CRC" for k in map(key, plan["keptFindings"]))
+    assert any(k[1].startswith("consumequeue") for k in map(key, plan["keptFindings"])) == (what == "index")
+    assert applied.exit_code == plan["expectedApplyExitCode"] == 0, applied.output[-3000:]
+
+
 # --- every shared store, both broker versions ---------------------------------------------------------
 
 

@@ -177,3 +177,144 @@ def test_every_writing_command_refuses_a_locked_store(store_copy, held_lock, tmp
         assert "in use" in r.output and "lock" in r.output
     assert tree_digest(root) == before
     assert not (root.parent / (root.name + ".rmqstore-backup")).exists()
+
+
+# --- the printed plan is the applied plan (plan reuse under the lock) -------------------------------------
+
+
+def _broker_start_between_plan_and_lock(monkeypatch, tmp_path):
+    """take_lock first lets 'a broker' start and stop on the store (a full recover applied at engine
+    level, its backup elsewhere): the store changes after recover printed its plan."""
+    import rmqstore_cli.engine.repair as repair
+    from rmqstore_cli.engine.backup import Backup
+    from rmqstore_cli.engine.recovery import plan_recovery
+
+    real = repair.take_lock
+    calls = []
+
+    def take_lock(root, force):
+        if not calls:
+            with Store.open(root) as st:
+                plan = plan_recovery(st)
+                config = st.config
+            assert plan.actions
+            backup = Backup.create(root, str(tmp_path / "broker-ran"), "recover", {})
+            repair.apply_plan(plan, root, config, backup)
+            backup.mark("complete")
+        calls.append(root)
+        return real(root, force)
+
+    monkeypatch.setattr(repair, "take_lock", take_lock)
+    return calls
+
+
+def test_recover_plans_again_when_the_store_changed_after_its_plan(store_copy, monkeypatch, tmp_path):
+    """The plan printed was made on the crashed store; by the time the lock is held the store was recovered
+    by someone else. The old plan (re-dispatch every record, rewrite the checkpoint) must not be applied:
+    recover plans again under the lock and finds nothing to do."""
+    root = store_copy("4.9.3-crash")
+    calls = _broker_start_between_plan_and_lock(monkeypatch, tmp_path)
+    r = run("recover", root, "--backup-dir", tmp_path / "bk")
+    assert calls, r.output
+    assert "changed after its plan was made; planned again under the lock" in r.output, r.output[-3000:]
+    assert "(planned again)" in r.output and "nothing to apply" in r.output, r.output[-3000:]
+    assert "dispatched" not in r.output, r.output[-3000:]
+    assert r.exit_code == 0, r.output[-3000:]
+    monkeypatch.undo()
+    assert run("verify", root).exit_code == 0
+
+
+def test_recover_applies_the_plan_it_printed_when_nothing_changed(store_copy, monkeypatch, tmp_path):
+    """No change between plan and lock: the printed plan is applied as is, and it equals a plan made afresh
+    under the lock (what reusing it saves is exactly that second plan)."""
+    import rmqstore_cli.engine.repair as repair
+    from rmqstore_cli.engine.outcome import assess_plan
+    from rmqstore_cli.engine.recovery import plan_recovery, store_fingerprint
+
+    root = store_copy("4.9.3-crash")
+    real = repair.apply_plan
+    seen = []
+
+    def apply_plan(plan, store_root, config, backup, **kw):
+        assert store_fingerprint(store_root) == plan.fingerprint
+        with Store.open(store_root) as st:
+            fresh = plan_recovery(st)
+            assess_plan(st, fresh)
+        seen.append((plan.as_json(), fresh.as_json()))
+        return real(plan, store_root, config, backup, **kw)
+
+    monkeypatch.setattr(repair, "apply_plan", apply_plan)
+    r = run("recover", root, "--backup-dir", tmp_path / "bk")
+    assert r.exit_code == 0, r.output[-3000:]
+    assert "planned again" not in r.output
+    (applied, fresh), = seen
+    assert applied["actions"] and applied == fresh
+
+
+def test_store_fingerprint_sees_every_write_but_the_lock(store_copy):
+    from rmqstore_cli.engine.recovery import store_fingerprint
+
+    root = store_copy("4.9.3-clean")
+    before = store_fingerprint(root)
+    with open(root / "lock", "wb") as f:  # taking the lock writes it
+        f.write(b"lock")
+    assert store_fingerprint(root) == before
+    cq = root / "consumequeue" / "OracleTopicA" / "1" / "00000000000000000000"
+    st = os.stat(cq)
+    with open(cq, "r+b") as f:  # same size, same bytes written back: only the mtime tells
+        b = f.read(20)
+        f.seek(0)
+        f.write(b)
+    os.utime(cq, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert store_fingerprint(root) != before
+    os.utime(cq, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert store_fingerprint(root) == before
+    (root / "abort").write_bytes(b"")
+    assert store_fingerprint(root) != before
+
+
+def test_next_start_after_recover_is_costed_on_the_broker_steps(store_copy):
+    """The next start after an applied recover is costed from a plan of the broker's own steps (no check of
+    every queue and index file): on the repaired store it equals the full plan's startup cost."""
+    from rmqstore_cli.engine.recovery import plan_recovery
+    from rmqstore_cli.engine.startup import next_start_after_repair
+
+    for name in ("4.9.3-crash", "5.3.3-v2topic"):
+        root = store_copy(name)
+        r = run("recover", root, "--json", "-y")
+        assert r.exit_code == 0, r.output[-3000:]
+        (nxt,) = [o for o in json_lines(r.stdout) if o.get("type") == "next-start"]
+        with Store.open(str(root)) as st:
+            full = plan_recovery(st).startup_cost
+            version = st.config.version
+        assert next_start_after_repair(str(root), version) == full
+        assert {k: v for k, v in nxt.items() if k not in ("type", "before")} == {k: v for k, v in full.items() if k != "type"}
+
+
+@pytest.mark.parametrize("where", [None, 6, 600_000, 999_999])
+def test_torn_index_found_past_the_holes_of_a_sparse_file(tmp_path, where):
+    """An index file past its indexCount is mostly a hole (the broker maps the whole file): recovery's torn
+    check reads only the parts that hold data, and still finds an entry written anywhere past the count."""
+    import struct
+
+    from rmqstore_cli.engine.index import IndexFile
+    from rmqstore_cli.engine.recovery import _index_torn
+
+    slots, entries, count = 100, 1_000_000, 5
+    path = tmp_path / "20240101000000000"
+    base = 40 + slots * 4
+    with open(path, "wb") as f:
+        f.truncate(base + entries * 20)  # a hole, as a broker-created file is before it is written
+        f.write(struct.pack(">qqqqii", 1, 2, 0, 100, 3, count))
+        f.seek(base + 20)
+        for n in range(1, count):
+            f.write(struct.pack(">iqii", 7 + n, 100 * n, 0, n - 1))
+        if where is not None:
+            f.seek(base + where * 20)
+            f.write(struct.pack(">iqii", 42, 4242, 0, 0))
+    f = IndexFile(str(path), slots, entries)
+    try:
+        assert f.complete
+        assert _index_torn(f) == (where is not None)
+    finally:
+        f.close()

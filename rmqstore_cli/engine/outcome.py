@@ -250,13 +250,19 @@ def assess_rebuild(store, parts: list, topic: str | None, findings=None) -> dict
         from .verify import verify_store
 
         findings = verify_store(store).findings
+    return sort_rebuild_findings(store.root, parts, topic, findings)
+
+
+def sort_rebuild_findings(root: str, parts: list, topic: str | None, findings) -> dict:
+    """:func:`assess_rebuild` on findings already at hand: before the rebuild (its plan) or after it (an
+    applied rebuild keeps exactly the findings outside what it regenerates; one left inside is not kept)."""
     out: dict = {"fixed": [], "kept": []}
     cq = "consumequeue" in parts
     idx = "index" in parts
     for f in findings:
         if f.severity not in SEVERE:
             continue
-        e = entry(f, store.root, "")
+        e = entry(f, root, "")
         rel = e.get("path") or ""
         bits = rel.split(os.sep)
         top = bits[0]

@@ -158,21 +158,69 @@ def _parallel_requests(store, d, jobs: int, handle) -> None:
         batches, continues = res
         if state["open"]:
             for b in batches:
-                handle(b)
+                handle(_unpack_batch(b, store) if jobs > 1 else b)
             state["open"] = continues
 
-    map_ranges(_segment_requests, split(n, n), jobs, store, d, on_result=take, keep=False)
+    map_ranges(_segment_requests, split(n, n), jobs, store, d, jobs > 1, on_result=take, keep=False)
 
 
-def _segment_requests(r: range, store, d):
+def _segment_requests(r: range, store, d, packed: bool = False):
     from .commitlog import ScanResult
 
     res = ScanResult()
-    batches = [d.requests_from_chunk(c) for c in store.commitlog.scan(start_index=r.start, end_index=r.stop,
-                                                                        check_crc=False, result=res)]
     segs = store.commitlog.segments.segments
+    batches = []
+    for c in store.commitlog.scan(start_index=r.start, end_index=r.stop, check_crc=False, result=res):
+        b = d.requests_from_chunk(c)
+        batches.append(_pack_batch(b, next(k for k, s in enumerate(segs) if s is c.segment)) if packed else b)
     continues = res.stop is not None and res.stop.kind == "blank" and res.stop.segment is segs[r.stop - 1]
     return batches, continues
+
+
+class _SegmentStrings:
+    """A scanned batch's lazy topic / UNIQ_KEY / KEYS strings sent from a ``-j`` worker without bytes: the
+    value spans (positions in the segment) travel, the receiving process reads the same segment file itself
+    if a string is ever asked for. Pickling the batch as it is would decode every record's strings into
+    Python objects in the worker and rebuild them in the parent (rebuild -j 2 ran slower than -j 1)."""
+
+    def __init__(self, strings, segment_index: int):
+        self.topic_names, self.tids, self.slow = strings.topic_names, strings.tids, strings.slow
+        self.spans = {name: (strings.pv.start[name], strings.pv.end[name]) for name in ("UNIQ_KEY", "KEYS")}
+        self.segment_index = segment_index
+        self.store = None
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "store"} | {"store": None}
+
+    def rows(self, rows: list) -> tuple[list, list, list]:
+        from formats import fast
+
+        from .dispatch import _ChunkStrings
+        from formats.propscan import PropValues
+
+        seg = self.store.commitlog.segments.segments[self.segment_index]
+        pv = PropValues({k: v[0] for k, v in self.spans.items()}, {k: v[1] for k, v in self.spans.items()}, None)
+        return _ChunkStrings(fast.kernel_view(seg.buffer()), self.topic_names, self.tids, pv, self.slow).rows(rows)
+
+
+def _pack_batch(batch, segment_index: int) -> dict:
+    """A DispatchBatch as the columns it holds, its strings left undecoded (see _SegmentStrings)."""
+    from .dispatch import DispatchBatch
+
+    state = {k: getattr(batch, k) for k in DispatchBatch.__slots__}
+    if state["_strings"] is not None:
+        state["_strings"] = _SegmentStrings(state["_strings"], segment_index)
+    return state
+
+
+def _unpack_batch(state: dict, store):
+    from .dispatch import DispatchBatch
+
+    batch = DispatchBatch.__new__(DispatchBatch)
+    batch.__setstate__(state)
+    if isinstance(batch._strings, _SegmentStrings):
+        batch._strings.store = store
+    return batch
 
 
 def _checkpoint_after_rebuild(root: str, cfg, parts: list, topic: str | None, d, backup) -> dict:

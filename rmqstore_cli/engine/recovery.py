@@ -11,6 +11,7 @@ does better; where it would refuse to start, the plan names the file and the rea
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass, field
 
@@ -18,7 +19,8 @@ import numpy as np
 
 from formats import fast
 from formats.extaddr import is_ext_addr, undecorate
-from formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6
+from formats.records import (CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, MAGIC_V1, MAGIC_V2,
+                             SYSFLAG_BORNHOST_V6)
 
 from .checkpoint import Checkpoint
 from .checkpointfix import correct_times
@@ -37,10 +39,46 @@ def _index_torn(f) -> bool:
     count = max(f.header().indexCount, 1)
     if count >= f.entries:
         return False
-    past = f.entry_table()[count:]
-    if ((past["keyHash"] != 0) | (past["phyOffset"] != 0) | (past["prevIndex"] != 0)).any():
-        return True
+    table = f.entry_table()
+    base = INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE
+    # Only the parts of the file that hold data can hold an entry: a sparse index file (most of a default
+    # 400 MB file past its count is a hole) is not read through its holes.
+    for lo, hi in _data_extents(f.path, base + count * INDEX_ENTRY_SIZE, base + len(table) * INDEX_ENTRY_SIZE):
+        a = max(count, (lo - base) // INDEX_ENTRY_SIZE)
+        b = min(len(table), -(-(hi - base) // INDEX_ENTRY_SIZE))
+        past = table[a:b]
+        if ((past["keyHash"] != 0) | (past["phyOffset"] != 0) | (past["prevIndex"] != 0)).any():
+            return True
     return bool((f.slot_table().astype("int64") >= count).any())
+
+
+def _data_extents(path: str, start: int, end: int):
+    """[lo, hi) ranges of ``path`` inside [start, end) that may hold non-zero bytes (SEEK_DATA/SEEK_HOLE);
+    the whole range where the file system cannot tell."""
+    if start >= end:
+        return
+    seek_data, seek_hole = getattr(os, "SEEK_DATA", None), getattr(os, "SEEK_HOLE", None)
+    if seek_data is None:
+        yield start, end
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pos = start
+        while pos < end:
+            try:
+                lo = os.lseek(fd, pos, seek_data)
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # nothing but holes from pos to the end of the file
+                    return
+                yield pos, end  # not supported here: read it all
+                return
+            if lo >= end:
+                return
+            hi = min(os.lseek(fd, lo, seek_hole), end)
+            yield lo, hi
+            pos = hi
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -112,6 +150,9 @@ class RecoveryPlan:
     left_findings: list = field(default_factory=list)
     assessed: bool = False
     keep_valid_after: bool = False  # the explicit choice that lets a plan with data loss be applied
+    # (size, mtime, inode) of every file under the store root when planning began (store_fingerprint):
+    # the apply reuses this plan only if the store is still so once the lock is held.
+    fingerprint: dict | None = field(default=None, repr=False, compare=False)
     queue_ends: dict = field(default_factory=dict)  # (topic, queueId) -> next queue offset before the re-dispatch
 
     @property
@@ -175,8 +216,10 @@ def _file_has_data(path: str) -> bool:
 class Planner:
     """Builds a RecoveryPlan; one method per broker step."""
 
-    def __init__(self, store: Store, version: int, *, keep_valid_after: bool = False, cut_at: int | None = None):
+    def __init__(self, store: Store, version: int, *, keep_valid_after: bool = False, cut_at: int | None = None,
+                 broker_only: bool = False):
         self.cut_at = cut_at
+        self.broker_only = broker_only
         self.store = store
         self.cfg = store.config
         self.version = version
@@ -250,11 +293,15 @@ class Planner:
         self._truncate_queues()
         self._index_after_crash(cp)
         self._index_past_end()
-        check_derived(self)
+        if self.broker_only:
+            self.verdicts = {}
+        else:
+            check_derived(self)
         self._dispatch(cp)
         self._checkpoint_and_abort(cp)
         self._summary()
-        plan.queue_repairs = queue_repairs(self, self.broker_from)
+        if not self.broker_only:
+            plan.queue_repairs = queue_repairs(self, self.broker_from)
         return plan
 
     def _load_queues(self) -> None:
@@ -690,12 +737,39 @@ def _units(seg, file_size: int) -> np.ndarray:
     return np.frombuffer(seg.buffer(), dtype=CQ_DTYPE, count=n)
 
 
-def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after: bool = False) -> RecoveryPlan:
-    """The broker's next start, as a plan (nothing is changed)."""
+def store_fingerprint(root: str) -> dict:
+    """{relative path: (size, mtime_ns, inode)} of every file and folder under ``root`` but ``lock`` (which
+    taking the lock writes). Taken before a plan reads the store and again under the lock: equal means no
+    file the plan read was written, replaced, added or removed in between."""
+    out = {}
+    root = os.path.abspath(root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            if rel == "lock":
+                continue
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after: bool = False,
+                  broker_only: bool = False) -> RecoveryPlan:
+    """The broker's next start, as a plan (nothing is changed).
+
+    ``broker_only``: the broker's own steps only, without our checks of every consume queue and index
+    file against the log (derived_plan): enough for what the next start reads (engine.startup), not a
+    plan to apply."""
     from .startup import startup_cost
 
     v = version or store.config.version
-    plan = Planner(store, v, keep_valid_after=keep_valid_after).run()
+    fingerprint = store_fingerprint(store.root)
+    plan = Planner(store, v, keep_valid_after=keep_valid_after, broker_only=broker_only).run()
+    plan.fingerprint = fingerprint
     plan.startup_cost = startup_cost(store, plan)
     return plan
 

@@ -109,5 +109,5 @@ def next_start_after_repair(root: str, version: int, rate_mbps: float | None = N
 
     st = Store.open(root, overrides={"version": version})
     with st:
-        plan = plan_recovery(st, version)
+        plan = plan_recovery(st, version, broker_only=True)  # what the broker reads: its own steps suffice
         return plan.startup_cost if rate_mbps is None else startup_cost(st, plan, rate_mbps)
