@@ -1,0 +1,115 @@
+"""Commands that look at the records around one offset (get's and truncate's boundary messages, the
+msgId explanation, diff's first differing record) walk the segment piecewise and stop past the offset
+(formats.fast.neighbours): a broker's 1 GiB segment of 100 B messages holds ~3.6 M records, whose
+offsets (or, before, a Python list of them) would grow with the segment (issue #11, constant memory).
+Numpy allocations are measured with tracemalloc, which counts them exactly."""
+
+from __future__ import annotations
+
+import os
+import random
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from formats import fast
+from formats.msgid import encode_offset_msgid
+from rmqstore_cli.engine import diff as diff_mod
+from rmqstore_cli.engine.explain import explain_msgid
+from rmqstore_cli.engine.store import Store
+from tests.conftest import STORE_NAMES, shared_store
+
+SEED = int(os.environ.get("RMQSTORE_CMDMEM_SEED", random.randrange(1 << 30)))
+PIECE = 1024  # records per walk piece in the memory tests: far fewer than the large segment holds
+
+
+def _targets(rng, seg_size: int, starts: np.ndarray) -> list[int]:
+    picks = [0, 1, seg_size - 1, seg_size, seg_size + 7]
+    if len(starts):
+        picks += [int(starts[-1]), int(starts[-1]) + 1, int(starts[0]) + 1]
+        picks += [int(starts[rng.randrange(len(starts))]) + rng.choice([0, 1, 5]) for _ in range(20)]
+    return picks + [rng.randrange(seg_size) for _ in range(20)]
+
+
+@pytest.mark.parametrize("name", STORE_NAMES)
+def test_neighbours_equals_the_whole_segment_walk(name):
+    """Same answer as searching the offsets of a whole-segment walk, for any piece size."""
+    print("seed", SEED)
+    rng = random.Random(SEED)
+    with Store.open(str(shared_store(name))) as st:
+        for seg in st.commitlog.segments.segments:
+            buf = seg.buffer()
+            whole = fast.walk(buf, 0, seg.size)
+            starts = whole.offsets
+            for target in _targets(rng, seg.size, starts):
+                k = int(np.searchsorted(starts, target, side="right"))
+                before = int(starts[k - 1]) if k else None
+                after = int(starts[k]) if k < len(starts) else None
+                for piece in (1, 3, 64, None):
+                    n = fast.neighbours(buf, target, seg.size, piece=piece)
+                    assert (n.before, n.after) == (before, after), (name, seg.name, target, piece)
+                    if after is None:
+                        assert (n.walk.stop, n.walk.kind) == (whole.stop, whole.kind), (name, target, piece)
+                    else:
+                        assert n.walk is None
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """Two generated stores of 100 B messages: ~3.5k records per 1 MiB segment and ~28k per 8 MiB one."""
+    from bench import gen
+
+    out = {}
+    for seg in (1 << 20, 8 << 20):
+        root = str(tmp_path_factory.mktemp("cmdmem") / f"seg{seg}")
+        gen.generate(root, 100, total=2 * seg, seg_size=seg)
+        out[seg] = root
+    return out
+
+
+def _peak(fn) -> int:
+    fn()  # kernels loaded, caches filled: only the call's own allocations are measured below
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        fn()
+        return tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+
+
+def _last_record(st: Store) -> int:
+    """Start of the first segment's last record: the walk to reach it crosses the whole segment."""
+    seg = st.commitlog.segments.segments[0]
+    return seg.start + int(fast.walk(seg.buffer(), 0, seg.size).offsets[-1])
+
+
+@pytest.mark.parametrize("what", ["boundaries_near", "explain_msgid", "diff_record_at"])
+def test_looking_around_an_offset_does_not_grow_with_the_segment(stores, what, monkeypatch):
+    monkeypatch.setattr(fast, "WALK_PIECE", PIECE)
+    peaks, answers = {}, {}
+    for seg, root in stores.items():
+        with Store.open(root) as st:
+            last = _last_record(st)
+            if what == "boundaries_near":
+                call = lambda: st.commitlog.boundaries_near(last + 1)  # noqa: E731
+            elif what == "explain_msgid":
+                mid = encode_offset_msgid(bytes([10, 0, 0, 1]), 10911, last + 1)
+                call = lambda: explain_msgid(st, mid)  # noqa: E731
+            else:
+                call = lambda: diff_mod._record_at(st.commitlog, last + 1)  # noqa: E731
+            peaks[seg] = _peak(call)
+            answers[seg] = (call(), last)
+    small, large = peaks[1 << 20], peaks[8 << 20]
+    print(f"{what}: peak {small} B at ~3.5k records per segment, {large} B at ~28k")
+    for seg, (answer, last) in answers.items():  # the answers are about the record at `last`
+        if what == "boundaries_near":
+            assert answer == (last, seg), answer  # a BLANK ends the first segment: the next record opens the next
+        elif what == "explain_msgid":
+            assert answer["status"] == "not-a-record" and answer["nearestBefore"] == last, answer
+        else:
+            assert answer["offset"] == last and answer["byteInRecord"] == 1, answer
+    # the whole-segment offsets at 28k records are ~226 KB (and a list of them ~1 MB): none of it may show
+    assert large - small < 64 << 10, (small, large)
