@@ -113,3 +113,50 @@ def test_looking_around_an_offset_does_not_grow_with_the_segment(stores, what, m
             assert answer["offset"] == last and answer["byteInRecord"] == 1, answer
     # the whole-segment offsets at 28k records are ~226 KB (and a list of them ~1 MB): none of it may show
     assert large - small < 64 << 10, (small, large)
+
+
+def _reference_cuts(seg, limit: int, split: int) -> tuple[list[int], int, str]:
+    """spark's range planning over one whole-segment walk (the formulation the piecewise one replaced)."""
+    w = fast.walk(seg.buffer(), 0, limit)
+    cuts = [0]
+    while True:
+        k = int(np.searchsorted(w.offsets, cuts[-1] + split))
+        if k >= len(w.offsets):
+            return cuts + [w.stop], w.stop, w.kind
+        cuts.append(int(w.offsets[k]))
+
+
+@pytest.mark.parametrize("piece", [1, 3, 64, None])
+def test_spark_ranges_equal_the_whole_segment_planning(piece, stores, monkeypatch):
+    from rmqstore_cli.spark.datasource import plan_segment
+
+    print("seed", SEED)
+    rng = random.Random(SEED + (piece or 0))
+    if piece:
+        monkeypatch.setattr(fast, "WALK_PIECE", piece)
+    roots = [str(shared_store(n)) for n in STORE_NAMES] + [stores[1 << 20]]
+    for root in roots:
+        with Store.open(root) as st:
+            for seg in st.commitlog.segments.segments:
+                if not seg.size:
+                    continue
+                split = rng.choice([1, 500, 8000, rng.randrange(1, seg.size + 2), 1 << 62])
+                limit = min(seg.size, st.commitlog.segments.file_size)
+                ranges = plan_segment(st.root, seg, st.commitlog.segments.file_size, st.config, split)
+                bounds, stop, kind = _reference_cuts(seg, limit, split)
+                assert [r.pos for r in ranges] + [ranges[-1].end] == bounds, (root, seg.name, split, piece)
+                assert ranges[-1].tail_kind == kind, (root, seg.name, split, piece)
+
+
+def test_spark_range_planning_does_not_grow_with_the_segment(stores, monkeypatch):
+    from rmqstore_cli.spark.datasource import plan_segment
+
+    monkeypatch.setattr(fast, "WALK_PIECE", PIECE)
+    peaks = {}
+    for seg_size, root in stores.items():
+        with Store.open(root) as st:
+            seg = st.commitlog.segments.segments[0]
+            peaks[seg_size] = _peak(lambda: plan_segment(st.root, seg, seg_size, st.config, 1 << 62))
+    small, large = peaks[1 << 20], peaks[8 << 20]
+    print(f"plan_segment: peak {small} B at ~3.5k records per segment, {large} B at ~28k")
+    assert large - small < 64 << 10, (small, large)
