@@ -220,3 +220,57 @@ def test_salvage_memory_does_not_grow_with_the_segment(stores, monkeypatch):
     # to the garbage the walk's chunks leave until the next collection (~2 B per record)
     more = (len(_salvage_scan(stores[8 << 20])[0]) - len(_salvage_scan(stores[1 << 20])[0])) // 2  # per segment
     assert large - small < more * 8 // 2, (small, large, more)
+
+
+def _times(root: str) -> tuple[list, list]:
+    """Every record's (offset, store time) in log order, from one scan."""
+    offs, times = [], []
+    with Store.open(root) as st:
+        for chunk in st.commitlog.scan(check_crc=False):
+            offs += (chunk.headers.offsets + chunk.segment.start).tolist()
+            times += chunk.headers.storeTimestamp.tolist()
+    return offs, times
+
+
+@pytest.mark.parametrize("piece", [1, 7, 1000])
+def test_time_search_in_pieces_finds_the_same_record(piece, stores, monkeypatch):
+    """commitlog_offset_at searching a segment piecewise gives the whole-segment answer (on the broker
+    stores, whatever it is) and on the generated stores (store times in log order) the first record
+    stored at or after the time."""
+    from rmqstore_cli.engine import timesearch
+
+    print("seed", SEED)
+    rng = random.Random(SEED + piece)
+    roots = [str(shared_store(n)) for n in STORE_NAMES] + list(stores.values())
+    for root in roots:
+        offs, times = _times(root)
+        picks = [times[0] - 1, times[-1], times[-1] + 1] + [rng.choice(times) + rng.choice([-1, 0, 1])
+                                                             for _ in range(15)]
+        with Store.open(root) as st:
+            for t in picks:
+                monkeypatch.setattr(timesearch, "SEARCH_PIECE", 1 << 40)
+                whole = timesearch.commitlog_offset_at(st.commitlog, t)
+                monkeypatch.setattr(timesearch, "SEARCH_PIECE", piece)
+                got = timesearch.commitlog_offset_at(st.commitlog, t)
+                assert got == whole, (root, t, piece)
+                if root in stores.values():
+                    k = int(np.searchsorted(times, t, side="left"))
+                    assert got == (offs[k] if k < len(offs) else None), (root, t)
+
+
+def test_time_search_does_not_grow_with_the_segment(stores, monkeypatch):
+    from rmqstore_cli.engine import timesearch
+
+    monkeypatch.setattr(timesearch, "SEARCH_PIECE", PIECE // 4)
+    monkeypatch.setattr(fast, "WALK_PIECE", PIECE)
+    peaks = {}
+    for seg_size, root in stores.items():
+        with Store.open(root) as st:
+            seg = st.commitlog.segments.segments[0]
+            last = _last_record(st)
+            t = int(fast.decode_headers(seg.buffer(), np.array([last - seg.start])).storeTimestamp[0])
+            assert timesearch.commitlog_offset_at(st.commitlog, t) <= last
+            peaks[seg_size] = _peak(lambda: timesearch.commitlog_offset_at(st.commitlog, t))
+    small, large = peaks[1 << 20], peaks[8 << 20]
+    print(f"commitlog_offset_at: peak {small} B at ~3.5k records per segment, {large} B at ~28k")
+    assert large - small < 64 << 10, (small, large)
