@@ -274,3 +274,31 @@ def test_time_search_does_not_grow_with_the_segment(stores, monkeypatch):
     small, large = peaks[1 << 20], peaks[8 << 20]
     print(f"commitlog_offset_at: peak {small} B at ~3.5k records per segment, {large} B at ~28k")
     assert large - small < 64 << 10, (small, large)
+
+
+def _follow_offsets(root: str, count: int) -> list:
+    from rmqstore_cli.engine.follow import Follower
+
+    out = []
+    with Store.open(root) as st:
+        chunks = Follower(st.commitlog, 0, poll=0.001).chunks(stop=lambda: len(out) >= count)
+        for chunk in chunks:
+            out += (chunk.headers.offsets + chunk.segment.start).tolist()
+    return out[:count]
+
+
+def test_follow_decodes_in_steps(stores, monkeypatch):
+    """dump --follow from an early offset: the same records in order, in steps of FOLLOW_CHUNK, and the
+    first step's memory does not grow with the rest of the segment."""
+    from rmqstore_cli.engine import follow
+
+    root = stores[8 << 20]
+    offs, _ = _times(root)
+    monkeypatch.setattr(follow, "FOLLOW_CHUNK", 300)
+    assert _follow_offsets(root, len(offs)) == offs  # across the BLANK into the second segment
+    peaks = {}
+    for seg_size, root in stores.items():
+        peaks[seg_size] = _peak(lambda root=root: _follow_offsets(root, 10))
+    small, large = peaks[1 << 20], peaks[8 << 20]
+    print(f"follow: peak {small} B at ~3.5k records per segment, {large} B at ~28k")
+    assert large - small < 64 << 10, (small, large)
