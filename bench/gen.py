@@ -14,7 +14,9 @@ from it by substituting their key digits; a sample of derived messages is compar
 
     python -m bench.gen          # generate (or reuse) the cached stores, print what was done
 
-``LARGE_STORES`` adds a 4 GiB commitlog of 100 B messages (same layout) for the memory rows.
+``MEMORY_STORES_LAYOUT`` adds the memory rows' stores: 1 GiB and 4 GiB of 100 B messages in the
+broker's default 1 GiB segments (a per-segment table then holds ~3.6 M records, as on a real
+broker; the throughput stores keep 64 MiB segments so that ``-j`` rows have many segments).
 """
 
 from __future__ import annotations
@@ -39,10 +41,16 @@ BASE_TS = 1_700_000_000_000
 BORN_HOST = "10.0.0.7:51234"
 STORE_HOST = "10.0.0.1:10911"
 BODY_SIZES = {"100B": 100, "1KiB": 1024, "4KiB": 4096}
-# Issue #11's memory rows: the same layout as the 1 GiB 100 B store, four times the commitlog
-# (64 segments, ~14.5 M messages, two index files): memory must not grow with it.
-LARGE_STORES = {"100B-4GiB": (100, 4 << 30)}
-VERSION = 2  # bump when the layout below changes: invalidates bench/.cache (2: written by Appender)
+BROKER_SEGMENT_SIZE = 1 << 30  # the broker's default mappedFileSizeCommitLog
+# Issue #11's memory rows: (body size, commitlog bytes, segment size). The same layout as the
+# 100 B store but in the broker's 1 GiB segments: 1 GiB (one segment, ~3.6 M records) and four
+# times that (4 segments, ~14.5 M messages, two index files): memory must grow with neither the
+# records per segment nor the store.
+MEMORY_STORES_LAYOUT = {"100B-1GiB-1Gseg": (100, 1 << 30, BROKER_SEGMENT_SIZE),
+                        "100B-4GiB-1Gseg": (100, 4 << 30, BROKER_SEGMENT_SIZE)}
+# bump when the layout below changes: invalidates bench/.cache (2: written by Appender; 3: memory
+# stores in 1 GiB segments)
+VERSION = 3
 KEY_DIGITS = 12
 SEED = 6
 UNIQ_PREFIX = "0A0000070C3B1B6D3B2E"
@@ -143,7 +151,7 @@ def generate(root: str, body_size: int, total: int = TOTAL_SIZE, seg_size: int =
     os.makedirs(os.path.join(tmp, "config"), exist_ok=True)
     shutil.rmtree(root, ignore_errors=True)
     os.rename(tmp, root)
-    return {"records": count, "record_size": size, "bytes": count * size, "segments": nseg,
+    return {"records": count, "record_size": size, "bytes": count * size, "segments": nseg, "segment_size": seg_size,
             "first_store_timestamp": BASE_TS, "last_store_timestamp": _fields(count - 1)[3]}
 
 
@@ -165,5 +173,5 @@ def make_crash_copy(src: str, dest: str) -> None:
 if __name__ == "__main__":
     from bench import run
 
-    for name in (*BODY_SIZES, *LARGE_STORES):
+    for name in (*BODY_SIZES, *MEMORY_STORES_LAYOUT):
         run.store(name)

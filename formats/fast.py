@@ -113,6 +113,35 @@ def walk(buf, pos: int = 0, end: int | None = None, magics=(MAGIC_V1, MAGIC_V2),
     return Walk(offsets, int(pos), _KINDS[kind], int(size), int(magic))
 
 
+@dataclass
+class Neighbours:
+    """The record starts on either side of a position in one segment (see :func:`neighbours`)."""
+
+    before: int | None  # last record start <= the position
+    after: int | None  # first record start > the position
+    walk: Walk | None  # the walk's last piece, when it ended before passing the position (stop, kind)
+
+
+def neighbours(buf, target: int, end: int | None = None, magics=(MAGIC_V1, MAGIC_V2),
+               piece: int | None = None) -> Neighbours:
+    """The record starts around ``target``, following the TOTALSIZE chain from 0 in pieces of
+    ``piece`` records and stopping at the first start past ``target``: a broker's 1 GiB segment of
+    small messages holds millions of records, so their offsets are never gathered all at once."""
+    piece = piece or WALK_PIECE
+    pos, before = 0, None
+    while True:
+        w = walk(buf, pos, end, magics, max_records=piece)
+        offs = w.offsets
+        k = int(np.searchsorted(offs, target, side="right"))
+        if k:
+            before = int(offs[k - 1])
+        if k < len(offs):
+            return Neighbours(before, int(offs[k]), None)
+        if w.kind != STOP_CHUNK or not len(offs):
+            return Neighbours(before, None, w)
+        pos = w.stop
+
+
 # Reasons a record fails validation, in the order the broker would notice them.
 R_OK = 0
 R_BODY_CRC = 1

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from bench import memory, run, targets
+from bench import gen, memory, run, targets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(REPO, "fixtures", "stores", "4.9.3-clean")
@@ -69,16 +69,19 @@ def _synthetic_results():
     ]
 
 
+SMALL, LARGE = targets.MEMORY_STORES
+
+
 def _synthetic_memory():
     return [
-        {"command": "stats", "store": "100B", "complete": True, "seconds": 5.0, "rss_anon_MB": 100.0},
-        {"command": "stats", "store": "100B-4GiB", "complete": True, "seconds": 20.0, "rss_anon_MB": 105.0},
-        {"command": "verify", "store": "100B", "complete": True, "seconds": 9.0, "rss_anon_MB": 1000.0},
-        {"command": "verify", "store": "100B-4GiB", "complete": True, "seconds": 40.0, "rss_anon_MB": 3900.0},
-        {"command": "dump", "store": "100B", "complete": True, "seconds": 9.0, "rss_anon_MB": 120.0},
-        {"command": "dump", "store": "100B-4GiB", "complete": True, "seconds": 40.0, "rss_anon_MB": 140.0},
-        {"command": "salvage", "store": "100B", "complete": True, "seconds": 90.0, "rss_anon_MB": 120.0},
-        {"command": "salvage", "store": "100B-4GiB", "complete": False, "why": "timed out after 300 s",
+        {"command": "stats", "store": SMALL, "complete": True, "seconds": 5.0, "rss_anon_MB": 100.0},
+        {"command": "stats", "store": LARGE, "complete": True, "seconds": 20.0, "rss_anon_MB": 105.0},
+        {"command": "verify", "store": SMALL, "complete": True, "seconds": 9.0, "rss_anon_MB": 1000.0},
+        {"command": "verify", "store": LARGE, "complete": True, "seconds": 40.0, "rss_anon_MB": 3900.0},
+        {"command": "dump", "store": SMALL, "complete": True, "seconds": 9.0, "rss_anon_MB": 120.0},
+        {"command": "dump", "store": LARGE, "complete": True, "seconds": 40.0, "rss_anon_MB": 140.0},
+        {"command": "salvage", "store": SMALL, "complete": True, "seconds": 90.0, "rss_anon_MB": 120.0},
+        {"command": "salvage", "store": LARGE, "complete": False, "why": "timed out after 300 s",
          "seconds": 300.0, "rss_anon_MB": 121.0},
     ]
 
@@ -146,6 +149,23 @@ def test_memory_suite_runs_every_command_on_a_tiny_store(tmp_path, monkeypatch):
     assert len(recover) == 1 and recover[0]["complete"], recover
     verify = [m for m in b.memory if m["command"] == "verify"]
     assert len(verify) == 1 and verify[0]["rss_anon_MB"] == 77.7 and "samples" not in verify[0], verify
+
+
+def test_memory_stores_use_the_brokers_1gib_segments(tmp_path):
+    """The memory rows run on stores in 1 GiB segments (a per-segment table holds ~3.6 M records
+    there); the throughput stores keep 64 MiB segments (many segments for the -j rows)."""
+    assert set(gen.MEMORY_STORES_LAYOUT) == set(targets.MEMORY_STORES)
+    for name in targets.MEMORY_STORES:
+        body, total, seg = gen.MEMORY_STORES_LAYOUT[name]
+        assert body == 100 and seg == 1 << 30 == gen.BROKER_SEGMENT_SIZE
+    assert [gen.MEMORY_STORES_LAYOUT[n][1] for n in targets.MEMORY_STORES] == [1 << 30, 4 << 30]
+    assert gen.SEGMENT_SIZE == 64 << 20
+    # generate() lays the log out in the segment size it is given (tiny here: 2 segments of 64 KiB)
+    info = gen.generate(str(tmp_path / "s"), 100, total=128 << 10, seg_size=64 << 10)
+    names = sorted(os.listdir(tmp_path / "s" / "commitlog"))
+    assert info["segments"] == 2 and info["segment_size"] == 64 << 10
+    assert names == ["%020d" % 0, "%020d" % (64 << 10)]
+    assert all(os.path.getsize(tmp_path / "s" / "commitlog" / n) == 64 << 10 for n in names)
 
 
 def test_clistart_reports_numba_share():

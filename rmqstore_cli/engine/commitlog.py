@@ -287,19 +287,14 @@ class CommitLog:
 
     def boundaries_near(self, phy: int) -> tuple[int | None, int | None]:
         """Record boundaries just before and after ``phy`` (for error messages)."""
-        before = after = None
         seg = self.segments.find(phy)
         if seg is None:
             return None, None
-        w = fast.walk(seg.buffer(), 0, seg.size)
-        for off in w.offsets.tolist():
-            a = seg.start + off
-            if a <= phy:
-                before = a
-            else:
-                after = a
-                break
-        if after is None and w.kind == fast.STOP_BLANK and seg.start + w.stop > phy:
+        # piecewise: a 1 GiB segment of small messages holds millions of records (issue #11)
+        n = fast.neighbours(seg.buffer(), phy - seg.start, seg.size)
+        before = None if n.before is None else seg.start + n.before
+        after = None if n.after is None else seg.start + n.after
+        if after is None and n.walk.kind == fast.STOP_BLANK and seg.start + n.walk.stop > phy:
             after = seg.start + seg.size
         return before, after
 

@@ -111,12 +111,10 @@ def _record_at(cl, offset: int) -> dict | None:
     if seg is None:
         return None
     buf = seg.buffer()
-    w = fast.walk(buf, 0, seg.size, cl.magics(False))
-    starts = w.offsets
-    i = int(np.searchsorted(starts, offset - seg.start, side="right")) - 1
-    if i < 0:
+    # piecewise up to the offset: a 1 GiB segment of small messages holds millions of records
+    pos = fast.neighbours(buf, offset - seg.start, seg.size, cl.magics(False)).before
+    if pos is None:
         return None
-    pos = int(starts[i])
     try:
         msg = decode_message(buf, pos, with_body=False)
     except RecordError as e:

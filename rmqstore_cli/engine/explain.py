@@ -16,8 +16,6 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from formats.hashing import index_key, index_key_hash
 from formats.message import RecordError
 from formats.msgid import decode_offset_msgid
@@ -344,19 +342,19 @@ def explain_msgid(store: Store, msg_id: str) -> dict:
         return out
     from formats import fast
 
-    w = fast.walk(seg.buffer(), 0, seg.size)
-    data_end = seg.start + w.stop
-    starts = seg.start + w.offsets
+    # the records around the offset only, walked piecewise (a 1 GiB segment holds millions)
+    n = fast.neighbours(seg.buffer(), mid.offset - seg.start, seg.size)
     out["segment"] = seg.name
-    if mid.offset >= data_end and w.kind != fast.STOP_BLANK and seg is segs[-1]:
-        out.update(status="past-end", dataEnd=data_end,
-                   why=f"offset {mid.offset} is past the end of written data ({data_end}): the record was never "
-                       f"stored here, or was cut by a recovery")
-        return out
-    k = int(np.searchsorted(starts, mid.offset))
-    if k >= len(starts) or int(starts[k]) != mid.offset:
-        before = int(starts[k - 1]) if k > 0 else None
-        after = int(starts[k]) if k < len(starts) else None
+    if n.walk is not None:  # the walk ended before passing the offset: where the data ends matters
+        data_end = seg.start + n.walk.stop
+        if mid.offset >= data_end and n.walk.kind != fast.STOP_BLANK and seg is segs[-1]:
+            out.update(status="past-end", dataEnd=data_end,
+                       why=f"offset {mid.offset} is past the end of written data ({data_end}): the record was never "
+                           f"stored here, or was cut by a recovery")
+            return out
+    before = None if n.before is None else seg.start + n.before
+    if before != mid.offset:
+        after = None if n.after is None else seg.start + n.after
         out.update(status="not-a-record", nearestBefore=before, nearestAfter=after,
                    why=f"offset {mid.offset} is not at a record boundary (nearest record starts: {before} and {after})"
                        f": the msgId belongs to another store or another life of this one")

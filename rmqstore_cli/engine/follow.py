@@ -24,6 +24,9 @@ from .commitlog import Chunk, CommitLog, RecordFilter
 from .segments import Segment, segment_name
 
 POLL_SECONDS = 0.1
+# Records decoded per step: following from an early offset of a broker's 1 GiB segment of small
+# messages would otherwise decode millions of records at once.
+FOLLOW_CHUNK = 8192
 
 
 class Follower:
@@ -68,7 +71,7 @@ class Follower:
                 continue
             buf = seg.buffer()
             pos = self.offset - seg.start
-            w = fast.walk(buf, pos, seg.size, magics)
+            w = fast.walk(buf, pos, seg.size, magics, max_records=FOLLOW_CHUNK)
             if len(w.offsets):
                 u8 = fast.as_u8(buf)
                 h = fast.decode_headers(buf, w.offsets, u8)

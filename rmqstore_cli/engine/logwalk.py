@@ -128,7 +128,9 @@ def _stop_reason(kind: str, size: int, magic: int, version: int, reason_code: in
 def broker_walk(segments, cfg: StoreConfig, version: int, start_index: int, check_crc: bool,
                 sink=None, chunk: int = 8192) -> WalkStop:
     """The §13.4 walk from ``segments[start_index]``; each chunk of valid records goes to
-    ``sink(segment_start, buffer, headers)``."""
+    ``sink(segment_start, buffer, headers)``. A sink that returns True pauses the walk after that
+    chunk: the answer is then a stop of kind ``fast.STOP_CHUNK`` where the next record starts (a walk
+    resumed there goes on exactly as this one would have: no record check looks at the ones before)."""
     magics = magics_for(version)
     i = start_index
     pos = 0
@@ -146,12 +148,13 @@ def broker_walk(segments, cfg: StoreConfig, version: int, start_index: int, chec
                 validate(buf, u8, h, cfg, version, check_crc)
                 bad = fast.first_invalid(h)
                 good = h.take(bad) if bad < len(h) else h
-                if sink is not None and len(good):
-                    sink(seg.start, buf, good)
+                pause = sink(seg.start, buf, good) if sink is not None and len(good) else False
                 if bad < len(h):
                     p = int(h.offsets[bad])
                     return WalkStop(seg.start + p, i, p, "invalid",
                                     _stop_reason("invalid", 0, 0, version, int(h.reason[bad])), int(h.totalSize[bad]))
+                if pause is True and w.stop < limit:
+                    return WalkStop(seg.start + w.stop, i, w.stop, fast.STOP_CHUNK, "paused by the caller")
             pos = w.stop
             if w.kind != fast.STOP_CHUNK:
                 break

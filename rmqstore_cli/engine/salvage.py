@@ -45,20 +45,36 @@ class _View:
         return memoryview(self.seg.buffer())[self.pos:]
 
 
+# Record offsets gathered before the walk pauses to hand them on: a broker's 1 GiB segment of
+# small messages holds millions of records, whose offsets must not be collected all at once.
+PAUSE_RECORDS = 1 << 16
+WALK_CHUNK = 8192  # records per kernel call of the walk
+
+
 def scan(store, version: int, report: SalvageReport, start: int = 0) -> Iterator[tuple]:
-    """(segment, position) of every valid record from ``start``, skipping damage; fills ``report``."""
+    """(segment, position) of every valid record from ``start``, skipping damage; fills ``report``.
+
+    The walk runs in stretches of at most ~PAUSE_RECORDS records: the record checks do not depend on
+    the records before, so resuming after the last valid record handed on walks exactly as one walk."""
     cfg = store.config
     for seg in store.commitlog.segments.segments:
         if seg.start + seg.size <= start or not seg.size:
             continue
         pos = max(0, start - seg.start)
         while pos < seg.size:
-            starts: list = []  # one segment's record offsets, a numpy array per chunk
-            stop = broker_walk([_View(seg, pos)], cfg, max(version, 5), 0, True,
-                               lambda s, _b, h: starts.append(h.offsets + s))
+            starts: list = []  # record offsets (a numpy array per chunk) since the last pause
+
+            def sink(s, _b, h, starts=starts):
+                starts.append(h.offsets + s)
+                return sum(len(a) for a in starts) >= PAUSE_RECORDS
+
+            stop = broker_walk([_View(seg, pos)], cfg, max(version, 5), 0, True, sink, WALK_CHUNK)
             for part in starts:
                 for p in part.tolist():
                     yield seg, p - seg.start
+            if stop.kind == fast.STOP_CHUNK:  # paused: walk on from the next record
+                pos = stop.offset - seg.start
+                continue
             if stop.kind == fast.STOP_BLANK:
                 break
             bad = stop.offset - seg.start

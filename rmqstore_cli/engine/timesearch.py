@@ -229,6 +229,9 @@ def _first_time(seg) -> int | None:
     return int(h.storeTimestamp[0]) if h.reason[0] == fast.R_OK else None
 
 
+SEARCH_PIECE = 1 << 16  # records decoded at once when searching a segment by store time
+
+
 def commitlog_offset_at(commitlog, timestamp: int) -> int | None:
     """Absolute offset of the first record whose store time is >= ``timestamp``.
 
@@ -261,18 +264,23 @@ def commitlog_offset_at(commitlog, timestamp: int) -> int | None:
         if k > lo:
             return seg.start if first(k) != float("inf") else None
         buf = seg.buffer()
-        w = fast.walk(buf, 0, seg.size, commitlog.magics(False))
-        if not len(w.offsets):
-            continue
-        h = fast.decode_headers(buf, w.offsets)
-        ok = h.reason == fast.R_OK
-        bad = np.flatnonzero(~ok)
-        n = int(bad[0]) if len(bad) else len(h)  # the log ends at the first invalid record
-        times = h.storeTimestamp[:n]
-        i = int(np.searchsorted(times, timestamp, side="left"))
-        if i < n:
-            return seg.start + int(h.offsets[i])
-        if n < len(h) or w.kind != fast.STOP_BLANK:
+        pos, seen = 0, False
+        while True:  # in pieces: a broker's 1 GiB segment of small messages holds millions of records
+            w = fast.walk(buf, pos, seg.size, commitlog.magics(False), max_records=SEARCH_PIECE)
+            if len(w.offsets):
+                seen = True
+                h = fast.decode_headers(buf, w.offsets)
+                bad = np.flatnonzero(h.reason != fast.R_OK)
+                n = int(bad[0]) if len(bad) else len(h)  # the log ends at the first invalid record
+                i = int(np.searchsorted(h.storeTimestamp[:n], timestamp, side="left"))
+                if i < n:
+                    return seg.start + int(h.offsets[i])
+                if n < len(h):
+                    return None  # the log ends in this segment
+            if w.kind != fast.STOP_CHUNK or not len(w.offsets):
+                break
+            pos = w.stop
+        if seen and w.kind != fast.STOP_BLANK:
             return None  # the log ends in this segment
     return None
 

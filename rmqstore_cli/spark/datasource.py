@@ -86,14 +86,20 @@ def plan_segment(store: str, seg: Segment, file_size: int, cfg: StoreConfig, spl
         return [SegmentRange(store, seg.path, seg.name, seg.start, 0, 0, 0, cfg.version, cfg.forceVerifyPropCRC,
                              fast.STOP_EOF)]
     limit = min(seg.size, file_size)
-    w = fast.walk(seg.buffer(), 0, limit)
-    offs = w.offsets
+    buf = seg.buffer()
     cuts = [0]
-    while True:
-        k = int(np.searchsorted(offs, cuts[-1] + split))
-        if k >= len(offs):
+    pos = 0
+    while True:  # piecewise: a broker's 1 GiB segment of small messages holds millions of records
+        w = fast.walk(buf, pos, limit, max_records=fast.WALK_PIECE)
+        offs = w.offsets
+        while True:
+            k = int(np.searchsorted(offs, cuts[-1] + split))
+            if k >= len(offs):
+                break
+            cuts.append(int(offs[k]))
+        if w.kind != fast.STOP_CHUNK or not len(offs):
             break
-        cuts.append(int(offs[k]))
+        pos = w.stop
     bounds = cuts + [w.stop]
     out = []
     for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
