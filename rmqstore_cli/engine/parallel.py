@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 _TASK: tuple | None = None  # (fn, args) for the forked workers
 
@@ -61,3 +61,86 @@ def map_ranges(fn: Callable, ranges: Sequence[range], jobs: int, *args, on_resul
             return out
     finally:
         _TASK = None
+
+
+AHEAD = 2  # items a worker of stream_segments may have made that the consumer has not taken yet
+
+
+def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[int], None] | None = None) -> Iterator:
+    """Everything ``items(i, *args)`` yields for segments ``i = 0 .. n-1``, in that order, computed by ``jobs``
+    forked processes: worker *k* takes segments k, k+jobs, ... and hands each item over a queue that holds at
+    most :data:`AHEAD` of them, so a 1 GiB segment's results never sit in memory whole, here or in a worker.
+    ``done(i)`` is called after segment *i*'s last item. Closing the generator early stops the workers."""
+    if jobs <= 1 or n <= 1:
+        for i in range(n):
+            yield from items(i, *args)
+            if done:
+                done(i)
+        return
+    ctx = multiprocessing.get_context("fork")
+    workers = min(jobs, n)
+    queues = [ctx.Queue(maxsize=AHEAD) for _ in range(workers)]
+    procs = [ctx.Process(target=_stream_worker, args=(items, range(k, n, workers), args, queues[k]), daemon=True)
+             for k in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        for i in range(n):
+            while True:
+                item = _next_item(queues[i % workers], procs[i % workers])
+                if item is _SEGMENT_DONE:
+                    break
+                if isinstance(item, _WorkerError):
+                    raise item.error
+                yield item
+                del item
+            if done:
+                done(i)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join()
+
+
+_SEGMENT_DONE = None  # what a worker sends after a segment's last item
+
+
+class _WorkerError:
+    """An exception raised in a worker, sent to the consumer (as its text when it does not pickle)."""
+
+    def __init__(self, error: BaseException):
+        import pickle
+
+        try:
+            pickle.dumps(error)
+        except Exception:  # noqa: BLE001 - anything unpicklable is sent as its text
+            error = RuntimeError(f"{type(error).__name__}: {error}")
+        self.error = error
+
+
+def _stream_worker(items: Callable, segments: range, args: tuple, out) -> None:
+    try:
+        for i in segments:
+            for item in items(i, *args):
+                out.put(item)
+                del item
+            out.put(_SEGMENT_DONE)
+    except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+        out.put(_WorkerError(e))
+    out.close()
+    out.join_thread()
+
+
+def _next_item(q, proc):
+    import queue
+
+    while True:
+        try:
+            return q.get(timeout=1.0)
+        except queue.Empty:
+            if not proc.is_alive():
+                try:
+                    return q.get(timeout=1.0)
+                except queue.Empty:
+                    raise RuntimeError(f"worker process ended (exit code {proc.exitcode})") from None

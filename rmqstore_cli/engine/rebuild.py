@@ -144,37 +144,39 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
 
 
 def _parallel_requests(store, d, jobs: int, handle) -> None:
-    """``-j``: parse the records of each segment in forked workers, dispatch them here in log order.
+    """``-j``: parse the records of each segment in forked workers, dispatch them here in log order, a
+    chunk's batch at a time (:func:`.parallel.stream_segments`: never a whole segment's batches at once).
 
     The walk goes on into segment i + 1 only when segment i ends in a BLANK, exactly as one scan
-    does; results of segments past the end of the log are dropped.
+    does; what workers made past the end of the log is dropped unread.
     """
-    from .parallel import map_ranges, split
+    from .parallel import stream_segments
 
     n = len(store.commitlog.segments.segments)
-    state = {"open": True}
-
-    def take(r: range, res) -> None:
-        batches, continues = res
-        if state["open"]:
-            for b in batches:
-                handle(_unpack_batch(b, store) if jobs > 1 else b)
-            state["open"] = continues
-
-    map_ranges(_segment_requests, split(n, n), jobs, store, d, jobs > 1, on_result=take, keep=False)
+    for item in stream_segments(_segment_requests, n, jobs, store, d, jobs > 1):
+        if isinstance(item, _SegmentEnd):
+            if not item.continues:
+                break
+            continue
+        handle(_unpack_batch(item, store) if jobs > 1 else item)
 
 
-def _segment_requests(r: range, store, d, packed: bool = False):
+class _SegmentEnd:
+    """The last item of a segment's requests: whether the walk goes on into the next segment."""
+
+    def __init__(self, continues: bool):
+        self.continues = continues
+
+
+def _segment_requests(i: int, store, d, packed: bool = False):
     from .commitlog import ScanResult
 
     res = ScanResult()
     segs = store.commitlog.segments.segments
-    batches = []
-    for c in store.commitlog.scan(start_index=r.start, end_index=r.stop, check_crc=False, result=res):
+    for c in store.commitlog.scan(start_index=i, end_index=i + 1, check_crc=False, result=res):
         b = d.requests_from_chunk(c)
-        batches.append(_pack_batch(b, next(k for k, s in enumerate(segs) if s is c.segment)) if packed else b)
-    continues = res.stop is not None and res.stop.kind == "blank" and res.stop.segment is segs[r.stop - 1]
-    return batches, continues
+        yield _pack_batch(b, i) if packed else b
+    yield _SegmentEnd(res.stop is not None and res.stop.kind == "blank" and res.stop.segment is segs[i])
 
 
 class _SegmentStrings:

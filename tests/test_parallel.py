@@ -1,0 +1,41 @@
+"""parallel.stream_segments: items of every segment in segment order, whatever the number of workers."""
+
+import pytest
+
+from rmqstore_cli.engine.parallel import stream_segments
+
+
+def _items(i: int, per: int):
+    for k in range(per + i % 3):  # segments of different lengths, some empty
+        yield (i, k)
+
+
+def _failing(i: int):
+    yield i
+    if i == 3:
+        raise ValueError("segment 3 is damaged")
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 3])
+def test_items_come_in_segment_order_with_a_done_call_per_segment(jobs):
+    done = []
+    got = list(stream_segments(_items, 7, jobs, 0, done=done.append))
+    assert got == [(i, k) for i in range(7) for k in range(i % 3)]
+    assert done == list(range(7))
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_consumer_may_stop_early(jobs):
+    gen = stream_segments(_items, 50, jobs, 1000)  # far more items than the queues hold
+    first = [next(gen) for _ in range(5)]
+    gen.close()  # the workers blocked on full queues are stopped
+    assert first == [(0, k) for k in range(5)]
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_worker_error_reaches_the_consumer_after_the_items_before_it(jobs):
+    got = []
+    with pytest.raises(ValueError, match="segment 3 is damaged"):
+        for item in stream_segments(_failing, 6, jobs):
+            got.append(item)
+    assert got == [0, 1, 2, 3]
