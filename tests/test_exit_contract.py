@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from rmqstore_cli.app import app
 
-from .conftest import CLEAN_STORES, STORE_NAMES, broker_read
+from .conftest import CLEAN_STORES, STORE_NAMES, broker_read, shared_store
 
 runner = CliRunner()
 
@@ -368,3 +368,16 @@ def test_rebuild_dry_run(name, store_copy):
     assert r.exit_code == 1 and {f["code"] for f in plan["fixedFindings"]} == {"CQ_NOT_DISPATCHED"}
     applied = run("rebuild", "consumequeue", root)
     assert applied.exit_code == plan["expectedApplyExitCode"] == 0, applied.output[-2000:]
+
+
+def test_short_file_check_walks_a_mapped_file_to_its_blank(tmp_path):
+    """outcome._ends_with_blank (the LOST_SHORT_FILE rule) on a broker segment, cut copies and an empty file."""
+    from rmqstore_cli.engine.outcome import _ends_with_blank
+
+    src = sorted((shared_store("4.9.3-clean") / "commitlog").iterdir())[0]
+    data = src.read_bytes()
+    cases = {"whole": (data, True), "cut": (data[:len(data) // 2], False), "empty": (b"", False)}
+    for name, (content, want) in cases.items():
+        p = tmp_path / name
+        p.write_bytes(content)
+        assert _ends_with_blank(str(p)) is want, name

@@ -154,7 +154,6 @@ def lost_references(root: str, plan, scope: PlanScope) -> list[dict]:
     before the recovered end is padded with zeros (the records after its end are gone, the units and
     entries pointing at them stay, and the file has no BLANK); a data-holding ext file of the wrong size
     is moved out whole (the consume-queue units addressing it cannot be read)."""
-    from formats import fast
 
     out = []
     for a in plan.actions:
@@ -164,14 +163,12 @@ def lost_references(root: str, plan, scope: PlanScope) -> list[dict]:
             start, full = int(os.path.basename(rel)), a.extra["size"]
             if start + full > scope.end:
                 continue  # the recovery walk reaches into it and cuts there
-            with open(a.path, "rb") as f:
-                buf = f.read()
-            w = fast.walk(buf, 0, len(buf))
-            if w.kind == fast.STOP_BLANK:
+            if _ends_with_blank(a.path):
                 continue  # its data ended before the missing bytes
-            out.append({"code": "LOST_SHORT_FILE", "severity": "error", "path": rel, "offset": len(buf),
-                        "phyOffset": start + len(buf),
-                        "message": f"commitlog file {os.path.basename(rel)} is {len(buf)} bytes: the records after that are gone",
+            size = os.path.getsize(a.path)
+            out.append({"code": "LOST_SHORT_FILE", "severity": "error", "path": rel, "offset": size,
+                        "phyOffset": start + size,
+                        "message": f"commitlog file {os.path.basename(rel)} is {size} bytes: the records after that are gone",
                         "why": "padded with zeros so the broker can start; the consume-queue units and index entries "
                                "that point past its end, and its missing BLANK, are not repaired by this plan"})
         elif (a.kind == "move_aside" and top == "commitlog" and os.path.basename(rel).isdigit()
@@ -286,3 +283,19 @@ def sort_rebuild_findings(root: str, parts: list, topic: str | None, findings) -
         e["why"] = why
         out[verdict].append(e)
     return out
+
+
+def _ends_with_blank(path: str) -> bool:
+    """Whether a (short) commitlog file's record chain ends in a BLANK: mapped and walked in pieces, never
+    read whole (it may be most of a 1 GiB segment)."""
+    import mmap
+
+    from formats import fast
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if not size:
+            return False
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            stop = fast.neighbours(buf, size).walk
+            return stop is not None and stop.kind == fast.STOP_BLANK
