@@ -1,13 +1,14 @@
-"""Verify in commitlog windows: one segment's records at a time, never the whole log's.
+"""Verify in commitlog windows: one window's records at a time, never the whole log's.
 
-Each window is one segment's records (phase 1 of :mod:`.verify_commitlog`), as a small
+Each window is the records starting in a fixed offset range inside one segment (phase 1 of
+:mod:`.verify_commitlog`, ``WINDOW_BYTES``: a 1 GiB production segment is many windows), as a small
 :class:`~.verify_records._Records`. The references into the log are routed to windows by the offset
-they point at (segment *i* owns ``[start_i, start_{i+1})``): every consume-queue unit and index entry
+they point at (window *w* owns ``[start_w, start_{w+1})``): every consume-queue unit and index entry
 is checked against the records of the one window it points into, then the window is dropped. What
 the checks need across windows is small and carried here: per queue and index file its finding
 aggregate (first location by rank, so the order of windows does not matter), the highest reference
 that found its record, the references that found none (resolved at the end, when the log's end is
-known: lost tail, corrupt, explained); the store-time order across segment boundaries; records no
+known: lost tail, corrupt, explained); the store-time order across window boundaries; records no
 unit points at (kept until the queues' high-water mark is known: normally none).
 
 Record-independent checks (slot chains, slot table, header counts, holes, fillers, ext unit sizes)
@@ -25,6 +26,7 @@ from formats.records import (CQ_FILLER, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, IND
 
 from .findings import Finding
 from . import verify_index
+from .verify_commitlog import window_starts
 from .verify_index import _drop_pages, _last_live_entry
 from .verify_index import _no_record as _entry_no_record
 from .verify_queues import (_check_cq_holes, _check_ext_units, _no_record, _QueueFiles, _QueueScan, add_not_dispatched,
@@ -40,10 +42,13 @@ def segments_overlap(cl) -> bool:
 
 
 class Windows:
-    """Segment *i* owns the offsets ``[start_i, start_{i+1})``; the last one everything after its start."""
+    """Window *w* owns the offsets ``[start_w, start_{w+1})``; the last one everything after its start. The
+    windows are each segment's (:func:`.verify_commitlog.window_starts`), numbered along the log."""
 
     def __init__(self, cl):
-        self.starts = np.asarray([s.start for s in cl.segments.segments], dtype=np.int64)
+        fs = cl.segments.file_size
+        parts = [window_starts(s, fs) for s in cl.segments.segments]
+        self.starts = np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def of(self, phys: np.ndarray) -> np.ndarray:
         """Window of each offset; -1 before the first segment."""
@@ -342,23 +347,23 @@ class DispatchWindows:
         self.after: list = []  # later windows: (first phy, count, per_queue rows)
         self.old_rows: list = []  # per_queue rows judged before the mark (bounded: one per queue and window)
 
-    def window(self, recs: _Records, marks: np.ndarray, found_end: int | None) -> None:
+    def window(self, recs: _Records, marks: np.ndarray, found_end: int | None, w: int) -> None:
         tran = recs.c["sysFlag"] & 0xC
         missing = _Missing(recs, np.flatnonzero(((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)) & ~marks))
         if found_end is not None:
             # everything kept so far lies before this window's found record: before the mark, whatever it becomes
             if self.detail is not None:
                 self.old_rows += list(self.detail.per_queue())
-            for _first, _count, rows in self.after:
+            for _first, _count, rows, _w in self.after:
                 self.old_rows += rows
             self.after = []
             self.found_end_max = found_end if self.found_end_max is None else max(self.found_end_max, found_end)
             self.detail = missing
         elif len(missing):
-            self.after.append((int(missing.phy[0]), len(missing), list(missing.per_queue())))
+            self.after.append((int(missing.phy[0]), len(missing), list(missing.per_queue()), w))
 
     def finish(self, cl, phy_max: int | None, findings: list, reread) -> None:
-        """``reread(segment index) -> _Records`` gives one segment's records again (the rare case above)."""
+        """``reread(window number) -> _Records`` gives one window's records again (the rare case above)."""
         segs = cl.segments.segments
         high = dispatch_high_water(self.found_end_max, phy_max)
         old = list(self.old_rows)
@@ -376,14 +381,14 @@ class DispatchWindows:
             rest = self.detail.take(~below)
             if len(rest):
                 lag(int(rest.phy[0]), int(rest.seg[0]), len(rest))
-        for k, (first, count, rows) in enumerate(self.after):
+        for k, (first, count, rows, w) in enumerate(self.after):
             nxt = self.after[k + 1][0] if k + 1 < len(self.after) else None
             if nxt is not None and nxt <= high:  # the whole window lies before the mark
                 old += rows
             elif first >= high:
                 lag(first, rows[0][4], count)
             else:  # the mark falls inside this window: judge its records one by one
-                recs = reread(rows[0][4])
+                recs = reread(w)
                 tran = recs.c["sysFlag"] & 0xC
                 # no unit found a record here (else the mark would be a found end), so none is marked
                 m = _Missing(recs, np.flatnonzero((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)))
