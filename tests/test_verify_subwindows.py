@@ -117,7 +117,6 @@ def test_window_reports_are_the_segment_report_cut_by_offset(tmp_path, monkeypat
                 assert r.window_start == lo and r.segment == i
                 assert ((r.cols["phy"] >= lo) & (r.cols["phy"] < hi)).all()
                 assert len(r.key_hashes) == int(r.cols["keyCount"].sum())
-                assert [r.topics[t] for t in r.cols["topic"]] == [r.topics[t] for t in r.cols["topic"]]
             w = whole[i]
             for c, col in w.cols.items():
                 assert np.array_equal(np.concatenate([r.cols[c] for r in reps]) if c != "topic" else
@@ -130,6 +129,11 @@ def test_window_reports_are_the_segment_report_cut_by_offset(tmp_path, monkeypat
                 assert getattr(last, field) == getattr(w, field), field
             assert [f.as_json() for f in last.findings] == [f.as_json() for f in w.findings]
             assert not any(r.findings or r.invalid for r in reps[:-1])
+            (joined,) = verify_commitlog.whole_segments(iter(list(verify_commitlog.iter_segment_windows(cl, i))))
+            assert joined.index == i and joined.window_start == seg.start
+            for c, col in w.cols.items():
+                assert np.array_equal(joined.cols[c], col), c
+            assert np.array_equal(joined.key_hashes, w.key_hashes)
     if window < 1 << 20:
         assert len(reps) > 1
 
@@ -148,7 +152,7 @@ def test_small_windows_undispatched_equal_whole_log(tmp_path, monkeypatch, how):
 def test_small_windows_streamed_from_workers(tmp_path, monkeypatch):
     """verify -j 2 streams window reports from the workers: same result as one process; whole-segment reports
     handed to verify_store are cut into windows first."""
-    from rmqstore_cli.engine.verify import iter_segments_parallel, verify_segments_parallel
+    from rmqstore_cli.engine.verify import InProcessCrossChecks, iter_segments_parallel, verify_segments_parallel
 
     print(f"seed {SEED} (RMQSTORE_VMEM_SEED)")
     rng = random.Random(SEED)
@@ -156,12 +160,17 @@ def test_small_windows_streamed_from_workers(tmp_path, monkeypatch):
     root = copy_store("4.9.3-crash", tmp_path / "s")
     _damage_near_boundary(root, rng, 4096)
     _damage_queues(root, rng)
+    class Elsewhere(InProcessCrossChecks):
+        """A cross-check object that is not the in-process one: verify_store takes the whole-log formulation."""
+
     with Store.open(str(root)) as st:
         one = verify_store(st)
         stream = iter_segments_parallel(st.commitlog, 2)
         two = verify_store(st, reports=stream)
         whole_reports = verify_store(st, reports=verify_segments_parallel(st.commitlog, 2))
-    for other in (two, whole_reports):
+        # window reports joined back into segment reports for the whole-log formulation
+        joined = verify_store(st, reports=iter_segments_parallel(st.commitlog, 2), cross_checks=Elsewhere)
+    for other in (two, whole_reports, joined):
         assert [f.as_json() for f in other.findings] == [f.as_json() for f in one.findings]
         assert other.summary == one.summary
 

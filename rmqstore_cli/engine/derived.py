@@ -243,7 +243,7 @@ def index_problems(store, table: RecordTable, files: list) -> list:
 
     if not files:
         return []
-    if getattr(table, "per_index_file", False):  # derived_windows: one table per index file's span
+    if getattr(table, "per_index_file", False):  # derived_windows: each file in verify's windows
         from .derived_windows import index_problems_by_file
 
         return index_problems_by_file(store, table.end, files)

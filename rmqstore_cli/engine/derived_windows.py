@@ -32,7 +32,7 @@ class LazyRecordTable:
 
     @property
     def per_index_file(self) -> bool:
-        """The index check may build a table per index file (no whole table built yet)."""
+        """The index check may run per index file in verify's windows (no whole table built yet)."""
         return self._full is None
 
     def __getattr__(self, name):  # recs, reports, queue_records: the whole table

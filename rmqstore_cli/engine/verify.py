@@ -4,7 +4,8 @@ Two phases, so the first can later run per segment in parallel (``-j``):
 
 1. :func:`verify_segments` walks a range of commitlog segments independently (records never
    cross a segment, §2.6) and returns a :class:`SegmentReport` per segment: findings plus
-   the header columns of every record it read.
+   the header columns of every record it read (:func:`iter_windows`: the same walk, a report per
+   sub-segment window, what the in-process verify consumes).
 2. :func:`verify_store` merges the reports in segment order and cross-checks the log with the
    consume queues, ext files, index files and checkpoint (Appendix B).
 
@@ -22,7 +23,7 @@ import numpy as np
 from .findings import Finding
 from .verify_commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_parallel,  # noqa: F401 (public API)
                                as_windows, first_windows, iter_windows, verify_segments, verify_segments_parallel,
-                               window_report)
+                               whole_segments, window_report)
 from .verify_index import _check_checkpoint, _check_index, _check_root
 from .verify_queues import _check_consume_queues, _check_dispatch
 from .verify_records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier,  # noqa: F401
@@ -64,7 +65,8 @@ def verify_store(store, *, check_crc: bool = True, reports: Iterable[SegmentRepo
     time (whole-segment reports are cut into windows). A distributed ``cross_checks``, or segments that overlap, take the whole-log formulation."""
     if cross_checks is InProcessCrossChecks and not segments_overlap(store.commitlog):
         return _verify_in_windows(store, check_crc=check_crc, reports=reports, progress=progress)
-    return _verify_whole_log(store, check_crc=check_crc, reports=None if reports is None else list(reports), progress=progress,
+    return _verify_whole_log(store, check_crc=check_crc, reports=None if reports is None else list(whole_segments(reports)),
+                             progress=progress,
                              cross_checks=cross_checks)
 
 

@@ -11,8 +11,6 @@ Spark job and the whole-log formulation); ``-j`` streams window reports from wor
 from __future__ import annotations
 
 import copy
-from collections import deque
-from itertools import islice
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
@@ -427,3 +425,22 @@ def as_windows(rep: SegmentReport, commitlog: CommitLog, firsts: list) -> Iterat
                                 segment=rep.segment, window_start=int(starts[k]), last=False)
         rep.cols, rep.key_hashes = acc.take_all()
     yield rep
+
+
+def whole_segments(reports: Iterable[SegmentReport]) -> Iterator[SegmentReport]:
+    """Window reports (in log order) joined back into one report per segment, as :func:`verify_segments`
+    makes them; whole-segment reports pass as they are (the whole-log formulation needs segment reports)."""
+    pending: list[SegmentReport] = []
+    for rep in reports:
+        pending.append(rep)
+        if not rep.last:
+            continue
+        if len(pending) > 1:
+            acc = _Columns()
+            for r in pending:
+                acc.add(r.cols, r.key_hashes)
+                r.cols, r.key_hashes = {}, None
+            rep.cols, rep.key_hashes = acc.take_all()
+        rep.index, rep.window_start = rep.segment if rep.segment >= 0 else rep.index, rep.start
+        pending = []
+        yield rep
