@@ -216,3 +216,18 @@ def test_verify_memory_follows_the_window_not_the_segment(monkeypatch, one_segme
     print(f"verify peak {small >> 10} KiB ({n_small} records), {large >> 10} KiB ({n_large} records) in one segment")
     assert n_large > 3 * n_small
     assert large - small < 512 << 10, (small, large)
+
+
+from tests.test_verify_memory import larger_bench_store, small_bench_store  # noqa: E402,F401 (fixtures)
+
+
+def test_undispatched_memory_does_not_grow_with_many_windows(tmp_path, monkeypatch, small_bench_store, larger_bench_store):  # noqa: F811
+    """No consume queue at all, 4 KiB windows (thousands per store): every record is undispatched, and what is
+    carried between windows is one summary per queue, not one per queue and window (which took ~11 MB more for
+    the 4x longer log)."""
+    from tests.test_verify_memory import test_verify_memory_without_consume_queues_does_not_grow as check
+
+    monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 4096)
+    with Store.open(small_bench_store) as st:
+        verify_store(st)  # warm: the first call's one-time allocations (kernel caches) are not verify's
+    check(tmp_path, small_bench_store, larger_bench_store)

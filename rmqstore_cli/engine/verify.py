@@ -80,7 +80,9 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     svc = store.index
     findings += svc.problems
     index_files = [IndexWindows(f, windows) for f in svc.files if f.complete]
-    dispatch = DispatchWindows()
+    phy_maxes = [q.phy_max for q in queues if q.phy_max is not None]
+    dispatch = DispatchWindows(max(phy_maxes) if phy_maxes else None)
+    dispatch.reread_with(lambda w: _Records(store, [window_report(cl, w, check_crc=check_crc)]))
     times = _Agg()
     prev_ts = None
     newest = None
@@ -124,9 +126,7 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     refs = _RefClassifier(no_records, kept, cl, data_end)  # for the references no window found a record for
     for q in queues:
         q.finish(refs, findings)
-    phy_maxes = [q.phy_max for q in queues if q.phy_max is not None]
-    dispatch.finish(cl, max(phy_maxes) if phy_maxes else None, findings,
-                    lambda w: _Records(store, [window_report(cl, w, check_crc=check_crc)]))
+    dispatch.finish(cl, findings)
     summary["consumeQueues"] = {"queues": len(queues), "units": sum(q.units for q in queues)}
     for ix in index_files:
         ix.finish(refs, findings)
