@@ -100,9 +100,14 @@ def record_table(store, end: int) -> RecordTable:
 def table_of(store, segments: list, end: int) -> RecordTable:
     """The records before ``end`` of the commitlog segments numbered ``segments``, as ``record_table``."""
     from .verify_commitlog import verify_segments
+
+    return table_of_reports(store, verify_segments(store.commitlog, segments, check_crc=False), end)
+
+
+def table_of_reports(store, reports: list, end: int) -> RecordTable:
+    """``record_table`` of the records in verify's ``reports`` (whole segments or windows), cut at ``end``."""
     from .verify_records import _Records
 
-    reports = verify_segments(store.commitlog, segments, check_crc=False)
     recs = _Records(store, reports)
     n = int(np.searchsorted(recs.phy, end))
     if n < len(recs.phy):
@@ -238,12 +243,19 @@ def index_problems(store, table: RecordTable, files: list) -> list:
 
     if not files:
         return []
-    if getattr(table, "per_index_file", False):  # derived_windows: one table per index file's span
+    if getattr(table, "per_index_file", False):  # derived_windows: each file in verify's windows
         from .derived_windows import index_problems_by_file
 
         return index_problems_by_file(store, table.end, files)
     refs = _RefClassifier(table.recs, table.reports, store.commitlog, table.end)
     found: list = []
     _check_index(store, table.recs, refs, found, {}, files=files)
-    return [f for f in found if f.severity in ("error", "warning")]
+    return in_file_order([f for f in found if f.severity in ("error", "warning")], files)
+
+
+def in_file_order(found: list, files: list) -> list:
+    """Index findings in ``files`` order, then by offset and code: the whole-table check and the windowed one
+    (derived_windows) aggregate in different orders, and the plan names a file's first finding."""
+    rank = {f.path: i for i, f in enumerate(files)}
+    return sorted(found, key=lambda x: (rank.get(x.path, len(rank)), x.offset if x.offset is not None else -1, x.code))
 

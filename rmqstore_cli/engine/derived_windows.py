@@ -1,9 +1,9 @@
-"""The derived-file check of recovery (derived.py) one commitlog segment at a time.
+"""The derived-file check of recovery (derived.py) one commitlog window at a time.
 
 ``derived.record_table`` holds every record of the recovered log as columns. When every consume-queue
 unit agrees with its record (the usual case: a crash leaves queues short, not lying), the verdicts
-need much less: per segment, the units pointing into it are checked against that segment's records
-(verify's per-segment pass, CRC not checked, as record_table reads them), and of each queue only
+need much less: per window (verify's sub-segment windows, :mod:`.verify_commitlog`, CRC not checked,
+as record_table reads them), the units pointing into it are checked against its records, and of each queue only
 the records past its last unit (what a re-dispatch writes) are kept. A lying unit, ext queues,
 overlapping segment files or a later step that needs the whole table (the index check, the broker's
 outcome for a repaired queue) fall back to ``record_table``, built lazily: the answers are the same.
@@ -15,7 +15,8 @@ import numpy as np
 
 from formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
-from .derived import QueueVerdict, record_table, table_of, tail_redispatch
+from .derived import QueueVerdict, in_file_order, record_table, table_of_reports, tail_redispatch
+from .verify_commitlog import first_windows, iter_segment_windows, window_starts
 
 
 class LazyRecordTable:
@@ -31,7 +32,7 @@ class LazyRecordTable:
 
     @property
     def per_index_file(self) -> bool:
-        """The index check may build a table per index file (no whole table built yet)."""
+        """The index check may run per index file in verify's windows (no whole table built yet)."""
         return self._full is None
 
     def __getattr__(self, name):  # recs, reports, queue_records: the whole table
@@ -74,8 +75,9 @@ def windowed_verdicts(planner) -> dict | None:
         return None
     bounds = np.asarray([s.start for s in segs], np.int64)
     limits = np.asarray([min(s.start + s.size, end) for s in segs], np.int64)
+    wbounds = _window_bounds(cl, segs)
     # Per queue with files: its units per file, where the first real unit is (pre-blank fillers before it,
-    # §7.3), and which segments each file's units point into.
+    # §7.3), and which windows each file's units point into.
     queues = {}
     for key, qs in planner.queues.items():
         if not qs.segments:
@@ -93,13 +95,12 @@ def windowed_verdicts(planner) -> dict | None:
             inside = (w >= 0) & (real < limits[np.maximum(w, 0)]) if len(bounds) else np.zeros(len(real), bool)
             if not inside.all():
                 return None  # a unit points where no segment of the recovered log is: CQ_NO_RECORD
-            touched.append(set(np.unique(w).tolist()))
+            touched.append(set(np.unique(np.searchsorted(wbounds, real, side="right") - 1).tolist()))
         queues[key] = (qs, files, first_real, touched)
     tails: dict = {}  # key -> list of (phy, size, queueOffset) of records at or past the queue's end
     count, newest, newest_cq = 0, None, 0
     try:
-        for k, seg in enumerate(segs):
-            t = _segment_table(store, cl, seg, end)
+        for k, lo, hi, t in _window_tables(store, segs, wbounds, limits, end):
             c = t.c
             n = len(t)
             count += n
@@ -114,16 +115,31 @@ def windowed_verdicts(planner) -> dict | None:
             for key, (qs, files, first_real, touched) in queues.items():
                 for (first, units), segs_hit in zip(files, touched):
                     if k in segs_hit:
-                        _check_units(t, key, first, units, first_real, seg.start, limits[k])
+                        _check_units(t, key, first, units, first_real, lo, hi)
     except _Lie:
         return None
     planner.record_table = LazyRecordTable(store, end, count, newest, newest_cq)
     return _verdicts(planner, queues, tails)
 
 
-def _segment_table(store, cl, seg, end: int):
-    """verify's records of one segment (no CRC), cut at ``end`` (as record_table)."""
-    return table_of(store, [cl.segments.segments.index(seg)], end).recs
+def _window_bounds(cl, segs: list) -> np.ndarray:
+    """Start offsets of the windows of ``segs`` (a prefix of the log's segments: numbered as verify numbers them)."""
+    parts = [window_starts(s, cl.segments.file_size) for s in segs]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _window_tables(store, segs: list, wbounds: np.ndarray, limits: np.ndarray, end: int):
+    """(window number, lo, hi, records) of each window of ``segs``, one at a time:
+    verify's records of the window (no CRC) cut at ``end``; [lo, hi) its offsets inside the recovered log."""
+    cl = store.commitlog
+    firsts = first_windows(cl)
+    for i in range(len(segs)):
+        for rep in iter_segment_windows(cl, i, check_crc=False, first_window=firsts[i]):
+            k = rep.index
+            hi = min(int(wbounds[k + 1]) if k + 1 < len(wbounds) else end, int(limits[i]))
+            t = table_of_reports(store, [rep], end)
+            yield k, rep.window_start, hi, t.recs
+            del t, rep
 
 
 def _check_units(t, key, first: int, units: np.ndarray, first_real, lo: int, hi: int) -> None:
@@ -198,40 +214,44 @@ def _verdicts(planner, queues: dict, tails: dict) -> dict:
     return out
 
 
-_BLOCK = 1 << 20  # index entries read at a time
-
-
-def _entry_span(f) -> tuple[int, int] | None:
-    """(lowest, highest) phyOffset of the entries verify's index check reads (1 .. indexCount-1), or None."""
-    h = f.header()
-    count = min(h.indexCount if h.indexCount > 0 else 1, f.entries)
-    ent = f.entry_table(count)
-    lo = hi = None
-    for a in range(1, count, _BLOCK):
-        phy = ent["phyOffset"][a:a + _BLOCK]
-        b_lo, b_hi = int(phy.min()), int(phy.max())
-        lo = b_lo if lo is None else min(lo, b_lo)
-        hi = b_hi if hi is None else max(hi, b_hi)
-    return None if lo is None else (lo, hi)
-
-
 def index_problems_by_file(store, end: int, files: list) -> list:
-    """``derived.index_problems`` with, per index file, the records of only the segments its entries point
-    into (each file is checked on its own; an entry's status depends on the records of its segment, the
-    segment files and ``end`` alone): memory follows the index file's size, not the log's."""
-    from .verify_index import _check_index
-    from .verify_records import _RefClassifier
+    """``derived.index_problems``, each kept index file checked as verify checks it in windows
+    (:class:`.verify_windows.IndexWindows`): its entries routed to the commitlog windows they point into, each
+    window's records read (no CRC, cut at ``end``) and dropped in turn. No table of the records a file points at
+    is built, so memory follows a window, not the log or the file's span (a 400 MB index file over a 1 GiB
+    segment of small messages pointed at ~1 GB of record columns)."""
+    from .verify_records import _Records, _RefClassifier
+    from .verify_windows import IndexWindows, Windows
 
-    segs = store.commitlog.segments.segments
+    cl = store.commitlog
+    segs = [s for s in cl.segments.segments if s.start < end]
+    windows = Windows(cl)
+    firsts = first_windows(cl)
+    walked = firsts[len(segs)]  # windows of the recovered log's segments; later ones hold no record before end
     found: list = []
     for f in files:
         if not f.complete:
             continue
-        span = _entry_span(f)
-        idxs = [] if span is None else [i for i, s in enumerate(segs)
-                                        if s.start < end and s.start <= span[1] and s.start + s.size > span[0]]
-        t = table_of(store, idxs, end)
-        refs = _RefClassifier(t.recs, t.reports, store.commitlog, end)
-        _check_index(store, t.recs, refs, found, {}, files=[f])
-        del t, refs
-    return [x for x in found if x.severity in ("error", "warning")]
+        ix = IndexWindows(f, windows)
+        hit = set()
+        for _a, _b, lo, hi in ix.reach:
+            hit.update(range(lo, hi + 1))
+        tails = []  # each walked segment's last report: its invalid records and unread rest
+        hit_segs = set((np.searchsorted(firsts, sorted(hit), side="right") - 1).tolist())
+        for i in range(len(segs)):
+            if i not in hit_segs:
+                continue
+            for rep in iter_segment_windows(cl, i, check_crc=False, first_window=firsts[i]):
+                if rep.last:
+                    tails.append(rep)
+                if rep.index in hit:
+                    ix.window(rep.index, windows, table_of_reports(store, [rep], end).recs)
+                rep.cols = {}
+                del rep
+        for w in sorted(x for x in hit if x >= walked):
+            ix.window(w, windows, _Records(store, []))
+        no_records = _Records(store, [])
+        no_records.invalid = np.asarray(sorted(o for r in tails for o in r.invalid if o < end), dtype=np.int64)
+        ix.finish(_RefClassifier(no_records, tails, cl, end), found)
+        del ix, tails
+    return in_file_order([x for x in found if x.severity in ("error", "warning")], files)

@@ -4,7 +4,8 @@ Two phases, so the first can later run per segment in parallel (``-j``):
 
 1. :func:`verify_segments` walks a range of commitlog segments independently (records never
    cross a segment, §2.6) and returns a :class:`SegmentReport` per segment: findings plus
-   the header columns of every record it read.
+   the header columns of every record it read (:func:`iter_windows`: the same walk, a report per
+   sub-segment window, what the in-process verify consumes).
 2. :func:`verify_store` merges the reports in segment order and cross-checks the log with the
    consume queues, ext files, index files and checkpoint (Appendix B).
 
@@ -21,7 +22,8 @@ import numpy as np
 
 from .findings import Finding
 from .verify_commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_parallel,  # noqa: F401 (public API)
-                               verify_segments, verify_segments_parallel)
+                               as_windows, first_windows, iter_windows, verify_segments, verify_segments_parallel,
+                               whole_segments, window_report)
 from .verify_index import _check_checkpoint, _check_index, _check_root
 from .verify_queues import _check_consume_queues, _check_dispatch
 from .verify_records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier,  # noqa: F401
@@ -59,11 +61,12 @@ def verify_store(store, *, check_crc: bool = True, reports: Iterable[SegmentRepo
     :func:`verify_segments` calls, e.g. the stream of :func:`iter_segments_parallel` (they are consumed:
     their record columns are released once used).
 
-    In process, the log is verified in windows (:mod:`.verify_windows`): one segment's records at a
-    time. A distributed ``cross_checks``, or segments that overlap, take the whole-log formulation."""
+    In process, the log is verified in windows (:mod:`.verify_windows`): one window's records at a
+    time (whole-segment reports are cut into windows). A distributed ``cross_checks``, or segments that overlap, take the whole-log formulation."""
     if cross_checks is InProcessCrossChecks and not segments_overlap(store.commitlog):
         return _verify_in_windows(store, check_crc=check_crc, reports=reports, progress=progress)
-    return _verify_whole_log(store, check_crc=check_crc, reports=None if reports is None else list(reports), progress=progress,
+    return _verify_whole_log(store, check_crc=check_crc, reports=None if reports is None else list(whole_segments(reports)),
+                             progress=progress,
                              cross_checks=cross_checks)
 
 
@@ -77,20 +80,24 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     svc = store.index
     findings += svc.problems
     index_files = [IndexWindows(f, windows) for f in svc.files if f.complete]
-    dispatch = DispatchWindows()
+    phy_maxes = [q.phy_max for q in queues if q.phy_max is not None]
+    dispatch = DispatchWindows(max(phy_maxes) if phy_maxes else None)
+    dispatch.reread_with(lambda w: _Records(store, [window_report(cl, w, check_crc=check_crc)]))
     times = _Agg()
     prev_ts = None
     newest = None
     n_records = 0
-    kept: list[SegmentReport] = []
+    kept: list[SegmentReport] = []  # the segments' last window reports: the segment-level fields
     if reports is None:
-        source = (verify_segments(cl, [i], check_crc=check_crc, progress=progress)[0] for i in range(len(cl.segments.segments)))
+        source = iter_windows(cl, check_crc=check_crc, progress=progress)
     else:
-        source = iter(reports)
+        firsts = first_windows(cl)
+        source = (w for rep in reports for w in as_windows(rep, cl, firsts))
     for rep in source:
         findings += rep.findings
         recs = _Records(store, [rep])  # consumes the report's columns
-        kept.append(rep)
+        if rep.last:
+            kept.append(rep)
         w = rep.index
         n_records += len(recs)
         if len(recs):
@@ -104,7 +111,7 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
             end = q.window(w, windows, recs, marks)
             if end is not None:
                 found_end = end if found_end is None else max(found_end, end)
-        dispatch.window(recs, marks, found_end)
+        dispatch.window(recs, marks, found_end, w)
         for ix in index_files:
             ix.window(w, windows, recs)
         del recs, marks
@@ -119,9 +126,7 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     refs = _RefClassifier(no_records, kept, cl, data_end)  # for the references no window found a record for
     for q in queues:
         q.finish(refs, findings)
-    phy_maxes = [q.phy_max for q in queues if q.phy_max is not None]
-    dispatch.finish(cl, max(phy_maxes) if phy_maxes else None, findings,
-                    lambda i: _Records(store, verify_segments(cl, [i], check_crc=check_crc)))
+    dispatch.finish(cl, findings)
     summary["consumeQueues"] = {"queues": len(queues), "units": sum(q.units for q in queues)}
     for ix in index_files:
         ix.finish(refs, findings)

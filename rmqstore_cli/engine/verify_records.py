@@ -112,7 +112,7 @@ class _Records:
         self.seg = np.empty(n, dtype=np.int32)
         at = 0
         for r, m in zip(reports, lens):
-            self.seg[at:at + m] = r.index
+            self.seg[at:at + m] = r.segment if r.segment >= 0 else r.index
             at += m
         n_keys = sum(len(r.key_hashes) for r in reports if r.key_hashes is not None)
         self.keys = np.empty(n_keys, dtype=np.int32)

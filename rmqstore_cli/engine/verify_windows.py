@@ -1,13 +1,14 @@
-"""Verify in commitlog windows: one segment's records at a time, never the whole log's.
+"""Verify in commitlog windows: one window's records at a time, never the whole log's.
 
-Each window is one segment's records (phase 1 of :mod:`.verify_commitlog`), as a small
+Each window is the records starting in a fixed offset range inside one segment (phase 1 of
+:mod:`.verify_commitlog`, ``WINDOW_BYTES``: a 1 GiB production segment is many windows), as a small
 :class:`~.verify_records._Records`. The references into the log are routed to windows by the offset
-they point at (segment *i* owns ``[start_i, start_{i+1})``): every consume-queue unit and index entry
+they point at (window *w* owns ``[start_w, start_{w+1})``): every consume-queue unit and index entry
 is checked against the records of the one window it points into, then the window is dropped. What
 the checks need across windows is small and carried here: per queue and index file its finding
 aggregate (first location by rank, so the order of windows does not matter), the highest reference
 that found its record, the references that found none (resolved at the end, when the log's end is
-known: lost tail, corrupt, explained); the store-time order across segment boundaries; records no
+known: lost tail, corrupt, explained); the store-time order across window boundaries; records no
 unit points at (kept until the queues' high-water mark is known: normally none).
 
 Record-independent checks (slot chains, slot table, header counts, holes, fillers, ext unit sizes)
@@ -25,6 +26,7 @@ from formats.records import (CQ_FILLER, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, IND
 
 from .findings import Finding
 from . import verify_index
+from .verify_commitlog import window_starts
 from .verify_index import _drop_pages, _last_live_entry
 from .verify_index import _no_record as _entry_no_record
 from .verify_queues import (_check_cq_holes, _check_ext_units, _no_record, _QueueFiles, _QueueScan, add_not_dispatched,
@@ -40,10 +42,13 @@ def segments_overlap(cl) -> bool:
 
 
 class Windows:
-    """Segment *i* owns the offsets ``[start_i, start_{i+1})``; the last one everything after its start."""
+    """Window *w* owns the offsets ``[start_w, start_{w+1})``; the last one everything after its start. The
+    windows are each segment's (:func:`.verify_commitlog.window_starts`), numbered along the log."""
 
     def __init__(self, cl):
-        self.starts = np.asarray([s.start for s in cl.segments.segments], dtype=np.int64)
+        fs = cl.segments.file_size
+        parts = [window_starts(s, fs) for s in cl.segments.segments]
+        self.starts = np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def of(self, phys: np.ndarray) -> np.ndarray:
         """Window of each offset; -1 before the first segment."""
@@ -111,9 +116,10 @@ class QueueWindows:
                 lo, hi = int(k[~before].min()), int(k.max())
                 spans = None
                 if np.all(k[1:] >= k[:-1]):  # units in log order (the normal case): each window's units are one run
-                    ws = np.arange(lo, hi + 1)
+                    # only the windows that hold units: a file may point across thousands of windows sparsely
+                    ws = np.unique(k[~before])
                     left, right = np.searchsorted(k, ws, side="left"), np.searchsorted(k, ws, side="right")
-                    spans = (real[np.minimum(left, len(real) - 1)], real[np.maximum(right - 1, 0)] + 1, right > left)
+                    spans = (ws, real[left], real[right - 1] + 1)
                 self.reach.append((seg, n, lo, hi, spans))
         _check_cq_holes(cq, self.files.end_offset, scan.agg, scan.group)
         if scan.fillers:
@@ -133,9 +139,10 @@ class QueueWindows:
                 continue
             first, stop = 0, n
             if spans is not None:
-                if not spans[2][w - lo]:
+                j = int(np.searchsorted(spans[0], w))
+                if j == len(spans[0]) or spans[0][j] != w:
                     continue
-                first, stop = int(spans[0][w - lo]), int(spans[1][w - lo])
+                first, stop = int(spans[1][j]), int(spans[2][j])
             qofs, phy, size, tags = self.files.units(seg, stop, first)
             filler = (phy == CQ_FILLER[0]) & (size == CQ_FILLER[1]) & (tags == CQ_FILLER[2])
             sel = np.flatnonzero(~filler & (windows.of(phy) == w))
@@ -331,37 +338,77 @@ class DispatchWindows:
     mark (the broker re-dispatches everything after it at start, §13.1): before it CQ_NOT_DISPATCHED per
     queue, from it CQ_DISPATCH_LAG. Memory stays bounded whatever the log (even with no consume queue at
     all): the mark is the end of the furthest record a unit found, which lies in the last window with
-    such a unit, so only that window's missing records are kept as columns; earlier windows are judged at
-    once (all before the mark), later ones kept as per-queue summaries (all from the mark on, unless a
-    later window finds a unit). When no unit finds any record, the mark is the furthest unit's offset and
-    may fall anywhere: the one window it falls in is read again at the end."""
+    such a unit, so only that window's missing records are kept as columns. Every other window is kept as
+    per-queue summaries merged across windows (one row per queue, not per queue and window: a 1 TB log is
+    16k windows): the windows before the last find are before the mark whatever it becomes; a later window
+    is judged against the mark it would be if no later window finds a unit (the furthest find so far, or
+    else the furthest unit's offset, ``phy_max``, known before the walk), and moved before the mark if a later
+    window does find one. The one window that mark falls inside is read again at the end."""
 
-    def __init__(self):
+    def __init__(self, phy_max: int | None):
+        self.phy_max = phy_max  # the furthest real unit's offset over every queue
         self.found_end_max: int | None = None
         self.detail: _Missing | None = None  # the last window where a unit found its record
-        self.after: list = []  # later windows: (first phy, count, per_queue rows)
-        self.old_rows: list = []  # per_queue rows judged before the mark (bounded: one per queue and window)
+        self.old: dict = {}  # per-queue rows judged before the mark
+        self._reset_after()
 
-    def window(self, recs: _Records, marks: np.ndarray, found_end: int | None) -> None:
+    def _reset_after(self) -> None:
+        # windows after the last find: before / inside (at most one) / from the mark it would be
+        self.after_before: dict = {}
+        self.after_inside: tuple | None = None  # (first phy, window, per-queue rows)
+        self.after_from: tuple | None = None  # (first phy, its segment, count)
+        self.after_from_rows: dict = {}
+
+    @staticmethod
+    def _merge(into: dict, rows) -> None:
+        """Per-queue rows (topic, queueId, count, first phy, its segment, its queue offset) summed per queue."""
+        for row in rows:
+            key = (row[0], row[1])
+            got = into.get(key)
+            if got is None:
+                into[key] = row
+            else:
+                first = got if got[3] <= row[3] else row
+                into[key] = (*first[:2], got[2] + row[2], *first[3:])
+
+    def window(self, recs: _Records, marks: np.ndarray, found_end: int | None, w: int) -> None:
         tran = recs.c["sysFlag"] & 0xC
         missing = _Missing(recs, np.flatnonzero(((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)) & ~marks))
         if found_end is not None:
             # everything kept so far lies before this window's found record: before the mark, whatever it becomes
             if self.detail is not None:
-                self.old_rows += list(self.detail.per_queue())
-            for _first, _count, rows in self.after:
-                self.old_rows += rows
-            self.after = []
+                self._merge(self.old, self.detail.per_queue())
+            self._merge(self.old, self.after_before.values())
+            self._merge(self.old, self.after_from_rows.values())
+            if self.after_inside is not None:
+                self._merge(self.old, self.after_inside[2])
+            self._reset_after()
             self.found_end_max = found_end if self.found_end_max is None else max(self.found_end_max, found_end)
             self.detail = missing
         elif len(missing):
-            self.after.append((int(missing.phy[0]), len(missing), list(missing.per_queue())))
+            mark = dispatch_high_water(self.found_end_max, self.phy_max)
+            first, last = int(missing.phy[0]), int(missing.phy[-1])
+            if last < mark:
+                self._merge(self.after_before, missing.per_queue())
+            elif first >= mark:
+                if self.after_from is None:
+                    self.after_from = (first, int(missing.seg[0]), 0)
+                f0, s0, n0 = self.after_from
+                self.after_from = (f0, s0, n0 + len(missing))
+                self._merge(self.after_from_rows, missing.per_queue())
+            else:
+                self.after_inside = (first, w, list(missing.per_queue()))
 
-    def finish(self, cl, phy_max: int | None, findings: list, reread) -> None:
-        """``reread(segment index) -> _Records`` gives one segment's records again (the rare case above)."""
+    _reread = None
+
+    def reread_with(self, reread) -> None:
+        """``reread(window number) -> _Records`` gives one window's records again (the rare case above)."""
+        self._reread = reread
+
+    def finish(self, cl, findings: list) -> None:
         segs = cl.segments.segments
-        high = dispatch_high_water(self.found_end_max, phy_max)
-        old = list(self.old_rows)
+        high = dispatch_high_water(self.found_end_max, self.phy_max)
+        old = dict(self.old)
         lag_first, lag_count = None, 0
 
         def lag(first_phy: int, seg: int, count: int) -> None:
@@ -372,31 +419,28 @@ class DispatchWindows:
 
         if self.detail is not None and len(self.detail):  # the mark lies in this window
             below = self.detail.phy < high
-            old += list(self.detail.take(below).per_queue())
+            self._merge(old, self.detail.take(below).per_queue())
             rest = self.detail.take(~below)
             if len(rest):
                 lag(int(rest.phy[0]), int(rest.seg[0]), len(rest))
-        for k, (first, count, rows) in enumerate(self.after):
-            nxt = self.after[k + 1][0] if k + 1 < len(self.after) else None
-            if nxt is not None and nxt <= high:  # the whole window lies before the mark
-                old += rows
-            elif first >= high:
-                lag(first, rows[0][4], count)
-            else:  # the mark falls inside this window: judge its records one by one
-                recs = reread(rows[0][4])
-                tran = recs.c["sysFlag"] & 0xC
-                # no unit found a record here (else the mark would be a found end), so none is marked
-                m = _Missing(recs, np.flatnonzero((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)))
-                below = m.phy < high
-                old += list(m.take(below).per_queue())
-                rest = m.take(~below)
-                if len(rest):
-                    lag(int(rest.phy[0]), int(rest.seg[0]), len(rest))
+        self._merge(old, self.after_before.values())
+        if self.after_inside is not None:  # the mark falls inside this window: judge its records one by one
+            recs = self._reread(self.after_inside[1])
+            tran = recs.c["sysFlag"] & 0xC
+            # no unit found a record here (else the mark would be a found end), so none is marked
+            m = _Missing(recs, np.flatnonzero((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)))
+            below = m.phy < high
+            self._merge(old, m.take(below).per_queue())
+            rest = m.take(~below)
+            if len(rest):
+                lag(int(rest.phy[0]), int(rest.seg[0]), len(rest))
+        if self.after_from is not None:
+            lag(self.after_from[0], self.after_from[1], self.after_from[2])
         if lag_count:
             s = segs[lag_first[0]]
             findings.append(dispatch_lag_finding(s.path, lag_first[1] - s.start, lag_count, lag_first[1]))
         agg = _Agg()
-        for topic, qid, n, phy, seg, qoff in sorted(old, key=lambda r: r[3]):
+        for topic, qid, n, phy, seg, qoff in sorted(old.values(), key=lambda r: r[3]):
             s = segs[seg]
             add_not_dispatched(agg, s.path, phy - s.start, topic, qid, phy, qoff, n)
         findings += agg.findings()
