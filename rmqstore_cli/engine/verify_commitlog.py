@@ -142,82 +142,21 @@ def verify_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool
 
 def iter_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool = True,
                            progress: Callable[[int], None] | None = None) -> Iterator[SegmentReport]:
-    """:func:`iter_windows` computed by ``jobs`` forked processes, streamed in log order: worker *k* walks
-    segments k, k+jobs, ... and hands each window report over a queue that holds at most
-    ``_AHEAD`` of them, so a 1 GiB segment never sits in memory whole, here or in a worker."""
-    import multiprocessing
+    """:func:`iter_windows` computed by ``jobs`` forked processes, streamed in log order
+    (:func:`.parallel.stream_segments`: a 1 GiB segment never sits in memory whole, here or in a worker)."""
+    from .parallel import stream_segments
 
     segs = commitlog.segments.segments
-    n = len(segs)
-    if jobs <= 1 or n <= 1:
+    if jobs <= 1 or len(segs) <= 1:
         yield from iter_windows(commitlog, check_crc=check_crc, progress=progress)
         return
     firsts = first_windows(commitlog)
-    ctx = multiprocessing.get_context("fork")
-    workers = min(jobs, n)
-    queues = [ctx.Queue(maxsize=_AHEAD) for _ in range(workers)]
-    procs = [ctx.Process(target=_stream_windows, args=(commitlog, range(k, n, workers), firsts, check_crc, queues[k]),
-                         daemon=True) for k in range(workers)]
-    for p in procs:
-        p.start()
-    try:
-        for i in range(n):
-            while True:
-                item = _next_item(queues[i % workers], procs[i % workers])
-                if item is None:
-                    break
-                if isinstance(item, _WorkerError):
-                    raise item.error
-                yield item
-                del item
-            if progress:
-                progress(segs[i].size)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-            p.join()
+    yield from stream_segments(_segment_windows, len(segs), jobs, commitlog, firsts, check_crc,
+                               done=(lambda i: progress(segs[i].size)) if progress else None)
 
 
-_AHEAD = 2  # window reports a worker may have made that the consumer has not taken yet
-
-
-class _WorkerError:
-    def __init__(self, error: BaseException):
-        import pickle
-
-        try:
-            pickle.dumps(error)
-        except Exception:  # noqa: BLE001 - anything unpicklable is sent as its text
-            error = RuntimeError(f"{type(error).__name__}: {error}")
-        self.error = error
-
-
-def _stream_windows(commitlog: CommitLog, segments: range, firsts: list, check_crc: bool, out) -> None:
-    try:
-        for i in segments:
-            for rep in iter_segment_windows(commitlog, i, check_crc=check_crc, first_window=firsts[i]):
-                out.put(rep)
-                del rep
-            out.put(None)  # the segment is done
-    except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
-        out.put(_WorkerError(e))
-    out.close()
-    out.join_thread()
-
-
-def _next_item(q, proc):
-    import queue
-
-    while True:
-        try:
-            return q.get(timeout=1.0)
-        except queue.Empty:
-            if not proc.is_alive():
-                try:
-                    return q.get(timeout=1.0)
-                except queue.Empty:
-                    raise RuntimeError(f"verify worker process ended (exit code {proc.exitcode})") from None
+def _segment_windows(i: int, commitlog: CommitLog, firsts: list, check_crc: bool) -> Iterator[SegmentReport]:
+    return iter_segment_windows(commitlog, i, check_crc=check_crc, first_window=firsts[i])
 
 
 def _verify_range(r: range, commitlog: CommitLog, check_crc: bool) -> list[SegmentReport]:
