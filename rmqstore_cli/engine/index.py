@@ -13,6 +13,7 @@ from formats.records import INDEX_ENTRY_FIELDS, INDEX_ENTRY_SIZE, INDEX_HEADER_F
 
 from .config import StoreConfig
 from .findings import Finding
+from .mappedfile import data_extents, drop_pages
 from .segments import Segment
 
 HEADER_STRUCT = struct.Struct(">" + "".join({4: "i", 8: "q"}[c.sizeof()] for _, c in INDEX_HEADER_FIELDS))
@@ -158,3 +159,26 @@ class IndexService:
 def _overlaps(begin: int, end: int, file_begin: int, file_end: int) -> bool:
     """The broker's isTimeMatched test."""
     return (begin < file_begin and end > file_end) or (file_begin <= begin <= file_end) or (file_begin <= end <= file_end)
+
+
+_LIVE_BLOCK = 1 << 20  # entries read at a time
+
+
+def last_live_entry(f, first: int) -> int | None:
+    """Number of the last entry at or after ``first`` with a non-zero keyHash, phyOffset or prevIndex (None
+    if none): entries the broker wrote past indexCount. Only the parts of the file that hold data are read
+    (most of a default 400 MB file is a hole until it fills), in blocks whose pages are dropped after."""
+    table = f.entry_table()
+    buf = f.segment.buffer()
+    base = INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE
+    found = None
+    for lo, hi in data_extents(f.path, base + first * INDEX_ENTRY_SIZE, base + len(table) * INDEX_ENTRY_SIZE):
+        start = max(first, (lo - base) // INDEX_ENTRY_SIZE)
+        stop = min(len(table), -(-(hi - base) // INDEX_ENTRY_SIZE))
+        for a in range(start, stop, _LIVE_BLOCK):
+            blk = table[a:min(a + _LIVE_BLOCK, stop)]
+            live = np.flatnonzero((blk["keyHash"] != 0) | (blk["phyOffset"] != 0) | (blk["prevIndex"] != 0))
+            if len(live):
+                found = a + int(live[-1])
+            drop_pages(buf, base + a * INDEX_ENTRY_SIZE, len(blk) * INDEX_ENTRY_SIZE)
+    return found

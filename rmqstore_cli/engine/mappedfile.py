@@ -188,6 +188,49 @@ class SegmentQueueWriter:
             self.current = None
 
 
+def data_extents(path: str, start: int, end: int):
+    """[lo, hi) ranges of ``path`` inside [start, end) that may hold non-zero bytes (SEEK_DATA/SEEK_HOLE);
+    the whole range where the file system cannot tell."""
+    if start >= end:
+        return
+    seek_data, seek_hole = getattr(os, "SEEK_DATA", None), getattr(os, "SEEK_HOLE", None)
+    if seek_data is None:
+        yield start, end
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pos = start
+        while pos < end:
+            try:
+                lo = os.lseek(fd, pos, seek_data)
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # nothing but holes from pos to the end of the file
+                    return
+                yield pos, end  # not supported here: read it all
+                return
+            if lo >= end:
+                return
+            hi = min(os.lseek(fd, lo, seek_hole), end)
+            yield lo, hi
+            pos = hi
+    finally:
+        os.close(fd)
+
+
+def drop_pages(buf, start: int, length: int) -> None:
+    """Release read pages of a mapping from this process (they stay in the page cache)."""
+    madvise = getattr(buf, "madvise", None)
+    page = mmap.PAGESIZE
+    a = (start + page - 1) // page * page
+    b = (start + length) // page * page
+    if madvise is None or b <= a:
+        return
+    try:
+        madvise(mmap.MADV_DONTNEED, a, b - a)
+    except (OSError, ValueError):
+        pass
+
+
 def fsync_path(path: str, directory: bool = False) -> None:
     """fsync one file or directory, quietly: what cannot be opened or synced (gone, a device) is left as is."""
     try:

@@ -11,7 +11,6 @@ does better; where it would refuse to start, the plan names the file and the rea
 
 from __future__ import annotations
 
-import errno
 import os
 from dataclasses import dataclass, field
 
@@ -28,6 +27,7 @@ from .consumequeue import ConsumeQueue, ConsumeQueueExt
 from .errors import EXIT_CLEAN, EXIT_CORRUPT, EXIT_FINDINGS
 from .dispatchpredict import DispatchPrediction
 from .logwalk import LogTally, WalkStop, broker_walk, lenient_records, resync, rewalk
+from .index import last_live_entry
 from .store import Store
 from .derived_plan import check_derived, dispatch_starts, queue_repairs
 
@@ -39,46 +39,7 @@ def _index_torn(f) -> bool:
     count = max(f.header().indexCount, 1)
     if count >= f.entries:
         return False
-    table = f.entry_table()
-    base = INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE
-    # Only the parts of the file that hold data can hold an entry: a sparse index file (most of a default
-    # 400 MB file past its count is a hole) is not read through its holes.
-    for lo, hi in _data_extents(f.path, base + count * INDEX_ENTRY_SIZE, base + len(table) * INDEX_ENTRY_SIZE):
-        a = max(count, (lo - base) // INDEX_ENTRY_SIZE)
-        b = min(len(table), -(-(hi - base) // INDEX_ENTRY_SIZE))
-        past = table[a:b]
-        if ((past["keyHash"] != 0) | (past["phyOffset"] != 0) | (past["prevIndex"] != 0)).any():
-            return True
-    return bool((f.slot_table().astype("int64") >= count).any())
-
-
-def _data_extents(path: str, start: int, end: int):
-    """[lo, hi) ranges of ``path`` inside [start, end) that may hold non-zero bytes (SEEK_DATA/SEEK_HOLE);
-    the whole range where the file system cannot tell."""
-    if start >= end:
-        return
-    seek_data, seek_hole = getattr(os, "SEEK_DATA", None), getattr(os, "SEEK_HOLE", None)
-    if seek_data is None:
-        yield start, end
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        pos = start
-        while pos < end:
-            try:
-                lo = os.lseek(fd, pos, seek_data)
-            except OSError as e:
-                if e.errno == errno.ENXIO:  # nothing but holes from pos to the end of the file
-                    return
-                yield pos, end  # not supported here: read it all
-                return
-            if lo >= end:
-                return
-            hi = min(os.lseek(fd, lo, seek_hole), end)
-            yield lo, hi
-            pos = hi
-    finally:
-        os.close(fd)
+    return last_live_entry(f, count) is not None or bool((f.slot_table().astype("int64") >= count).any())
 
 
 @dataclass

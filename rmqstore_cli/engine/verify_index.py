@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
 import os
 
 import numpy as np
@@ -11,6 +10,8 @@ from formats.indexchain import chain_block
 from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_ROLLBACK
 
 from .findings import Finding
+from .index import last_live_entry as _last_live_entry
+from .mappedfile import drop_pages as _drop_pages
 from .verify_records import ERROR, INFO, WARNING, _Agg, _Records, _RefClassifier
 
 
@@ -205,39 +206,6 @@ def check_found_entries(agg: _Agg, f, h, epos, recs: _Records, a: int, k: np.nda
 def _no_record(agg: _Agg, f, pos: int, e: int, phy: int) -> None:
     agg.add(f.path, "IDX_NO_RECORD", ERROR, f.path, pos, f"entry {e} points at {phy}, where no commitlog record starts",
             entry=e, phyOffset=phy, rank=e)
-
-
-_BLOCK = 1 << 20  # entries per step: the unused part of an index file is most of its 400 MB
-
-
-def _last_live_entry(f, first: int) -> int | None:
-    """Number of the last entry at or after ``first`` with a non-zero keyHash, phyOffset or prevIndex
-    (None if none), reading the file in blocks and dropping each block's pages afterwards."""
-    table = f.entry_table()
-    buf = f.segment.buffer()
-    found = None
-    for a in range(first, len(table), _BLOCK):
-        blk = table[a:a + _BLOCK]
-        if np.frombuffer(blk.tobytes() if not blk.flags.c_contiguous else blk, dtype=np.uint8).any():
-            live = np.flatnonzero((blk["keyHash"] != 0) | (blk["phyOffset"] != 0) | (blk["prevIndex"] != 0))
-            if len(live):
-                found = a + int(live[-1])
-        _drop_pages(buf, INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE + a * INDEX_ENTRY_SIZE, len(blk) * INDEX_ENTRY_SIZE)
-    return found
-
-
-def _drop_pages(buf, start: int, length: int) -> None:
-    """Release read pages of a mapping from this process (they stay in the page cache)."""
-    madvise = getattr(buf, "madvise", None)
-    page = mmap.PAGESIZE
-    a = (start + page - 1) // page * page
-    b = (start + length) // page * page
-    if madvise is None or b <= a:
-        return
-    try:
-        madvise(mmap.MADV_DONTNEED, a, b - a)
-    except (OSError, ValueError):
-        pass
 
 
 def _check_checkpoint(store, recs: _Records, findings: list) -> None:

@@ -268,7 +268,7 @@ class _EntriesReader(_StoreReader):
         return [Work(st.root, [(i, f.path)]) for i, f in enumerate(st.index.files)]
 
     def read_items(self, st, items):
-        from rmqstore_cli.engine.verify_index import _drop_pages
+        from rmqstore_cli.engine.mappedfile import drop_pages as _drop_pages
         from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
         for i, path in items:
