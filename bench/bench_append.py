@@ -20,9 +20,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rmqstore_cli.engine.appender import Appender  # noqa: E402
-from rmqstore_cli.engine.config import StoreConfig  # noqa: E402
-from rmqstore_cli.engine.messages import MessageBuilder  # noqa: E402
+from rmqstore_cli.engine.log.appender import Appender  # noqa: E402
+from rmqstore_cli.engine.config.storeconfig import StoreConfig  # noqa: E402
+from rmqstore_cli.engine.log.messages import MessageBuilder  # noqa: E402
 
 
 def main() -> None:

@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 from formats.hashing import index_key_hash
-from rmqstore_cli.engine.config import StoreConfig
-from rmqstore_cli.engine.index import ENTRY_DTYPE, IndexService
+from rmqstore_cli.engine.config.storeconfig import StoreConfig
+from rmqstore_cli.engine.derived.index import ENTRY_DTYPE, IndexService
 
 SLOTS, ENTRIES = 5_000_000, 20_000_000
 HEADER = 40
@@ -74,7 +74,7 @@ def main() -> None:
         t = time.perf_counter()
         build(root)
         print(f"built {path} in {time.perf_counter() - t:.1f}s")
-    from rmqstore_cli.engine.lookup import query_index
+    from rmqstore_cli.engine.query.lookup import query_index
     from rmqstore_cli.engine.store import Store
 
     svc = IndexService(root, StoreConfig())

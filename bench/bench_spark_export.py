@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_spark_export.py [--gib 1.05] [--dir DIR] [--keep] [--master local[2]]
 
-The store is generated with the engine's own appender (``rmqstore_cli.engine.appender.Appender``,
+The store is generated with the engine's own appender (``rmqstore_cli.engine.log.appender.Appender``,
 broker geometry: 1 GiB commitlog files, so the data spans two segments and the first one is
 split into 64 MiB tasks). 1000 distinct messages (4 topics x 8 queues, bodies 200-2000 B,
 TAGS/KEYS/UNIQ_KEY) are appended round-robin until the commitlog holds ``--gib`` GiB.
@@ -25,9 +25,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rmqstore_cli.engine.appender import Appender  # noqa: E402
-from rmqstore_cli.engine.config import StoreConfig  # noqa: E402
-from rmqstore_cli.engine.messages import MessageBuilder  # noqa: E402
+from rmqstore_cli.engine.log.appender import Appender  # noqa: E402
+from rmqstore_cli.engine.config.storeconfig import StoreConfig  # noqa: E402
+from rmqstore_cli.engine.log.messages import MessageBuilder  # noqa: E402
 from rmqstore_cli.engine.store import Store  # noqa: E402
 
 

@@ -28,10 +28,10 @@ import subprocess
 
 import numpy as np
 
-from rmqstore_cli.engine.appender import Appender
-from rmqstore_cli.engine.config import StoreConfig
-from rmqstore_cli.engine.indexwriter import store_time_namer
-from rmqstore_cli.engine.messages import MessageBuilder, OutMessage
+from rmqstore_cli.engine.log.appender import Appender
+from rmqstore_cli.engine.config.storeconfig import StoreConfig
+from rmqstore_cli.engine.derived.indexwriter import store_time_namer
+from rmqstore_cli.engine.log.messages import MessageBuilder, OutMessage
 
 SEGMENT_SIZE = 64 << 20
 TOTAL_SIZE = 1 << 30

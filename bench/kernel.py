@@ -15,7 +15,7 @@ import statistics
 import time
 
 from formats import fast
-from rmqstore_cli.engine.commitlog import CHUNK_RECORDS
+from rmqstore_cli.engine.log.commitlog import CHUNK_RECORDS
 from rmqstore_cli.engine.store import Store
 
 

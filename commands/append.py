@@ -9,10 +9,10 @@ from typing import List, Optional
 
 import typer
 
-from rmqstore_cli.engine.appender import Appender
-from rmqstore_cli.engine.config import StoreConfig, apply_settings, read_broker_conf
+from rmqstore_cli.engine.log.appender import Appender
+from rmqstore_cli.engine.config.storeconfig import StoreConfig, apply_settings, read_broker_conf
 from rmqstore_cli.engine.errors import StoreInUseError, UsageError
-from rmqstore_cli.engine.messages import InputError, MessageBuilder
+from rmqstore_cli.engine.log.messages import InputError, MessageBuilder
 from rmqstore_cli.engine.store import Store, probe_lock
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options

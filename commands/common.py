@@ -75,7 +75,7 @@ def parse_time_option(text: Optional[str], name: str) -> Optional[int]:
     """--since/--until/--time: epoch ms or ISO-8601 (local zone when none is given)."""
     if text is None:
         return None
-    from rmqstore_cli.engine.lookup import parse_time
+    from rmqstore_cli.engine.query.lookup import parse_time
     from rmqstore_cli.engine.errors import UsageError
 
     try:

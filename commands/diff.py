@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rmqstore_cli.engine.diff import diff_stores
+from rmqstore_cli.engine.query.diff import diff_stores
 
 from .common import Geometry, JsonOpt, geometry_options, open_store
 from .output import TIME_FIELDS, Output, handle_errors, iso_ms, progress, stdout

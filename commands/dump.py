@@ -12,9 +12,9 @@ import typer
 from formats.fast import REASON_TEXT, STOP_BAD_MAGIC, STOP_BAD_SIZE, STOP_INVALID, STOP_TORN
 from formats.extaddr import decorate, is_ext_addr
 from formats.message import BODY_MODES, RecordError, render_body
-from rmqstore_cli.engine.consumequeue import is_filler
-from rmqstore_cli.engine.commitlog import ScanResult
-from rmqstore_cli.engine.timesearch import queue_range_by_time
+from rmqstore_cli.engine.derived.consumequeue import is_filler
+from rmqstore_cli.engine.log.commitlog import ScanResult
+from rmqstore_cli.engine.query.timesearch import queue_range_by_time
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, NotFoundError, StoreCorruptError, UsageError
 
 from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
@@ -91,7 +91,7 @@ def dump_commitlog(
 
 
 def _export(st, fmt, out_path, body, topic, queue, from_, to, since_ms, until_ms, limit, json_) -> None:
-    from rmqstore_cli.engine.export import export_commitlog
+    from rmqstore_cli.engine.query.export import export_commitlog
 
     with st, progress(f"writing {fmt}", sum(seg.size for seg in st.commitlog.segments)) as advance:
         res = export_commitlog(st, out_path, fmt, body=body != "none", json_body=body, topic=topic, queue=queue,
@@ -101,8 +101,8 @@ def _export(st, fmt, out_path, body, topic, queue, from_, to, since_ms, until_ms
 
 
 def _follow(st, topic, queue, from_, since_ms, limit, body, json_) -> None:
-    from rmqstore_cli.engine.commitlog import RecordFilter
-    from rmqstore_cli.engine.follow import Follower
+    from rmqstore_cli.engine.log.commitlog import RecordFilter
+    from rmqstore_cli.engine.query.follow import Follower
 
     start = from_
     if since_ms is not None:
@@ -401,7 +401,7 @@ def dump_store(
 def _startup_cost(st) -> dict:
     """The broker's next start on this store (engine.startup via the recovery plan); {} if it cannot be planned."""
     from rmqstore_cli.engine.errors import RmqStoreError
-    from rmqstore_cli.engine.recovery import plan_recovery
+    from rmqstore_cli.engine.repair.recovery import plan_recovery
 
     try:
         return plan_recovery(st).startup_cost or {}

@@ -9,8 +9,8 @@ import typer
 
 from formats.message import render_body
 from rmqstore_cli.engine.errors import NotFoundError
-from rmqstore_cli.engine.lookup import get_by_msgid, get_by_offset, get_by_queue, get_by_uniq_key
-from rmqstore_cli.engine.timesearch import offset_by_time
+from rmqstore_cli.engine.query.lookup import get_by_msgid, get_by_offset, get_by_queue, get_by_uniq_key
+from rmqstore_cli.engine.query.timesearch import offset_by_time
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store, parse_time_option
 from .output import Output, fail, handle_errors, stdout, warn
@@ -101,7 +101,7 @@ def get(
 def _explain(st, out: Output, msg_id: Optional[str], uniq_key: Optional[str], topic: Optional[str]) -> None:
     """Exit 0 when the message is there (and, for a UNIQ_KEY, answered by the index), else 1."""
     from rmqstore_cli.engine.errors import EXIT_FINDINGS
-    from rmqstore_cli.engine.explain import explain_key, explain_msgid
+    from rmqstore_cli.engine.query.explain import explain_key, explain_msgid
 
     from .explain_view import print_key_explanation, print_msgid_explanation, scan_progress
 

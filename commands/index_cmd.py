@@ -8,7 +8,7 @@ import typer
 
 
 from rmqstore_cli.engine.errors import EXIT_FINDINGS
-from rmqstore_cli.engine.lookup import TIME_MAX, parse_time, query_index, scan_for_key
+from rmqstore_cli.engine.query.lookup import TIME_MAX, parse_time, query_index, scan_for_key
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .output import Output, fail, handle_errors, warn
@@ -96,7 +96,7 @@ def index_query(
 
 
 def _explain(st, out: Output, topic: str, key: str, begin: int, end: int, max_num) -> None:
-    from rmqstore_cli.engine.explain import explain_key
+    from rmqstore_cli.engine.query.explain import explain_key
 
     from .explain_view import print_key_explanation, scan_progress
 

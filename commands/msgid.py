@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from formats.msgid import decode_offset_msgid, decode_uniq_key
-from rmqstore_cli.engine.lookup import parse_time
+from rmqstore_cli.engine.query.lookup import parse_time
 
 from .common import JsonOpt
 from .output import Output, fail, handle_errors

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from formats.fastjson import to_standard
-from rmqstore_cli.engine.configfiles import CONFIG_FILES, config_findings, read_config
+from rmqstore_cli.engine.config.files import CONFIG_FILES, config_findings, read_config
 from rmqstore_cli.engine.errors import EXIT_CLEAN, EXIT_FINDINGS, UsageError
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
@@ -59,7 +59,7 @@ def dump_offsets(
     Per group/topic/queue: the offset, the queue's min/max, lag in messages and bytes, and what the group's
     next pull does (nothing / move to min / move to max / reset to 0). Exit 1 if a config file is damaged.
     """
-    from rmqstore_cli.engine.offsets import audit_offsets
+    from rmqstore_cli.engine.config.offsets import audit_offsets
 
     st = open_store(store, geometry)
     with st:
@@ -170,7 +170,7 @@ def _guarded(compute) -> dict:
 
 
 def plan_impact(st, plan) -> dict:
-    from rmqstore_cli.engine.offsets import plan_consumer_impact
+    from rmqstore_cli.engine.config.offsets import plan_consumer_impact
 
     return _guarded(lambda: plan_consumer_impact(st, plan))
 
@@ -179,9 +179,9 @@ def plan_impact(st, plan) -> dict:
 
 
 def _apply(st, plan, command: str, *, backup_dir, force: bool, out: Output) -> list[str]:
-    from rmqstore_cli.engine.backup import Backup
-    from rmqstore_cli.engine.configrepair import apply_config_plan
-    from rmqstore_cli.engine.repair import check_backup_location, save_lock_file, take_lock
+    from rmqstore_cli.engine.repair.backup import Backup
+    from rmqstore_cli.engine.config.repair import apply_config_plan
+    from rmqstore_cli.engine.repair.apply import check_backup_location, save_lock_file, take_lock
 
     root = st.root
     check_backup_location(root, backup_dir)
@@ -245,7 +245,7 @@ def repair_config(
 
     The previous files go to a backup folder first (undo with `rmqstore restore`). Exit 4 if a broker holds the lock.
     """
-    from rmqstore_cli.engine.configrepair import plan_config_repair
+    from rmqstore_cli.engine.config.repair import plan_config_repair
 
     from .recover import guard_lock
 
@@ -284,8 +284,8 @@ def offsets_set(
     --to-time uses the broker's own search (4.9.3: nearest store time in the file picked by modification time;
     5.3.3: first message stored at or after the time, clamped into [min, max]). Exit 4 if a broker holds the lock.
     """
-    from rmqstore_cli.engine.configrepair import plan_offsets_set
-    from rmqstore_cli.engine.lookup import parse_time
+    from rmqstore_cli.engine.config.repair import plan_offsets_set
+    from rmqstore_cli.engine.query.lookup import parse_time
 
     from .recover import guard_lock
 
@@ -332,8 +332,8 @@ def print_offsets_audit(out: Output, offsets: dict) -> None:
 
 def queue_bounds_now(st) -> dict | None:
     """Queue bounds before a rebuild, read only when there are committed offsets to compare (None: none)."""
-    from rmqstore_cli.engine.configfiles import CONSUMER_OFFSETS, read_config_file
-    from rmqstore_cli.engine.offsets import all_bounds
+    from rmqstore_cli.engine.config.files import CONSUMER_OFFSETS, read_config_file
+    from rmqstore_cli.engine.config.offsets import all_bounds
 
     try:
         if read_config_file(st.root, CONSUMER_OFFSETS).source is None:
@@ -345,7 +345,7 @@ def queue_bounds_now(st) -> dict | None:
 
 def rebuild_impact(root: str, config, before: dict) -> dict:
     """After a rebuild: the groups whose committed offset the rebuilt queues put out of range."""
-    from rmqstore_cli.engine.offsets import measured_after, plan_consumer_impact
+    from rmqstore_cli.engine.config.offsets import measured_after, plan_consumer_impact
     from rmqstore_cli.engine.store import Store
 
     def compute():

@@ -6,8 +6,8 @@ from typing import Optional
 
 import typer
 
-from rmqstore_cli.engine.backup import Backup
-from rmqstore_cli.engine.rebuild import rebuild as engine_rebuild
+from rmqstore_cli.engine.repair.backup import Backup
+from rmqstore_cli.engine.repair.rebuild import rebuild as engine_rebuild
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .offsets_cmd import print_consumer_impact, queue_bounds_now, rebuild_impact
@@ -38,14 +38,14 @@ def rebuild(
     Built in a fresh folder beside the store, then swapped in; the old folders go to the backup
     folder (undo with `rmqstore restore`). Exit 4 if a broker holds the lock.
     """
-    from rmqstore_cli.engine.repair import save_lock_file, take_lock
+    from rmqstore_cli.engine.repair.apply import save_lock_file, take_lock
 
     st = open_store(store, geometry,
                     enableConsumeQueueExt=ext, mappedFileSizeConsumeQueueExt=ext_file_size)
     out = Output(json_)
     guard_lock(st, force, yes)
-    from rmqstore_cli.engine.outcome import assess_rebuild
-    from rmqstore_cli.engine.rebuild import PARTS, rebuilt_parts
+    from rmqstore_cli.engine.repair.outcome import assess_rebuild
+    from rmqstore_cli.engine.repair.rebuild import PARTS, rebuilt_parts
 
     parts = rebuilt_parts(st, what) if what in PARTS else []
     if dry_run:
@@ -89,7 +89,7 @@ def rebuild(
 def kept_after_rebuild(root: str, parts: list, topic, findings) -> list:
     """The findings of verify after apply that rebuild keeps on purpose (the commitlog, folders it did not
     rebuild); a finding in what it rebuilt is not among them, so judge exits 1 on it."""
-    from rmqstore_cli.engine.outcome import sort_rebuild_findings
+    from rmqstore_cli.engine.repair.outcome import sort_rebuild_findings
 
     return sort_rebuild_findings(root, parts, topic, findings)["kept"]
 

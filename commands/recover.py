@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from rmqstore_cli.engine.errors import StoreInUseError
-from rmqstore_cli.engine.recovery import plan_recovery
+from rmqstore_cli.engine.repair.recovery import plan_recovery
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .explain_view import print_next_start, startup_lines
@@ -73,7 +73,7 @@ def print_plan(out: Output, plan, title: str) -> None:
 
 
 def print_findings(say, plan) -> None:
-    """The plan's verdict on verify's findings (engine/outcome.py): what it keeps on purpose and what it leaves."""
+    """The plan's verdict on verify's findings (engine/repair/outcome.py): what it keeps on purpose and what it leaves."""
     if not plan.assessed:
         return
     if plan.fixed_findings:
@@ -93,7 +93,7 @@ def print_findings(say, plan) -> None:
 
 def assess(st, plan) -> None:
     """Run verify now and sort its findings against the plan (fixed / kept on purpose / left)."""
-    from rmqstore_cli.engine.outcome import assess_plan
+    from rmqstore_cli.engine.repair.outcome import assess_plan
 
     assess_plan(st, plan)
 
@@ -117,8 +117,8 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
     ``replan()`` -> (open store, assessed plan): with it, the plan printed is applied only if the store is
     as it was when planning began (``plan.fingerprint``, compared once the lock is held); otherwise the
     store is planned again under the lock, that plan is printed and applied instead (or refused)."""
-    from rmqstore_cli.engine.recovery import store_fingerprint
-    from rmqstore_cli.engine.repair import apply_plan, open_backup, save_lock_file, take_lock
+    from rmqstore_cli.engine.repair.recovery import store_fingerprint
+    from rmqstore_cli.engine.repair.apply import apply_plan, open_backup, save_lock_file, take_lock
 
     root, config = st.root, st.config
     st.close()
@@ -168,7 +168,7 @@ def _plan_again(replan, out: Output, command: str, root: str, backup, json_: boo
         if not plan.actions:
             return plan, finish_without_actions(plan, out, json_, command)
         if plan.keep_valid_after and plan.salvage:
-            from rmqstore_cli.engine.salvage import salvage_ranges_to_jsonl
+            from rmqstore_cli.engine.repair.salvage import salvage_ranges_to_jsonl
 
             salvage_ranges_to_jsonl(st, plan, backup.dir)
         return plan, None
@@ -185,7 +185,7 @@ def verify_after(root: str, config, jobs: int = 1):
     """verify of the store as the apply left it (opened afresh, with the geometry the command used);
     ``jobs`` > 1 walks the commitlog segments in that many processes, as ``verify -j``."""
     from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.verify import iter_segments_parallel, verify_store
+    from rmqstore_cli.engine.verify.pipeline import iter_segments_parallel, verify_store
 
     st = Store.open(root, overrides={k: getattr(config, k) for k in (
         "version", "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "mappedFileSizeConsumeQueueExt",
@@ -196,7 +196,7 @@ def verify_after(root: str, config, jobs: int = 1):
 
 def report_verify(result, root: str, out: Output, json_: bool, kept: list = (), left: list = ()) -> int:
     """Judge and print verify after apply (``result``): the contract's exit code."""
-    from rmqstore_cli.engine.outcome import judge
+    from rmqstore_cli.engine.repair.outcome import judge
 
     outcome = judge(list(kept), root, result.findings, list(left))
     bad = [f for f in result.findings if f.severity in ("error", "warning")]
@@ -274,7 +274,7 @@ def recover(
         st.close()
         raise typer.Exit(finish_without_actions(plan, out, json_, "recover"))
     if not stop_at_first_error and plan.salvage:
-        from rmqstore_cli.engine.salvage import salvage_ranges_to_jsonl
+        from rmqstore_cli.engine.repair.salvage import salvage_ranges_to_jsonl
 
         plan.salvage_hook = lambda bdir: salvage_ranges_to_jsonl(st, plan, bdir)  # type: ignore[attr-defined]
     code = apply_and_verify(st, plan, out, backup_dir=backup_dir, force=force, command="recover", json_=json_,
@@ -291,7 +291,7 @@ def restore(
     """Put back every byte a recover/truncate/rebuild removed or overwrote (journal played in reverse)."""
     import os
 
-    from rmqstore_cli.engine.backup import read_manifest, restore as do_restore
+    from rmqstore_cli.engine.repair.backup import read_manifest, restore as do_restore
     from rmqstore_cli.engine.store import probe_lock
 
     entries = read_manifest(backup)

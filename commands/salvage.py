@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from rmqstore_cli.engine.errors import UsageError
-from rmqstore_cli.engine import salvage as engine
+from rmqstore_cli.engine.repair import salvage as engine
 
 from .common import (Geometry, JsonOpt, StoreArg, geometry_options, open_store,
                      parse_time_option)

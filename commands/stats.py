@@ -6,8 +6,8 @@ from typing import Optional
 
 import typer
 
-from rmqstore_cli.engine.offsets import offsets_for_stats
-from rmqstore_cli.engine.stats import compute_stats
+from rmqstore_cli.engine.config.offsets import offsets_for_stats
+from rmqstore_cli.engine.query.stats import compute_stats
 
 from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
                      parse_time_option)

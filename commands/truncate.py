@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from rmqstore_cli.engine.errors import StoreCorruptError
-from rmqstore_cli.engine.recovery import plan_truncate
+from rmqstore_cli.engine.repair.recovery import plan_truncate
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .offsets_cmd import plan_impact, print_consumer_impact

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import typer
 
-from rmqstore_cli.engine.offsets import add_config_audit
-from rmqstore_cli.engine.verify import iter_segments_parallel, verify_store
+from rmqstore_cli.engine.config.offsets import add_config_audit
+from rmqstore_cli.engine.verify.pipeline import iter_segments_parallel, verify_store
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .output import Output, handle_errors, progress, stderr

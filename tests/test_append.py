@@ -20,7 +20,7 @@ from formats.fast import check_property_crc
 from formats.hashing import java_hash
 from rmqstore_cli.app import app
 from rmqstore_cli.engine.store import Store
-from rmqstore_cli.engine.verify import verify_store
+from rmqstore_cli.engine.verify.pipeline import verify_store
 from tests.conftest import broker_read, tree_digest
 from tests.test_replay import assert_same_store_files, put_lines, replay
 

@@ -15,8 +15,8 @@ import pytest
 
 from formats import fast
 from formats.msgid import encode_offset_msgid
-from rmqstore_cli.engine import diff as diff_mod
-from rmqstore_cli.engine.explain import explain_msgid
+from rmqstore_cli.engine.query import diff as diff_mod
+from rmqstore_cli.engine.query.explain import explain_msgid
 from rmqstore_cli.engine.store import Store
 from tests.conftest import STORE_NAMES, shared_store
 
@@ -163,7 +163,7 @@ def test_spark_range_planning_does_not_grow_with_the_segment(stores, monkeypatch
 
 
 def _salvage_scan(root: str) -> tuple[list, list]:
-    from rmqstore_cli.engine import salvage
+    from rmqstore_cli.engine.repair import salvage
 
     with Store.open(root) as st:
         report = salvage.SalvageReport()
@@ -188,7 +188,7 @@ def _damaged_copy(src: str, dest, rng: random.Random) -> str:
 @pytest.mark.parametrize("pause", [1, 100, 5000])
 def test_salvage_walks_the_same_in_stretches(pause, stores, tmp_path, monkeypatch):
     """salvage.scan pausing every few records rescues and skips exactly what one walk does."""
-    from rmqstore_cli.engine import salvage
+    from rmqstore_cli.engine.repair import salvage
 
     print("seed", SEED)
     rng = random.Random(SEED + pause)
@@ -202,7 +202,7 @@ def test_salvage_walks_the_same_in_stretches(pause, stores, tmp_path, monkeypatc
 
 
 def test_salvage_memory_does_not_grow_with_the_segment(stores, monkeypatch):
-    from rmqstore_cli.engine import salvage
+    from rmqstore_cli.engine.repair import salvage
 
     monkeypatch.setattr(salvage, "PAUSE_RECORDS", PIECE)
     monkeypatch.setattr(salvage, "WALK_CHUNK", PIECE // 4)
@@ -237,7 +237,7 @@ def test_time_search_in_pieces_finds_the_same_record(piece, stores, monkeypatch)
     """commitlog_offset_at searching a segment piecewise gives the whole-segment answer (on the broker
     stores, whatever it is) and on the generated stores (store times in log order) the first record
     stored at or after the time."""
-    from rmqstore_cli.engine import timesearch
+    from rmqstore_cli.engine.query import timesearch
 
     print("seed", SEED)
     rng = random.Random(SEED + piece)
@@ -259,7 +259,7 @@ def test_time_search_in_pieces_finds_the_same_record(piece, stores, monkeypatch)
 
 
 def test_time_search_does_not_grow_with_the_segment(stores, monkeypatch):
-    from rmqstore_cli.engine import timesearch
+    from rmqstore_cli.engine.query import timesearch
 
     monkeypatch.setattr(timesearch, "SEARCH_PIECE", PIECE // 4)
     monkeypatch.setattr(fast, "WALK_PIECE", PIECE)
@@ -277,7 +277,7 @@ def test_time_search_does_not_grow_with_the_segment(stores, monkeypatch):
 
 
 def _follow_offsets(root: str, count: int) -> list:
-    from rmqstore_cli.engine.follow import Follower
+    from rmqstore_cli.engine.query.follow import Follower
 
     out = []
     with Store.open(root) as st:
@@ -290,7 +290,7 @@ def _follow_offsets(root: str, count: int) -> list:
 def test_follow_decodes_in_steps(stores, monkeypatch):
     """dump --follow from an early offset: the same records in order, in steps of FOLLOW_CHUNK, and the
     first step's memory does not grow with the rest of the segment."""
-    from rmqstore_cli.engine import follow
+    from rmqstore_cli.engine.query import follow
 
     root = stores[8 << 20]
     offs, _ = _times(root)

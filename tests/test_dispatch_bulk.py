@@ -15,10 +15,10 @@ import random
 import numpy as np
 import pytest
 
-from rmqstore_cli.engine.config import StoreConfig
-from rmqstore_cli.engine.cqwriter import ConsumeQueueWriter
-from rmqstore_cli.engine.dispatch import DispatchBatch, DispatchRequest
-from rmqstore_cli.engine.indexwriter import IndexWriter, store_time_namer
+from rmqstore_cli.engine.config.storeconfig import StoreConfig
+from rmqstore_cli.engine.derived.cqwriter import ConsumeQueueWriter
+from rmqstore_cli.engine.derived.dispatch import DispatchBatch, DispatchRequest
+from rmqstore_cli.engine.derived.indexwriter import IndexWriter, store_time_namer
 
 
 def _files(root) -> dict:
@@ -126,8 +126,8 @@ def test_batch_reads_like_a_list_of_requests():
 def test_scanned_batches_hash_keys_as_the_string_path(name, tmp_path):
     """A batch scanned from the broker's commitlog carries its records' key hashes (compiled property
     scan); the index writer's string path, fed the same records as requests, hashes the same keys."""
-    from rmqstore_cli.engine.dispatch import Dispatcher
-    from rmqstore_cli.engine.indexwriter import _hashed_keys
+    from rmqstore_cli.engine.derived.dispatch import Dispatcher
+    from rmqstore_cli.engine.derived.indexwriter import _hashed_keys
     from rmqstore_cli.engine.store import Store
     from tests.conftest import shared_store
 
@@ -153,7 +153,7 @@ def test_scanned_batches_hash_keys_as_the_string_path(name, tmp_path):
 def test_a_delay_that_is_no_number_is_not_dispatched(tmp_path):
     """A SCHEDULE_TOPIC_XXXX record whose DELAY is not a number: the broker's check rejects it and
     reput skips it; the batch leaves it out and says why."""
-    from rmqstore_cli.engine.dispatch import Dispatcher
+    from rmqstore_cli.engine.derived.dispatch import Dispatcher
     from rmqstore_cli.engine.store import Store
     from tests.conftest import copy_store
 
@@ -191,7 +191,7 @@ def test_a_scanned_batch_pickles_without_its_segment(tmp_path):
     strings, not the mapped segment the strings were decoded from."""
     import pickle
 
-    from rmqstore_cli.engine.dispatch import Dispatcher
+    from rmqstore_cli.engine.derived.dispatch import Dispatcher
     from rmqstore_cli.engine.store import Store
     from tests.conftest import shared_store
 

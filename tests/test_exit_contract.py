@@ -372,7 +372,7 @@ def test_rebuild_dry_run(name, store_copy):
 
 def test_short_file_check_walks_a_mapped_file_to_its_blank(tmp_path):
     """outcome._ends_with_blank (the LOST_SHORT_FILE rule) on a broker segment, cut copies and an empty file."""
-    from rmqstore_cli.engine.outcome import _ends_with_blank
+    from rmqstore_cli.engine.repair.outcome import _ends_with_blank
 
     src = sorted((shared_store("4.9.3-clean") / "commitlog").iterdir())[0]
     data = src.read_bytes()

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rmqstore_cli.app import app
-from rmqstore_cli.engine.explain import explain_key, explain_msgid
+from rmqstore_cli.engine.query.explain import explain_key, explain_msgid
 from rmqstore_cli.engine.store import Store
 
 from .conftest import STORES, broker_read, shared_store, tree_digest

@@ -261,7 +261,7 @@ def test_scan_offsets_are_the_brokers(name):
 
 @pytest.mark.parametrize("name", ["4.9.3-crash", "5.3.3-clean"])
 def test_verify_jobs_gives_the_single_process_result(name):
-    from rmqstore_cli.engine.verify import verify_store, verify_segments_parallel
+    from rmqstore_cli.engine.verify.pipeline import verify_store, verify_segments_parallel
 
     st = Store.open(str(shared_store(name)))
     try:
@@ -274,7 +274,7 @@ def test_verify_jobs_gives_the_single_process_result(name):
 
 
 def test_scan_split_into_ranges_equals_one_scan():
-    from rmqstore_cli.engine.commitlog import ScanResult
+    from rmqstore_cli.engine.log.commitlog import ScanResult
     from rmqstore_cli.engine.parallel import split
 
     st = Store.open(str(shared_store("4.9.3-clean")))
@@ -293,7 +293,7 @@ def test_scan_split_into_ranges_equals_one_scan():
 
 
 def test_rebuild_jobs_gives_the_single_process_files(store_copy):
-    from rmqstore_cli.engine.rebuild import rebuild
+    from rmqstore_cli.engine.repair.rebuild import rebuild
 
     from .conftest import tree_digest
 
@@ -316,7 +316,7 @@ def test_rebuild_jobs_topic_reads_the_strings_of_packed_batches(store_copy):
     """``-j`` batches travel without their decoded strings (engine/rebuild._SegmentStrings): a --topic
     rebuild reads every record's topic and keys in the parent, from the segment it maps itself; same files
     as one process."""
-    from rmqstore_cli.engine.rebuild import rebuild
+    from rmqstore_cli.engine.repair.rebuild import rebuild
 
     from .conftest import tree_digest
 
@@ -337,8 +337,8 @@ def test_a_packed_batch_reads_like_the_scanned_one(tmp_path):
     arrays, not a Python string per record); unpacked against the store it reads as the same requests."""
     import pickle
 
-    from rmqstore_cli.engine.dispatch import Dispatcher
-    from rmqstore_cli.engine.rebuild import _pack_batch, _unpack_batch
+    from rmqstore_cli.engine.derived.dispatch import Dispatcher
+    from rmqstore_cli.engine.repair.rebuild import _pack_batch, _unpack_batch
 
     with Store.open(str(shared_store("4.9.3-clean"))) as st:
         d = Dispatcher(str(tmp_path / "never-written"), st.config)

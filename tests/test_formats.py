@@ -167,8 +167,8 @@ def test_delay_tags_code_vector():
 def test_fast_dtypes_derived_from_declarations():
     assert fast.PREFIX_SIZE == sum(c.sizeof() for _, c in records.MESSAGE_PREFIX_FIELDS) == 48
     assert fast.PREFIX_STRUCT.size == fast.PREFIX_SIZE
-    from rmqstore_cli.engine.consumequeue import CQ_DTYPE
-    from rmqstore_cli.engine.index import ENTRY_DTYPE, HEADER_STRUCT
+    from rmqstore_cli.engine.derived.consumequeue import CQ_DTYPE
+    from rmqstore_cli.engine.derived.index import ENTRY_DTYPE, HEADER_STRUCT
 
     assert CQ_DTYPE.itemsize == records.CQ_UNIT.sizeof() == 20
     assert ENTRY_DTYPE.itemsize == records.INDEX_ENTRY.sizeof() == 20

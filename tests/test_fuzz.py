@@ -239,7 +239,7 @@ def run_cases(args) -> dict:
 
 def engine_findings(root: str) -> list[dict]:
     from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.verify import verify_store
+    from rmqstore_cli.engine.verify.pipeline import verify_store
 
     try:
         with Store.open(root) as st:

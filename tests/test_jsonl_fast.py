@@ -22,7 +22,7 @@ from formats import fast
 from formats.jsonl import encode_records
 from formats.message import BODY_MODES, decode_message, encode_message, render_body
 from formats.records import MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6
-from rmqstore_cli.engine.commitlog import ScanResult
+from rmqstore_cli.engine.log.commitlog import ScanResult
 from rmqstore_cli.engine.store import Store
 
 from .conftest import REPO, STORE_NAMES, shared_store

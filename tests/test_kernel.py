@@ -273,7 +273,7 @@ def _check_whole_log_scan(root: Path, where: str):
     st = Store.open(str(root))
     try:
         cl = st.commitlog
-        res = __import__("rmqstore_cli.engine.commitlog", fromlist=["ScanResult"]).ScanResult()
+        res = __import__("rmqstore_cli.engine.log.commitlog", fromlist=["ScanResult"]).ScanResult()
         got = [c.phy for c in cl.scan(check_crc=True, chunk_records=50, result=res)]
         got = np.concatenate(got).tolist() if got else []
         want, stop, blanks = [], None, []

@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from rmqstore_cli.app import app
-from rmqstore_cli.engine.config import StoreConfig
-from rmqstore_cli.engine.index import IndexService
-from rmqstore_cli.engine.lookup import (carries_key, get_by_msgid, get_by_offset, get_by_queue, get_by_uniq_key,
-                                        parse_time, query_index)
+from rmqstore_cli.engine.config.storeconfig import StoreConfig
+from rmqstore_cli.engine.derived.index import IndexService
+from rmqstore_cli.engine.query.lookup import (carries_key, get_by_msgid, get_by_offset, get_by_queue, get_by_uniq_key,
+                                              parse_time, query_index)
 from rmqstore_cli.engine.store import Store
 
 from .conftest import STORE_NAMES, broker_read, shared_store

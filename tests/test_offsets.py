@@ -365,7 +365,7 @@ def _oracle(times: list[int], ts: int, version: int, files: list[range]) -> set[
 @pytest.mark.parametrize("name,version", [("4.9.3-clean", 4), ("5.3.3-clean", 5), ("5.3.3-v2topic", 5), ("5.3.3-v2topic", 4)])
 def test_time_search_equals_the_brokers_on_broker_written_queues(store_copy, name, version):
     from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.timesearch import TimeSearch
+    from rmqstore_cli.engine.query.timesearch import TimeSearch
 
     root = store_copy(name)
     per_queue: dict = {}

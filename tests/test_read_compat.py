@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import STORE_NAMES, broker_read, shared_store
 from formats.tags import tags_code
-from rmqstore_cli.engine.commitlog import ScanResult
+from rmqstore_cli.engine.log.commitlog import ScanResult
 from rmqstore_cli.engine.store import Store
 
 RMQSTORE = [sys.executable, "-m", "rmqstore_cli"]
@@ -217,7 +217,7 @@ def test_cli_dump_store(name):
 def test_broker_version_is_inferred_from_the_first_records(name):
     """Without --broker-version the version comes from the commitlog's first records (magic v2, or
     property strings ending in \\x02 on 5.x), read without the compiled kernels."""
-    from rmqstore_cli.engine.config import StoreConfig, infer_geometry
+    from rmqstore_cli.engine.config.storeconfig import StoreConfig, infer_geometry
 
     cfg = infer_geometry(StoreConfig(), str(shared_store(name)))
     assert cfg.version == int(name[0]) and "version" in cfg.inferred

@@ -185,9 +185,9 @@ def test_every_writing_command_refuses_a_locked_store(store_copy, held_lock, tmp
 def _broker_start_between_plan_and_lock(monkeypatch, tmp_path):
     """take_lock first lets 'a broker' start and stop on the store (a full recover applied at engine
     level, its backup elsewhere): the store changes after recover printed its plan."""
-    import rmqstore_cli.engine.repair as repair
-    from rmqstore_cli.engine.backup import Backup
-    from rmqstore_cli.engine.recovery import plan_recovery
+    import rmqstore_cli.engine.repair.apply as repair
+    from rmqstore_cli.engine.repair.backup import Backup
+    from rmqstore_cli.engine.repair.recovery import plan_recovery
 
     real = repair.take_lock
     calls = []
@@ -227,9 +227,9 @@ def test_recover_plans_again_when_the_store_changed_after_its_plan(store_copy, m
 def test_recover_applies_the_plan_it_printed_when_nothing_changed(store_copy, monkeypatch, tmp_path):
     """No change between plan and lock: the printed plan is applied as is, and it equals a plan made afresh
     under the lock (what reusing it saves is exactly that second plan)."""
-    import rmqstore_cli.engine.repair as repair
-    from rmqstore_cli.engine.outcome import assess_plan
-    from rmqstore_cli.engine.recovery import plan_recovery, store_fingerprint
+    import rmqstore_cli.engine.repair.apply as repair
+    from rmqstore_cli.engine.repair.outcome import assess_plan
+    from rmqstore_cli.engine.repair.recovery import plan_recovery, store_fingerprint
 
     root = store_copy("4.9.3-crash")
     real = repair.apply_plan
@@ -252,7 +252,7 @@ def test_recover_applies_the_plan_it_printed_when_nothing_changed(store_copy, mo
 
 
 def test_store_fingerprint_sees_every_write_but_the_lock(store_copy):
-    from rmqstore_cli.engine.recovery import store_fingerprint
+    from rmqstore_cli.engine.repair.recovery import store_fingerprint
 
     root = store_copy("4.9.3-clean")
     before = store_fingerprint(root)
@@ -276,8 +276,8 @@ def test_store_fingerprint_sees_every_write_but_the_lock(store_copy):
 def test_next_start_after_recover_is_costed_on_the_broker_steps(store_copy):
     """The next start after an applied recover is costed from a plan of the broker's own steps (no check of
     every queue and index file): on the repaired store it equals the full plan's startup cost."""
-    from rmqstore_cli.engine.recovery import plan_recovery
-    from rmqstore_cli.engine.startup import next_start_after_repair
+    from rmqstore_cli.engine.repair.recovery import plan_recovery
+    from rmqstore_cli.engine.repair.startup import next_start_after_repair
 
     for name in ("4.9.3-crash", "5.3.3-v2topic"):
         root = store_copy(name)
@@ -297,8 +297,8 @@ def test_torn_index_found_past_the_holes_of_a_sparse_file(tmp_path, where):
     check reads only the parts that hold data, and still finds an entry written anywhere past the count."""
     import struct
 
-    from rmqstore_cli.engine.index import IndexFile
-    from rmqstore_cli.engine.recovery import _index_torn
+    from rmqstore_cli.engine.derived.index import IndexFile
+    from rmqstore_cli.engine.repair.recovery import _index_torn
 
     slots, entries, count = 100, 1_000_000, 5
     path = tmp_path / "20240101000000000"

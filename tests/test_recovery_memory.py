@@ -14,9 +14,9 @@ import random
 import numpy as np
 import pytest
 
-from rmqstore_cli.engine import dispatchpredict
-from rmqstore_cli.engine.logwalk import LogTally
-from rmqstore_cli.engine.recovery import Planner
+from rmqstore_cli.engine.derived import dispatchpredict
+from rmqstore_cli.engine.log.walk import LogTally
+from rmqstore_cli.engine.repair.recovery import Planner
 from rmqstore_cli.engine.store import Store
 from tests.conftest import STORE_NAMES
 
@@ -150,8 +150,8 @@ def test_every_store_plan_counts_match_the_tally(store_copy):
 
 def _plan_json(root: str, version: int, whole: bool, monkeypatch) -> tuple[dict, str]:
     """The plan, and which record table the planner ended with."""
-    from rmqstore_cli.engine import derived_plan
-    from rmqstore_cli.engine.derived_windows import LazyRecordTable, windowed_verdicts
+    from rmqstore_cli.engine.repair import derived_plan
+    from rmqstore_cli.engine.repair.derived_windows import LazyRecordTable, windowed_verdicts
 
     monkeypatch.setattr(derived_plan, "windowed_verdicts", (lambda planner: None) if whole else windowed_verdicts)
     st = Store.open(root, overrides={"version": version})
@@ -205,7 +205,7 @@ def test_windowed_check_plans_like_the_whole_table(tmp_path, monkeypatch):
 def test_crash_plan_builds_no_whole_record_table(store_copy):
     """A crash with intact queues (index files deleted at an abnormal start): the plan needs no table of
     every record; its re-dispatch prediction and checkpoint times match the whole-table answers."""
-    from rmqstore_cli.engine.derived_windows import LazyRecordTable
+    from rmqstore_cli.engine.repair.derived_windows import LazyRecordTable
 
     for name in ("4.9.3-clean", "5.3.3-clean"):
         root = store_copy(name)
@@ -219,6 +219,6 @@ def test_crash_plan_builds_no_whole_record_table(store_copy):
             t = planner.record_table
             assert isinstance(t, LazyRecordTable) and t._full is None, name
             assert plan.dispatch["records"] == len(planner.tally) > 0
-            from rmqstore_cli.engine.derived import record_table
+            from rmqstore_cli.engine.repair.derived import record_table
 
             assert t.times() == record_table(st, planner.end).times()

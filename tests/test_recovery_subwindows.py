@@ -11,7 +11,7 @@ import tracemalloc
 
 import pytest
 
-from rmqstore_cli.engine import verify_commitlog, verify_index
+from rmqstore_cli.engine.verify import commitlog as verify_commitlog, index as verify_index
 from rmqstore_cli.engine.store import Store
 from tests.conftest import copy_store
 from tests.test_recovery_memory import STORE_NAMES, _plan_json
@@ -63,8 +63,8 @@ def test_index_problems_by_file_equal_the_whole_table(tmp_path, monkeypatch, nam
     """Kept index files (seeded lies: offsets past the end, into other windows, nowhere, negative; hashes,
     links, times) checked window by window give the whole record table's findings, for the log's end and for
     an end cut in the middle of the log (entries past it)."""
-    from rmqstore_cli.engine.derived import index_problems, record_table
-    from rmqstore_cli.engine.derived_windows import index_problems_by_file
+    from rmqstore_cli.engine.repair.derived import index_problems, record_table
+    from rmqstore_cli.engine.repair.derived_windows import index_problems_by_file
 
     print("seed", SEED)
     rng = random.Random(SEED)
@@ -102,7 +102,7 @@ def one_segment_stores_with_index(tmp_path_factory):
 
 
 def _index_check_peak(root: str) -> tuple[int, int]:
-    from rmqstore_cli.engine.derived_windows import index_problems_by_file
+    from rmqstore_cli.engine.repair.derived_windows import index_problems_by_file
 
     with Store.open(root) as st:
         seg = st.commitlog.segments.segments[-1]

@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rmqstore_cli.app import app
-from rmqstore_cli.engine.outcome import assess_plan
-from rmqstore_cli.engine.recovery import plan_recovery
+from rmqstore_cli.engine.repair.outcome import assess_plan
+from rmqstore_cli.engine.repair.recovery import plan_recovery
 from rmqstore_cli.engine.store import Store
 
 from .conftest import broker_read, tree_digest
@@ -261,7 +261,7 @@ def test_truncate_cascades_and_restores(store_copy):
 
 def test_interrupted_apply_is_finished_by_the_next_run(store_copy, monkeypatch):
     """A kill during the re-dispatch: the next recover rolls the partial dispatch back and finishes."""
-    from rmqstore_cli.engine import dispatch
+    from rmqstore_cli.engine.derived import dispatch
 
     root = store_copy("4.9.3-crash")
     original = digest(root)

@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 from formats.java_hashmap import parse_properties_lossless
 from formats.properties import PROPERTY_SEPARATOR
 from rmqstore_cli.app import app
-from rmqstore_cli.engine.commitlog import CommitLog
-from rmqstore_cli.engine.config import StoreConfig, apply_settings
-from rmqstore_cli.engine.dispatch import Dispatcher
-from rmqstore_cli.engine.indexwriter import store_time_namer
-from rmqstore_cli.engine.messages import MessageBuilder
+from rmqstore_cli.engine.log.commitlog import CommitLog
+from rmqstore_cli.engine.config.storeconfig import StoreConfig, apply_settings
+from rmqstore_cli.engine.derived.dispatch import Dispatcher
+from rmqstore_cli.engine.derived.indexwriter import store_time_namer
+from rmqstore_cli.engine.log.messages import MessageBuilder
 from rmqstore_cli.engine.store import Store
 from tests.conftest import CLEAN_STORES, STORE_NAMES, broker_puts, broker_read, shared_store
 

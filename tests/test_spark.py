@@ -207,7 +207,7 @@ def _damage(root, kind):
 @pytest.mark.parametrize("kind", ["none", "body", "garbage", "cq", "index", "truncated", "undispatched", "lag", "store_time"])
 def test_spark_verify_finds_what_verify_finds(spark, store_copy, kind):
     from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.verify import verify_store
+    from rmqstore_cli.engine.verify.pipeline import verify_store
     from rmqstore_cli.spark import jobs
 
     root = store_copy("4.9.3-clean")
@@ -231,7 +231,7 @@ def test_spark_verify_cross_checks_run_in_executor_tasks(spark, store_copy):
     """The consume-queue and index checks run as executor tasks (counted by an accumulator only those
     tasks add to), one per queue and one per index file, and still find a damaged unit and entry."""
     from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.verify import verify_store
+    from rmqstore_cli.engine.verify.pipeline import verify_store
     from rmqstore_cli.spark import jobs
 
     root = store_copy("4.9.3-clean")
@@ -327,7 +327,7 @@ def test_index_file_task_edge_cases(tmp_path):
 
 @pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean"])
 def test_spark_stats_equals_stats(spark, name):
-    from rmqstore_cli.engine.stats import compute_stats
+    from rmqstore_cli.engine.query.stats import compute_stats
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.spark import jobs
 
@@ -423,7 +423,7 @@ def _finding_keys_spark(rows, root):
 def test_spark_verify_every_shared_store_in_one_job(spark):
     """All broker-written stores verified together (one job, rows keyed by store) equal `verify` on each."""
     from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.verify import verify_store
+    from rmqstore_cli.engine.verify.pipeline import verify_store
     from rmqstore_cli.spark import jobs
 
     roots = [str(shared_store(n)) for n in STORE_NAMES]
@@ -442,7 +442,7 @@ def test_spark_verify_equals_verify_on_fuzz_cases(spark, tmp_path):
 
     from rmqstore_cli.engine.errors import RmqStoreError
     from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.verify import verify_store
+    from rmqstore_cli.engine.verify.pipeline import verify_store
     from rmqstore_cli.spark import jobs
 
     from . import fuzzlib
@@ -474,7 +474,7 @@ def test_spark_verify_equals_verify_on_fuzz_cases(spark, tmp_path):
 def test_spark_verify_uses_the_given_geometry(spark):
     """Geometry overrides reach every source and task: a wrong consume-queue file size gives `verify`'s findings."""
     from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.verify import verify_store
+    from rmqstore_cli.engine.verify.pipeline import verify_store
     from rmqstore_cli.spark import jobs
 
     root = str(shared_store("4.9.3-clean"))

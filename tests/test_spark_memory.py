@@ -30,7 +30,7 @@ def _generate(root: Path, messages: int) -> dict:
     """Whole 64 MiB segments of 297-byte records, at least ``messages`` of them."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench import gen
-    from rmqstore_cli.engine.messages import MessageBuilder
+    from rmqstore_cli.engine.log.messages import MessageBuilder
 
     size = gen._Messages(MessageBuilder(gen.config()), 100)(0).total_size
     per_seg = (SEGMENT - 8) // size

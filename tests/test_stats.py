@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rmqstore_cli.app import app
-from rmqstore_cli.engine.commitlog import ScanResult
-from rmqstore_cli.engine.stats import StatsAccumulator, compute_stats
+from rmqstore_cli.engine.log.commitlog import ScanResult
+from rmqstore_cli.engine.query.stats import StatsAccumulator, compute_stats
 from rmqstore_cli.engine.store import Store
 
 from .conftest import STORE_NAMES, broker_read, shared_store
@@ -120,7 +120,7 @@ def test_timeline_coarsens_past_the_key_limit(monkeypatch):
     still counts every record."""
     import numpy as np
 
-    from rmqstore_cli.engine import stats as stats_mod
+    from rmqstore_cli.engine.query import stats as stats_mod
 
     monkeypatch.setattr(stats_mod, "SECOND_KEYS_LIMIT", 1000)
     acc = StatsAccumulator()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from rmqstore_cli.engine.mappedfile import SegmentQueueWriter, UndoJournal
+from rmqstore_cli.engine.log.mappedfile import SegmentQueueWriter, UndoJournal
 
 
 def test_undo_restores_overwritten_bytes_zero_tail_created_files_and_snapshots(tmp_path):

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from rmqstore_cli.engine.store import Store
-from rmqstore_cli.engine.verify import verify_store
+from rmqstore_cli.engine.verify.pipeline import verify_store
 from tests.conftest import CLEAN_STORES, broker_read, shared_store
 
 RMQSTORE = [sys.executable, "-m", "rmqstore_cli"]

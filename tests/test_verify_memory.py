@@ -14,9 +14,9 @@ import pytest
 
 from formats.indexchain import chain_block, chain_block_reference
 from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
-from rmqstore_cli.engine import verify_index
+from rmqstore_cli.engine.verify import index as verify_index
 from rmqstore_cli.engine.store import Store
-from rmqstore_cli.engine.verify import verify_store
+from rmqstore_cli.engine.verify.pipeline import verify_store
 from tests.conftest import copy_store
 
 SEED = int(os.environ.get("RMQSTORE_VMEM_SEED", random.randrange(1 << 30)))
@@ -109,7 +109,7 @@ def _damage_index(root, rng: random.Random) -> None:
 @pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean"])
 def test_index_findings_do_not_depend_on_the_block_size(tmp_path, monkeypatch, name):
     """Blocks of 1, 2 and 3 entries give exactly the findings (first location, count, message) of one block per file."""
-    from rmqstore_cli.engine.verify import _verify_whole_log
+    from rmqstore_cli.engine.verify.pipeline import _verify_whole_log
 
     print(f"seed {SEED} (RMQSTORE_VMEM_SEED)")
     rng = random.Random(SEED)
@@ -134,7 +134,7 @@ def test_index_findings_do_not_depend_on_the_block_size(tmp_path, monkeypatch, n
 def _index_file_memory(tmp_path, recs, refs, entries: int, slots: int = 1024) -> int:
     """tracemalloc peak (bytes above the start) of checking one synthetic index file of ``entries`` entries
     that point at the records in turn (correct slot chains, keys that do not match: findings aggregate)."""
-    from rmqstore_cli.engine.index import IndexFile
+    from rmqstore_cli.engine.derived.index import IndexFile
 
     path = tmp_path / f"idx-{entries}"
     count = entries + 1
@@ -180,7 +180,7 @@ def small_bench_store(tmp_path_factory):
 def test_index_check_memory_does_not_grow_with_the_file(tmp_path, small_bench_store):
     """A file 4x larger needs no more memory: entries are checked in blocks (the whole-file columns and
     the argsort by slot this replaced took ~60 bytes per entry)."""
-    from rmqstore_cli.engine.verify import _Records, _RefClassifier, verify_segments
+    from rmqstore_cli.engine.verify.pipeline import _Records, _RefClassifier, verify_segments
 
     with Store.open(small_bench_store) as st:
         cl = st.commitlog
@@ -197,7 +197,7 @@ def test_index_check_memory_does_not_grow_with_the_file(tmp_path, small_bench_st
 def test_merging_reports_does_not_copy_the_log_twice(small_bench_store):
     """_Records fills each column report by report and drops the report's copy: the merge's peak above the
     reports is one column plus the new per-record index columns, not the whole log again."""
-    from rmqstore_cli.engine.verify import _Records, verify_segments
+    from rmqstore_cli.engine.verify.pipeline import _Records, verify_segments
 
     with Store.open(small_bench_store) as st:
         cl = st.commitlog
@@ -258,8 +258,8 @@ def test_queue_findings_do_not_depend_on_the_file_blocks(tmp_path, monkeypatch, 
     """Consume queues are checked file by file (the whole-log formulation, which a distributed verify shares);
     cutting every file into pieces of 1-3 units gives exactly the findings (first location, count, message) and
     summary of whole files."""
-    from rmqstore_cli.engine import verify_queues
-    from rmqstore_cli.engine.verify import _verify_whole_log
+    from rmqstore_cli.engine.verify import queues as verify_queues
+    from rmqstore_cli.engine.verify.pipeline import _verify_whole_log
 
     print(f"seed {SEED} (RMQSTORE_VMEM_SEED)")
     rng = random.Random(SEED)
@@ -306,7 +306,7 @@ def _damage_log(root, rng: random.Random) -> None:
 def test_windowed_verify_equals_whole_log_verify(tmp_path, name):
     """verify in commitlog windows (one segment's records at a time) reports exactly what the whole-log
     formulation reports, on the store and on seeded damage to its log, queues and index files."""
-    from rmqstore_cli.engine.verify import _verify_whole_log
+    from rmqstore_cli.engine.verify.pipeline import _verify_whole_log
 
     print(f"seed {SEED} (RMQSTORE_VMEM_SEED)")
     rng = random.Random(SEED)
@@ -360,7 +360,7 @@ def test_verify_memory_does_not_grow_with_the_log(small_bench_store, larger_benc
 @pytest.mark.parametrize("name", ["4.9.3-crash", "5.3.3-clean"])
 def test_streamed_parallel_reports_give_the_single_process_result(tmp_path, name):
     """verify -j: reports streamed from 2 workers (a bounded number ahead) give the single-process findings."""
-    from rmqstore_cli.engine.verify import iter_segments_parallel
+    from rmqstore_cli.engine.verify.pipeline import iter_segments_parallel
 
     print(f"seed {SEED} (RMQSTORE_VMEM_SEED)")
     rng = random.Random(SEED)
@@ -414,7 +414,7 @@ def _undispatch(root, how: str) -> None:
 def test_undispatched_records_windowed_equal_whole_log(tmp_path, name, how):
     """CQ_NOT_DISPATCHED / CQ_DISPATCH_LAG judged window by window (bounded memory) equal the whole-log
     judgement, wherever the queues' high-water mark falls."""
-    from rmqstore_cli.engine.verify import _verify_whole_log
+    from rmqstore_cli.engine.verify.pipeline import _verify_whole_log
 
     root = copy_store(name, tmp_path / name)
     _undispatch(root, how)

@@ -15,9 +15,9 @@ import pytest
 
 from formats import fast
 from formats.records import MAGIC_BLANK
-from rmqstore_cli.engine import verify_commitlog
+from rmqstore_cli.engine.verify import commitlog as verify_commitlog
 from rmqstore_cli.engine.store import Store
-from rmqstore_cli.engine.verify import _verify_whole_log, verify_store
+from rmqstore_cli.engine.verify.pipeline import _verify_whole_log, verify_store
 from tests.conftest import copy_store
 from tests.test_verify_memory import _damage_index, _damage_log, _damage_queues, _undispatch
 
@@ -152,7 +152,7 @@ def test_small_windows_undispatched_equal_whole_log(tmp_path, monkeypatch, how):
 def test_small_windows_streamed_from_workers(tmp_path, monkeypatch):
     """verify -j 2 streams window reports from the workers: same result as one process; whole-segment reports
     handed to verify_store are cut into windows first."""
-    from rmqstore_cli.engine.verify import InProcessCrossChecks, iter_segments_parallel, verify_segments_parallel
+    from rmqstore_cli.engine.verify.pipeline import InProcessCrossChecks, iter_segments_parallel, verify_segments_parallel
 
     print(f"seed {SEED} (RMQSTORE_VMEM_SEED)")
     rng = random.Random(SEED)

@@ -12,13 +12,13 @@ import os
 import re
 from dataclasses import dataclass
 
-from .checkpoint import Checkpoint, read_checkpoint, read_checkpoint_head
-from .commitlog import CommitLog
-from .config import StoreConfig, apply_settings, infer_geometry, read_broker_conf
-from .consumequeue import ConsumeQueue, ConsumeQueueExt, list_queues
+from .log.checkpoint import Checkpoint, read_checkpoint, read_checkpoint_head
+from .log.commitlog import CommitLog
+from .config.storeconfig import StoreConfig, apply_settings, infer_geometry, read_broker_conf
+from .derived.consumequeue import ConsumeQueue, ConsumeQueueExt, list_queues
 from .errors import NotAStoreError, UsageError
 from .findings import Finding
-from .index import IndexService
+from .derived.index import IndexService
 
 KNOWN_ENTRIES = {
     "commitlog", "consumequeue", "consumequeue_ext", "batchconsumequeue", "index", "checkpoint", "abort",

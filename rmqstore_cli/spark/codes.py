@@ -1,6 +1,6 @@
 """Finding codes of the ``rocketmq`` data source: the single-process ``verify``'s own codes.
 
-rmqstore_cli/engine/verify.py owns the names; record reasons come from its table, and the
+rmqstore_cli/engine/verify/pipeline.py owns the names; record reasons come from its table, and the
 walk stops map onto the codes it reports for the same damage (README "Finding codes").
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from formats import fast
 from rmqstore_cli.engine.findings import WALK_STOP_CODES
-from rmqstore_cli.engine.verify import REASON_CODES as _VERIFY_REASONS
+from rmqstore_cli.engine.verify.pipeline import REASON_CODES as _VERIFY_REASONS
 
 REASON_CODES = {fast.R_OK: None, **_VERIFY_REASONS}
 

@@ -24,9 +24,9 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from formats import fast
-from rmqstore_cli.engine.commitlog import CommitLog
-from rmqstore_cli.engine.config import StoreConfig
-from rmqstore_cli.engine.segments import Segment
+from rmqstore_cli.engine.log.commitlog import CommitLog
+from rmqstore_cli.engine.config.storeconfig import StoreConfig
+from rmqstore_cli.engine.log.segments import Segment
 from rmqstore_cli.engine.store import Store
 
 from . import codes

@@ -115,8 +115,8 @@ def _stats_task(groups):
     import numpy as np
 
     from formats import fast
-    from rmqstore_cli.engine.segments import Segment
-    from rmqstore_cli.engine.stats import StatsAccumulator
+    from rmqstore_cli.engine.log.segments import Segment
+    from rmqstore_cli.engine.query.stats import StatsAccumulator
 
     acc = StatsAccumulator()
     for p in (r for g in groups for r in g.ranges):
@@ -157,7 +157,7 @@ def stats(spark, root: str, *, overrides: dict | None = None, config_file: str |
           split: int | None = None) -> dict:
     """The ``stats`` report of one store, its commitlog aggregated on the executors."""
     from formats import fast
-    from rmqstore_cli.engine.stats import StatsAccumulator, index_stats, queue_lag
+    from rmqstore_cli.engine.query.stats import StatsAccumulator, index_stats, queue_lag
     from rmqstore_cli.engine.store import Store
 
     from .datasource import DEFAULT_SPLIT, group_ranges, plan_segment

@@ -58,7 +58,7 @@ def _write_queue_fn(out_root: str, cfg):
 
         from formats.extaddr import is_ext_addr
         from formats.tags import TagsCodeError, tags_code
-        from rmqstore_cli.engine.cqwriter import ConsumeQueueExtWriter, ConsumeQueueWriter
+        from rmqstore_cli.engine.derived.cqwriter import ConsumeQueueExtWriter, ConsumeQueueWriter
 
         t = table.sort_by("commitLogOffset")
         topic = t.column("topic")[0].as_py()
@@ -146,7 +146,7 @@ def write_index_file(path: str, key_hash: np.ndarray, phy: np.ndarray, ts: np.nd
     A file that follows a full one starts with begin = end = its predecessor's end (§10.4 quirk),
     exactly as the engine's IndexWriter seeds a new file; then the keys go in with putKey's rules.
     """
-    from rmqstore_cli.engine.indexwriter import _OpenIndex
+    from rmqstore_cli.engine.derived.indexwriter import _OpenIndex
 
     f = _OpenIndex(path, slots, entries, create=True)
     try:
@@ -161,7 +161,7 @@ def write_index_file(path: str, key_hash: np.ndarray, phy: np.ndarray, ts: np.nd
 
 def index_name(ms: int) -> str:
     """yyyyMMddHHmmssSSS in the local time zone, as the broker names a new file (§10.2)."""
-    from rmqstore_cli.engine.indexwriter import millis_name
+    from rmqstore_cli.engine.derived.indexwriter import millis_name
 
     return millis_name(ms)
 

@@ -45,7 +45,7 @@ def mini_records(store, t, invalid: np.ndarray):
     """The engine's ``_Records`` holding only the records in Arrow table ``t`` (one group's join result)."""
     import pyarrow.compute as pc
 
-    from rmqstore_cli.engine.verify_records import _COL_TYPES, _Records
+    from rmqstore_cli.engine.verify.records import _COL_TYPES, _Records
 
     t = t.filter(pc.is_valid(t.column("size")))
     phy_all = t.column("phyOffset").to_numpy(zero_copy_only=False).astype(np.int64)
@@ -84,7 +84,7 @@ def mini_records(store, t, invalid: np.ndarray):
 
 def mini_refs(recs, commitlog, ctx: dict):
     """The engine's ``_RefClassifier`` from the store-level facts the driver derived (no reports needed)."""
-    from rmqstore_cli.engine.verify_records import _RefClassifier
+    from rmqstore_cli.engine.verify.records import _RefClassifier
 
     refs = _RefClassifier.__new__(_RefClassifier)
     refs.recs, refs.data_end = recs, ctx["dataEnd"]
@@ -102,8 +102,8 @@ def _group_fn(kind: str, ctx: dict, config_file, overrides):
         import pyarrow.compute as pc
 
         from rmqstore_cli.engine.store import Store
-        from rmqstore_cli.engine.verify_index import check_index_file
-        from rmqstore_cli.engine.verify_queues import check_queue
+        from rmqstore_cli.engine.verify.index import check_index_file
+        from rmqstore_cli.engine.verify.queues import check_queue
 
         root = table.column("store")[0].as_py()
         c = ctx[root]
@@ -149,8 +149,8 @@ class _Totals:
 
 def _store_times(parts: list, findings: list) -> None:
     """CL_STORE_TIME from the tasks' partials: their own backsteps plus those across task boundaries."""
-    from rmqstore_cli.engine.verify import add_store_time_finding
-    from rmqstore_cli.engine.verify_records import _Agg
+    from rmqstore_cli.engine.verify.pipeline import add_store_time_finding
+    from rmqstore_cli.engine.verify.records import _Agg
 
     agg, prev = _Agg(), None
     for p in sorted(parts, key=lambda p: p["firstPhy"]):
@@ -170,10 +170,10 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
     from pyspark.sql import functions as F
 
     from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.verify import VerifyResult, _log_end, lost_tail_finding, sort_findings
-    from rmqstore_cli.engine.verify_index import _check_checkpoint, _check_root
-    from rmqstore_cli.engine.verify_queues import add_not_dispatched, dispatch_high_water, dispatch_lag_finding
-    from rmqstore_cli.engine.verify_records import _Agg
+    from rmqstore_cli.engine.verify.pipeline import VerifyResult, _log_end, lost_tail_finding, sort_findings
+    from rmqstore_cli.engine.verify.index import _check_checkpoint, _check_root
+    from rmqstore_cli.engine.verify.queues import add_not_dispatched, dispatch_high_water, dispatch_lag_finding
+    from rmqstore_cli.engine.verify.records import _Agg
 
     from .jobs import _write_findings, finding_rows
     from .rebuild import reader_options

@@ -2,7 +2,7 @@
 and the references the derived files hold (consume-queue units, index entries).
 
 - ``rocketmq-verified``: one task per group of whole commitlog segments runs the engine's
-  per-segment checks (:func:`~rmqstore_cli.engine.verify.verify_segments`) and yields one row per
+  per-segment checks (:func:`~rmqstore_cli.engine.verify.pipeline.verify_segments`) and yields one row per
   valid record with what dispatch computes for it (tagsCode, index key hashes), plus one ``meta``
   row per task: the segment reports without their columns, the task's findings and a partial
   store-time aggregate (a few hundred bytes per segment, never per record).
@@ -195,8 +195,8 @@ class _VerifiedReader(_StoreReader):
         return _group(st.root, [(i, seg.size) for i, seg in enumerate(st.commitlog.segments.segments)], split)
 
     def read_items(self, st, items):
-        from rmqstore_cli.engine.verify import _check_delay_properties, verify_segments
-        from rmqstore_cli.engine.verify_records import _Records
+        from rmqstore_cli.engine.verify.pipeline import _check_delay_properties, verify_segments
+        from rmqstore_cli.engine.verify.records import _Records
 
         reports = verify_segments(st.commitlog, items, check_crc=_flag(self.options, "checkcrc", True))
         recs = _Records(st, reports)  # consumes the reports' columns
@@ -268,7 +268,7 @@ class _EntriesReader(_StoreReader):
         return [Work(st.root, [(i, f.path)]) for i, f in enumerate(st.index.files)]
 
     def read_items(self, st, items):
-        from rmqstore_cli.engine.mappedfile import drop_pages as _drop_pages
+        from rmqstore_cli.engine.log.mappedfile import drop_pages as _drop_pages
         from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
         for i, path in items:

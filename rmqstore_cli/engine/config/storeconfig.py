@@ -1,0 +1,230 @@
+"""Store geometry and the broker settings that change how bytes are read or written.
+
+Mirrors the parts of the broker's ``MessageStoreConfig`` the store format depends on.
+Values come from, in priority order: explicit options, a ``broker.conf`` properties
+file, what the files on disk imply (recorded in ``inferred``), and the version defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field, fields, replace
+
+from formats.records import MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE
+from formats.tags import DEFAULT_DELAY_LEVELS, parse_delay_levels
+
+from ..errors import UsageError
+
+DEFAULT_COMMITLOG_SIZE = 1073741824
+DEFAULT_CQ_SIZE = 6_000_000
+DEFAULT_EXT_SIZE = 50331648
+DEFAULT_HASH_SLOTS = 5_000_000
+DEFAULT_INDEX_NUM = 20_000_000
+
+
+@dataclass
+class StoreConfig:
+    version: int = 4  # 4 = 4.9.x rules, 5 = 5.x rules
+    mappedFileSizeCommitLog: int = DEFAULT_COMMITLOG_SIZE
+    mappedFileSizeConsumeQueue: int = DEFAULT_CQ_SIZE
+    mappedFileSizeConsumeQueueExt: int = DEFAULT_EXT_SIZE
+    enableConsumeQueueExt: bool = False
+    maxHashSlotNum: int = DEFAULT_HASH_SLOTS
+    maxIndexNum: int = DEFAULT_INDEX_NUM
+    messageIndexEnable: bool = True
+    messageIndexSafe: bool = False
+    checkCRCOnRecover: bool = True
+    maxMessageSize: int = 4194304
+    messageDelayLevel: str = DEFAULT_DELAY_LEVELS
+    enabledAppendPropCRC: bool = False
+    forceVerifyPropCRC: bool = False
+    duplicationEnable: bool = False
+    autoMessageVersionOnTopicLen: bool = True
+    storePathCommitLog: str | None = None
+    inferred: dict = field(default_factory=dict)  # setting -> how it was inferred
+    explicit: set = field(default_factory=set)  # settings given by the user or broker.conf
+
+    @property
+    def delay_table(self) -> dict[int, int]:
+        return parse_delay_levels(self.messageDelayLevel)
+
+    @property
+    def index_file_size(self) -> int:
+        return 40 + self.maxHashSlotNum * 4 + self.maxIndexNum * 20
+
+    def with_(self, **kw) -> "StoreConfig":
+        return replace(self, **kw)
+
+
+_FIELD_TYPES = {f.name: f.type for f in fields(StoreConfig)}
+_SETTABLE = {n for n in _FIELD_TYPES if n not in ("inferred", "explicit", "version")}
+
+
+def _coerce(name: str, value: str):
+    t = _FIELD_TYPES[name]
+    if t in ("bool", bool):
+        return str(value).strip().lower() == "true"
+    if t in ("int", int):
+        return int(str(value).strip())
+    return str(value).strip()
+
+
+def read_broker_conf(path: str) -> dict[str, str]:
+    """Parse a Java ``.properties`` file (``key=value`` or ``key: value``, ``#``/``!`` comments)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise UsageError(f"cannot read config {path}: {e.strerror}") from None
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        m = re.match(r"([^=:\s]+)\s*[=:\s]\s*(.*)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def apply_settings(cfg: StoreConfig, settings: dict) -> StoreConfig:
+    """Apply known keys (broker.conf names); unknown keys are ignored like the broker does."""
+    cfg = replace(cfg, explicit=set(cfg.explicit), inferred=dict(cfg.inferred))
+    for key, value in settings.items():
+        if key == "version" or key == "brokerVersion":
+            cfg.version = int(str(value)[0])
+            cfg.explicit.add("version")
+        elif key in _SETTABLE and value is not None:
+            try:
+                setattr(cfg, key, _coerce(key, value))
+            except ValueError:
+                raise UsageError(f"setting {key}={value!r} is not a valid value") from None
+            cfg.explicit.add(key)
+    return cfg
+
+
+def _file_sizes(directory: str) -> set[int]:
+    sizes = set()
+    try:
+        for name in os.listdir(directory):
+            p = os.path.join(directory, name)
+            if name.isdigit() and os.path.isfile(p):
+                s = os.path.getsize(p)
+                if s > 0:
+                    sizes.add(s)
+    except OSError:
+        pass
+    return sizes
+
+
+def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
+    """Fill settings not given explicitly from what the files imply; say so in ``inferred``."""
+    cfg = replace(cfg, explicit=set(cfg.explicit), inferred=dict(cfg.inferred))
+    cl_dir = cfg.storePathCommitLog or os.path.join(root, "commitlog")
+    if "mappedFileSizeCommitLog" not in cfg.explicit:
+        sizes = _file_sizes(cl_dir)
+        if len(sizes) >= 1:
+            # The most common size wins; a wrong-size stray is reported by verify.
+            counts = Counter(os.path.getsize(os.path.join(cl_dir, n)) for n in os.listdir(cl_dir) if n.isdigit())
+            size = max(sizes, key=lambda s: counts[s])
+            cfg.mappedFileSizeCommitLog = size
+            cfg.inferred["mappedFileSizeCommitLog"] = "size of the commitlog files"
+    cq_root = os.path.join(root, "consumequeue")
+    if "mappedFileSizeConsumeQueue" not in cfg.explicit and os.path.isdir(cq_root):
+        sizes: set[int] = set()
+        # Every queue, not the first: one truncated file must not set the geometry of all the others.
+        for topic in _listdir(cq_root):
+            for qid in _listdir(os.path.join(cq_root, topic)):
+                sizes |= _file_sizes(os.path.join(cq_root, topic, qid))
+        sizes = {s for s in sizes if s % 20 == 0}
+        if sizes:
+            cfg.mappedFileSizeConsumeQueue = max(sizes)
+            cfg.inferred["mappedFileSizeConsumeQueue"] = "size of the consume queue files"
+    ext_root = os.path.join(root, "consumequeue_ext")
+    if "enableConsumeQueueExt" not in cfg.explicit and os.path.isdir(ext_root) and _listdir(ext_root):
+        cfg.enableConsumeQueueExt = True
+        cfg.inferred["enableConsumeQueueExt"] = "consumequeue_ext/ exists"
+    if "mappedFileSizeConsumeQueueExt" not in cfg.explicit and os.path.isdir(ext_root):
+        ext_sizes: set[int] = set()
+        for topic in _listdir(ext_root):
+            for qid in _listdir(os.path.join(ext_root, topic)):
+                ext_sizes |= _file_sizes(os.path.join(ext_root, topic, qid))
+        if ext_sizes:
+            cfg.mappedFileSizeConsumeQueueExt = max(ext_sizes)
+            cfg.inferred["mappedFileSizeConsumeQueueExt"] = "size of the ext files"
+    idx_dir = os.path.join(root, "index")
+    if not ({"maxHashSlotNum", "maxIndexNum"} & cfg.explicit):
+        sizes = _file_sizes(idx_dir)
+        if sizes:
+            size = max(sizes)
+            # Header gives no geometry (§10.1); assume the default 1:4 slot:entry ratio.
+            if (size - 40) % 84 == 0 and size > 40:
+                slots = (size - 40) // 84
+                cfg.maxHashSlotNum, cfg.maxIndexNum = slots, slots * 4
+                cfg.inferred["maxHashSlotNum/maxIndexNum"] = f"index file size {size} with the default 1:4 ratio"
+    if "version" not in cfg.explicit:
+        v, why = _infer_version(root, cl_dir)
+        if v:
+            cfg.version = v
+            cfg.inferred["version"] = why
+    return cfg
+
+
+def _listdir(p: str) -> list[str]:
+    try:
+        return sorted(os.listdir(p))
+    except OSError:
+        return []
+
+
+def _first_records(data: bytes, limit: int = 200) -> list[int]:
+    """Offsets of the first records of a segment head, by their TOTALSIZE chain (no compiled
+    kernel: inferring the version must not cost the kernels' import on commands that never walk)."""
+    import struct
+
+    out, pos = [], 0
+    while len(out) < limit and pos + 8 <= len(data):
+        size, magic = struct.unpack_from(">ii", data, pos)
+        if magic not in (MAGIC_V1, MAGIC_V2) or size < MIN_MESSAGE_SIZE or pos + size > len(data):
+            break
+        out.append(pos)
+        pos += size
+    return out
+
+
+def _infer_version(root: str, cl_dir: str) -> tuple[int | None, str]:
+    import struct
+
+    import numpy as np
+
+    from formats.fast import R_OK, decode_headers_reference
+
+    for name in _listdir(cl_dir)[:3]:
+        p = os.path.join(cl_dir, name)
+        try:
+            with open(p, "rb") as f:
+                data = f.read(1 << 20)
+        except OSError:
+            continue
+        offsets = _first_records(data)
+        if not offsets:
+            continue
+        h = decode_headers_reference(data, np.asarray(offsets, dtype=np.int64))
+        for i in range(len(h)):
+            if h.magicCode[i] != MAGIC_V1:
+                return 5, "magic v2 records in the commitlog"
+            plen = int(h.propsLength[i])
+            if plen > 0 and h.reason[i] == R_OK:
+                last = data[int(h.propsStart[i]) + plen - 1]
+                return (5, "property strings end with \\x02 (5.x)") if last == 2 else (4, "property strings without a trailing \\x02 (4.x)")
+    cp = os.path.join(root, "checkpoint")
+    try:
+        with open(cp, "rb") as f:
+            head = f.read(40)
+        if len(head) == 40 and any(struct.unpack(">qq", head[24:40])):
+            return 5, "checkpoint has 5.x fields"
+    except OSError:
+        pass
+    return None, ""

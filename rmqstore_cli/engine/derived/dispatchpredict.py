@@ -1,0 +1,104 @@
+"""Which consume-queue units a re-dispatch writes (the put rules of §7.5), predicted for the
+recovery plan without writing anything and without keeping records.
+
+The Dispatcher (engine/derived/dispatch.py) does the puts for real; this module runs the same rules on
+the records of ``[from, end)`` as a walk hands them over, batch by batch, keeping per queue only
+its state: the next queue offset, maxPhysicOffset, the first offset written into an empty queue
+and whether the queue still has no file. A unit is only written at its record's QUEUEOFFSET
+(never shifted as §7.5 would allow).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from formats import fast
+
+from ..log.walk import cq_dispatched
+from ..query.stats import topic_ids
+
+BATCH = 1 << 18  # records buffered before the per-queue rules run (bounded, a few MB)
+
+
+class DispatchPrediction:
+    """Walk sink. ``state``: {(topic, queueId): [next offset, maxPhysicOffset, first offset written
+    into an empty queue, queue has no file]}, updated in place."""
+
+    def __init__(self, state: dict):
+        self.state = state
+        self.topics: dict[str, int] = {}
+        self.count = 0  # records re-dispatched (every transaction type)
+        self.new_units: dict = {}
+        self._parts: list = []
+        self._held = 0
+
+    def __call__(self, seg_start: int, buf, h: fast.Headers) -> None:
+        self.count += len(h)
+        keep = cq_dispatched(h.sysFlag)
+        if not keep.any():
+            return
+        h = h.select(keep) if not keep.all() else h
+        self.add(h.offsets + seg_start, h.totalSize, topic_ids(buf, h, self.topics), h.queueId, h.queueOffset)
+
+    def add(self, phy, size, tid, qid, qo) -> None:
+        """Consume-queue records in log order (``tid``: ids in ``self.topics``)."""
+        self._parts.append((np.asarray(phy, np.int64), np.asarray(size, np.int64), np.asarray(tid, np.int64),
+                            np.asarray(qid, np.int64), np.asarray(qo, np.int64)))
+        self._held += len(phy)
+        if self._held >= BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._parts:
+            return
+        phy, size, tid, qid, qo = (np.concatenate(c) for c in zip(*self._parts))
+        self._parts, self._held = [], 0
+        names = {v: k for k, v in self.topics.items()}
+        key = (tid << 32) | (qid & 0xFFFFFFFF)
+        order = np.argsort(key, kind="stable")  # per queue, log order kept
+        skey = key[order]
+        cuts = np.flatnonzero(np.diff(skey)) + 1
+        for grp in np.split(order, cuts):
+            g0 = int(grp[0])
+            self._queue((names[int(tid[g0])], int(qid[g0])), phy[grp], size[grp], qo[grp])
+
+    def _queue(self, k, phy: np.ndarray, size: np.ndarray, qo: np.ndarray) -> None:
+        st = self.state.get(k)
+        if st is None:  # a queue the store has no directory for: it starts at its first record's offset
+            st = self.state[k] = [int(qo[0]), -1, int(qo[0]), False]
+        # Already present (p + size <= maxPhysicOffset): records do not overlap and come in log order,
+        # so after the first record past the initial maxPhysicOffset every later one is past it too,
+        # and past every accepted one's end.
+        live = np.flatnonzero(phy + size > st[1])
+        if not len(live):
+            return
+        phy, size, qo = phy[live], size[live], qo[live]
+        if st[3]:  # the first unit of a queue without files opens the file holding its offset (§7.3)
+            st[0] = st[2] = int(qo[0])
+            st[3] = False
+        cur, accepted, last = 0, 0, -1
+        n = len(qo)
+        rounds = 0
+        while cur < n:
+            rounds += 1
+            if rounds > 64:  # offsets far from consecutive (damage): one pass, record by record
+                for j, q in enumerate(qo[cur:].tolist(), cur):
+                    if q == st[0]:
+                        st[0] += 1
+                        accepted += 1
+                        last = j
+                break
+            hit = np.flatnonzero(qo[cur:] == st[0])
+            if not len(hit):
+                break
+            j = cur + int(hit[0])
+            run = qo[j:] - (st[0] + np.arange(n - j, dtype=np.int64))
+            brk = np.flatnonzero(run)
+            r = int(brk[0]) if len(brk) else n - j
+            st[0] += r
+            accepted += r
+            last = j + r - 1
+            cur = j + r
+        if accepted:
+            st[1] = int(phy[last] + size[last])
+            self.new_units[k] = self.new_units.get(k, 0) + accepted

@@ -1,0 +1,264 @@
+"""The commitlog walks recovery and salvage need, with each broker version's record test.
+
+``broker_walk`` mirrors the recovery loop of §13.4 (CommitLog.recoverNormally /
+recoverAbnormally) driven by ``checkMessageAndReturnSize`` (§13.3) as 4.9.3 or 5.3.3
+implements it. The two ways past a bad record (never the broker's) live here too: ``resync``
+(salvage, recovery: the next self-consistent record) and ``next_by_size`` (verify: where the
+record's own sizes say the next one starts).
+Both use the vectorised codec in :mod:`formats.fast`; nothing here writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from formats import fast
+from formats.records import MAGIC_V1, MAGIC_V2, SYSFLAG_TRANSACTION_MASK
+
+from ..config.storeconfig import StoreConfig
+
+# 4.9.3 allocates byte[TOTALSIZE] before any other check (§13.3); beyond this the JVM
+# cannot satisfy it with any heap a broker is given (array limit ~2^31, default heap 8 GiB
+# is shared), and OutOfMemoryError is not caught by the recovery loop.
+OOM_TOTALSIZE = 1 << 30
+END_OF_LOG = (1 << 63) - 1
+
+
+@dataclass
+class WalkStop:
+    offset: int  # absolute offset where the walk ended (= processOffset)
+    segment_index: int
+    position: int
+    kind: str  # fast.STOP_* or "invalid"
+    reason: str  # one line, the broker's view
+    total_size: int = 0
+    oom: bool = False  # 4.9.3 would die with OutOfMemoryError here
+
+
+class LogTally:
+    """What recovery needs from the records a walk finds, kept as running values: how many, the
+    first start, the last start and end, and the store times the checkpoint describes (the last
+    record's, the newest, the last one a consume queue takes). Records at or past ``limit`` are not
+    counted. A walk sink: nothing per record is kept, so memory does not grow with the log."""
+
+    def __init__(self, limit: int | None = None):
+        self.limit = limit
+        self.count = 0
+        self.first: int | None = None
+        self.last_start: int | None = None
+        self.last_end: int | None = None
+        self.last_ts: int | None = None
+        self.newest_ts: int | None = None
+        self.last_cq_ts: int | None = None  # store time of the last record the consume-queue dispatcher takes
+        self.last_cq_phy: int | None = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __call__(self, seg_start: int, buf, h: fast.Headers) -> None:
+        n = len(h)
+        if not n:
+            return
+        phy = h.offsets + seg_start
+        if self.limit is not None and int(phy[-1]) >= self.limit:
+            n = int(np.searchsorted(phy, self.limit))  # records come in log order
+            if not n:
+                return
+        ts = h.storeTimestamp[:n]
+        self.count += n
+        if self.first is None:
+            self.first = int(phy[0])
+        self.last_start = int(phy[n - 1])
+        self.last_end = self.last_start + int(h.totalSize[n - 1])
+        self.last_ts = int(ts[-1])
+        newest = int(ts.max())
+        self.newest_ts = newest if self.newest_ts is None else max(self.newest_ts, newest)
+        cq = np.flatnonzero(cq_dispatched(h.sysFlag[:n]))
+        if len(cq):
+            self.last_cq_ts = int(ts[cq[-1]])
+            self.last_cq_phy = int(phy[cq[-1]])
+
+
+def cq_dispatched(sysflag: np.ndarray) -> np.ndarray:
+    """Build-consume-queue dispatcher only takes NOT and COMMIT records (§14.1)."""
+    tran = sysflag & SYSFLAG_TRANSACTION_MASK
+    return (tran == 0x0) | (tran == 0x8)
+
+
+def magics_for(version: int) -> tuple:
+    return (MAGIC_V1,) if version < 5 else (MAGIC_V1, MAGIC_V2)
+
+
+def validate(buf, u8, h: fast.Headers, cfg: StoreConfig, version: int, check_crc: bool) -> None:
+    """checkMessageAndReturnSize's content checks, per version, into ``h.reason``."""
+    if not len(h):
+        return
+    force_prop = version >= 5 and cfg.forceVerifyPropCRC
+    if check_crc and not force_prop:
+        ok = fast.check_body_crc(buf, h)
+        h.reason[(~ok) & (h.reason == fast.R_OK)] = fast.R_BODY_CRC
+    if check_crc and force_prop:
+        for i in range(len(h)):
+            if h.reason[i] == fast.R_OK and not fast.check_property_crc(buf, int(h.offsets[i]), int(h.totalSize[i])):
+                h.reason[i] = fast.R_PROP_CRC
+
+
+def _stop_reason(kind: str, size: int, magic: int, version: int, reason_code: int = 0) -> str:
+    if kind == "invalid":
+        return fast.REASON_TEXT.get(reason_code, "invalid record")
+    if kind == fast.STOP_ZERO:
+        return "zeros (end of written data)"
+    if kind == fast.STOP_BAD_MAGIC:
+        if magic == MAGIC_V2 and version < 5:
+            return "magic v2 record (0xDAA320AB): 4.9 only knows v1 and stops here"
+        return f"illegal magic 0x{magic & 0xFFFFFFFF:08X}"
+    if kind == fast.STOP_BAD_SIZE:
+        return f"TOTALSIZE {size} is below the minimum record size"
+    if kind == fast.STOP_TORN:
+        return f"TOTALSIZE {size} runs past the end of the file (torn or garbled record)"
+    if kind == fast.STOP_EOF:
+        return "fewer than 8 bytes left in the file without a BLANK marker"
+    if kind == fast.STOP_BLANK:
+        return "BLANK marker of the last file"
+    return kind
+
+
+def broker_walk(segments, cfg: StoreConfig, version: int, start_index: int, check_crc: bool,
+                sink=None, chunk: int = 8192) -> WalkStop:
+    """The §13.4 walk from ``segments[start_index]``; each chunk of valid records goes to
+    ``sink(segment_start, buffer, headers)``. A sink that returns True pauses the walk after that
+    chunk: the answer is then a stop of kind ``fast.STOP_CHUNK`` where the next record starts (a walk
+    resumed there goes on exactly as this one would have: no record check looks at the ones before)."""
+    magics = magics_for(version)
+    i = start_index
+    pos = 0
+    if not segments:
+        return WalkStop(0, 0, 0, fast.STOP_EOF, "no commitlog files")
+    while True:
+        seg = segments[i]
+        buf = seg.buffer()
+        limit = seg.size
+        u8 = fast.as_u8(buf) if limit else np.zeros(0, np.uint8)
+        while True:
+            w = fast.walk(buf, pos, limit, magics, max_records=chunk)
+            if len(w.offsets):
+                h = fast.decode_headers(buf, w.offsets, u8)
+                validate(buf, u8, h, cfg, version, check_crc)
+                bad = fast.first_invalid(h)
+                good = h.take(bad) if bad < len(h) else h
+                pause = sink(seg.start, buf, good) if sink is not None and len(good) else False
+                if bad < len(h):
+                    p = int(h.offsets[bad])
+                    return WalkStop(seg.start + p, i, p, "invalid",
+                                    _stop_reason("invalid", 0, 0, version, int(h.reason[bad])), int(h.totalSize[bad]))
+                if pause is True and w.stop < limit:
+                    return WalkStop(seg.start + w.stop, i, w.stop, fast.STOP_CHUNK, "paused by the caller")
+            pos = w.stop
+            if w.kind != fast.STOP_CHUNK:
+                break
+        if w.kind == fast.STOP_BLANK and i + 1 < len(segments):
+            i += 1
+            pos = 0
+            continue
+        oom = version < 5 and w.kind == fast.STOP_TORN and w.size >= OOM_TOTALSIZE
+        return WalkStop(seg.start + w.stop, i, w.stop, w.kind, _stop_reason(w.kind, w.size, w.magic, version),
+                        w.size, oom)
+
+
+def lenient_records(segments, upto_index: int, sink, chunk: int = 8192) -> None:
+    """Records of segments before ``upto_index``, each segment walked alone without CRC
+    (what reput would read), to ``sink``; used to find queue units the broker would never rebuild."""
+    rewalk(segments[:upto_index], upto_index, 0, 0, END_OF_LOG, sink, chunk)
+
+
+def rewalk(segments, lenient_upto: int, version: int, lo: int, hi: int, sink, chunk: int = 8192) -> None:
+    """The records a recovery walk finds with ``lo <= phy < hi``, chunk by chunk to ``sink``, CRCs not
+    checked: segments before ``lenient_upto`` as ``lenient_records`` reads them (each alone, up to its
+    first invalid record), the later ones as ``broker_walk`` does (the version's magics). With ``hi`` at
+    most the walk's stop, every record the CRC-checking walk accepted is found again and no other one:
+    the walk reaches a segment only past the BLANKs of the ones before it, which then start below ``hi``."""
+    for k, seg in enumerate(segments):
+        if seg.start >= hi:
+            break
+        if not seg.size or seg.start + seg.size <= lo:
+            continue
+        magics = (MAGIC_V1, MAGIC_V2) if k < lenient_upto else magics_for(version)
+        buf = seg.buffer()
+        pos = 0
+        while True:
+            w = fast.walk(buf, pos, seg.size, magics, max_records=chunk)
+            if len(w.offsets):
+                h = fast.decode_headers(buf, w.offsets)
+                n = len(h)
+                bad = fast.first_invalid(h)
+                if bad < n:
+                    h = h.take(bad)
+                phy = h.offsets + seg.start
+                a, b = int(np.searchsorted(phy, lo)), int(np.searchsorted(phy, hi))
+                if b > a:
+                    sink(seg.start, buf, h if a == 0 and b == len(h) else h.select(slice(a, b)))
+                if bad < n or b < len(h):
+                    break
+            pos = w.stop
+            if w.kind != fast.STOP_CHUNK:
+                break
+
+
+def self_consistent(buf, u8, pos: int, seg_start: int, version: int, check_crc: bool = True) -> int:
+    """TOTALSIZE of a self-consistent record at ``pos`` (magic, length formula, PHYSICALOFFSET
+    equal to its position, body CRC), or 0."""
+    if pos + 8 > len(buf):
+        return 0
+    h = fast.decode_headers(buf, np.asarray([pos], dtype=np.int64), u8)
+    if h.magicCode[0] not in magics_for(version) or h.reason[0] != fast.R_OK:
+        return 0
+    size = int(h.totalSize[0])
+    if size < 91 or pos + size > len(buf) or int(h.physicalOffset[0]) != seg_start + pos:
+        return 0
+    if check_crc and not fast.check_body_crc(buf, h)[0]:
+        return 0
+    return size
+
+
+def resync(buf, pos: int, limit: int, seg_start: int, version: int) -> int | None:
+    """Next position >= ``pos`` in this file where a self-consistent record starts (salvage)."""
+    u8 = fast.as_u8(buf)
+    hay = buf if hasattr(buf, "find") else bytes(buf)  # mmap.find scans without copying
+    needles = [m.to_bytes(4, "big", signed=True) for m in magics_for(version)]
+    cursor = pos + 4
+    while True:
+        hits = [hay.find(n, cursor, limit) for n in needles]
+        hits = [x for x in hits if x >= 0]
+        if not hits:
+            return None
+        k = min(hits)
+        p = k - 4
+        if self_consistent(buf, u8, p, seg_start, version):
+            return p
+        cursor = k + 1
+
+
+# Reasons after which TOTALSIZE can still be trusted to find the next record.
+CHAIN_INTACT = frozenset({fast.R_BODY_CRC, fast.R_PROP_CRC, fast.R_MAGIC_VERSION})
+
+
+def next_by_size(buf, u8, p: int, reason: int, total_size: int, limit: int, magics) -> int | None:
+    """Where the next record starts after the invalid one at ``p``, going by its TOTALSIZE (and,
+    when the lengths are what failed, the size computed from its fields); None if neither
+    candidate is followed by a record, a BLANK, zeros or the end of the file."""
+    cands = []
+    if reason in CHAIN_INTACT:
+        cands.append(p + total_size)
+    else:
+        h = fast.decode_headers(buf, np.asarray([p], np.int64), u8)
+        cands += [p + int(h.computedSize[0]), p + total_size]
+    for c in cands:
+        if p < c <= limit - 8:
+            w = fast.walk(buf, c, limit, magics, max_records=1)
+            if len(w.offsets) or w.kind in (fast.STOP_BLANK, fast.STOP_ZERO):
+                return c
+        elif c == limit:
+            return c
+    return None

@@ -1,0 +1,290 @@
+"""Store statistics from commitlog header columns (no per-record dicts).
+
+The result is a plain dict (see :func:`compute_stats` for the shape) so that another engine
+(the Spark job) can produce the same thing: feed :class:`StatsAccumulator` with columns,
+``merge`` partial accumulators, then ``result()``.
+
+Categories per record (shares are over all records of the topic/queue):
+  retry          topic starts with ``%RETRY%`` or RECONSUMETIMES > 0
+  dlq            topic starts with ``%DLQ%``
+  scheduled      topic ``SCHEDULE_TOPIC_XXXX`` (delay-level redirect, §14.2)
+  transactional  transaction type PREPARED/COMMIT/ROLLBACK, or a half / op-half topic
+Queue offsets (min/max) count only records the broker dispatches to a consume queue
+(transaction type NOT or COMMIT, §2.5).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from formats.fast import Headers
+
+SIZE_BINS = 32  # bin k counts records with 2**k <= size < 2**(k+1)
+TIMELINE_BINS = 60
+SECOND_KEYS_LIMIT = 100_000  # beyond this many distinct time keys the timeline coarsens (ms -> s -> min); a dict of 100k keys is ~10 MB
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+TRANS_TOPICS = ("RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC")
+TX_MASK = 0x0C
+TX_PREPARED, TX_COMMIT = 0x04, 0x08
+I64_MAX = np.iinfo(np.int64).max
+I64_MIN = np.iinfo(np.int64).min
+_QUEUE_FIELDS = ("count", "bytes", "minQueueOffset", "maxQueueOffset", "firstStoreTimestamp", "lastStoreTimestamp",
+                 "retry", "dlq", "scheduled", "transactional")
+
+
+def topic_ids(buf, h: Headers, registry: dict[str, int], u8: np.ndarray | None = None) -> np.ndarray:
+    """Topic of every record as an id in ``registry`` (new topics are added); vectorised per chunk."""
+    n = len(h)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    if u8 is None:
+        u8 = np.frombuffer(buf, dtype=np.uint8)
+    tl = np.maximum(h.topicLength, 0)
+    width = int(tl.max()) + 2  # two length bytes make equal-prefix topics of different lengths distinct
+    idx = h.topicStart[:, None] + np.arange(width - 2, dtype=np.int64)
+    mask = np.arange(width - 2) < tl[:, None]
+    np.clip(idx, 0, len(u8) - 1, out=idx)
+    mat = np.zeros((n, width), dtype=np.uint8)
+    mat[:, : width - 2] = np.where(mask, u8[idx], 0)
+    mat[:, width - 2] = (tl >> 8) & 0xFF
+    mat[:, width - 1] = tl & 0xFF
+    rows = np.ascontiguousarray(mat).view(np.dtype((np.void, width))).reshape(-1)
+    _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+    local = np.empty(len(first), dtype=np.int64)
+    for j, i in enumerate(first.tolist()):
+        s = int(h.topicStart[i])
+        name = bytes(buf[s : s + int(tl[i])]).decode("utf-8", "replace")
+        local[j] = registry.setdefault(name, len(registry))
+    return local[inverse.reshape(-1)]
+
+
+@dataclass
+class StatsAccumulator:
+    """Running per-topic/queue aggregates; ``add`` one chunk of columns at a time, ``merge`` partials."""
+
+    topics: dict[str, int] = field(default_factory=dict)
+    queues: dict[tuple[int, int], list] = field(default_factory=dict)  # (topic id, queueId) -> _QUEUE_FIELDS
+    size_hist: np.ndarray = field(default_factory=lambda: np.zeros(SIZE_BINS, np.int64))
+    seconds: dict[int, int] = field(default_factory=dict)  # store time // time_unit_ms -> records
+    time_unit_ms: int = 1  # ms; coarsened to seconds, then minutes, when there are too many distinct keys
+
+    def add_chunk(self, buf, h: Headers) -> None:
+        if len(h):
+            self.add_columns(topic_ids(buf, h, self.topics), h.queueId, h.queueOffset, h.totalSize,
+                             h.storeTimestamp, h.sysFlag, h.reconsumeTimes)
+
+    def add_columns(self, tid, queue_id, queue_offset, size, store_ts, sysflag, reconsume) -> None:
+        tid = np.asarray(tid, np.int64)
+        qid = np.asarray(queue_id, np.int64)
+        size = np.asarray(size, np.int64)
+        ts = np.asarray(store_ts, np.int64)
+        sysflag = np.asarray(sysflag, np.int64)
+        names = sorted(self.topics, key=self.topics.get)
+        is_retry_t = np.array([t.startswith("%RETRY%") for t in names], bool)
+        is_dlq_t = np.array([t.startswith("%DLQ%") for t in names], bool)
+        is_sched_t = np.array([t == SCHEDULE_TOPIC for t in names], bool)
+        is_trans_t = np.array([t in TRANS_TOPICS for t in names], bool)
+        tx = sysflag & TX_MASK
+        dispatched = (tx == 0) | (tx == TX_COMMIT)
+        retry = is_retry_t[tid] | (np.asarray(reconsume) > 0)
+        transactional = is_trans_t[tid] | (tx != 0)
+        qoff = np.asarray(queue_offset, np.int64)
+        key = (tid << 32) | (qid & 0xFFFFFFFF)
+        groups, inv = np.unique(key, return_inverse=True)
+        inv = inv.reshape(-1)
+        order = np.argsort(inv, kind="stable")
+        starts = np.searchsorted(inv[order], np.arange(len(groups)))
+        g = len(groups)
+        count = np.bincount(inv, minlength=g)
+        nbytes = np.bincount(inv, weights=size, minlength=g)
+        qmin = np.minimum.reduceat(np.where(dispatched, qoff, I64_MAX)[order], starts)
+        qmax = np.maximum.reduceat(np.where(dispatched, qoff, I64_MIN)[order], starts)
+        tmin = np.minimum.reduceat(ts[order], starts)
+        tmax = np.maximum.reduceat(ts[order], starts)
+        cnt = {name: np.bincount(inv, weights=arr.astype(np.int64), minlength=g)
+               for name, arr in (("retry", retry), ("dlq", is_dlq_t[tid]), ("scheduled", is_sched_t[tid]),
+                                 ("transactional", transactional))}
+        for j, k in enumerate(groups.tolist()):
+            part = [int(count[j]), int(nbytes[j]), int(qmin[j]), int(qmax[j]), int(tmin[j]), int(tmax[j]),
+                    int(cnt["retry"][j]), int(cnt["dlq"][j]), int(cnt["scheduled"][j]), int(cnt["transactional"][j])]
+            self._merge_queue((k >> 32, k & 0xFFFFFFFF), part)
+        bins = np.clip(np.floor(np.log2(np.maximum(size, 1))).astype(np.int64), 0, SIZE_BINS - 1)
+        self.size_hist += np.bincount(bins, minlength=SIZE_BINS)
+        secs, counts = np.unique(ts // self.time_unit_ms, return_counts=True)
+        for s_, c in zip(secs.tolist(), counts.tolist()):
+            self.seconds[s_] = self.seconds.get(s_, 0) + c
+        if len(self.seconds) > SECOND_KEYS_LIMIT:
+            self._coarsen(1000 if self.time_unit_ms == 1 else 60)
+
+    def _merge_queue(self, k: tuple[int, int], part: list) -> None:
+        cur = self.queues.get(k)
+        if cur is None:
+            self.queues[k] = part
+            return
+        cur[0] += part[0]
+        cur[1] += part[1]
+        cur[2] = min(cur[2], part[2])
+        cur[3] = max(cur[3], part[3])
+        cur[4] = min(cur[4], part[4])
+        cur[5] = max(cur[5], part[5])
+        for i in range(6, len(part)):
+            cur[i] += part[i]
+
+    def _coarsen(self, factor: int) -> None:
+        merged: dict[int, int] = {}
+        for s_, c in self.seconds.items():
+            merged[s_ // factor] = merged.get(s_ // factor, 0) + c
+        self.seconds = merged
+        self.time_unit_ms *= factor
+
+    def merge(self, other: "StatsAccumulator") -> None:
+        """Fold a partial accumulator (another chunk range / Spark partition) into this one."""
+        remap = {oid: self.topics.setdefault(name, len(self.topics)) for name, oid in other.topics.items()}
+        for (tid, qid), part in other.queues.items():
+            self._merge_queue((remap[tid], qid), list(part))
+        self.size_hist += other.size_hist
+        while other.time_unit_ms > self.time_unit_ms:
+            self._coarsen(other.time_unit_ms // self.time_unit_ms)
+        f = self.time_unit_ms // other.time_unit_ms
+        for s_, c in other.seconds.items():
+            self.seconds[s_ // f] = self.seconds.get(s_ // f, 0) + c
+
+    def result(self) -> dict:
+        names = {v: k for k, v in self.topics.items()}
+        rows = []
+        for (tid, qid), p in sorted(self.queues.items(), key=lambda kv: (names[kv[0][0]], kv[0][1])):
+            r = {"topic": names[tid], "queueId": qid if qid < (1 << 31) else qid - (1 << 32)}
+            r.update(dict(zip(_QUEUE_FIELDS, p)))
+            if r["minQueueOffset"] == I64_MAX:
+                r["minQueueOffset"] = r["maxQueueOffset"] = None  # nothing dispatched (e.g. only PREPARED)
+            for c in ("retry", "dlq", "scheduled", "transactional"):
+                r[c + "Share"] = r[c] / r["count"] if r["count"] else 0.0
+            rows.append(r)
+        total = sum(r["count"] for r in rows)
+        return {
+            "records": total,
+            "bytes": sum(r["bytes"] for r in rows),
+            "firstStoreTimestamp": min((r["firstStoreTimestamp"] for r in rows), default=None),
+            "lastStoreTimestamp": max((r["lastStoreTimestamp"] for r in rows), default=None),
+            "topics": len({r["topic"] for r in rows}),
+            "queues": rows,
+            "sizeHistogram": {"binsLog2": list(range(SIZE_BINS)), "counts": self.size_hist.tolist()},
+            "timeline": timeline(self.seconds, self.time_unit_ms),
+        }
+
+
+def timeline(buckets: dict[int, int], unit_ms: int, bins: int = TIMELINE_BINS) -> dict:
+    """Records per time bucket: ``bins`` buckets of a whole number of ``unit_ms`` from the first record."""
+    if not buckets:
+        return {"startMs": None, "bucketMs": unit_ms, "counts": []}
+    lo, hi = min(buckets), max(buckets)
+    width = max(1, math.ceil((hi - lo + 1) / bins))
+    counts = [0] * ((hi - lo) // width + 1)
+    for k, c in buckets.items():
+        counts[(k - lo) // width] += c
+    return {"startMs": lo * unit_ms, "bucketMs": width * unit_ms, "counts": counts}
+
+
+def compute_stats(store, since: int | None = None, until: int | None = None) -> dict:
+    """Walk the commitlog once (CommitLog.scan chunks) and add store-wide facts.
+
+    With ``since``/``until`` (epoch ms, inclusive) only records stored in that range are counted;
+    the walk starts at the segment the range starts in (binary search by store time) and ends
+    where it ends.
+
+    Shape: the keys of :meth:`StatsAccumulator.result` plus ``commitlog`` (min/max offset, files,
+    stop kind, BLANK count and dead bytes), ``index`` (one row per file: used entries, fullness)
+    and ``consumeQueueLag`` (one row per consume queue on disk).
+    """
+    from ..log.commitlog import ScanResult
+
+    acc = StatsAccumulator()
+    res = ScanResult()
+    if since is None and until is None:
+        for chunk in store.commitlog.scan(check_crc=False, result=res):
+            acc.add_chunk(chunk.buf, chunk.headers)
+    else:
+        _add_time_range(store, acc, res, since, until)
+    out = acc.result()
+    segs = store.commitlog.segments.segments
+    out["commitlog"] = {
+        "minOffset": store.commitlog.min_offset if segs else 0,
+        "maxOffset": res.stop.offset if res.stop else 0,
+        "files": len(segs),
+        "fileSize": store.config.mappedFileSizeCommitLog,
+        "stop": res.stop.kind if res.stop else ("until" if until is not None else None),
+        "blankCount": len(res.blanks),
+        "blankBytes": int(sum(size for _, size in res.blanks)),
+    }
+    out["index"] = index_stats(store)
+    timed = since is not None or until is not None
+    # Lag compares queues with the whole log: meaningless for a slice of it.
+    out["consumeQueueLag"] = [] if timed else queue_lag(store, out["queues"])
+    if timed:
+        out["timeRange"] = {"since": since, "until": until}
+    return out
+
+
+def _add_time_range(store, acc: StatsAccumulator, res, since: int | None, until: int | None) -> None:
+    cl = store.commitlog
+    start, end, any_ = cl.time_window(since, until)
+    if not any_:
+        return
+    segs = cl.segments.segments
+    start_index = 0
+    if start is not None:
+        start_index = max((k for k, s in enumerate(segs) if s.start <= start), default=0)
+    lo = I64_MIN if since is None else since
+    hi = I64_MAX if until is None else until
+    for chunk in cl.scan(start_index=start_index, check_crc=False, result=res):
+        h = chunk.headers
+        phy = chunk.phy
+        keep = (h.storeTimestamp >= lo) & (h.storeTimestamp <= hi)
+        if start is not None:
+            keep &= phy >= start
+        if end is not None:
+            keep &= phy < end
+        if keep.all():
+            acc.add_chunk(chunk.buf, h)
+        elif keep.any():
+            acc.add_chunk(chunk.buf, h.select(keep))
+        if end is not None and len(phy) and phy[-1] >= end:
+            break
+
+
+def index_stats(store) -> list[dict]:
+    cfg = store.config
+    rows = []
+    for f in store.index.files:
+        h = f.header()
+        used = max(h.indexCount, 1) - 1
+        rows.append({
+            "name": f.name, "size": f.size, "complete": f.complete, "entries": used,
+            "capacity": cfg.maxIndexNum - 1, "fullness": used / (cfg.maxIndexNum - 1) if cfg.maxIndexNum > 1 else 0.0,
+            "hashSlotCount": h.hashSlotCount, "slotFullness": h.hashSlotCount / cfg.maxHashSlotNum,
+            "beginTimestamp": h.beginTimestamp, "endTimestamp": h.endTimestamp,
+            "beginPhyOffset": h.beginPhyOffset, "endPhyOffset": h.endPhyOffset,
+        })
+    return rows
+
+
+def queue_lag(store, queue_rows: list[dict]) -> list[dict]:
+    """Consume queue end vs the commitlog: messages the reput would still have to dispatch."""
+    cl_next = {(r["topic"], r["queueId"]): (None if r["maxQueueOffset"] is None else r["maxQueueOffset"] + 1)
+               for r in queue_rows}
+    on_disk = set(store.queues())
+    rows = []
+    for topic, qid in sorted(on_disk | {k for k, v in cl_next.items() if v is not None}):
+        cq_end = cq_min = cq_phy_end = None
+        if (topic, qid) in on_disk:
+            cq_min, cq_end, cq_phy_end = store.queue(topic, qid).bounds()
+        nxt = cl_next.get((topic, qid))
+        rows.append({
+            "topic": topic, "queueId": qid, "cqMinOffset": cq_min, "cqMaxOffset": cq_end, "cqMaxPhysicOffset": cq_phy_end,
+            "commitlogMaxQueueOffset": nxt,
+            "lagMessages": None if nxt is None else nxt - (cq_end or 0),
+        })
+    return rows

@@ -1,0 +1,248 @@
+"""Recovery planning for derived files that lie (hooks of recovery.Planner).
+
+After the broker's own steps (§13.2 consume-queue recovery, §13.6/13.7 truncation, §10.6
+index deletion) every consume queue, ext queue and index file left is checked against the
+records of the recovered log (:mod:`derived`). A queue is cut at its first unit that
+disagrees with its record and re-dispatched from the record with that QUEUEOFFSET; units are
+only ever written at their record's QUEUEOFFSET, so a queue whose log lacks an offset stops
+there (the plan says so) instead of being shifted. An index that disagrees with the log is
+rebuilt. For every such queue the plan carries what the broker would leave and what we leave.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from formats.records import CQ_UNIT_SIZE
+
+from .derived import QueueVerdict, check_queue, index_problems, record_table
+from .derived_windows import windowed_verdicts
+
+
+def _queue_units(qs) -> tuple[np.ndarray, int]:
+    """The units the broker's recovery keeps for a queue (contiguous files up to qs.end), and
+    the queue offset of the first one."""
+    from ..derived.consumequeue import CQ_DTYPE
+    from .recovery import _units
+
+    parts = []
+    first = None
+    pos = None
+    for seg in qs.segments:
+        if seg.start >= qs.end:
+            break
+        if pos is not None and seg.start != pos:
+            break
+        arr = _units(seg, qs.file_size)
+        n = min(len(arr), (qs.end - seg.start) // CQ_UNIT_SIZE)
+        parts.append(arr[:n])
+        if first is None:
+            first = seg.start // CQ_UNIT_SIZE
+        pos = seg.start + qs.file_size
+    if not parts:
+        return np.zeros(0, dtype=CQ_DTYPE), qs.end // CQ_UNIT_SIZE
+    return np.concatenate(parts), first
+
+
+def check_derived(planner) -> None:
+    """Cut queues at their first lying unit, cut ext behind them, rebuild a lying index; record
+    the verdicts for ``_dispatch`` and the plan's ``queueRepairs``."""
+    planner.verdicts = {}
+    if not planner.cl_kept:
+        return
+    found = windowed_verdicts(planner)  # one segment at a time while no unit lies
+    if found is None:
+        _check_queues(planner)
+    else:
+        for key, (v, b_end, b_maxp) in found.items():
+            planner.verdicts[key] = (v, b_end, b_maxp)
+            qs = planner.queues.get(key)
+            if qs is not None and qs.segments and v.refused:
+                _refuse(planner, key, v)
+    _check_index(planner, planner.record_table)
+
+
+def _refuse(planner, key, v: QueueVerdict) -> None:
+    # Cutting would leave the records after the gap without units; shifting them would give
+    # consumers other messages at those offsets: the queue is left as the broker leaves it.
+    t, q = key
+    planner.plan.notes.append(f"queue {t}/{q}: " + (v.detail + "; " if v.lies else "") + f"{v.refused}; the queue is "
+                              "left as the broker leaves it (refused)")
+    planner.plan.refused_queues.append({"topic": t, "queueId": q, "reason": v.refused, "firstBadOffset": v.cut_offset,
+                                        "code": v.code})
+
+
+def _check_queues(planner) -> None:
+    """Every queue against the whole record table (derived.check_queue)."""
+    plan = planner.plan
+    table = planner.record_table = record_table(planner.store, planner.end)
+    recs = table.recs
+    ext_on = planner.cfg.enableConsumeQueueExt
+    keys = set(planner.queues)
+    c = recs.c
+    if len(recs):
+        tran = c["sysFlag"] & 0xC
+        disp = np.flatnonzero((tran == 0) | (tran == 8))
+        pairs = np.unique(np.stack([c["topic"][disp].astype(np.int64), c["queueId"][disp].astype(np.int64)], 1), axis=0)
+        for tid, q in pairs.tolist():
+            keys.add((recs.topics[tid], int(q)))
+    for key in sorted(keys):
+        t, q = key
+        qs = planner.queues.get(key)
+        ext = planner.exts[key][0] if ext_on and key in planner.exts else None
+        if qs is None or not qs.segments:
+            mine = table.queue_records(t, q)
+            start = int(c["queueOffset"][mine].min()) if len(mine) else 0
+            if qs is not None:
+                start = max(start, qs.end // CQ_UNIT_SIZE) if qs.end else start
+            v = check_queue(table, t, q, np.zeros(0, dtype=[("phyOffset", ">i8"), ("size", ">i4"), ("tagsCode", ">i8")]),
+                            start, start, ext)
+            if v is not None:
+                planner.verdicts[key] = (v, start, -1)
+                if ext is not None and v.redispatch_phy is not None and not v.refused:
+                    _cut_ext(planner, key, 0)  # the queue lost every unit: its ext units are all written again
+            continue
+        units, first = _queue_units(qs)
+        v = check_queue(table, t, q, units, first, qs.max_offset, ext)
+        if v is None:
+            continue
+        planner.verdicts[key] = (v, qs.max_offset, qs.max_physic)
+        if v.refused:
+            _refuse(planner, key, v)
+            continue
+        if v.lies:
+            plan.notes.append(f"queue {t}/{q}: {v.detail}; the broker's validity test (phyOffset >= 0, size > 0) "
+                              f"keeps it; we cut the queue at {v.cut_offset} and re-dispatch from the record with that "
+                              f"queue offset" + (f" (at {v.redispatch_phy})" if v.redispatch_phy is not None else
+                                                 " (the log holds none: the queue ends there)"))
+            planner._cut_queue(qs, v.cut_offset * CQ_UNIT_SIZE, f"unit {v.cut_offset} disagrees with its record")
+            qs.end = v.cut_offset * CQ_UNIT_SIZE
+            qs.max_physic = v.last_kept_end
+        if ext is not None and v.ext_cut is not None and v.redispatch_phy is not None:
+            # the ext units of the units re-dispatched are written again, at the same addresses
+            _cut_ext(planner, key, v.ext_cut)
+
+
+def _cut_ext(planner, key, ext_end: int) -> None:
+    """The ext queue ends exactly after the ext unit of the last kept consume-queue unit. Replaces the
+    §8.5 cut, which follows the largest ext address among the broker-valid units: a lying unit can
+    name any address, earlier (cutting kept units) or later (keeping units that are rewritten)."""
+    ext, segs = planner.exts[key]
+    fs = ext.file_size
+    from .recovery import _nonzero_after
+
+    paths = {seg.path for seg in segs}
+    planner.plan.actions = [a for a in planner.plan.actions if a.path not in paths]
+    planner.moved -= paths
+    for seg in segs:
+        if seg.start > ext_end or (seg.start == ext_end and seg.start > 0):
+            planner.move_aside(seg.path, f"ext units from {ext_end} belong to rewritten consume-queue units")
+        elif seg.start <= ext_end < seg.start + fs and _nonzero_after(seg.path, ext_end - seg.start):
+            planner.act("zero_tail", seg.path, f"ext units from {ext_end} belong to rewritten consume-queue units; "
+                        "they are written again by the re-dispatch", offset=ext_end - seg.start)
+
+
+def _check_index(planner, table) -> None:
+    if planner.index_rebuild_from is not None or not planner.index_files:
+        return
+    probs = index_problems(planner.store, table, planner.index_files)
+    if not probs:
+        return
+    import os
+
+    files = planner.index_files
+    bad = {f.path for f in probs}
+    first_bad = min(i for i, f in enumerate(files) if f.path in bad)
+    first = next(f for f in probs if f.path == files[first_bad].path)
+    j, after, held = _index_restart(files, first_bad, table)
+    planner.plan.notes.append(
+        f"index file {os.path.basename(first.path)} disagrees with the commitlog ({first.code}: {first.message}); "
+        f"the broker keeps it (lookups would return wrong or no messages); "
+        + (f"it and the {len(files) - j - 1} files after it are rebuilt from the commitlog, from the first record "
+           f"after {after}" if j else "every index file is rebuilt from the commitlog"))
+    for f in files[j:]:
+        planner.move_aside(f.path, "index rebuilt from the commitlog (entries disagree with the records)")
+        planner.plan.index_deleted.append(f.name)
+    planner.index_files = files[:j]
+    if j:
+        recs = table.recs
+        k = int(np.searchsorted(recs.phy, after, side="right"))
+        if held is not None:  # the record's remaining keys start the rebuilt file
+            k = int(np.searchsorted(recs.phy, after, side="left"))
+        planner.index_rebuild_from = int(recs.phy[k]) if k < len(recs) else table.end
+        planner.index_resume_after = (after, held)
+    else:
+        planner.index_rebuild_from = 0
+
+
+def _index_restart(files: list, j: int, table) -> tuple[int, int | None, int | None]:
+    """(first file to rebuild, the endPhyOffset of the file kept before it, how many keys of that record
+    the kept file holds when its keys straddle into the rebuilt file (None: all of them)). A kept file
+    whose last record the log does not hold is rebuilt too."""
+    recs = table.recs
+    while j > 0:
+        prev = files[j - 1]
+        h = prev.header()
+        end = h.endPhyOffset
+        ent = prev.entry_table(max(h.indexCount, 1))[1:]
+        held = int((ent["phyOffset"] == end).sum()) if len(ent) else 0
+        i, found = recs.lookup(np.asarray([end], np.int64))
+        if found[0] and held and held <= int(recs.c["keyCount"][i[0]]):
+            return j, end, (None if held == int(recs.c["keyCount"][i[0]]) else held)
+        j -= 1
+    return 0, None, None
+
+
+def dispatch_starts(planner, broker_from: int) -> dict:
+    """{(topic, qid): phy} of every queue re-dispatched from below ``broker_from`` (what the broker never rebuilds)."""
+    out = {}
+    for key, (v, _, _) in getattr(planner, "verdicts", {}).items():
+        if v.redispatch_phy is not None and not v.refused and (v.redispatch_phy < broker_from or v.lies):
+            out[key] = v.redispatch_phy
+    return out
+
+
+def broker_outcome(planner, key, v: QueueVerdict, broker_end: int, broker_max_physic: int, broker_from: int) -> dict:
+    """The broker's put rules (§7.5) from its own reput start on the queue as its recovery leaves it."""
+    table = planner.record_table
+    c = table.recs.c
+    mine = table.queue_records(*key)
+    end, maxp = broker_end, broker_max_physic
+    right = 0
+    for i in mine.tolist():
+        p = int(table.recs.phy[i])
+        if p < broker_from:
+            continue
+        s, qo = int(c["size"][i]), int(c["queueOffset"][i])
+        if p + s <= maxp or (qo != 0 and qo < end):
+            continue
+        right += qo == end
+        end += 1
+        maxp = p + s
+    return {"maxOffset": end, "maxPhysicOffset": maxp, "appendedUnits": end - broker_end,
+            "appendedAtTheirOffset": right}
+
+
+def queue_repairs(planner, broker_from: int) -> list:
+    """Per queue we repair beyond the broker: both outcomes and the records saved."""
+    out = []
+    summary = {(q["topic"], q["queueId"]): q for q in planner.plan.summary.get("queues", [])}
+    for key, (v, b_end, b_maxp) in sorted(getattr(planner, "verdicts", {}).items()):
+        if not v.lies and not (v.redispatch_phy is not None and v.redispatch_phy < broker_from) and not v.refused:
+            continue
+        broker = broker_outcome(planner, key, v, b_end, b_maxp, broker_from)
+        ours = summary.get(key, {})
+        ours_max = ours.get("maxOffset", v.contiguous_until)
+        # units the broker leaves at or after the cut that name the right record: its own re-dispatch
+        # lands at the right offset only while no lying unit shifted it
+        broker_right = v.agree_after + broker["appendedAtTheirOffset"]
+        if v.lies:
+            broker["keepsLyingUnit"] = v.code
+        saved = max(0, (ours_max - v.cut_offset) - broker_right)
+        out.append({"topic": key[0], "queueId": key[1], "firstBadOffset": v.cut_offset, "code": v.code,
+                    "detail": v.detail or f"units from queue offset {v.cut_offset} are missing",
+                    "broker": {"minOffset": ours.get("minOffset"), **broker},
+                    "ours": {"minOffset": ours.get("minOffset"), "maxOffset": ours_max,
+                             "maxPhysicOffset": ours.get("maxPhysicOffset"), "redispatchFrom": v.redispatch_phy},
+                    "recordsSaved": saved, "refused": v.refused})
+    return out

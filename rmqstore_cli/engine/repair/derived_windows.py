@@ -1,0 +1,257 @@
+"""The derived-file check of recovery (derived.py) one commitlog window at a time.
+
+``derived.record_table`` holds every record of the recovered log as columns. When every consume-queue
+unit agrees with its record (the usual case: a crash leaves queues short, not lying), the verdicts
+need much less: per window (verify's sub-segment windows, :mod:`..verify.commitlog`, CRC not checked,
+as record_table reads them), the units pointing into it are checked against its records, and of each queue only
+the records past its last unit (what a re-dispatch writes) are kept. A lying unit, ext queues,
+overlapping segment files or a later step that needs the whole table (the index check, the broker's
+outcome for a repaired queue) fall back to ``record_table``, built lazily: the answers are the same.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
+
+from .derived import QueueVerdict, in_file_order, record_table, table_of_reports, tail_redispatch
+from ..verify.commitlog import first_windows, iter_segment_windows, window_starts
+
+
+class LazyRecordTable:
+    """``derived.RecordTable`` built on first use; the checkpoint's times come from the windowed pass."""
+
+    def __init__(self, store, end: int, count: int, newest: int | None, newest_cq: int):
+        self.store, self.end = store, end
+        self._times = (count, newest, newest_cq)
+        self._full = None
+
+    def times(self) -> tuple:
+        return self._times
+
+    @property
+    def per_index_file(self) -> bool:
+        """The index check may run per index file in verify's windows (no whole table built yet)."""
+        return self._full is None
+
+    def __getattr__(self, name):  # recs, reports, queue_records: the whole table
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._full is None:
+            self._full = record_table(self.store, self.end)
+        return getattr(self._full, name)
+
+
+class _Lie(Exception):
+    """A unit disagrees with its record: the whole table decides (derived.check_queue)."""
+
+
+def _queue_files(qs) -> list:
+    """(queue offset of the first unit, units) of each file the broker's recovery keeps (as derived_plan._queue_units)."""
+    from .recovery import _units
+
+    out, pos = [], None
+    for seg in qs.segments:
+        if seg.start >= qs.end or (pos is not None and seg.start != pos):
+            break
+        arr = _units(seg, qs.file_size)
+        n = min(len(arr), (qs.end - seg.start) // CQ_UNIT_SIZE)
+        out.append((seg.start // CQ_UNIT_SIZE, arr[:n]))
+        pos = seg.start + qs.file_size
+    return out
+
+
+def windowed_verdicts(planner) -> dict | None:
+    """{(topic, queueId): (QueueVerdict, broker end, broker maxPhysicOffset)} as ``check_derived`` finds
+    them, and ``planner.record_table`` set lazily; None when only the whole table can say (then nothing
+    is changed)."""
+    store, end = planner.store, planner.end
+    if planner.cfg.enableConsumeQueueExt:
+        return None
+    cl = store.commitlog
+    segs = [s for s in cl.segments.segments if s.start < end]
+    if any(a.start + a.size > b.start for a, b in zip(segs, segs[1:])):
+        return None
+    bounds = np.asarray([s.start for s in segs], np.int64)
+    limits = np.asarray([min(s.start + s.size, end) for s in segs], np.int64)
+    wbounds = _window_bounds(cl, segs)
+    # Per queue with files: its units per file, where the first real unit is (pre-blank fillers before it,
+    # §7.3), and which windows each file's units point into.
+    queues = {}
+    for key, qs in planner.queues.items():
+        if not qs.segments:
+            continue
+        files, first_real, touched = _queue_files(qs), None, []
+        for first, units in files:
+            phy = units["phyOffset"].astype(np.int64)
+            if first_real is None:
+                filler = ((phy == CQ_FILLER[0]) & (units["size"] == CQ_FILLER[1]) & (units["tagsCode"] == CQ_FILLER[2]))
+                nf = np.flatnonzero(~filler)
+                if len(nf):
+                    first_real = first + int(nf[0])
+            real = phy[first + np.arange(len(phy)) >= first_real] if first_real is not None else phy[:0]
+            w = np.searchsorted(bounds, real, side="right") - 1
+            inside = (w >= 0) & (real < limits[np.maximum(w, 0)]) if len(bounds) else np.zeros(len(real), bool)
+            if not inside.all():
+                return None  # a unit points where no segment of the recovered log is: CQ_NO_RECORD
+            touched.append(set(np.unique(np.searchsorted(wbounds, real, side="right") - 1).tolist()))
+        queues[key] = (qs, files, first_real, touched)
+    tails: dict = {}  # key -> list of (phy, size, queueOffset) of records at or past the queue's end
+    count, newest, newest_cq = 0, None, 0
+    try:
+        for k, lo, hi, t in _window_tables(store, segs, wbounds, limits, end):
+            c = t.c
+            n = len(t)
+            count += n
+            if n:
+                ts = c["storeTimestamp"]
+                newest = int(ts.max()) if newest is None else max(newest, int(ts.max()))
+            tran = c["sysFlag"] & 0xC
+            disp = (tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)
+            if disp.any():
+                newest_cq = max(newest_cq, int(c["storeTimestamp"][disp].max()))
+            _collect_tails(t, disp, queues, tails)
+            for key, (qs, files, first_real, touched) in queues.items():
+                for (first, units), segs_hit in zip(files, touched):
+                    if k in segs_hit:
+                        _check_units(t, key, first, units, first_real, lo, hi)
+    except _Lie:
+        return None
+    planner.record_table = LazyRecordTable(store, end, count, newest, newest_cq)
+    return _verdicts(planner, queues, tails)
+
+
+def _window_bounds(cl, segs: list) -> np.ndarray:
+    """Start offsets of the windows of ``segs`` (a prefix of the log's segments: numbered as verify numbers them)."""
+    parts = [window_starts(s, cl.segments.file_size) for s in segs]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _window_tables(store, segs: list, wbounds: np.ndarray, limits: np.ndarray, end: int):
+    """(window number, lo, hi, records) of each window of ``segs``, one at a time:
+    verify's records of the window (no CRC) cut at ``end``; [lo, hi) its offsets inside the recovered log."""
+    cl = store.commitlog
+    firsts = first_windows(cl)
+    for i in range(len(segs)):
+        for rep in iter_segment_windows(cl, i, check_crc=False, first_window=firsts[i]):
+            k = rep.index
+            hi = min(int(wbounds[k + 1]) if k + 1 < len(wbounds) else end, int(limits[i]))
+            t = table_of_reports(store, [rep], end)
+            yield k, rep.window_start, hi, t.recs
+            del t, rep
+
+
+def _check_units(t, key, first: int, units: np.ndarray, first_real, lo: int, hi: int) -> None:
+    """derived.check_queue's unit tests (record at phyOffset; size, topic, queue, QUEUEOFFSET, transaction
+    type, tagsCode) on the real units of one file that point into [lo, hi); raises _Lie on the first miss."""
+    phy = units["phyOffset"].astype(np.int64)
+    pos = first + np.arange(len(phy), dtype=np.int64)
+    sel = np.flatnonzero((pos >= first_real) & (phy >= lo) & (phy < hi))
+    if not len(sel):
+        return
+    phy, pos = phy[sel], pos[sel]
+    size = units["size"][sel].astype(np.int64)
+    tags = units["tagsCode"][sel].astype(np.int64)
+    idx, found = t.lookup(phy)
+    if not found.all():
+        raise _Lie
+    c = t.c
+    tran = c["sysFlag"][idx] & 0xC
+    ok = ((c["size"][idx] == size) & (c["topic"][idx] == t.topic_ids.get(key[0], -2)) & (c["queueId"][idx] == key[1])
+          & (c["queueOffset"][idx] == pos) & ((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT))
+          & (c["tagsBad"][idx] | (c["tagsCode"][idx] == tags)))
+    if not ok.all():
+        raise _Lie
+
+
+def _collect_tails(t, disp: np.ndarray, queues: dict, tails: dict) -> None:
+    """Of each queue, the dispatchable records a re-dispatch would write: QUEUEOFFSET at or past the
+    queue's end (every record of a queue without files)."""
+    c = t.c
+    rows = np.flatnonzero(disp)
+    if not len(rows):
+        return
+    tid, qid, qo = c["topic"][rows].astype(np.int64), c["queueId"][rows].astype(np.int64), c["queueOffset"][rows]
+    pair = (tid << 32) | (qid & 0xFFFFFFFF)
+    for p in np.unique(pair).tolist():
+        m = pair == p
+        key = (t.topics[p >> 32], int(qid[np.argmax(m)]))
+        if key in queues:
+            m &= qo >= queues[key][0].max_offset
+        r = rows[m]
+        lst = tails.setdefault(key, [])
+        if len(r):
+            lst.append((t.phy[r], c["size"][r].astype(np.int64), c["queueOffset"][r].astype(np.int64)))
+
+
+def _verdicts(planner, queues: dict, tails: dict) -> dict:
+    out = {}
+    cat = lambda parts, j: np.concatenate([p[j] for p in parts]) if parts else np.zeros(0, np.int64)  # noqa: E731
+    for key in sorted(set(planner.queues) | set(tails)):
+        t, q = key
+        parts = tails.get(key, [])
+        phy, size, qo = cat(parts, 0), cat(parts, 1), cat(parts, 2)
+        qs = planner.queues.get(key)
+        if key in queues:
+            _, files, first_real, _ = queues[key]
+            cut, last_end = qs.max_offset, -1
+            units = next((u for _, u in reversed(files) if len(u)), None)
+            if first_real is not None and units is not None:  # the last unit is real: its record's end
+                last_end = int(units["phyOffset"][-1]) + int(units["size"][-1])
+            broker = (qs.max_offset, qs.max_physic)
+        else:
+            cut = int(qo.min()) if len(qo) else 0
+            if qs is not None:
+                cut = max(cut, qs.end // CQ_UNIT_SIZE) if qs.end else cut
+            last_end, broker = -1, (cut, -1)
+            keep = qo >= cut
+            phy, size, qo = phy[keep], size[keep], qo[keep]
+        if not len(qo):
+            continue
+        redispatch, contiguous = tail_redispatch(qo, phy, size, cut, last_end)
+        out[key] = (QueueVerdict(t, q, cut, None, "", redispatch, len(qo), contiguous, None, last_end, 0), *broker)
+    return out
+
+
+def index_problems_by_file(store, end: int, files: list) -> list:
+    """``derived.index_problems``, each kept index file checked as verify checks it in windows
+    (:class:`..verify.windows.IndexWindows`): its entries routed to the commitlog windows they point into, each
+    window's records read (no CRC, cut at ``end``) and dropped in turn. No table of the records a file points at
+    is built, so memory follows a window, not the log or the file's span (a 400 MB index file over a 1 GiB
+    segment of small messages pointed at ~1 GB of record columns)."""
+    from ..verify.records import _Records, _RefClassifier
+    from ..verify.windows import IndexWindows, Windows
+
+    cl = store.commitlog
+    segs = [s for s in cl.segments.segments if s.start < end]
+    windows = Windows(cl)
+    firsts = first_windows(cl)
+    walked = firsts[len(segs)]  # windows of the recovered log's segments; later ones hold no record before end
+    found: list = []
+    for f in files:
+        if not f.complete:
+            continue
+        ix = IndexWindows(f, windows)
+        hit = set()
+        for _a, _b, lo, hi in ix.reach:
+            hit.update(range(lo, hi + 1))
+        tails = []  # each walked segment's last report: its invalid records and unread rest
+        hit_segs = set((np.searchsorted(firsts, sorted(hit), side="right") - 1).tolist())
+        for i in range(len(segs)):
+            if i not in hit_segs:
+                continue
+            for rep in iter_segment_windows(cl, i, check_crc=False, first_window=firsts[i]):
+                if rep.last:
+                    tails.append(rep)
+                if rep.index in hit:
+                    ix.window(rep.index, windows, table_of_reports(store, [rep], end).recs)
+                rep.cols = {}
+                del rep
+        for w in sorted(x for x in hit if x >= walked):
+            ix.window(w, windows, _Records(store, []))
+        no_records = _Records(store, [])
+        no_records.invalid = np.asarray(sorted(o for r in tails for o in r.invalid if o < end), dtype=np.int64)
+        ix.finish(_RefClassifier(no_records, tails, cl, end), found)
+        del ix, tails
+    return in_file_order([x for x in found if x.severity in ("error", "warning")], files)

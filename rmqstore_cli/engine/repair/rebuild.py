@@ -1,0 +1,249 @@
+"""Rebuilding consume queues, ext files and index files from the commitlog (the broker's reput).
+
+The Dispatcher writes into a fresh folder beside the store (same filesystem); the old
+folders are then moved into the backup folder and the new ones renamed into place, each
+step journaled so ``restore`` undoes it. Index files are named after the store time of the
+record that opened them (the broker names them by its clock, so names differ; content is
+the same for the same record sequence).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+
+from formats.records import CQ_UNIT_SIZE
+
+from .backup import Backup, fsync_path
+from ..errors import UsageError
+from ..derived.indexwriter import store_time_namer
+
+PARTS = {"consumequeue": ["consumequeue"], "cqext": ["consumequeue", "consumequeue_ext"], "index": ["index"],
+         "all": ["consumequeue", "consumequeue_ext", "index"]}
+
+
+def rebuilt_parts(store, what: str) -> list:
+    """The folders ``rebuild WHAT`` regenerates on this store."""
+    ext = store.config.enableConsumeQueueExt or what == "cqext"
+    return [p for p in PARTS[what] if p != "consumequeue_ext" or ext]
+
+
+def _cut_queue_dir(d: str, file_size: int, phy: int) -> None:
+    """§13.7 in a scratch copy: keep the units of messages starting before ``phy``."""
+    names = sorted(n for n in os.listdir(d) if n.isdigit())
+    cut = False
+    for n in names:
+        p = os.path.join(d, n)
+        if cut:
+            os.unlink(p)
+            continue
+        arr = np.fromfile(p, dtype=">i8,>i4,>i8")
+        ok = (arr["f0"] >= 0) & (arr["f1"] > 0) & (arr["f0"] < phy)
+        bad = np.flatnonzero(~ok)
+        if len(bad):
+            k = int(bad[0]) * CQ_UNIT_SIZE
+            with open(p, "r+b") as f:
+                f.seek(k)
+                f.write(bytes(os.path.getsize(p) - k))
+            cut = True
+            if k == 0 and n != names[0]:
+                os.unlink(p)
+
+
+def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | None = None,
+            backup: Backup | None = None, index_namer=store_time_namer, jobs: int = 1) -> dict:
+    from ..derived.dispatch import Dispatcher
+
+    if what not in PARTS:
+        raise UsageError(f"rebuild what? one of {', '.join(PARTS)}")
+    if topic is not None and what in ("index", "all"):
+        raise UsageError("--topic works with consumequeue or cqext only (index files hold every topic)")
+    cfg = store.config
+    if what == "cqext" and not cfg.enableConsumeQueueExt:
+        cfg = cfg.with_(enableConsumeQueueExt=True)
+    parts = [p for p in PARTS[what] if p != "consumequeue_ext" or cfg.enableConsumeQueueExt]
+    root = store.root
+    tmp = os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.rebuild-{os.getpid()}")
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    os.makedirs(tmp)
+    start = 0
+    try:
+        if from_offset is not None:
+            start = from_offset
+            for part in parts:
+                src = os.path.join(root, part)
+                if os.path.isdir(src):
+                    shutil.copytree(src, os.path.join(tmp, part))
+            for part in ("consumequeue", "consumequeue_ext"):
+                base = os.path.join(tmp, part)
+                if part == "consumequeue" and os.path.isdir(base):
+                    for t in os.listdir(base):
+                        for q in os.listdir(os.path.join(base, t)):
+                            _cut_queue_dir(os.path.join(base, t, q), cfg.mappedFileSizeConsumeQueue, from_offset)
+            idx = os.path.join(tmp, "index")
+            if os.path.isdir(idx):
+                from ..derived.index import IndexFile
+
+                for n in sorted(os.listdir(idx)):
+                    f = IndexFile(os.path.join(idx, n), cfg.maxHashSlotNum, cfg.maxIndexNum)
+                    end = f.header().endPhyOffset
+                    f.close()
+                    if end >= from_offset:
+                        os.unlink(os.path.join(idx, n))
+                    else:
+                        start = min(start, end)
+        d = Dispatcher(tmp, cfg.with_(messageIndexEnable=cfg.messageIndexEnable and "index" in parts),
+                       index_namer=index_namer)
+        try:
+            def handle(reqs) -> None:
+                if start:
+                    reqs = [r for r in reqs if r.phy >= start]
+                if topic is not None:
+                    reqs = [r for r in reqs if r.topic == topic]
+                d.dispatch_many(reqs)
+
+            if jobs > 1:
+                _parallel_requests(store, d, jobs, handle)
+            else:
+                for chunk in store.commitlog.scan(check_crc=False):
+                    handle(d.requests_from_chunk(chunk))
+            d.flush(checkpoint=False)
+        finally:
+            d.close(flush=False)
+        stats = d.stats
+        for dp, _, fn in os.walk(tmp):
+            for f in fn:
+                fsync_path(os.path.join(dp, f))
+            fsync_path(dp, True)
+        swapped = []
+        for part in parts:
+            rel = os.path.join(part, topic) if topic is not None else part
+            new = os.path.join(tmp, rel)
+            old = os.path.join(root, rel)
+            if not os.path.exists(new):
+                continue
+            if backup is not None and os.path.exists(old):
+                backup.move(old, f"replaced by rebuild {what}")
+            elif os.path.exists(old):
+                shutil.rmtree(old)
+            if backup is not None:
+                backup.mark("swapped-in", path=rel)
+            os.makedirs(os.path.dirname(old), exist_ok=True)
+            os.rename(new, old)
+            fsync_path(os.path.dirname(old), True)
+            swapped.append(rel)
+        checkpoint = _checkpoint_after_rebuild(root, cfg, parts, topic, d, backup) if swapped else {}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"rebuilt": swapped, "checkpoint": checkpoint, "records": stats.records, "cqUnits": stats.cq_units, "extUnits": stats.ext_units,
+            "indexEntries": stats.index_entries, "from": start,
+            "problems": [f.as_json() for f in getattr(d, "problems", [])]}  # records not dispatched, and why
+
+
+def _parallel_requests(store, d, jobs: int, handle) -> None:
+    """``-j``: parse the records of each segment in forked workers, dispatch them here in log order, a
+    chunk's batch at a time (:func:`.parallel.stream_segments`: never a whole segment's batches at once).
+
+    The walk goes on into segment i + 1 only when segment i ends in a BLANK, exactly as one scan
+    does; what workers made past the end of the log is dropped unread.
+    """
+    from ..parallel import stream_segments
+
+    n = len(store.commitlog.segments.segments)
+    for item in stream_segments(_segment_requests, n, jobs, store, d, jobs > 1):
+        if isinstance(item, _SegmentEnd):
+            if not item.continues:
+                break
+            continue
+        handle(_unpack_batch(item, store) if jobs > 1 else item)
+
+
+class _SegmentEnd:
+    """The last item of a segment's requests: whether the walk goes on into the next segment."""
+
+    def __init__(self, continues: bool):
+        self.continues = continues
+
+
+def _segment_requests(i: int, store, d, packed: bool = False):
+    from ..log.commitlog import ScanResult
+
+    res = ScanResult()
+    segs = store.commitlog.segments.segments
+    for c in store.commitlog.scan(start_index=i, end_index=i + 1, check_crc=False, result=res):
+        b = d.requests_from_chunk(c)
+        yield _pack_batch(b, i) if packed else b
+    yield _SegmentEnd(res.stop is not None and res.stop.kind == "blank" and res.stop.segment is segs[i])
+
+
+class _SegmentStrings:
+    """A scanned batch's lazy topic / UNIQ_KEY / KEYS strings sent from a ``-j`` worker without bytes: the
+    value spans (positions in the segment) travel, the receiving process reads the same segment file itself
+    if a string is ever asked for. Pickling the batch as it is would decode every record's strings into
+    Python objects in the worker and rebuild them in the parent (rebuild -j 2 ran slower than -j 1)."""
+
+    def __init__(self, strings, segment_index: int):
+        self.topic_names, self.tids, self.slow = strings.topic_names, strings.tids, strings.slow
+        self.spans = {name: (strings.pv.start[name], strings.pv.end[name]) for name in ("UNIQ_KEY", "KEYS")}
+        self.segment_index = segment_index
+        self.store = None
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "store"} | {"store": None}
+
+    def rows(self, rows: list) -> tuple[list, list, list]:
+        from formats import fast
+
+        from ..derived.dispatch import _ChunkStrings
+        from formats.propscan import PropValues
+
+        seg = self.store.commitlog.segments.segments[self.segment_index]
+        pv = PropValues({k: v[0] for k, v in self.spans.items()}, {k: v[1] for k, v in self.spans.items()}, None)
+        return _ChunkStrings(fast.kernel_view(seg.buffer()), self.topic_names, self.tids, pv, self.slow).rows(rows)
+
+
+def _pack_batch(batch, segment_index: int) -> dict:
+    """A DispatchBatch as the columns it holds, its strings left undecoded (see _SegmentStrings)."""
+    from ..derived.dispatch import DispatchBatch
+
+    state = {k: getattr(batch, k) for k in DispatchBatch.__slots__}
+    if state["_strings"] is not None:
+        state["_strings"] = _SegmentStrings(state["_strings"], segment_index)
+    return state
+
+
+def _unpack_batch(state: dict, store):
+    from ..derived.dispatch import DispatchBatch
+
+    batch = DispatchBatch.__new__(DispatchBatch)
+    batch.__setstate__(state)
+    if isinstance(batch._strings, _SegmentStrings):
+        batch._strings.store = store
+    return batch
+
+
+def _checkpoint_after_rebuild(root: str, cfg, parts: list, topic: str | None, d, backup) -> dict:
+    """The checkpoint's logics / index timestamps as the rebuilt files leave them (§11): the store time of
+    the last record the consume queues took, the end of the index file left behind full. Saved first."""
+    from .checkpointfix import index_timestamp_on_disk, write_fields
+
+    fields = {}
+    logics = d.checkpoint.values.logicsMsgTimestamp  # the dispatcher's: last record a queue took
+    if "consumequeue" in parts and topic is None and logics > 0:
+        fields["logicsMsgTimestamp"] = logics
+    if "index" in parts:
+        fields["indexMsgTimestamp"] = index_timestamp_on_disk(root, cfg)
+    if not fields:
+        return {}
+    if backup is None:
+        from ..log.checkpointwriter import CheckpointWriter
+
+        w = CheckpointWriter(root)
+        w.set(**fields)
+        if w.dirty:
+            w.flush()
+        return fields
+    return fields if write_fields(root, fields, backup) else {}

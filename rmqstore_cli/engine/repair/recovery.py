@@ -1,0 +1,753 @@
+"""What the broker's next start would do to a store (DefaultMessageStore.load + recover, §13),
+for 4.9.3 and 5.3.3 separately, as a plan of file actions that ``repair`` can apply safely.
+
+Read-only. The plan follows the broker's decisions step by step (§13.1 order): segment
+loading (§1.3), consume queue recovery (§13.2, §8.5), the commitlog start segment and walk
+(§13.4/13.5), truncation (§13.6/13.7), index deletion after a crash (§10.6), re-dispatch
+and the checkpoint/abort changes. Where the broker would lose data that can be kept
+(consume-queue units it never rebuilds, stale bytes after a cut) the plan says so and
+does better; where it would refuse to start, the plan names the file and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from formats import fast
+from formats.extaddr import is_ext_addr, undecorate
+from formats.records import (CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, MAGIC_V1, MAGIC_V2,
+                             SYSFLAG_BORNHOST_V6)
+
+from ..log.checkpoint import Checkpoint
+from .checkpointfix import correct_times
+from ..derived.consumequeue import ConsumeQueue, ConsumeQueueExt
+from ..errors import EXIT_CLEAN, EXIT_CORRUPT, EXIT_FINDINGS
+from ..derived.dispatchpredict import DispatchPrediction
+from ..log.walk import LogTally, WalkStop, broker_walk, lenient_records, resync, rewalk
+from ..derived.index import last_live_entry
+from ..store import Store
+from .derived_plan import check_derived, dispatch_starts, queue_repairs
+
+REFUSE = "the broker would refuse to start: "
+
+
+def _index_torn(f) -> bool:
+    """Entries or slots written past the header's indexCount: an index put killed before its header update."""
+    count = max(f.header().indexCount, 1)
+    if count >= f.entries:
+        return False
+    return last_live_entry(f, count) is not None or bool((f.slot_table().astype("int64") >= count).any())
+
+
+@dataclass
+class Action:
+    """One change to one file; ``repair`` backs the bytes up before doing it."""
+
+    kind: str  # move_aside | extend | zero_tail | dispatch | checkpoint | remove_abort
+    path: str | None
+    why: str
+    offset: int | None = None  # zero_tail: first byte to zero
+    housekeeping: bool = False  # the broker does this at every start; loses nothing
+    extra: dict = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        d = {"action": self.kind, "path": self.path, "why": self.why}
+        if self.offset is not None:
+            d["offset"] = self.offset
+        if self.housekeeping:
+            d["housekeeping"] = True
+        d.update(self.extra)
+        return d
+
+
+@dataclass
+class QueueState:
+    topic: str
+    queue_id: int
+    directory: str
+    segments: list  # effective segments (after moving bad files aside)
+    file_size: int
+    end: int = 0  # logical byte end (next unit position)
+    max_physic: int = -1
+    max_ext: int = 1
+    first_units: np.ndarray | None = None
+    truncated_units: int = 0
+    new_units: int = 0
+    exists: bool = True
+
+    @property
+    def max_offset(self) -> int:
+        return self.end // CQ_UNIT_SIZE
+
+
+@dataclass
+class RecoveryPlan:
+    root: str
+    version: int
+    last_exit_ok: bool
+    refusals: list = field(default_factory=list)
+    data_loss: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    actions: list = field(default_factory=list)
+    commitlog: dict = field(default_factory=dict)
+    dispatch: dict = field(default_factory=dict)
+    checkpoint_before: dict = field(default_factory=dict)
+    checkpoint_after: dict = field(default_factory=dict)
+    index_deleted: list = field(default_factory=list)
+    salvage: dict | None = None
+    summary: dict = field(default_factory=dict)
+    queues: dict = field(default_factory=dict)
+    startup_cost: dict | None = None  # engine.startup: what the next start reads (recover plans only)
+    queue_repairs: list = field(default_factory=list)  # per queue: the broker's outcome and ours (derived_plan)
+    refused_queues: list = field(default_factory=list)  # queues the log cannot fill contiguously
+    # The exit-code contract (engine/repair/outcome.py fills these from a verify run before anything is
+    # applied): every error/warning finding is fixed by an action, kept on purpose (with why), or
+    # left (the plan does not repair it: the applied repair will exit 1).
+    fixed_findings: list = field(default_factory=list)
+    kept_findings: list = field(default_factory=list)
+    left_findings: list = field(default_factory=list)
+    assessed: bool = False
+    keep_valid_after: bool = False  # the explicit choice that lets a plan with data loss be applied
+    # (size, mtime, inode) of every file under the store root when planning began (store_fingerprint):
+    # the apply reuses this plan only if the store is still so once the lock is held.
+    fingerprint: dict | None = field(default=None, repr=False, compare=False)
+    queue_ends: dict = field(default_factory=dict)  # (topic, queueId) -> next queue offset before the re-dispatch
+
+    @property
+    def repairs(self) -> list:
+        return [a for a in self.actions if not a.housekeeping]
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to do and nothing damaged: the broker's next start changes nothing (housekeeping
+        included) and, once assessed, verify found nothing."""
+        return not (self.actions or self.refusals or self.data_loss or self.kept_findings or self.left_findings)
+
+    @property
+    def exit_code(self) -> int:
+        """``--dry-run``: 0 empty plan, 1 actions or damage, 2 data would be lost without a choice."""
+        if self.data_loss and not self.keep_valid_after:
+            return EXIT_CORRUPT
+        return EXIT_CLEAN if self.empty else EXIT_FINDINGS
+
+    @property
+    def expected_exit(self) -> int:
+        """What applying this plan will exit with: 2 refused (data loss), 1 when findings the plan
+        does not repair will remain, else 0 (verify clean, or only the kept findings left)."""
+        if self.data_loss and not self.keep_valid_after:
+            return EXIT_CORRUPT
+        return EXIT_FINDINGS if self.left_findings else EXIT_CLEAN
+
+    def as_json(self) -> dict:
+        return {
+            "type": "recover-plan", "version": self.version, "mode": "normal" if self.last_exit_ok else "abnormal",
+            "refusals": self.refusals, "dataLoss": self.data_loss, "notes": self.notes,
+            "commitlog": self.commitlog, "dispatch": self.dispatch, "indexDeleted": self.index_deleted,
+            "checkpointBefore": self.checkpoint_before, "checkpointAfter": self.checkpoint_after,
+            "salvage": self.salvage, "actions": [a.as_json() for a in self.actions],
+            "queueRepairs": self.queue_repairs, "refusedQueues": self.refused_queues,
+            "summary": self.summary, "exitCode": self.exit_code,
+            "empty": self.empty, "assessed": self.assessed, "expectedApplyExitCode": self.expected_exit,
+            "fixedFindings": self.fixed_findings, "keptFindings": self.kept_findings, "leftFindings": self.left_findings,
+        } | ({"startupCost": self.startup_cost} if self.startup_cost is not None else {})
+
+
+def _nonzero_after(path: str, pos: int) -> bool:
+    """Any non-zero byte from ``pos`` to the end of the file (sparse-friendly chunked read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(pos)
+            while True:
+                b = f.read(1 << 20)
+                if not b:
+                    return False
+                if b.count(0) != len(b):
+                    return True
+    except OSError:
+        return False
+
+
+def _file_has_data(path: str) -> bool:
+    return _nonzero_after(path, 0)
+
+
+class Planner:
+    """Builds a RecoveryPlan; one method per broker step."""
+
+    def __init__(self, store: Store, version: int, *, keep_valid_after: bool = False, cut_at: int | None = None,
+                 broker_only: bool = False):
+        self.cut_at = cut_at
+        self.broker_only = broker_only
+        self.store = store
+        self.cfg = store.config
+        self.version = version
+        self.keep_valid_after = keep_valid_after
+        self.plan = RecoveryPlan(store.root, version, not store.abort_exists, keep_valid_after=keep_valid_after)
+        self.moved: set[str] = set()
+
+    # --- helpers --------------------------------------------------------------------
+
+    def act(self, kind, path, why, **kw) -> Action:
+        a = Action(kind, path, why, **kw)
+        self.plan.actions.append(a)
+        return a
+
+    def move_aside(self, path: str, why: str, housekeeping: bool = False) -> None:
+        if path not in self.moved:
+            self.moved.add(path)
+            self.act("move_aside", path, why, housekeeping=housekeeping)
+
+    def _load_segments(self, sq, kind: str) -> list:
+        """MappedFileQueue.load (§1.3): which files stop the broker; returns the files kept."""
+        v5 = self.version >= 5
+        for f in sq.problems:
+            if f.code == "SEG_BAD_NAME":
+                self.plan.refusals.append(f"{REFUSE}{kind} file {os.path.basename(f.path)!r} is not a number "
+                                          f"(NumberFormatException in MappedFileQueue.load)")
+                self.move_aside(f.path, "file name is not a number; moved so the broker can start")
+            elif f.code == "SEG_STRAY_DIR":
+                if not v5:
+                    self.plan.refusals.append(f"{REFUSE}directory {os.path.basename(f.path)!r} inside {kind}/ "
+                                              f"(4.9 checks its length against the file size)")
+                self.move_aside(f.path, "stray directory among segment files", housekeeping=v5)
+        kept = []
+        segs = sq.segments
+        for k, seg in enumerate(segs):
+            if seg.size == sq.file_size:
+                kept.append(seg)
+                continue
+            last = k == len(segs) - 1
+            if seg.size == 0 and last and v5:
+                self.move_aside(seg.path, "zero-length last file: 5.x deletes it at load", housekeeping=True)
+                continue
+            what = "zero-length" if seg.size == 0 else f"{seg.size} bytes instead of {sq.file_size}"
+            self.plan.refusals.append(f"{REFUSE}{kind} file {seg.name} is {what} (MappedFileQueue.load checks every size)")
+            if kind == "commitlog" and 0 < seg.size < sq.file_size:
+                # A short file keeps every record it holds: padded with zeros to the broker's size (the
+                # original is saved whole first); the walk below decides where the log ends.
+                self.act("extend", seg.path, f"{what}; padded with zeros to {sq.file_size} bytes so the broker can "
+                         "start (its records are kept)", extra={"size": sq.file_size})
+                kept.append(seg)
+                continue
+            self.move_aside(seg.path, f"{what}; moved into the backup so the broker can start")
+            if seg.size and _file_has_data(seg.path):
+                self.plan.data_loss.append(f"{kind} file {seg.name} ({seg.size} bytes) holds data but has the wrong size; "
+                                           f"it is moved out whole (its records are not in the recovered log; salvage reads it)")
+        return kept
+
+    # --- steps ----------------------------------------------------------------------
+
+    def run(self) -> RecoveryPlan:
+        st, plan = self.store, self.plan
+        cp = st.checkpoint()
+        plan.checkpoint_before = cp.as_json(self.version)
+        self.cl_segments = self._load_segments(st.commitlog.segments, "commitlog")
+        self._load_queues()
+        self._load_index()
+        self._recover_queues()
+        if self.cut_at is not None:
+            return self._run_truncate(cp)
+        self._recover_commitlog(cp)
+        self._truncate_queues()
+        self._index_after_crash(cp)
+        self._index_past_end()
+        if self.broker_only:
+            self.verdicts = {}
+        else:
+            check_derived(self)
+        self._dispatch(cp)
+        self._checkpoint_and_abort(cp)
+        self._summary()
+        if not self.broker_only:
+            plan.queue_repairs = queue_repairs(self, self.broker_from)
+        return plan
+
+    def _load_queues(self) -> None:
+        self.queues: dict[tuple[str, int], QueueState] = {}
+        for t, q in self.store.queues():
+            cq = ConsumeQueue(self.store.root, t, q, self.cfg)
+            kept = self._load_segments(cq.segments, f"consumequeue/{t}/{q}")
+            self.queues[(t, q)] = QueueState(t, q, cq.directory, kept, cq.file_size)
+        self.exts: dict[tuple[str, int], list] = {}
+        if self.cfg.enableConsumeQueueExt:
+            for t, q in self.store.ext_queues():
+                ext = ConsumeQueueExt(self.store.root, t, q, self.cfg)
+                self.exts[(t, q)] = (ext, self._load_segments(ext.segments, f"consumequeue_ext/{t}/{q}"))
+
+    def _load_index(self) -> None:
+        idx = self.store.index
+        self.index_rebuild_from: int | None = None
+        damaged = None
+        for f in idx.problems:
+            if f.code == "IDX_BAD_NAME":
+                self.plan.notes.append(f"index/{os.path.basename(f.path)} is not an index file name; the broker would "
+                                       f"load it as an index file anyway (and grow it to full size)")
+                self.move_aside(f.path, "stray file in index/")
+            elif f.code == "IDX_STRAY":
+                self.move_aside(f.path, "stray entry in index/")
+        files = list(idx.files)
+        torn = False
+        for k, f in enumerate(files):
+            if not f.complete or _index_torn(f):
+                damaged, torn = k, f.complete
+                break
+        self.index_files = files
+        if damaged is not None:
+            bad = files[damaged]
+            what = (f"holds entries or slots past its indexCount (a put cut short by a crash): re-dispatching into it "
+                    f"would link new entries to stale ones" if torn else
+                    f"is {bad.size} bytes, not {bad.expected_size}: the broker would map it at full "
+                    f"size (growing it with zeros) and silently miss the lost entries")
+            self.plan.notes.append(
+                f"index file {bad.name} {what}; every index file is moved into "
+                f"the backup and the index is rebuilt from the commitlog (a partial rebuild would index the record "
+                f"at a file boundary twice, as the broker's re-dispatch does)")
+            for f in files:
+                self.move_aside(f.path, "index rebuilt from the commitlog (damaged index file)")
+                self.plan.index_deleted.append(f.name)
+            self.index_files = []
+            self.index_rebuild_from = 0
+
+    def _recover_queues(self) -> None:
+        """§13.2: last three files, valid-unit rule; then §13.6 on each queue; ext §8.5."""
+        for (t, q), qs in self.queues.items():
+            segs = qs.segments
+            if not segs:
+                continue
+            i = max(0, len(segs) - 3)
+            while True:
+                seg = segs[i]
+                arr = _units(seg, qs.file_size)
+                valid = (arr["phyOffset"] >= 0) & (arr["size"] > 0)
+                bad = np.flatnonzero(~valid)
+                n = int(bad[0]) if len(bad) else len(arr)
+                if n:
+                    last = arr[n - 1]
+                    qs.max_physic = int(last["phyOffset"]) + int(last["size"])
+                    tags = arr["tagsCode"][:n]
+                    ext_tags = tags[tags <= -2147483649]
+                    if len(ext_tags):
+                        qs.max_ext = int(ext_tags[-1])
+                pos = n * CQ_UNIT_SIZE
+                if pos == qs.file_size and i + 1 < len(segs):
+                    i += 1
+                    continue
+                qs.end = seg.start + pos
+                break
+            self._cut_queue(qs, qs.end, "consume queue recovery (the broker's valid-unit rule)")
+            self._recover_ext(t, q, qs)
+
+    def _cut_queue(self, qs: QueueState, end: int, why: str) -> None:
+        """truncateDirtyFiles(end) on a queue's files, plus our zeroed tail."""
+        keep = []
+        for seg in qs.segments:
+            if seg.start > end:
+                self.move_aside(seg.path, f"{why}: file starts after the queue end {end // CQ_UNIT_SIZE}")
+                continue
+            keep.append(seg)
+            if seg.start <= end < seg.start + qs.file_size:
+                pos = end - seg.start
+                if _nonzero_after(seg.path, pos):
+                    self.act("zero_tail", seg.path, f"{why}: bytes after the last valid unit (queue offset "
+                             f"{end // CQ_UNIT_SIZE}) zeroed so they cannot reappear", offset=pos)
+        qs.segments = keep
+
+    def _recover_ext(self, t: str, q: int, qs: QueueState) -> None:
+        if (t, q) not in self.exts:
+            return
+        ext, segs = self.exts[(t, q)]
+        import struct
+
+        end = 0
+        for seg in segs:
+            buf = seg.buffer()
+            pos = 0
+            while pos + 2 <= seg.size:
+                (size,) = struct.unpack_from(">h", buf, pos)
+                if size <= 0:
+                    break
+                pos += size
+            end = seg.start + pos
+        if is_ext_addr(qs.max_ext):
+            addr = undecorate(qs.max_ext)
+            unit = ext.get(qs.max_ext)
+            if unit is not None and addr + unit["size"] < end:
+                end = addr + unit["size"]
+        for seg in segs:
+            if seg.start > end:
+                self.move_aside(seg.path, "ext recovery: file after the ext end")
+            elif seg.start <= end < seg.start + ext.file_size and _nonzero_after(seg.path, end - seg.start):
+                self.act("zero_tail", seg.path, "ext recovery: bytes after the last ext unit zeroed",
+                         offset=end - seg.start)
+
+    def _start_index(self, cp: Checkpoint, max_cq: int) -> tuple[int, str]:
+        segs = self.cl_segments
+        n = len(segs)
+        if self.plan.last_exit_ok:
+            if self.version < 5:
+                return max(0, n - 3), "normal recovery (4.9.3): third-last file"
+            for k in range(n - 1, -1, -1):
+                if segs[k].start <= max_cq:
+                    return k, f"normal recovery (5.3.3): newest file starting at or before the consume-queue high-water mark {max_cq}"
+            return 0, "normal recovery (5.3.3): no file starts before the consume-queue high-water mark: first file"
+        safe = self.cfg.messageIndexEnable and self.cfg.messageIndexSafe
+        limit = cp.min_timestamp_index if safe else cp.min_timestamp
+        magics = (MAGIC_V1,) if self.version < 5 else (MAGIC_V1, MAGIC_V2)
+        import struct
+
+        for k in range(n - 1, -1, -1):
+            buf = segs[k].buffer()
+            if segs[k].size < 64:
+                continue
+            magic, = struct.unpack_from(">i", buf, 4)
+            if magic not in magics:
+                continue
+            sysflag, = struct.unpack_from(">i", buf, 36)
+            bh = 20 if sysflag & SYSFLAG_BORNHOST_V6 else 8
+            ts_pos = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + bh
+            if ts_pos + 8 > segs[k].size:
+                continue
+            ts, = struct.unpack_from(">q", buf, ts_pos)
+            if ts != 0 and ts <= limit:
+                what = "min(physic, logics) - 3 s" if not safe else "min(that, indexMsgTimestamp)"
+                return k, f"abnormal recovery: newest file whose first store time {ts} <= checkpoint {what} = {limit}"
+        return 0, "abnormal recovery: no file's first record is old enough: first file"
+
+    def _recover_commitlog(self, cp: Checkpoint) -> None:
+        plan = self.plan
+        self.max_cq = max([qs.max_physic for qs in self.queues.values()] + [-1])
+        segs = self.cl_segments
+        tally = LogTally()
+        start, why = self._start_index(cp, self.max_cq) if segs else (0, "no commitlog files")
+        lenient_records(segs, start, tally)
+        self.walk_first = len(tally)
+        stop = broker_walk(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, tally)
+        # Every record walked lies before the stop: the tally describes the recovered log.
+        self.tally, self.stop, self.start_index, self.lenient_upto = tally, stop, start, start
+        end = stop.offset if segs else 0
+        self.end = end
+        plan.commitlog = {
+            "startFile": segs[start].name if segs else None, "startOffset": segs[start].start if segs else 0,
+            "startReason": why, "checkCRCOnRecover": self.cfg.checkCRCOnRecover,
+            "stopOffset": stop.offset, "stopKind": stop.kind, "stopReason": stop.reason,
+            "recoveredEnd": end, "walkedRecords": len(tally) - self.walk_first,
+            "maxPhyOffsetOfConsumeQueue": self.max_cq,
+        }
+        if stop.oom:
+            plan.refusals.append(f"{REFUSE}the record at {stop.offset} has TOTALSIZE {stop.total_size}; 4.9 allocates "
+                                 f"byte[TOTALSIZE] before checking it and dies with OutOfMemoryError")
+        if stop.kind == fast.STOP_BAD_MAGIC and "v2" in stop.reason:
+            plan.notes.append(f"4.9 reads the magic v2 record at {stop.offset} as garbage and truncates the log there; "
+                              f"open this store with --broker-version 5")
+        if segs and stop.kind != fast.STOP_BLANK:
+            self._look_past(stop)
+        # §13.6 on the commitlog
+        for k, seg in enumerate(segs):
+            if seg.start > end:
+                has = _file_has_data(seg.path)
+                self.move_aside(seg.path, f"commitlog truncation at {end}: the file starts after the recovered end"
+                                + ("" if has else " (pre-allocated, all zeros)"), housekeeping=not has)
+            elif seg.start <= end < seg.start + seg.size and stop.kind != fast.STOP_BLANK:
+                if _nonzero_after(seg.path, end - seg.start):
+                    self.act("zero_tail", seg.path, f"commitlog cut at {end}: bytes after the recovered end zeroed "
+                             f"(Java leaves them; stale records could reappear after a later crash)", offset=end - seg.start)
+        self.cl_kept = [s for s in segs if s.start <= end]
+
+    def _run_truncate(self, cp: Checkpoint) -> RecoveryPlan:
+        """``truncate --offset``: §13.6 on the commitlog at a record boundary, §13.7 on every
+        queue, and index files reaching past the cut rebuilt from the commitlog."""
+        plan, cut = self.plan, self.cut_at
+        segs = self.cl_segments
+        tally = LogTally(limit=cut)
+        lenient_records(segs, len(segs), tally)
+        self.max_cq = max([qs.max_physic for qs in self.queues.values()] + [-1])
+        self.tally, self.start_index, self.end, self.lenient_upto = tally, 0, cut, len(segs)
+        self.stop = WalkStop(cut, 0, 0, "cut", "truncate --offset")
+        plan.commitlog = {"startFile": segs[0].name if segs else None, "startReason": "truncate", "stopOffset": cut,
+                          "stopKind": "cut", "stopReason": f"cut requested at {cut}", "recoveredEnd": cut,
+                          "checkCRCOnRecover": False, "maxPhyOffsetOfConsumeQueue": self.max_cq}
+        for seg in segs:
+            if seg.start > cut:
+                self.move_aside(seg.path, f"truncate at {cut}: file starts after the cut")
+            elif seg.start <= cut < seg.start + seg.size and _nonzero_after(seg.path, cut - seg.start):
+                self.act("zero_tail", seg.path, f"truncate at {cut}: bytes after the cut zeroed", offset=cut - seg.start)
+        self.cl_kept = [s for s in segs if s.start <= cut]
+        self.max_cq = max(self.max_cq, cut)  # §13.7 runs on every queue
+        self._truncate_queues()
+        self._index_past_end()
+        check_derived(self)
+        self._dispatch(cp)
+        self.last_cq_ts = None
+        self._checkpoint_and_abort(cp)  # consistent with the cut log (engine/repair/checkpointfix.py)
+        self._summary()
+        plan.queue_repairs = queue_repairs(self, self.broker_from)
+        return plan
+
+    def _look_past(self, stop: WalkStop) -> None:
+        """Valid records after the first bad one: what the broker's cut would throw away."""
+        segs = self.cl_segments
+        count = 0
+        first = last = None
+        skipped = []
+        k, seg = stop.segment_index, segs[stop.segment_index]
+        p = resync(seg.buffer(), stop.position + 1, seg.size, seg.start, self.version)
+        if p is None:
+            skipped.append((stop.offset, seg.start + seg.size))
+        else:
+            skipped.append((stop.offset, seg.start + p))
+        positions = [(k, p)] if p is not None else []
+        positions += [(j, 0) for j in range(k + 1, len(segs))]
+        for j, pos in positions:
+            s = segs[j]
+            after = LogTally()
+            broker_walk([_Offset(s, pos) if pos else s], self.cfg, self.version, 0, True, after)
+            if len(after):
+                count += len(after)
+                first = after.first if first is None else first
+                last = after.last_end
+        if count:
+            self.plan.salvage = {"badOffset": stop.offset, "validRecordsAfter": count, "firstValidAfter": first,
+                                 "endOfValidAfter": last, "skippedRanges": skipped}
+            if not self.keep_valid_after:
+                self.plan.data_loss.append(
+                    f"the broker's recovery stops at the bad record at {stop.offset} ({stop.reason}) and drops "
+                    f"{count} valid records after it ({first} .. {last}); run `rmqstore salvage` before applying")
+
+    def _truncate_queues(self) -> None:
+        """§13.7 when the consume queues reach past the recovered end."""
+        end = self.end
+        if not self.cl_kept:
+            for qs in self.queues.values():
+                for seg in qs.segments:
+                    self.move_aside(seg.path, "no commitlog files left: the broker destroys every consume queue")
+                qs.segments, qs.end, qs.max_physic = [], 0, -1
+            return
+        if self.max_cq < end:
+            return
+        for qs in self.queues.values():
+            old_end = qs.end
+            while qs.segments:
+                seg = qs.segments[-1]
+                arr = _units(seg, qs.file_size)
+                if not len(arr) or int(arr["phyOffset"][0]) >= end:
+                    self.move_aside(seg.path, f"consume queue truncation at commitlog offset {end}")
+                    qs.segments.pop()
+                    qs.end = seg.start
+                    continue
+                valid = (arr["phyOffset"] >= 0) & (arr["size"] > 0) & (arr["phyOffset"] < end)
+                valid[0] = True
+                bad = np.flatnonzero(~valid)
+                n = int(bad[0]) if len(bad) else len(arr)
+                n = min(n, max(1, (old_end - seg.start) // CQ_UNIT_SIZE)) if old_end >= seg.start else n
+                qs.end = seg.start + n * CQ_UNIT_SIZE
+                qs.max_physic = int(arr["phyOffset"][n - 1]) + int(arr["size"][n - 1])
+                break
+            if not qs.segments:
+                qs.max_physic = -1
+            if qs.end < old_end:
+                qs.truncated_units = (old_end - qs.end) // CQ_UNIT_SIZE
+                self._cut_queue(qs, qs.end, f"consume queue truncation at commitlog offset {end}")
+
+    def _index_after_crash(self, cp: Checkpoint) -> None:
+        if self.plan.last_exit_ok:
+            return
+        keep = []
+        for f in self.index_files:
+            h = f.header()
+            if h.endTimestamp > cp.indexMsgTimestamp:
+                self.move_aside(f.path, f"abnormal start: index file endTimestamp {h.endTimestamp} > checkpoint "
+                                f"indexMsgTimestamp {cp.indexMsgTimestamp} (the broker deletes it); its entries are re-indexed")
+                self.plan.index_deleted.append(f.name)
+            else:
+                keep.append(f)
+        self.index_files = keep
+
+    def _index_past_end(self) -> None:
+        """Index entries pointing at or past the recovered end: the broker keeps them (lookups
+        return offsets that no longer exist); we rebuild the index from the commitlog."""
+        if not any(f.header().endPhyOffset >= self.end for f in self.index_files):
+            return
+        self.plan.notes.append(f"index files hold entries at or past the recovered end {self.end}; the broker keeps "
+                               f"them; every index file is rebuilt from the commitlog instead")
+        for f in self.index_files:
+            self.move_aside(f.path, f"index entries point past the recovered end {self.end}; index rebuilt")
+            self.plan.index_deleted.append(f.name)
+        self.index_files = []
+        self.index_rebuild_from = 0
+
+    def _dispatch(self, cp: Checkpoint) -> None:
+        """Which records get dispatched again (recovery, or 4.9.3's reput at start), and ours."""
+        end, plan = self.end, self.plan
+        plan.queue_ends = {k: qs.max_offset for k, qs in self.queues.items() if qs.segments}
+        walk_start = self.cl_segments[self.start_index].start if self.cl_segments else 0
+        if not plan.last_exit_ok:
+            broker_from, rule = walk_start, "abnormal recovery dispatches every record it walks"
+        elif self.version >= 5:
+            broker_from, rule = self.max_cq + 1, "5.3.3 normal recovery dispatches records past the consume-queue high-water mark"
+        else:
+            reput = max([qs.max_physic for qs in self.queues.values()] + [self.cl_kept[0].start if self.cl_kept else 0])
+            broker_from, rule = reput, "4.9.3 reput at start() from the consume-queue high-water mark"
+        broker_from = max(broker_from, 0)
+        self.broker_from = broker_from
+        # Ours: also every record a queue is missing or holds a lying unit for (the broker never
+        # rebuilds those: derived_plan) and every record whose index entries were moved out.
+        missing = dispatch_starts(self, broker_from)
+        ours = min([broker_from] + list(missing.values()))
+        if self.index_rebuild_from is not None:
+            ours = min(ours, self.index_rebuild_from)
+        for (t, q), p in missing.items():
+            if not self.verdicts[(t, q)][0].lies:
+                plan.notes.append(f"queue {t}/{q} lacks units from commitlog offset {p} on; the broker would never "
+                                  f"rebuild them (it dispatches from {broker_from}); we re-dispatch from {p}")
+        # Prediction of the consume-queue puts (§7.5) on the records of [ours, end), found again by a
+        # second walk (nothing per record is kept from the first); the Dispatcher does them for real.
+        # [next offset, maxPhysicOffset, first offset written into an empty queue, queue has no file]
+        qstate = {k: [qs.max_offset, qs.max_physic, None, not qs.segments] for k, qs in self.queues.items()}
+        pred = DispatchPrediction(qstate)
+        if ours < end:
+            rewalk(self.cl_segments, self.lenient_upto, self.version, ours, end, pred)
+            pred.flush()
+        new_units, count = pred.new_units, pred.count
+        t = self.tally
+        self.qstate = qstate
+        self.last_record_start = t.last_start
+        # the last record a consume queue takes, if the re-dispatch reaches it
+        self.last_cq_ts = t.last_cq_ts if t.last_cq_phy is not None and t.last_cq_phy >= ours else None
+        plan.dispatch = {"brokerFrom": broker_from, "brokerRule": rule, "from": ours, "to": end, "records": count,
+                         "newConsumeQueueUnits": sum(new_units.values()),
+                         "queuesGaining": {f"{t}-{q}": n for (t, q), n in sorted(new_units.items())}}
+        if count and (new_units or not plan.last_exit_ok or self.index_rebuild_from is not None or ours < broker_from):
+            self.act("dispatch", None, f"dispatch commitlog records [{ours}, {end}) to consume queues and index "
+                     f"({rule}; already-present units are skipped by the broker's put rules)",
+                     extra={"from": ours, "to": end, "indexAfter": getattr(self, "index_resume_after", None)})  # (phy, keys held)
+        elif count:
+            plan.notes.append(f"{count} records in [{ours}, {end}) would be dispatched again; every consume-queue unit and "
+                              f"index entry is already present")
+
+    def _checkpoint_and_abort(self, cp: Checkpoint) -> None:
+        after = Checkpoint(cp.physicMsgTimestamp, cp.logicsMsgTimestamp, cp.indexMsgTimestamp,
+                           cp.masterFlushedOffset, cp.confirmPhyOffset, cp.exists, cp.fileSize)
+        dispatching = any(a.kind == "dispatch" for a in self.plan.actions)
+        if self.last_cq_ts is not None and (dispatching or not self.plan.last_exit_ok):
+            after.logicsMsgTimestamp = self.last_cq_ts
+        if self.version >= 5 and self.last_record_start is not None:
+            after.confirmPhyOffset = self.last_record_start
+        corrected, index_from_files = correct_times(self, after)
+        self.plan.checkpoint_after = after.as_json(self.version)
+        self.plan.checkpoint_after["indexMsgTimestampNote"] = "advances if re-dispatch fills an index file"
+        if after.to_bytes() != cp.to_bytes() or not cp.exists or index_from_files:
+            fields = {k: getattr(after, k) for k in ("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp",
+                                                     "masterFlushedOffset", "confirmPhyOffset")}
+            only_confirm = (after.logicsMsgTimestamp == cp.logicsMsgTimestamp)
+            changed = [k for k in fields if getattr(cp, k) != fields[k]]
+            why = ("5.3.3 sets confirmPhyOffset to the start of the last record at every start (4.9.3 has no such "
+                   "field): the broker's next start writes it" if changed == ["confirmPhyOffset"] and cp.exists
+                   and not index_from_files else "checkpoint fields the broker sets during recovery")
+            self.act("checkpoint", os.path.join(self.store.root, "checkpoint"),
+                     why + (" (times after the log corrected)" if corrected else ""),
+                     housekeeping=only_confirm and self.plan.last_exit_ok and not corrected,
+                     extra={"fields": fields, "indexCorrected": getattr(self, "index_ts_corrected", False),
+                            **({"indexFromFiles": True} if index_from_files else {})})
+        if not self.plan.last_exit_ok:
+            self.act("remove_abort", os.path.join(self.store.root, "abort"),
+                     "a clean shutdown removes abort; done last, after everything else is on disk")
+
+    def _summary(self) -> None:
+        plan = self.plan
+        queues = []
+        min_phy = self.cl_kept[0].start if self.cl_kept else 0
+        for (t, q), (max_off, max_phys, new_min, *_) in sorted(self.qstate.items()):
+            qs = self.queues.get((t, q))
+            min_off = new_min or 0
+            if qs is not None and qs.segments:
+                arr = _units(qs.segments[0], qs.file_size)
+                valid = (arr["phyOffset"] >= min_phy) & (arr["size"] > 0)
+                hit = np.flatnonzero(valid)
+                if len(hit):
+                    min_off = qs.segments[0].start // CQ_UNIT_SIZE + int(hit[0])
+            queues.append({"topic": t, "queueId": q, "minOffset": min_off, "maxOffset": max_off,
+                           "maxPhysicOffset": max_phys})
+        plan.summary = {"type": "recover", "version": "4.9.3" if self.version < 5 else "5.3.3",
+                        "lastExitOK": plan.last_exit_ok, "maxPhyOffset": self.end if self.cl_kept else 0,
+                        "minPhyOffset": min_phy, "queues": queues}
+
+
+class _Offset:
+    """A segment seen from a position inside it (for walking after a resync point)."""
+
+    def __init__(self, seg, pos: int):
+        self._seg, self.pos = seg, pos
+        self.start = seg.start + pos
+        self.size = seg.size - pos
+        self.name = seg.name
+        self.path = seg.path
+
+    def buffer(self):
+        return memoryview(self._seg.buffer())[self.pos:]
+
+
+def _units(seg, file_size: int) -> np.ndarray:
+    from ..derived.consumequeue import CQ_DTYPE
+
+    n = min(seg.size, file_size) // CQ_UNIT_SIZE
+    if n <= 0:
+        return np.zeros(0, dtype=CQ_DTYPE)
+    return np.frombuffer(seg.buffer(), dtype=CQ_DTYPE, count=n)
+
+
+def store_fingerprint(root: str) -> dict:
+    """{relative path: (size, mtime_ns, inode)} of every file and folder under ``root`` but ``lock`` (which
+    taking the lock writes). Taken before a plan reads the store and again under the lock: equal means no
+    file the plan read was written, replaced, added or removed in between."""
+    out = {}
+    root = os.path.abspath(root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            if rel == "lock":
+                continue
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after: bool = False,
+                  broker_only: bool = False) -> RecoveryPlan:
+    """The broker's next start, as a plan (nothing is changed).
+
+    ``broker_only``: the broker's own steps only, without our checks of every consume queue and index
+    file against the log (derived_plan): enough for what the next start reads (engine.startup), not a
+    plan to apply."""
+    from .startup import startup_cost
+
+    v = version or store.config.version
+    fingerprint = store_fingerprint(store.root)
+    plan = Planner(store, v, keep_valid_after=keep_valid_after, broker_only=broker_only).run()
+    plan.fingerprint = fingerprint
+    plan.startup_cost = startup_cost(store, plan)
+    return plan
+
+
+def plan_truncate(store: Store, offset: int, version: int | None = None) -> RecoveryPlan:
+    """Cut the commitlog at a record boundary and cascade (refuses a non-boundary offset)."""
+    from ..errors import UsageError
+
+    end = store.commitlog.find_end(check_crc=False).stop
+    data_end = end.offset if end else 0
+    if offset < 0 or offset > data_end:
+        raise UsageError(f"offset {offset} is outside the commitlog data [0, {data_end}]")
+    if offset != data_end:
+        before, after = store.commitlog.boundaries_near(offset)
+        seg = store.commitlog.segments.find(offset)
+        if before != offset and not (seg is not None and seg.start == offset):
+            raise UsageError(f"offset {offset} is not a record boundary; nearest boundaries: "
+                             f"{before if before is not None else '-'} and {after if after is not None else '-'}")
+    v = version or store.config.version
+    return Planner(store, v, cut_at=offset).run()

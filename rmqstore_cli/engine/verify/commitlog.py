@@ -1,0 +1,385 @@
+"""Verify phase 1: each commitlog segment read on its own (records never cross a segment, §2.6).
+
+One walk per segment (:func:`iter_segment_windows`) yields the segment's records in *windows*: fixed
+offset ranges ``[seg.start + k*WINDOW_BYTES, seg.start + (k+1)*WINDOW_BYTES)`` inside the segment, a
+record belonging to the window its first byte lies in. A production segment is 1 GiB (millions of
+small records), so a windowed verify holds one window's columns at a time, not a segment's.
+:func:`verify_segments` gives one :class:`SegmentReport` per whole segment from the same walk (the
+Spark job and the whole-log formulation); ``-j`` streams window reports from worker processes.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+from formats import fast
+
+from ..log.commitlog import CommitLog, ScanResult
+from ..findings import Finding
+from ..log.walk import next_by_size
+from ..derived.dispatchcolumns import TopicInterner, dispatch_columns
+from .records import _COL_TYPES, _COLS, ERROR, WARNING
+
+REASON_CODES = {
+    fast.R_BODY_CRC: "CL_BODY_CRC",
+    fast.R_TOPIC_LENGTH: "CL_TOPIC_LENGTH",
+    fast.R_LENGTHS: "CL_LENGTHS",
+    fast.R_TOTALSIZE: "CL_TOTALSIZE",
+    fast.R_PROP_CRC: "CL_PROP_CRC",
+    fast.R_MAGIC_VERSION: "CL_MAGIC_VERSION",
+}
+_SYSFLAG_KNOWN = {4: 0x3F, 5: 0x7FF}
+WINDOW_BYTES = 64 << 20  # a window's offset range: 64 MiB of 100 B records are ~40 MB of columns
+
+
+def window_starts(seg, file_size: int, window_bytes: int | None = None) -> np.ndarray:
+    """Absolute start offsets of the windows of one segment (at least one; ``0``: the whole segment).
+    Only the readable part (``file_size``) is cut, so windows never reach into the next segment."""
+    wb = WINDOW_BYTES if window_bytes is None else window_bytes
+    extent = min(seg.size, file_size)
+    n = max(1, -(-extent // wb)) if wb > 0 else 1
+    return seg.start + np.arange(n, dtype=np.int64) * wb
+
+
+def first_windows(commitlog: CommitLog) -> list[int]:
+    """Number of each segment's first window in the log's window numbering (plus the total, last)."""
+    fs = commitlog.segments.file_size
+    out = [0]
+    for seg in commitlog.segments.segments:
+        out.append(out[-1] + len(window_starts(seg, fs)))
+    return out
+
+
+@dataclass
+class SegmentReport:
+    """What one commitlog segment holds, read on its own: the records of one of its windows, or of all of it.
+
+    The segment-level fields (findings, invalid, ended_with_blank, stop_*, data_end, unread_*, all_zero,
+    records, bytes, blanks) describe the whole segment and are set on its ``last`` report only (a
+    window report that is not the last has them empty: its ``records`` are ``len(cols["phy"])``)."""
+
+    index: int  # window number in the log (whole-segment reports: the segment's number)
+    path: str
+    start: int  # the segment's start
+    findings: list = field(default_factory=list)
+    cols: dict = field(default_factory=dict)  # name -> numpy column over the segment's valid records
+    topics: list = field(default_factory=list)  # topic strings; cols["topic"] holds indexes into it
+    key_hashes: object = None  # index key hashes of the records, cols["keyCount"] per record, in order
+    invalid: list = field(default_factory=list)  # absolute offsets of records that failed validation
+    ended_with_blank: bool = False
+    stop_offset: int = 0  # absolute offset where the walk stopped
+    stop_kind: str = ""
+    data_end: int = 0  # absolute end of the last byte that belongs to a record (valid or not)
+    unread_from: int | None = None  # absolute offset from which the rest of the file was not read as records
+    unread_reported: bool = False  # a finding already explains the unread rest
+    all_zero: bool = False
+    records: int = 0
+    bytes: int = 0
+    blanks: int = 0
+    segment: int = -1  # the segment's number
+    window_start: int = 0  # absolute start of the window (whole-segment reports: the segment's start)
+    last: bool = True  # the segment's last report: carries the segment-level fields
+
+
+def _single_segment_view(commitlog: CommitLog, seg) -> CommitLog:
+    """The same CommitLog rules over one segment only, so scans stop at its end."""
+    view = copy.copy(commitlog)
+    view.segments = copy.copy(commitlog.segments)
+    view.segments.segments = [seg]
+    return view
+
+
+def _first_nonzero(u8: np.ndarray, start: int, end: int) -> int | None:
+    if start >= end:
+        return None
+    nz = np.flatnonzero(u8[start:end])
+    return start + int(nz[0]) if len(nz) else None
+
+
+def verify_segments(commitlog: CommitLog, indexes: Iterable[int], *, check_crc: bool = True,
+                    progress: Callable[[int], None] | None = None) -> list[SegmentReport]:
+    """Verify the given commitlog segments, each independently of the others: one report per segment."""
+    return [rep for i in indexes for rep in iter_segment_windows(commitlog, i, check_crc=check_crc, progress=progress,
+                                                                window_bytes=0)]
+
+
+def iter_windows(commitlog: CommitLog, *, check_crc: bool = True,
+                 progress: Callable[[int], None] | None = None) -> Iterator[SegmentReport]:
+    """Every window report of the log, in log order (numbered as :func:`first_windows`)."""
+    firsts = first_windows(commitlog)
+    for i in range(len(commitlog.segments.segments)):
+        yield from iter_segment_windows(commitlog, i, check_crc=check_crc, progress=progress, first_window=firsts[i])
+
+
+def window_report(commitlog: CommitLog, w: int, *, check_crc: bool = True) -> SegmentReport:
+    """The report of window ``w`` alone (its segment walked again up to it; the others dropped as made)."""
+    firsts = first_windows(commitlog)
+    i = int(np.searchsorted(firsts, w, side="right")) - 1
+    for rep in iter_segment_windows(commitlog, i, check_crc=check_crc, first_window=firsts[i]):
+        if rep.index == w:
+            return rep
+    raise IndexError(w)
+
+
+def verify_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool = True,
+                             progress: Callable[[int], None] | None = None) -> list[SegmentReport]:
+    """:func:`verify_segments` over every segment, one segment per task on ``jobs`` forked processes (``-j``)."""
+    from ..parallel import map_ranges, split
+
+    segs = commitlog.segments.segments
+
+    def done(r: range, _reports) -> None:
+        if progress:
+            progress(sum(segs[i].size for i in r))
+
+    parts = map_ranges(_verify_range, split(len(segs), len(segs)), jobs, commitlog, check_crc, on_result=done)
+    return [rep for part in parts for rep in part]
+
+
+def iter_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool = True,
+                           progress: Callable[[int], None] | None = None) -> Iterator[SegmentReport]:
+    """:func:`iter_windows` computed by ``jobs`` forked processes, streamed in log order
+    (:func:`.parallel.stream_segments`: a 1 GiB segment never sits in memory whole, here or in a worker)."""
+    from ..parallel import stream_segments
+
+    segs = commitlog.segments.segments
+    if jobs <= 1 or len(segs) <= 1:
+        yield from iter_windows(commitlog, check_crc=check_crc, progress=progress)
+        return
+    firsts = first_windows(commitlog)
+    yield from stream_segments(_segment_windows, len(segs), jobs, commitlog, firsts, check_crc,
+                               done=(lambda i: progress(segs[i].size)) if progress else None)
+
+
+def _segment_windows(i: int, commitlog: CommitLog, firsts: list, check_crc: bool) -> Iterator[SegmentReport]:
+    return iter_segment_windows(commitlog, i, check_crc=check_crc, first_window=firsts[i])
+
+
+def _verify_range(r: range, commitlog: CommitLog, check_crc: bool) -> list[SegmentReport]:
+    return verify_segments(commitlog, r, check_crc=check_crc)
+
+
+class _Columns:
+    """Record columns accumulated chunk by chunk during a segment's walk, cut into windows by offset."""
+
+    def __init__(self):
+        self.parts = {c: [] for c in _COLS}
+        self.keys: list = []
+
+    def add(self, cols: dict, keys: np.ndarray) -> None:
+        for c, v in cols.items():
+            self.parts[c].append(v)
+        self.keys.append(keys)
+
+    def _joined(self) -> tuple[dict, np.ndarray]:
+        cols = {c: (np.concatenate(v) if v else np.zeros(0)).astype(_COL_TYPES[c], copy=False) for c, v in self.parts.items()}
+        keys = np.concatenate(self.keys).astype(np.int32, copy=False) if self.keys else np.zeros(0, np.int32)
+        return cols, keys
+
+    def cut(self, bounds: np.ndarray) -> list[tuple[dict, np.ndarray]]:
+        """The records before each of ``bounds`` (absolute offsets, increasing) and after the previous one, one
+        piece per bound; the records from the last bound on stay accumulated. Key hashes follow keyCount."""
+        cols, keys = self._joined()
+        at = np.searchsorted(cols["phy"], bounds, side="left").tolist()
+        key_at = np.zeros(len(cols["phy"]) + 1, np.int64)
+        np.cumsum(cols["keyCount"], out=key_at[1:])
+        pieces, a = [], 0
+        for b in at:
+            pieces.append(({c: v[a:b] for c, v in cols.items()}, keys[key_at[a]:key_at[b]]))
+            a = b
+        self.parts = {c: [v[a:].copy()] for c, v in cols.items()}
+        self.keys = [keys[key_at[a]:].copy()]
+        return pieces
+
+    def take_all(self) -> tuple[dict, np.ndarray]:
+        cols, keys = self._joined()
+        self.parts = {c: [] for c in _COLS}
+        self.keys = []
+        return cols, keys
+
+
+def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True, progress=None,
+                         window_bytes: int | None = None, first_window: int | None = None) -> Iterator[SegmentReport]:
+    """Walk segment ``i`` once and yield a report per window (:func:`window_starts`; ``window_bytes=0``: one
+    report for the whole segment, numbered ``i``), in order, each as soon as the walk has passed its end.
+    Windows are numbered from ``first_window`` (default: the log's numbering, :func:`first_windows`)."""
+    seg = commitlog.segments.segments[i]
+    cfg = commitlog.config
+    starts = window_starts(seg, commitlog.segments.file_size, window_bytes)
+    nw = len(starts)
+    if window_bytes == 0:
+        first = i
+    else:
+        first = first_windows(commitlog)[i] if first_window is None else first_window
+    # the segment-level fields are gathered on the last window's report
+    rep = SegmentReport(first + nw - 1, seg.path, seg.start, segment=i, window_start=int(starts[-1]))
+    view = _single_segment_view(commitlog, seg)
+    buf = seg.buffer()
+    u8 = fast.as_u8(buf) if seg.size else np.zeros(0, np.uint8)
+    limit = min(seg.size, commitlog.segments.file_size)
+    wrong_size = seg.size != commitlog.segments.file_size
+    acc = _Columns()
+    interner = TopicInterner()
+    delay_table = cfg.delay_table
+    known = _SYSFLAG_KNOWN.get(cfg.version, 0x7FF)
+    max_size = cfg.maxMessageSize + (65536 if cfg.version >= 5 else 0)
+    f = rep.findings
+    k = 0  # the window being filled
+    totals = [0, 0]  # records, bytes
+
+    def window(cols: dict, keys: np.ndarray) -> SegmentReport:
+        nonlocal k
+        last = k == nw - 1
+        out = rep if last else SegmentReport(first + k, seg.path, seg.start, segment=i, window_start=int(starts[k]), last=False)
+        out.cols, out.key_hashes, out.topics = cols, keys, interner.topics()
+        totals[0] += len(cols["phy"])
+        totals[1] += int(cols["size"].sum()) if len(cols["phy"]) else 0
+        if progress:
+            progress(int((starts[k + 1] if not last else seg.start + seg.size) - starts[k]))
+        k += 1
+        return out
+
+    def at(pos: int, code: str, sev: str, msg: str, **extra) -> None:
+        f.append(Finding(code, sev, seg.path, pos, msg, {"phyOffset": seg.start + pos, **extra}))
+
+    pos = 0
+    while True:
+        res = ScanResult()
+        for chunk in view.scan(start_position=pos, check_crc=check_crc, result=res):
+            h = chunk.headers
+            phy = chunk.phy
+            tids = interner.intern_chunk(u8, buf, h)
+            codes, tags_bad, counts, hashes = dispatch_columns(u8, h, tids, interner, delay_table)
+            acc.add({"phy": phy, "size": h.totalSize, "queueId": h.queueId, "queueOffset": h.queueOffset,
+                     "sysFlag": h.sysFlag, "storeTimestamp": h.storeTimestamp, "topic": tids, "tagsCode": codes,
+                     "tagsBad": tags_bad, "keyCount": counts}, hashes)
+            rep.data_end = int(phy[-1] + h.totalSize[-1])
+            # Checks the broker does not make (§13.3 "Not checked by Java").
+            for j in np.flatnonzero(h.physicalOffset != phy).tolist():
+                at(int(h.offsets[j]), "CL_PHYOFFSET", ERROR,
+                   f"PHYSICALOFFSET field says {int(h.physicalOffset[j])}, the record is at {int(phy[j])}")
+            bad_flags = (h.sysFlag & ~known) != 0
+            if cfg.version >= 5:
+                bad_flags |= ((h.sysFlag & 0x700) >> 8) >= 4
+            for j in np.flatnonzero(bad_flags).tolist():
+                at(int(h.offsets[j]), "CL_SYSFLAG", WARNING, f"SYSFLAG 0x{int(h.sysFlag[j]) & 0xFFFFFFFF:X} has bits this broker version never sets")
+            for j in np.flatnonzero((h.queueId < 0) | (h.queueOffset < 0)).tolist():
+                at(int(h.offsets[j]), "CL_FIELD_RANGE", WARNING,
+                   f"negative QUEUEID {int(h.queueId[j])} or QUEUEOFFSET {int(h.queueOffset[j])}")
+            for j in np.flatnonzero(h.totalSize > max_size).tolist():
+                at(int(h.offsets[j]), "CL_TOO_LARGE", WARNING, f"TOTALSIZE {int(h.totalSize[j])} exceeds what the broker accepts ({max_size})")
+            if k + 1 < nw and int(phy[-1]) >= starts[k + 1]:  # the walk passed the end of one window or more
+                passed = starts[k + 1:int(np.searchsorted(starts, int(phy[-1]), side="right"))]
+                for cols, keys in acc.cut(passed):
+                    yield window(cols, keys)
+                del cols, keys
+            del chunk, h, phy, tids, codes, tags_bad, counts, hashes
+        stop = res.stop
+        rep.blanks += 1 if stop.kind == fast.STOP_BLANK else 0
+        p = stop.position
+        if stop.kind == fast.STOP_BLANK:
+            rep.ended_with_blank = True
+            rep.data_end = seg.start + p + 8
+            if stop.size != seg.size - p:
+                at(p, "CL_BLANK_SIZE", ERROR, f"BLANK marker says {stop.size} bytes remain, the file has {seg.size - p}")
+            break
+        if stop.kind == fast.STOP_INVALID:
+            code = REASON_CODES.get(stop.reason, "CL_INVALID")
+            rep.invalid.append(seg.start + p)
+            rec_end = p + max(stop.size, 8)
+            tail_zero = rec_end <= limit and _first_nonzero(u8, min(rec_end, limit), limit) is None
+            last_zero = 0 < stop.size and p + stop.size <= limit and not u8[p + stop.size - 8:p + stop.size].any()
+            if tail_zero and last_zero:
+                at(p, "CL_TORN_TAIL", ERROR, f"partially written record ({fast.REASON_TEXT[stop.reason]}) followed only by zeros: "
+                   "a write torn by a crash; broker recovery truncates the log here", reason=fast.REASON_TEXT[stop.reason])
+                rep.data_end = seg.start + p
+                rep.unread_from, rep.unread_reported = seg.start + p, True
+                break
+            at(p, code, ERROR, f"{fast.REASON_TEXT[stop.reason]}; broker recovery would truncate the log here "
+               "and delete every later file", reason=fast.REASON_TEXT[stop.reason])
+            nxt = _resync(buf, u8, p, stop, limit, commitlog)
+            if nxt is None:
+                at(p, "CL_GARBAGE", ERROR, "cannot find the next record after this invalid one; the rest of the file is not readable as records")
+                rep.data_end = seg.start + limit
+                rep.unread_from, rep.unread_reported = seg.start + p, True
+                break
+            rep.data_end = seg.start + nxt
+            pos = nxt
+            continue
+        # The walk ended without a BLANK: classify what follows (tail classification).
+        rep.stop_offset, rep.stop_kind = seg.start + p, stop.kind
+        rep.unread_from = seg.start + p
+        if wrong_size and stop.kind in (fast.STOP_TORN, fast.STOP_EOF):
+            rep.unread_reported = True  # SEG_WRONG_SIZE explains the cut
+        elif stop.kind == fast.STOP_ZERO or (stop.kind == fast.STOP_EOF and p >= limit):
+            nz = _first_nonzero(u8, p, limit)
+            if nz is not None:
+                at(nz, "CL_STALE_AFTER_END", WARNING, f"non-zero bytes after the end of data at {seg.start + p}: stale data a later "
+                   "recovery could misread")
+        elif stop.kind == fast.STOP_TORN:
+            at(p, "CL_TORN_TAIL", ERROR,
+               f"record header claims {stop.size} bytes, past the end of the file: a torn write; broker recovery truncates here")
+            rep.unread_reported = True
+        elif stop.kind == fast.STOP_EOF:
+            at(p, "CL_NO_BLANK", WARNING, "the file ends without a BLANK marker")
+        else:
+            what = "bytes that are not a record" if stop.kind == fast.STOP_BAD_MAGIC else f"a record with TOTALSIZE {stop.size}"
+            at(p, "CL_GARBAGE", ERROR, f"{what} (magic 0x{stop.magic & 0xFFFFFFFF:08X}); the broker's recovery ends the log here")
+            rep.unread_reported = True
+        break
+    cols, keys = acc.take_all()
+    while k < nw - 1:  # the window the walk ended in, then the empty ones after it
+        yield window(cols, keys)
+        cols, keys = {c: v[:0] for c, v in cols.items()}, keys[:0]
+    last = window(cols, keys)
+    del cols, keys
+    rep.records, rep.bytes = totals
+    rep.all_zero = rep.records == 0 and not rep.invalid and _first_nonzero(u8, 0, seg.size) is None
+    yield last
+
+def _resync(buf, u8, p: int, stop, limit: int, commitlog: CommitLog) -> int | None:
+    """Where the next record starts after an invalid one (:func:`..log.walk.next_by_size`)."""
+    return next_by_size(buf, u8, p, stop.reason, stop.size, limit, commitlog.magics(False))
+
+
+def as_windows(rep: SegmentReport, commitlog: CommitLog, firsts: list) -> Iterator[SegmentReport]:
+    """``rep`` in the log's window numbering: a whole-segment report (:func:`verify_segments`, e.g. from a
+    caller's own parallel run) cut into its windows' reports; a window report as it is."""
+    if not (rep.last and rep.window_start == rep.start):
+        yield rep
+        return
+    seg = commitlog.segments.segments[rep.segment]
+    starts = window_starts(seg, commitlog.segments.file_size)
+    first = firsts[rep.segment]
+    rep.index, rep.window_start = first + len(starts) - 1, int(starts[-1])
+    if len(starts) > 1:
+        acc = _Columns()
+        acc.add(rep.cols, rep.key_hashes)
+        for k, (cols, keys) in enumerate(acc.cut(starts[1:])):
+            yield SegmentReport(first + k, seg.path, seg.start, cols=cols, topics=rep.topics, key_hashes=keys,
+                                segment=rep.segment, window_start=int(starts[k]), last=False)
+        rep.cols, rep.key_hashes = acc.take_all()
+    yield rep
+
+
+def whole_segments(reports: Iterable[SegmentReport]) -> Iterator[SegmentReport]:
+    """Window reports (in log order) joined back into one report per segment, as :func:`verify_segments`
+    makes them; whole-segment reports pass as they are (the whole-log formulation needs segment reports)."""
+    pending: list[SegmentReport] = []
+    for rep in reports:
+        pending.append(rep)
+        if not rep.last:
+            continue
+        if len(pending) > 1:
+            acc = _Columns()
+            for r in pending:
+                acc.add(r.cols, r.key_hashes)
+                r.cols, r.key_hashes = {}, None
+            rep.cols, rep.key_hashes = acc.take_all()
+        rep.index, rep.window_start = rep.segment if rep.segment >= 0 else rep.index, rep.start
+        pending = []
+        yield rep

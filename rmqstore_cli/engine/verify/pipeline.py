@@ -1,0 +1,270 @@
+"""Offline verification of a whole store: every check the broker makes, and the ones it skips.
+
+Two phases, so the first can later run per segment in parallel (``-j``):
+
+1. :func:`verify_segments` walks a range of commitlog segments independently (records never
+   cross a segment, §2.6) and returns a :class:`SegmentReport` per segment: findings plus
+   the header columns of every record it read (:func:`iter_windows`: the same walk, a report per
+   sub-segment window, what the in-process verify consumes).
+2. :func:`verify_store` merges the reports in segment order and cross-checks the log with the
+   consume queues, ext files, index files and checkpoint (Appendix B).
+
+The engine never prints: it returns :class:`~rmqstore_cli.engine.findings.Finding` objects
+and a summary dict. Finding codes are stable (README "Finding codes").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ..findings import Finding
+from .commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_parallel,  # noqa: F401 (public API)
+                        as_windows, first_windows, iter_windows, verify_segments, verify_segments_parallel,
+                        whole_segments, window_report)
+from .index import _check_checkpoint, _check_index, _check_root
+from .queues import _check_consume_queues, _check_dispatch
+from .records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier,  # noqa: F401
+                      map_large_allocations)
+from .windows import DispatchWindows, IndexWindows, QueueWindows, Windows, segments_overlap
+
+
+@dataclass
+class VerifyResult:
+    findings: list
+    summary: dict
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing worse than info was found, 1 otherwise."""
+        return 1 if any(f.severity in (ERROR, WARNING) for f in self.findings) else 0
+
+
+class InProcessCrossChecks:
+    """Runs the consume-queue/ext and index cross-checks here, queue after queue and file after file;
+    a distributed verify passes its own object with the same two methods to :func:`verify_store`."""
+
+    @staticmethod
+    def consume_queues(store, recs, refs, findings: list, summary: dict):
+        return _check_consume_queues(store, recs, refs, findings, summary)
+
+    @staticmethod
+    def index(store, recs, refs, findings: list, summary: dict) -> None:
+        _check_index(store, recs, refs, findings, summary)
+
+
+def verify_store(store, *, check_crc: bool = True, reports: Iterable[SegmentReport] | None = None,
+                 progress: Callable[[int], None] | None = None, cross_checks=InProcessCrossChecks) -> VerifyResult:
+    """Verify everything in ``store``; ``reports`` (in segment order) may come from parallel
+    :func:`verify_segments` calls, e.g. the stream of :func:`iter_segments_parallel` (they are consumed:
+    their record columns are released once used).
+
+    In process, the log is verified in windows (:mod:`.windows`): one window's records at a
+    time (whole-segment reports are cut into windows). A distributed ``cross_checks``, or segments that overlap, take the whole-log formulation."""
+    if cross_checks is InProcessCrossChecks and not segments_overlap(store.commitlog):
+        return _verify_in_windows(store, check_crc=check_crc, reports=reports, progress=progress)
+    return _verify_whole_log(store, check_crc=check_crc, reports=None if reports is None else list(whole_segments(reports)),
+                             progress=progress,
+                             cross_checks=cross_checks)
+
+
+def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[SegmentReport] | None = None,
+                       progress: Callable[[int], None] | None = None) -> VerifyResult:
+    cl = store.commitlog
+    findings: list[Finding] = []
+    findings += cl.segments.problems
+    windows = Windows(cl)
+    queues = [QueueWindows(store, topic, qid, windows, findings) for topic, qid in store.queues()]
+    svc = store.index
+    findings += svc.problems
+    index_files = [IndexWindows(f, windows) for f in svc.files if f.complete]
+    phy_maxes = [q.phy_max for q in queues if q.phy_max is not None]
+    dispatch = DispatchWindows(max(phy_maxes) if phy_maxes else None)
+    dispatch.reread_with(lambda w: _Records(store, [window_report(cl, w, check_crc=check_crc)]))
+    times = _Agg()
+    prev_ts = None
+    newest = None
+    n_records = 0
+    kept: list[SegmentReport] = []  # the segments' last window reports: the segment-level fields
+    if reports is None:
+        source = iter_windows(cl, check_crc=check_crc, progress=progress)
+    else:
+        firsts = first_windows(cl)
+        source = (w for rep in reports for w in as_windows(rep, cl, firsts))
+    for rep in source:
+        findings += rep.findings
+        recs = _Records(store, [rep])  # consumes the report's columns
+        if rep.last:
+            kept.append(rep)
+        w = rep.index
+        n_records += len(recs)
+        if len(recs):
+            ts = recs.c["storeTimestamp"]
+            prev_ts = _store_times_window(recs, prev_ts, times)
+            newest = int(ts.max()) if newest is None else max(newest, int(ts.max()))
+            _check_delay_properties(recs, findings)
+        marks = np.zeros(len(recs), dtype=bool)
+        found_end = None
+        for q in queues:
+            end = q.window(w, windows, recs, marks)
+            if end is not None:
+                found_end = end if found_end is None else max(found_end, end)
+        dispatch.window(recs, marks, found_end, w)
+        for ix in index_files:
+            ix.window(w, windows, recs)
+        del recs, marks
+    findings += times.findings()
+    summary: dict = {"root": store.root, "version": store.config.version,
+                     "commitlog": {"files": len(kept), "records": n_records, "bytes": int(sum(r.bytes for r in kept)),
+                                   "blanks": int(sum(r.blanks for r in kept)), "minOffset": cl.min_offset}}
+    data_end, recovery_end = _log_end(store, kept, findings)
+    summary["commitlog"].update(maxOffset=data_end, recoveryEnd=recovery_end)
+    no_records = _Records(store, [])
+    no_records.invalid = np.asarray(sorted(o for r in kept for o in r.invalid), dtype=np.int64)
+    refs = _RefClassifier(no_records, kept, cl, data_end)  # for the references no window found a record for
+    for q in queues:
+        q.finish(refs, findings)
+    dispatch.finish(cl, findings)
+    summary["consumeQueues"] = {"queues": len(queues), "units": sum(q.units for q in queues)}
+    for ix in index_files:
+        ix.finish(refs, findings)
+    summary["index"] = {"files": len(svc.files), "entries": sum(ix.entries for ix in index_files)}
+    if refs.lost_refs:
+        findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))
+    _check_checkpoint(store, _Newest(n_records, newest), findings)
+    _check_root(store, findings)
+    sort_findings(findings, summary)
+    return VerifyResult(findings, summary)
+
+
+class _Newest:
+    """What the checkpoint check reads of the records: how many, and the newest store time."""
+
+    def __init__(self, n: int, newest: int | None):
+        self.n = n
+        self.c = {"storeTimestamp": np.asarray([newest if newest is not None else 0], dtype=np.int64)}
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _store_times_window(recs: _Records, prev_ts: int | None, agg: _Agg) -> int:
+    """CL_STORE_TIME within one window and across its boundary with the previous one; returns its last store time."""
+    ts = recs.c["storeTimestamp"]
+    if prev_ts is not None and int(ts[0]) < prev_ts:
+        path, pos = recs.location(0)
+        add_store_time_finding(agg, path, pos, int(ts[0]), prev_ts, int(recs.phy[0]))
+    for i in (np.flatnonzero(ts[1:] < ts[:-1]) + 1).tolist():
+        path, pos = recs.location(i)
+        add_store_time_finding(agg, path, pos, int(ts[i]), int(ts[i - 1]), int(recs.phy[i]))
+    return int(ts[-1])
+
+
+def _verify_whole_log(store, *, check_crc: bool = True, reports: list[SegmentReport] | None = None,
+                      progress: Callable[[int], None] | None = None, cross_checks=InProcessCrossChecks) -> VerifyResult:
+    """Every record's columns at once, then the cross-checks (the formulation a distributed verify shares)."""
+    map_large_allocations()
+    cl = store.commitlog
+    findings: list[Finding] = []
+    findings += cl.segments.problems
+    if reports is None:
+        reports = verify_segments(cl, range(len(cl.segments.segments)), check_crc=check_crc, progress=progress)
+    for r in reports:
+        findings += r.findings
+    recs = _Records(store, reports)
+    summary: dict = {"root": store.root, "version": store.config.version,
+                     "commitlog": {"files": len(reports), "records": len(recs), "bytes": int(sum(r.bytes for r in reports)),
+                                   "blanks": int(sum(r.blanks for r in reports)), "minOffset": cl.min_offset}}
+    data_end, recovery_end = _log_end(store, reports, findings)
+    summary["commitlog"].update(maxOffset=data_end, recoveryEnd=recovery_end)
+    _check_store_times(recs, findings)
+    _check_delay_properties(recs, findings)
+    refs = _RefClassifier(recs, reports, cl, data_end)
+    marks = cross_checks.consume_queues(store, recs, refs, findings, summary)
+    _check_dispatch(store, recs, marks, findings)
+    cross_checks.index(store, recs, refs, findings, summary)
+    if refs.lost_refs:
+        findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))
+    _check_checkpoint(store, recs, findings)
+    _check_root(store, findings)
+    sort_findings(findings, summary)
+    return VerifyResult(findings, summary)
+
+
+def lost_tail_finding(cl, data_end: int, lost_refs: int) -> Finding:
+    seg = cl.segments.find(data_end) or (cl.segments.segments[-1] if cl.segments.segments else None)
+    path = seg.path if seg else cl.directory
+    return Finding("CL_LOST_TAIL", ERROR, path, data_end - seg.start if seg else None,
+                   f"the commitlog ends at {data_end} but {lost_refs} consume-queue units / index entries point "
+                   "past it: the tail of the log is missing (zero-filled or cut)", {"phyOffset": data_end, "references": lost_refs})
+
+
+def sort_findings(findings: list, summary: dict) -> None:
+    """The report's order (severity, file, offset, code) and the per-severity counts."""
+    findings.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), f.path or "", f.offset if f.offset is not None else -1, f.code))
+    summary["findings"] = {s: sum(1 for f in findings if f.severity == s) for s in (ERROR, WARNING, INFO)}
+
+
+def _log_end(store, reports: list[SegmentReport], findings: list) -> tuple[int, int]:
+    """(end of data, where the broker's recovery walk would stop); reports pre-allocated / unreachable files."""
+    data_end = store.commitlog.min_offset
+    for r in reports:
+        if r.records or r.invalid or r.blanks:
+            data_end = max(data_end, r.data_end)
+    recovery_end = None
+    end_rep = None
+    for r in reports:
+        if r.invalid:
+            recovery_end = r.invalid[0]
+            break
+        if not r.ended_with_blank:
+            recovery_end, end_rep = r.stop_offset, r
+            break
+    if recovery_end is None and reports:
+        last = reports[-1]
+        recovery_end = last.data_end - 8 if last.ended_with_blank else last.stop_offset
+    if end_rep is not None:
+        later = [r for r in reports if r.index > end_rep.index]
+        with_data = [r for r in later if not r.all_zero]
+        if with_data and not end_rep.unread_reported:
+            findings.append(Finding("CL_NO_BLANK", ERROR, end_rep.path, end_rep.stop_offset - end_rep.start,
+                                    f"the file ends its data without a BLANK marker but {len(with_data)} later file(s) hold data: "
+                                    "the broker stops reading here and recovery would delete them",
+                                    {"phyOffset": end_rep.stop_offset}))
+        for r in later:
+            if r.all_zero:
+                findings.append(Finding("CL_PREALLOCATED", INFO, r.path, 0,
+                                        "all-zero file after the end of the log (pre-allocated); recovery deletes it"))
+    return data_end, recovery_end if recovery_end is not None else 0
+
+
+def _check_store_times(recs: _Records, findings: list) -> None:
+    ts = recs.c["storeTimestamp"]
+    if len(ts) < 2:
+        return
+    back = np.flatnonzero(ts[1:] < ts[:-1]) + 1
+    agg = _Agg()
+    for i in back.tolist():
+        path, pos = recs.location(i)
+        add_store_time_finding(agg, path, pos, int(ts[i]), int(ts[i - 1]), int(recs.phy[i]))
+    findings += agg.findings()
+
+
+def add_store_time_finding(agg: _Agg, path: str, pos: int, ts: int, prev_ts: int, phy: int, count: int = 1) -> None:
+    """CL_STORE_TIME for a record stored before its predecessor (``count`` such records when merging partial results)."""
+    agg.add("", "CL_STORE_TIME", WARNING, path, pos, f"STORETIMESTAMP {ts} is earlier than the previous record's "
+            f"{prev_ts} (clock moved back, or records were copied in)", phyOffset=phy)
+    agg.count[("", "CL_STORE_TIME")] += count - 1
+
+
+def _check_delay_properties(recs: _Records, findings: list) -> None:
+    tid = recs.topic_ids.get("SCHEDULE_TOPIC_XXXX")
+    if tid is None:
+        return
+    for i in np.flatnonzero(recs.c["topic"] == tid).tolist():
+        if recs.tags_code(i) is None:
+            path, pos = recs.location(i)
+            findings.append(Finding("CL_DELAY_PROPERTY", ERROR, path, pos, "DELAY property is not a number: the broker rejects "
+                                    "this record and recovery truncates the log here", {"phyOffset": int(recs.phy[i])}))
