@@ -117,7 +117,7 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
     ``replan()`` -> (open store, assessed plan): with it, the plan printed is applied only if the store is
     as it was when planning began (``plan.fingerprint``, compared once the lock is held); otherwise the
     store is planned again under the lock, that plan is printed and applied instead (or refused)."""
-    from rmqstore_cli.engine.repair.recovery import store_fingerprint
+    from rmqstore_cli.engine.repair.plan import store_fingerprint
     from rmqstore_cli.engine.repair.apply import apply_plan, open_backup, save_lock_file, take_lock
 
     root, config = st.root, st.config

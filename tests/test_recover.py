@@ -229,7 +229,8 @@ def test_recover_applies_the_plan_it_printed_when_nothing_changed(store_copy, mo
     under the lock (what reusing it saves is exactly that second plan)."""
     import rmqstore_cli.engine.repair.apply as repair
     from rmqstore_cli.engine.repair.outcome import assess_plan
-    from rmqstore_cli.engine.repair.recovery import plan_recovery, store_fingerprint
+    from rmqstore_cli.engine.repair.plan import store_fingerprint
+    from rmqstore_cli.engine.repair.recovery import plan_recovery
 
     root = store_copy("4.9.3-crash")
     real = repair.apply_plan
@@ -252,7 +253,7 @@ def test_recover_applies_the_plan_it_printed_when_nothing_changed(store_copy, mo
 
 
 def test_store_fingerprint_sees_every_write_but_the_lock(store_copy):
-    from rmqstore_cli.engine.repair.recovery import store_fingerprint
+    from rmqstore_cli.engine.repair.plan import store_fingerprint
 
     root = store_copy("4.9.3-clean")
     before = store_fingerprint(root)
@@ -298,7 +299,7 @@ def test_torn_index_found_past_the_holes_of_a_sparse_file(tmp_path, where):
     import struct
 
     from rmqstore_cli.engine.derived.index import IndexFile
-    from rmqstore_cli.engine.repair.recovery import _index_torn
+    from rmqstore_cli.engine.repair.probes import index_torn
 
     slots, entries, count = 100, 1_000_000, 5
     path = tmp_path / "20240101000000000"
@@ -315,6 +316,6 @@ def test_torn_index_found_past_the_holes_of_a_sparse_file(tmp_path, where):
     f = IndexFile(str(path), slots, entries)
     try:
         assert f.complete
-        assert _index_torn(f) == (where is not None)
+        assert index_torn(f) == (where is not None)
     finally:
         f.close()

@@ -17,7 +17,7 @@ import numpy as np
 from .backup import Backup, find_unfinished, fsync_path, read_manifest, undo_entries
 from ..errors import StoreInUseError, UsageError
 from ..log.lockfile import LOCK_CONTENT, StoreLock
-from .recovery import RecoveryPlan
+from .plan import RecoveryPlan
 
 ZERO_CHUNK = bytes(1 << 20)
 

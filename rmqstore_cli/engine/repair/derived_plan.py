@@ -23,7 +23,7 @@ def _queue_units(qs) -> tuple[np.ndarray, int]:
     """The units the broker's recovery keeps for a queue (contiguous files up to qs.end), and
     the queue offset of the first one."""
     from ..derived.consumequeue import CQ_DTYPE
-    from .recovery import _units
+    from .probes import queue_file_units
 
     parts = []
     first = None
@@ -33,7 +33,7 @@ def _queue_units(qs) -> tuple[np.ndarray, int]:
             break
         if pos is not None and seg.start != pos:
             break
-        arr = _units(seg, qs.file_size)
+        arr = queue_file_units(seg, qs.file_size)
         n = min(len(arr), (qs.end - seg.start) // CQ_UNIT_SIZE)
         parts.append(arr[:n])
         if first is None:
@@ -129,7 +129,7 @@ def _cut_ext(planner, key, ext_end: int) -> None:
     name any address, earlier (cutting kept units) or later (keeping units that are rewritten)."""
     ext, segs = planner.exts[key]
     fs = ext.file_size
-    from .recovery import _nonzero_after
+    from .probes import nonzero_after
 
     paths = {seg.path for seg in segs}
     planner.plan.actions = [a for a in planner.plan.actions if a.path not in paths]
@@ -137,7 +137,7 @@ def _cut_ext(planner, key, ext_end: int) -> None:
     for seg in segs:
         if seg.start > ext_end or (seg.start == ext_end and seg.start > 0):
             planner.move_aside(seg.path, f"ext units from {ext_end} belong to rewritten consume-queue units")
-        elif seg.start <= ext_end < seg.start + fs and _nonzero_after(seg.path, ext_end - seg.start):
+        elif seg.start <= ext_end < seg.start + fs and nonzero_after(seg.path, ext_end - seg.start):
             planner.act("zero_tail", seg.path, f"ext units from {ext_end} belong to rewritten consume-queue units; "
                         "they are written again by the re-dispatch", offset=ext_end - seg.start)
 

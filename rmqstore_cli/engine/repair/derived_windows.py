@@ -49,13 +49,13 @@ class _Lie(Exception):
 
 def _queue_files(qs) -> list:
     """(queue offset of the first unit, units) of each file the broker's recovery keeps (as derived_plan._queue_units)."""
-    from .recovery import _units
+    from .probes import queue_file_units
 
     out, pos = [], None
     for seg in qs.segments:
         if seg.start >= qs.end or (pos is not None and seg.start != pos):
             break
-        arr = _units(seg, qs.file_size)
+        arr = queue_file_units(seg, qs.file_size)
         n = min(len(arr), (qs.end - seg.start) // CQ_UNIT_SIZE)
         out.append((seg.start // CQ_UNIT_SIZE, arr[:n]))
         pos = seg.start + qs.file_size

@@ -12,166 +12,24 @@ does better; where it would refuse to start, the plan names the file and the rea
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from formats import fast
 from formats.extaddr import is_ext_addr, undecorate
-from formats.records import (CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, MAGIC_V1, MAGIC_V2,
-                             SYSFLAG_BORNHOST_V6)
+from formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6
 
 from ..log.checkpoint import Checkpoint
 from .checkpointfix import correct_times
 from ..derived.consumequeue import ConsumeQueue, ConsumeQueueExt
-from ..errors import EXIT_CLEAN, EXIT_CORRUPT, EXIT_FINDINGS
 from ..derived.dispatchpredict import DispatchPrediction
 from ..log.walk import LogTally, WalkStop, broker_walk, lenient_records, resync, rewalk
-from ..derived.index import last_live_entry
 from ..store import Store
 from .derived_plan import check_derived, dispatch_starts, queue_repairs
+from .plan import Action, QueueState, RecoveryPlan, store_fingerprint
+from .probes import file_has_data, index_torn, nonzero_after, SegmentFrom, queue_file_units
 
 REFUSE = "the broker would refuse to start: "
-
-
-def _index_torn(f) -> bool:
-    """Entries or slots written past the header's indexCount: an index put killed before its header update."""
-    count = max(f.header().indexCount, 1)
-    if count >= f.entries:
-        return False
-    return last_live_entry(f, count) is not None or bool((f.slot_table().astype("int64") >= count).any())
-
-
-@dataclass
-class Action:
-    """One change to one file; ``repair`` backs the bytes up before doing it."""
-
-    kind: str  # move_aside | extend | zero_tail | dispatch | checkpoint | remove_abort
-    path: str | None
-    why: str
-    offset: int | None = None  # zero_tail: first byte to zero
-    housekeeping: bool = False  # the broker does this at every start; loses nothing
-    extra: dict = field(default_factory=dict)
-
-    def as_json(self) -> dict:
-        d = {"action": self.kind, "path": self.path, "why": self.why}
-        if self.offset is not None:
-            d["offset"] = self.offset
-        if self.housekeeping:
-            d["housekeeping"] = True
-        d.update(self.extra)
-        return d
-
-
-@dataclass
-class QueueState:
-    topic: str
-    queue_id: int
-    directory: str
-    segments: list  # effective segments (after moving bad files aside)
-    file_size: int
-    end: int = 0  # logical byte end (next unit position)
-    max_physic: int = -1
-    max_ext: int = 1
-    first_units: np.ndarray | None = None
-    truncated_units: int = 0
-    new_units: int = 0
-    exists: bool = True
-
-    @property
-    def max_offset(self) -> int:
-        return self.end // CQ_UNIT_SIZE
-
-
-@dataclass
-class RecoveryPlan:
-    root: str
-    version: int
-    last_exit_ok: bool
-    refusals: list = field(default_factory=list)
-    data_loss: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-    actions: list = field(default_factory=list)
-    commitlog: dict = field(default_factory=dict)
-    dispatch: dict = field(default_factory=dict)
-    checkpoint_before: dict = field(default_factory=dict)
-    checkpoint_after: dict = field(default_factory=dict)
-    index_deleted: list = field(default_factory=list)
-    salvage: dict | None = None
-    summary: dict = field(default_factory=dict)
-    queues: dict = field(default_factory=dict)
-    startup_cost: dict | None = None  # engine.startup: what the next start reads (recover plans only)
-    queue_repairs: list = field(default_factory=list)  # per queue: the broker's outcome and ours (derived_plan)
-    refused_queues: list = field(default_factory=list)  # queues the log cannot fill contiguously
-    # The exit-code contract (engine/repair/outcome.py fills these from a verify run before anything is
-    # applied): every error/warning finding is fixed by an action, kept on purpose (with why), or
-    # left (the plan does not repair it: the applied repair will exit 1).
-    fixed_findings: list = field(default_factory=list)
-    kept_findings: list = field(default_factory=list)
-    left_findings: list = field(default_factory=list)
-    assessed: bool = False
-    keep_valid_after: bool = False  # the explicit choice that lets a plan with data loss be applied
-    # (size, mtime, inode) of every file under the store root when planning began (store_fingerprint):
-    # the apply reuses this plan only if the store is still so once the lock is held.
-    fingerprint: dict | None = field(default=None, repr=False, compare=False)
-    queue_ends: dict = field(default_factory=dict)  # (topic, queueId) -> next queue offset before the re-dispatch
-
-    @property
-    def repairs(self) -> list:
-        return [a for a in self.actions if not a.housekeeping]
-
-    @property
-    def empty(self) -> bool:
-        """Nothing to do and nothing damaged: the broker's next start changes nothing (housekeeping
-        included) and, once assessed, verify found nothing."""
-        return not (self.actions or self.refusals or self.data_loss or self.kept_findings or self.left_findings)
-
-    @property
-    def exit_code(self) -> int:
-        """``--dry-run``: 0 empty plan, 1 actions or damage, 2 data would be lost without a choice."""
-        if self.data_loss and not self.keep_valid_after:
-            return EXIT_CORRUPT
-        return EXIT_CLEAN if self.empty else EXIT_FINDINGS
-
-    @property
-    def expected_exit(self) -> int:
-        """What applying this plan will exit with: 2 refused (data loss), 1 when findings the plan
-        does not repair will remain, else 0 (verify clean, or only the kept findings left)."""
-        if self.data_loss and not self.keep_valid_after:
-            return EXIT_CORRUPT
-        return EXIT_FINDINGS if self.left_findings else EXIT_CLEAN
-
-    def as_json(self) -> dict:
-        return {
-            "type": "recover-plan", "version": self.version, "mode": "normal" if self.last_exit_ok else "abnormal",
-            "refusals": self.refusals, "dataLoss": self.data_loss, "notes": self.notes,
-            "commitlog": self.commitlog, "dispatch": self.dispatch, "indexDeleted": self.index_deleted,
-            "checkpointBefore": self.checkpoint_before, "checkpointAfter": self.checkpoint_after,
-            "salvage": self.salvage, "actions": [a.as_json() for a in self.actions],
-            "queueRepairs": self.queue_repairs, "refusedQueues": self.refused_queues,
-            "summary": self.summary, "exitCode": self.exit_code,
-            "empty": self.empty, "assessed": self.assessed, "expectedApplyExitCode": self.expected_exit,
-            "fixedFindings": self.fixed_findings, "keptFindings": self.kept_findings, "leftFindings": self.left_findings,
-        } | ({"startupCost": self.startup_cost} if self.startup_cost is not None else {})
-
-
-def _nonzero_after(path: str, pos: int) -> bool:
-    """Any non-zero byte from ``pos`` to the end of the file (sparse-friendly chunked read)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(pos)
-            while True:
-                b = f.read(1 << 20)
-                if not b:
-                    return False
-                if b.count(0) != len(b):
-                    return True
-    except OSError:
-        return False
-
-
-def _file_has_data(path: str) -> bool:
-    return _nonzero_after(path, 0)
 
 
 class Planner:
@@ -233,7 +91,7 @@ class Planner:
                 kept.append(seg)
                 continue
             self.move_aside(seg.path, f"{what}; moved into the backup so the broker can start")
-            if seg.size and _file_has_data(seg.path):
+            if seg.size and file_has_data(seg.path):
                 self.plan.data_loss.append(f"{kind} file {seg.name} ({seg.size} bytes) holds data but has the wrong size; "
                                            f"it is moved out whole (its records are not in the recovered log; salvage reads it)")
         return kept
@@ -291,7 +149,7 @@ class Planner:
         files = list(idx.files)
         torn = False
         for k, f in enumerate(files):
-            if not f.complete or _index_torn(f):
+            if not f.complete or index_torn(f):
                 damaged, torn = k, f.complete
                 break
         self.index_files = files
@@ -320,7 +178,7 @@ class Planner:
             i = max(0, len(segs) - 3)
             while True:
                 seg = segs[i]
-                arr = _units(seg, qs.file_size)
+                arr = queue_file_units(seg, qs.file_size)
                 valid = (arr["phyOffset"] >= 0) & (arr["size"] > 0)
                 bad = np.flatnonzero(~valid)
                 n = int(bad[0]) if len(bad) else len(arr)
@@ -350,7 +208,7 @@ class Planner:
             keep.append(seg)
             if seg.start <= end < seg.start + qs.file_size:
                 pos = end - seg.start
-                if _nonzero_after(seg.path, pos):
+                if nonzero_after(seg.path, pos):
                     self.act("zero_tail", seg.path, f"{why}: bytes after the last valid unit (queue offset "
                              f"{end // CQ_UNIT_SIZE}) zeroed so they cannot reappear", offset=pos)
         qs.segments = keep
@@ -379,7 +237,7 @@ class Planner:
         for seg in segs:
             if seg.start > end:
                 self.move_aside(seg.path, "ext recovery: file after the ext end")
-            elif seg.start <= end < seg.start + ext.file_size and _nonzero_after(seg.path, end - seg.start):
+            elif seg.start <= end < seg.start + ext.file_size and nonzero_after(seg.path, end - seg.start):
                 self.act("zero_tail", seg.path, "ext recovery: bytes after the last ext unit zeroed",
                          offset=end - seg.start)
 
@@ -447,11 +305,11 @@ class Planner:
         # §13.6 on the commitlog
         for k, seg in enumerate(segs):
             if seg.start > end:
-                has = _file_has_data(seg.path)
+                has = file_has_data(seg.path)
                 self.move_aside(seg.path, f"commitlog truncation at {end}: the file starts after the recovered end"
                                 + ("" if has else " (pre-allocated, all zeros)"), housekeeping=not has)
             elif seg.start <= end < seg.start + seg.size and stop.kind != fast.STOP_BLANK:
-                if _nonzero_after(seg.path, end - seg.start):
+                if nonzero_after(seg.path, end - seg.start):
                     self.act("zero_tail", seg.path, f"commitlog cut at {end}: bytes after the recovered end zeroed "
                              f"(Java leaves them; stale records could reappear after a later crash)", offset=end - seg.start)
         self.cl_kept = [s for s in segs if s.start <= end]
@@ -472,7 +330,7 @@ class Planner:
         for seg in segs:
             if seg.start > cut:
                 self.move_aside(seg.path, f"truncate at {cut}: file starts after the cut")
-            elif seg.start <= cut < seg.start + seg.size and _nonzero_after(seg.path, cut - seg.start):
+            elif seg.start <= cut < seg.start + seg.size and nonzero_after(seg.path, cut - seg.start):
                 self.act("zero_tail", seg.path, f"truncate at {cut}: bytes after the cut zeroed", offset=cut - seg.start)
         self.cl_kept = [s for s in segs if s.start <= cut]
         self.max_cq = max(self.max_cq, cut)  # §13.7 runs on every queue
@@ -503,7 +361,7 @@ class Planner:
         for j, pos in positions:
             s = segs[j]
             after = LogTally()
-            broker_walk([_Offset(s, pos) if pos else s], self.cfg, self.version, 0, True, after)
+            broker_walk([SegmentFrom(s, pos) if pos else s], self.cfg, self.version, 0, True, after)
             if len(after):
                 count += len(after)
                 first = after.first if first is None else first
@@ -531,7 +389,7 @@ class Planner:
             old_end = qs.end
             while qs.segments:
                 seg = qs.segments[-1]
-                arr = _units(seg, qs.file_size)
+                arr = queue_file_units(seg, qs.file_size)
                 if not len(arr) or int(arr["phyOffset"][0]) >= end:
                     self.move_aside(seg.path, f"consume queue truncation at commitlog offset {end}")
                     qs.segments.pop()
@@ -663,7 +521,7 @@ class Planner:
             qs = self.queues.get((t, q))
             min_off = new_min or 0
             if qs is not None and qs.segments:
-                arr = _units(qs.segments[0], qs.file_size)
+                arr = queue_file_units(qs.segments[0], qs.file_size)
                 valid = (arr["phyOffset"] >= min_phy) & (arr["size"] > 0)
                 hit = np.flatnonzero(valid)
                 if len(hit):
@@ -673,49 +531,6 @@ class Planner:
         plan.summary = {"type": "recover", "version": "4.9.3" if self.version < 5 else "5.3.3",
                         "lastExitOK": plan.last_exit_ok, "maxPhyOffset": self.end if self.cl_kept else 0,
                         "minPhyOffset": min_phy, "queues": queues}
-
-
-class _Offset:
-    """A segment seen from a position inside it (for walking after a resync point)."""
-
-    def __init__(self, seg, pos: int):
-        self._seg, self.pos = seg, pos
-        self.start = seg.start + pos
-        self.size = seg.size - pos
-        self.name = seg.name
-        self.path = seg.path
-
-    def buffer(self):
-        return memoryview(self._seg.buffer())[self.pos:]
-
-
-def _units(seg, file_size: int) -> np.ndarray:
-    from ..derived.consumequeue import CQ_DTYPE
-
-    n = min(seg.size, file_size) // CQ_UNIT_SIZE
-    if n <= 0:
-        return np.zeros(0, dtype=CQ_DTYPE)
-    return np.frombuffer(seg.buffer(), dtype=CQ_DTYPE, count=n)
-
-
-def store_fingerprint(root: str) -> dict:
-    """{relative path: (size, mtime_ns, inode)} of every file and folder under ``root`` but ``lock`` (which
-    taking the lock writes). Taken before a plan reads the store and again under the lock: equal means no
-    file the plan read was written, replaced, added or removed in between."""
-    out = {}
-    root = os.path.abspath(root)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, root)
-            if rel == "lock":
-                continue
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
-    return out
 
 
 def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after: bool = False,
