@@ -16,6 +16,7 @@ import pytest
 from formats import fast
 from formats.records import MAGIC_BLANK
 from rmqstore_cli.engine.verify import commitlog as verify_commitlog
+from rmqstore_cli.engine.verify import windows as verify_windows
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.verify.pipeline import _verify_whole_log, verify_store
 from tests.conftest import copy_store
@@ -82,6 +83,8 @@ def test_small_windows_verify_equals_whole_log_verify(tmp_path, monkeypatch, nam
     for case in range(6):
         window = SMALL_WINDOWS[case % 2]
         monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", window)
+        # a queue file's runs found from samples of every 1st, 3rd or 1024th unit's window
+        monkeypatch.setattr(verify_windows, "_SAMPLE_STEP", (1, 3, 1024)[case % 3])
         root = copy_store(name, tmp_path / f"{name}-{case}")
         if case:
             reached.add(_damage_near_boundary(root, rng, window))
@@ -231,3 +234,16 @@ def test_undispatched_memory_does_not_grow_with_many_windows(tmp_path, monkeypat
     with Store.open(small_bench_store) as st:
         verify_store(st)  # warm: the first call's one-time allocations (kernel caches) are not verify's
     check(tmp_path, small_bench_store, larger_bench_store)
+
+
+def test_verify_memory_is_flat_with_thousands_of_small_windows(small_bench_store, larger_bench_store, monkeypatch):
+    """4 KiB windows (a 4 TB log has ~65k windows of 64 MiB): what a queue carries from window to window is a
+    sample of its files' window numbers, not a row per window a file points into (that grew ~1.4 MB here)."""
+    from tests.test_verify_memory import _verify_peak
+
+    monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 4096)
+    small, n_small = _verify_peak(small_bench_store)
+    large, n_large = _verify_peak(larger_bench_store)
+    print(f"verify peak, 4 KiB windows: {small >> 10} KiB ({n_small} records), {large >> 10} KiB ({n_large} records)")
+    assert n_large > 3 * n_small
+    assert large - small < 1 << 20, (small, large)

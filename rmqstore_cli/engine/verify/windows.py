@@ -82,6 +82,9 @@ class Deferred:
         return pos, phy, status
 
 
+_SAMPLE_STEP = 1024  # units per sample of a queue file's window numbers
+
+
 class QueueWindows:
     """One consume queue (+ ext), checked window by window."""
 
@@ -114,13 +117,13 @@ class QueueWindows:
             seg, n = self.files.files[-1]
             if not before.all():
                 lo, hi = int(k[~before].min()), int(k.max())
-                spans = None
+                samples = None
                 if np.all(k[1:] >= k[:-1]):  # units in log order (the normal case): each window's units are one run
-                    # only the windows that hold units: a file may point across thousands of windows sparsely
-                    ws = np.unique(k[~before])
-                    left, right = np.searchsorted(k, ws, side="left"), np.searchsorted(k, ws, side="right")
-                    spans = (ws, real[left], real[right - 1] + 1)
-                self.reach.append((seg, n, lo, hi, spans))
+                    # every _SAMPLE_STEP-th unit's window: enough to find a window's run with two binary
+                    # searches, a few bytes per thousand units whatever the number of windows a file spans
+                    at = np.arange(0, len(k), _SAMPLE_STEP)
+                    samples = (k[at].astype(np.int64), real[at].astype(np.int64))
+                self.reach.append((seg, n, lo, hi, samples))
         _check_cq_holes(cq, self.files.end_offset, scan.agg, scan.group)
         if scan.fillers:
             path, pos = _cq_loc(cq, scan.first_filler)
@@ -129,20 +132,38 @@ class QueueWindows:
                                     "non-zero offset)", {"count": scan.fillers}))
         if scan.ext is not None:
             _check_ext_units(scan.ext, scan.agg, scan.group, findings)
+        self.reach.sort(key=lambda r: r[2])
+        self._next = 0  # reach[:_next] became active (first window reached); _active: those not yet past
+        self._active: list = []
+        self._last_w = -1
+
+    def _reaching(self, w: int) -> list:
+        """The files whose units point into window ``w``'s range of windows. Windows come in log order, so
+        this is a sweep (a file joins at its first window and leaves after its last), not a pass over every
+        file of the queue for every window."""
+        if w < self._last_w:  # out of order: start the sweep again
+            self._next, self._active = 0, []
+        self._last_w = w
+        while self._next < len(self.reach) and self.reach[self._next][2] <= w:
+            self._active.append(self.reach[self._next])
+            self._next += 1
+        self._active = [r for r in self._active if r[3] >= w]
+        return self._active
 
     def window(self, w: int, windows: Windows, recs: _Records, marks: np.ndarray) -> int | None:
         """Units pointing into window ``w`` (records ``recs``); flags the records they find in ``marks``;
         returns the end of the furthest record found."""
         found_end = None
-        for seg, n, lo, hi, spans in self.reach:
-            if not lo <= w <= hi:
-                continue
+        for seg, n, lo, hi, samples in self._reaching(w):
             first, stop = 0, n
-            if spans is not None:
-                j = int(np.searchsorted(spans[0], w))
-                if j == len(spans[0]) or spans[0][j] != w:
+            if samples is not None:
+                ks, units = samples
+                j0 = int(np.searchsorted(ks, w, side="left")) - 1  # last sample before the window
+                j1 = int(np.searchsorted(ks, w, side="right"))  # first sample after it
+                first = int(units[j0]) if j0 >= 0 else 0
+                stop = int(units[j1]) if j1 < len(units) else n
+                if first >= stop:
                     continue
-                first, stop = int(spans[1][j]), int(spans[2][j])
             qofs, phy, size, tags = self.files.units(seg, stop, first)
             filler = (phy == CQ_FILLER[0]) & (size == CQ_FILLER[1]) & (tags == CQ_FILLER[2])
             sel = np.flatnonzero(~filler & (windows.of(phy) == w))
