@@ -14,7 +14,7 @@ from formats.records import INDEX_ENTRY_FIELDS, INDEX_ENTRY_SIZE, INDEX_HEADER_F
 from ..config.storeconfig import StoreConfig
 from ..findings import Finding
 from ..log.mappedfile import data_extents, drop_pages
-from ..log.segments import Segment
+from ..log.segments import MapBudget, Segment
 
 HEADER_STRUCT = struct.Struct(">" + "".join({4: "i", 8: "q"}[c.sizeof()] for _, c in INDEX_HEADER_FIELDS))
 ENTRY_STRUCT = struct.Struct(">" + "".join({4: "i", 8: "q"}[c.sizeof()] for _, c in INDEX_ENTRY_FIELDS))
@@ -39,13 +39,13 @@ class IndexHeader:
 class IndexFile:
     """One ``index/<yyyyMMddHHmmssSSS>`` file."""
 
-    def __init__(self, path: str, slots: int, entries: int):
+    def __init__(self, path: str, slots: int, entries: int, budget: MapBudget | None = None):
         self.path = path
         self.name = os.path.basename(path)
         self.slots = slots
         self.entries = entries
         self.size = os.path.getsize(path)
-        self.segment = Segment(path, self.name, 0, self.size)
+        self.segment = Segment(path, self.name, 0, self.size, budget=budget)
         self.expected_size = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE + entries * INDEX_ENTRY_SIZE
 
     @property
@@ -115,6 +115,7 @@ class IndexService:
         self.directory = os.path.join(root, "index")
         self.config = config
         self.files: list[IndexFile] = []
+        self.budget = MapBudget()  # index files mapped at once (a 4 TB store has ~1,400 of 400 MB)
         self.problems: list[Finding] = []
         if not os.path.isdir(self.directory):
             return
@@ -127,7 +128,7 @@ class IndexService:
                 self.problems.append(Finding("IDX_BAD_NAME", "warning", path, None,
                                              f"index file name {name!r} is not a 17-digit timestamp"))
                 continue
-            f = IndexFile(path, config.maxHashSlotNum, config.maxIndexNum)
+            f = IndexFile(path, config.maxHashSlotNum, config.maxIndexNum, self.budget)
             if not f.complete:
                 self.problems.append(Finding("IDX_WRONG_SIZE", "error", path, 0,
                                              f"index file {name} is {f.size} bytes, expected {f.expected_size}"))

@@ -7,11 +7,38 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..findings import Finding
 
 NAME_DIGITS = 20
+MAPPED_FILES = 4  # files of one directory (or the index files) mapped at once
+
+
+class MapBudget:
+    """At most ``limit`` files of one group mapped at once: mapping another drops the least recently used
+    file's mapping. A 4 TB store has thousands of 1 GiB segments and tens of thousands of queue files; the
+    broker keeps every MappedFile mapped, a scan needs a few. Dropped, not closed: a caller still holding
+    a buffer (or a numpy view of it) keeps it valid, and it is unmapped when the last reference goes."""
+
+    def __init__(self, limit: int | None = None):
+        self.limit = MAPPED_FILES if limit is None else limit
+        self.mapped: OrderedDict = OrderedDict()  # id(segment) -> segment, least recently used first
+
+    def mapped_now(self, seg: "Segment") -> None:
+        self.mapped[id(seg)] = seg
+        self.mapped.move_to_end(id(seg))
+        while len(self.mapped) > self.limit:
+            _, old = self.mapped.popitem(last=False)
+            old._map = None
+
+    def used(self, seg: "Segment") -> None:
+        if id(seg) in self.mapped:
+            self.mapped.move_to_end(id(seg))
+
+    def forget(self, seg: "Segment") -> None:
+        self.mapped.pop(id(seg), None)
 
 
 def segment_name(offset: int) -> str:
@@ -28,6 +55,7 @@ class Segment:
     size: int
     _map: mmap.mmap | None = field(default=None, repr=False)
     _empty: bytes = field(default=b"", repr=False)
+    budget: MapBudget | None = field(default=None, repr=False, compare=False)
 
     @property
     def end(self) -> int:
@@ -37,19 +65,26 @@ class Segment:
         """Read-only mapping of the whole file (an empty bytes object for a 0-byte file)."""
         if self.size == 0:
             return self._empty
-        if self._map is None:
+        m = self._map
+        if m is None:
             fd = os.open(self.path, os.O_RDONLY)
             try:
-                self._map = mmap.mmap(fd, self.size, access=mmap.ACCESS_READ)
+                m = self._map = mmap.mmap(fd, self.size, access=mmap.ACCESS_READ)
             finally:
                 os.close(fd)
             try:
-                self._map.madvise(mmap.MADV_SEQUENTIAL)
+                m.madvise(mmap.MADV_SEQUENTIAL)
             except (AttributeError, OSError):
                 pass
-        return self._map
+            if self.budget is not None:
+                self.budget.mapped_now(self)  # may drop this very mapping when the limit is 0: m stays valid
+        elif self.budget is not None:
+            self.budget.used(self)
+        return m
 
     def close(self) -> None:
+        if self.budget is not None:
+            self.budget.forget(self)
         if self._map is not None:
             try:
                 self._map.close()
@@ -72,6 +107,7 @@ class SegmentQueue:
         self.segments: list[Segment] = []
         self.problems: list[Finding] = []
         self.strays: list[str] = []
+        self.budget = MapBudget()
         if not os.path.isdir(directory):
             return
         for name in sorted(os.listdir(directory)):
@@ -90,7 +126,7 @@ class SegmentQueue:
                 self.strays.append(path)
                 continue
             size = os.path.getsize(path)
-            seg = Segment(path, name, int(name), size)
+            seg = Segment(path, name, int(name), size, budget=self.budget)
             if size != file_size:
                 what = "zero-length" if size == 0 else f"{size} bytes, not {file_size}"
                 self.problems.append(Finding("SEG_WRONG_SIZE", "error", path, 0,

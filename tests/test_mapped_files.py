@@ -1,0 +1,51 @@
+"""A few files of each directory mapped at once (issue #11: mappings released segment by segment)."""
+
+import re
+
+import pytest
+
+from rmqstore_cli.engine.log import segments as segments_mod
+from rmqstore_cli.engine.log.segments import MapBudget, Segment
+from rmqstore_cli.engine.store import Store
+from rmqstore_cli.engine.verify.pipeline import verify_store
+
+from .conftest import shared_store
+
+
+def _mapped_in_process(directory: str) -> int:
+    with open("/proc/self/maps") as f:
+        return len(set(re.findall(re.escape(directory) + r"/\d+", f.read())))
+
+
+@pytest.mark.parametrize("name", ["4.9.3-crash", "5.3.3-clean"])
+def test_verify_keeps_a_few_segments_mapped_and_finds_the_same(name, monkeypatch):
+    root = shared_store(name)
+    monkeypatch.setattr(segments_mod, "MAPPED_FILES", 1 << 20)  # every file stays mapped: the old behaviour
+    with Store.open(str(root)) as st:
+        unbounded = verify_store(st)
+        assert sum(s._map is not None for s in st.commitlog.segments.segments) > 8
+    monkeypatch.setattr(segments_mod, "MAPPED_FILES", 2)
+    with Store.open(str(root)) as st:
+        bounded = verify_store(st)
+        segs = st.commitlog.segments.segments
+        assert len(segs) > 8
+        assert sum(s._map is not None for s in segs) <= 2
+        assert _mapped_in_process(str(root / "commitlog")) <= 2
+        assert sum(f.segment._map is not None for f in st.index.files) <= 2
+    assert [f.as_json() for f in bounded.findings] == [f.as_json() for f in unbounded.findings]
+    assert bounded.summary == unbounded.summary
+
+
+def test_a_dropped_mapping_stays_valid_for_whoever_holds_it():
+    files = sorted((shared_store("4.9.3-clean") / "commitlog").iterdir())[:3]
+    budget = MapBudget(1)
+    segs = [Segment(str(p), p.name, int(p.name), p.stat().st_size, budget=budget) for p in files]
+    held = segs[0].buffer()
+    first = bytes(held[:64])
+    segs[1].buffer()
+    segs[2].buffer()
+    assert segs[0]._map is None and segs[1]._map is None and segs[2]._map is not None
+    assert bytes(held[:64]) == first == files[0].read_bytes()[:64]  # still readable
+    assert bytes(segs[0].buffer()[:64]) == first  # mapped again on demand
+    for s in segs:
+        s.close()
