@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import EXIT_CLEAN, EXIT_FINDINGS
+from .probes import file_has_data
 
 SEVERE = ("error", "warning")
 # Commitlog findings that describe one record or a region of the log, not how it ends.
@@ -179,7 +180,7 @@ def lost_references(root: str, plan, scope: PlanScope) -> list[dict]:
                         "why": "moved so the broker can start; the gap it leaves in the log (and any reference into "
                                "it) is not repaired by this plan"})
         elif (a.kind == "move_aside" and top == "consumequeue_ext" and "so the broker can start" in a.why
-              and os.path.isfile(a.path) and _has_data(a.path)):
+              and os.path.isfile(a.path) and file_has_data(a.path)):
             out.append({"code": "LOST_EXT_FILE", "severity": "error", "path": rel, "offset": 0,
                         "message": f"ext file {rel} of the wrong size holds units",
                         "why": "moved out whole; the consume-queue units addressing its ext units are not repaired "
@@ -192,16 +193,6 @@ def _kept_before(root: str, scope: PlanScope, start: int) -> bool:
     d = os.path.join(root, "commitlog")
     return any(n.isdigit() and int(n) < start and os.path.join("commitlog", n) not in scope.moved
                for n in os.listdir(d))
-
-
-def _has_data(path: str) -> bool:
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(1 << 20)
-            if not b:
-                return False
-            if b.count(0) != len(b):
-                return True
 
 
 @dataclass

@@ -86,32 +86,8 @@ def _check_index_file(f, recs: _Records, refs: _RefClassifier, findings: list) -
     refs.lost_refs += sum(len(e) for e, _ in scan.pending_lost)
     epos = lambda e: base + int(e) * INDEX_ENTRY_SIZE  # noqa: E731
     # Slot table (§10.4): each slot holds the newest entry of its chain.
-    table_slots = f.slot_table()
-    differ = table_slots != scan.last
-    _drop_pages(buf, INDEX_HEADER_SIZE, f.slots * INDEX_SLOT_SIZE)
-    cnt = int(np.count_nonzero(differ))
-    if cnt:
-        s = int(np.argmax(differ))
-        agg.add(f.path, "IDX_SLOT", ERROR, f.path, INDEX_HEADER_SIZE + s * INDEX_SLOT_SIZE, f"hash slot {s} holds entry "
-                f"{int(table_slots[s])}, expected {int(scan.last[s])}" + (f" ({cnt} slots differ)" if cnt > 1 else ""), slot=s)
-    del differ, table_slots
-    used = int(np.count_nonzero(scan.last))
-    if h.hashSlotCount != used:
-        agg.add(f.path, "IDX_HEADER", ERROR, f.path, 32, f"hashSlotCount {h.hashSlotCount}, the entries use {used} slots")
-    if h.beginPhyOffset != scan.first_phy or h.endPhyOffset != scan.last_phy:
-        agg.add(f.path, "IDX_HEADER", ERROR, f.path, 16, f"header offsets {h.beginPhyOffset}..{h.endPhyOffset} differ from the "
-                f"entries' {scan.first_phy}..{scan.last_phy}")
-    if scan.first_ts is not None and h.beginTimestamp != scan.first_ts:
-        agg.add(f.path, "IDX_HEADER", WARNING, f.path, 0, f"beginTimestamp {h.beginTimestamp} differs from the first entry's record "
-                f"({scan.first_ts})")
-    if scan.last_ts is not None and h.endTimestamp != scan.last_ts:
-        agg.add(f.path, "IDX_HEADER", WARNING, f.path, 8, f"endTimestamp {h.endTimestamp} differs from the last entry's record "
-                f"({scan.last_ts})")
-    if scan.out_of_order is not None and not agg.first:
-        # e.g. an offset changed to another record with the same key hash: only the order shows it
-        e, p, e2, p2 = scan.out_of_order
-        agg.add(f.path, "IDX_ORDER", ERROR, f.path, epos(e), f"entry {e} points at {p}, after "
-                f"entry {e2}'s {p2}: entries follow the commitlog order", entry=e)
+    check_slot_table(agg, f, h, buf, scan.last, scan.first_phy, scan.last_phy)
+    check_header_times(agg, f, h, epos, scan.first_ts, scan.last_ts, scan.out_of_order)
     findings += agg.findings()
     return count - 1
 
@@ -206,6 +182,42 @@ def check_found_entries(agg: _Agg, f, h, epos, recs: _Records, a: int, k: np.nda
 def _no_record(agg: _Agg, f, pos: int, e: int, phy: int) -> None:
     agg.add(f.path, "IDX_NO_RECORD", ERROR, f.path, pos, f"entry {e} points at {phy}, where no commitlog record starts",
             entry=e, phyOffset=phy, rank=e)
+
+
+def check_slot_table(agg, f, h, buf, last: np.ndarray, first_phy: int, last_phy: int) -> None:
+    """The slot table and header counts against the entries (§10.4): each slot holds the newest entry of its
+    chain (``last``, as the chain check rebuilt it), hashSlotCount the slots used, begin/endPhyOffset the
+    first and last entry's offsets."""
+    table_slots = f.slot_table()
+    differ = table_slots != last
+    _drop_pages(buf, INDEX_HEADER_SIZE, f.slots * INDEX_SLOT_SIZE)
+    cnt = int(np.count_nonzero(differ))
+    if cnt:
+        s = int(np.argmax(differ))
+        agg.add(f.path, "IDX_SLOT", ERROR, f.path, INDEX_HEADER_SIZE + s * INDEX_SLOT_SIZE, f"hash slot {s} holds entry "
+                f"{int(table_slots[s])}, expected {int(last[s])}" + (f" ({cnt} slots differ)" if cnt > 1 else ""), slot=s)
+    del differ, table_slots
+    used = int(np.count_nonzero(last))
+    if h.hashSlotCount != used:
+        agg.add(f.path, "IDX_HEADER", ERROR, f.path, 32, f"hashSlotCount {h.hashSlotCount}, the entries use {used} slots")
+    if h.beginPhyOffset != first_phy or h.endPhyOffset != last_phy:
+        agg.add(f.path, "IDX_HEADER", ERROR, f.path, 16, f"header offsets {h.beginPhyOffset}..{h.endPhyOffset} differ from the "
+                f"entries' {first_phy}..{last_phy}")
+
+
+def check_header_times(agg, f, h, epos, first_ts, last_ts, out_of_order) -> None:
+    """begin/endTimestamp against the first and last entry's records, and the entries' commitlog order."""
+    if first_ts is not None and h.beginTimestamp != first_ts:
+        agg.add(f.path, "IDX_HEADER", WARNING, f.path, 0, f"beginTimestamp {h.beginTimestamp} differs from the first entry's record "
+                f"({first_ts})")
+    if last_ts is not None and h.endTimestamp != last_ts:
+        agg.add(f.path, "IDX_HEADER", WARNING, f.path, 8, f"endTimestamp {h.endTimestamp} differs from the last entry's record "
+                f"({last_ts})")
+    if out_of_order is not None and not agg.first:
+        # e.g. an offset changed to another record with the same key hash: only the order shows it
+        e, p, e2, p2 = out_of_order
+        agg.add(f.path, "IDX_ORDER", ERROR, f.path, epos(e), f"entry {e} points at {p}, after "
+                f"entry {e2}'s {p2}: entries follow the commitlog order", entry=e)
 
 
 def _check_checkpoint(store, recs: _Records, findings: list) -> None:

@@ -31,7 +31,7 @@ from .index import _drop_pages, _last_live_entry
 from .index import _no_record as _entry_no_record
 from .queues import (_check_cq_holes, _check_ext_units, _no_record, _QueueFiles, _QueueScan, add_not_dispatched,
                      check_found_units, dispatch_high_water, dispatch_lag_finding)
-from .records import ERROR, INFO, WARNING, _Agg, _cq_loc, _Records, _RefClassifier
+from .records import ERROR, INFO, _Agg, _cq_loc, _Records, _RefClassifier
 
 
 def segments_overlap(cl) -> bool:
@@ -253,21 +253,8 @@ class IndexWindows:
             self.deferred.add(np.flatnonzero(before) + a, phy[before])
             if not before.all():
                 self.reach.append((a, b, int(k[~before].min()), int(k.max())))
-        table_slots = f.slot_table()
-        differ = table_slots != last
-        _drop_pages(buf, INDEX_HEADER_SIZE, f.slots * INDEX_SLOT_SIZE)
-        cnt = int(np.count_nonzero(differ))
-        if cnt:
-            s = int(np.argmax(differ))
-            agg.add(f.path, "IDX_SLOT", ERROR, f.path, INDEX_HEADER_SIZE + s * INDEX_SLOT_SIZE, f"hash slot {s} holds entry "
-                    f"{int(table_slots[s])}, expected {int(last[s])}" + (f" ({cnt} slots differ)" if cnt > 1 else ""), slot=s)
-        used = int(np.count_nonzero(last))
-        del differ, table_slots, last
-        if h.hashSlotCount != used:
-            agg.add(f.path, "IDX_HEADER", ERROR, f.path, 32, f"hashSlotCount {h.hashSlotCount}, the entries use {used} slots")
-        if h.beginPhyOffset != first_phy or h.endPhyOffset != last_phy:
-            agg.add(f.path, "IDX_HEADER", ERROR, f.path, 16, f"header offsets {h.beginPhyOffset}..{h.endPhyOffset} differ from the "
-                    f"entries' {first_phy}..{last_phy}")
+        verify_index.check_slot_table(agg, f, h, buf, last, first_phy, last_phy)
+        del last
 
     def epos(self, e: int) -> int:
         return INDEX_HEADER_SIZE + self.f.slots * INDEX_SLOT_SIZE + int(e) * INDEX_ENTRY_SIZE
@@ -312,17 +299,7 @@ class IndexWindows:
             ents, phy, status = self.deferred.resolve(refs, self.last_found)
             for j in np.flatnonzero(status == refs.MISSING).tolist():
                 _entry_no_record(agg, f, self.epos(ents[j]), int(ents[j]), int(phy[j]))
-            if self.first_ts is not None and h.beginTimestamp != self.first_ts:
-                agg.add(f.path, "IDX_HEADER", WARNING, f.path, 0, f"beginTimestamp {h.beginTimestamp} differs from the first entry's "
-                        f"record ({self.first_ts})")
-            if self.last_ts is not None and h.endTimestamp != self.last_ts:
-                agg.add(f.path, "IDX_HEADER", WARNING, f.path, 8, f"endTimestamp {h.endTimestamp} differs from the last entry's "
-                        f"record ({self.last_ts})")
-            if self.out_of_order is not None and not agg.first:
-                # e.g. an offset changed to another record with the same key hash: only the order shows it
-                e, p, e2, p2 = self.out_of_order
-                agg.add(f.path, "IDX_ORDER", ERROR, f.path, self.epos(e), f"entry {e} points at {p}, after "
-                        f"entry {e2}'s {p2}: entries follow the commitlog order", entry=e)
+            verify_index.check_header_times(agg, f, h, self.epos, self.first_ts, self.last_ts, self.out_of_order)
         findings += agg.findings()
 
 
