@@ -333,9 +333,12 @@ def larger_bench_store(tmp_path_factory):
     return root
 
 
-def _verify_peak(root: str) -> tuple[int, int]:
-    """(tracemalloc peak of verify_store, records verified)."""
+def _verify_peak(root: str, warm: bool = False) -> tuple[int, int]:
+    """(tracemalloc peak of verify_store, records verified); ``warm``: verify once untraced first (the first
+    call's one-time allocations, kernel caches, are not verify's)."""
     with Store.open(root) as st:
+        if warm:
+            verify_store(st)
         tracemalloc.start()
         try:
             start = tracemalloc.get_traced_memory()[0]

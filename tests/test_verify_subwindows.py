@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import random
 import struct
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -197,18 +196,11 @@ def one_segment_stores(tmp_path_factory):
 
 
 def _peak(root: str) -> tuple[int, int]:
+    from tests.test_verify_memory import _verify_peak
+
     with Store.open(root) as st:
         assert len(st.commitlog.segments.segments) == 1
-        verify_store(st)  # warm: the first call's one-time allocations (kernel caches) are not verify's
-        tracemalloc.start()
-        try:
-            start = tracemalloc.get_traced_memory()[0]
-            res = verify_store(st)
-            peak = tracemalloc.get_traced_memory()[1] - start
-        finally:
-            tracemalloc.stop()
-    assert not res.findings, [f.code for f in res.findings]
-    return peak, res.summary["commitlog"]["records"]
+    return _verify_peak(root, warm=True)
 
 
 def test_verify_memory_follows_the_window_not_the_segment(monkeypatch, one_segment_stores):
@@ -242,8 +234,7 @@ def test_verify_memory_is_flat_with_thousands_of_small_windows(small_bench_store
     from tests.test_verify_memory import _verify_peak
 
     monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 4096)
-    _verify_peak(small_bench_store)  # once first: lazy kernels and caches are not the windows' memory
-    small, n_small = _verify_peak(small_bench_store)
+    small, n_small = _verify_peak(small_bench_store, warm=True)  # lazy kernels and caches are not the windows' memory
     large, n_large = _verify_peak(larger_bench_store)
     print(f"verify peak, 4 KiB windows: {small >> 10} KiB ({n_small} records), {large >> 10} KiB ({n_large} records)")
     assert n_large > 3 * n_small
