@@ -24,18 +24,68 @@ pytest.importorskip("pyspark", reason="pyspark is an optional extra (pip install
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports: every socket stays bound until all are chosen, so none is handed out twice."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
-def _state(web_port: int) -> dict | None:
+def _state(web_port: int, master_url: str) -> dict | None:
+    """The master's JSON status, or None while it is not up (or the port answers with something that is not it)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/json/", timeout=2) as r:
-            return json.loads(r.read())
-    except OSError:
+            st = json.loads(r.read())
+    except (OSError, ValueError):
         return None
+    return st if isinstance(st, dict) and st.get("url") == master_url else None
+
+
+def _stop(procs) -> None:
+    # Workers first, then the master; each by the PID we started (spark-class execs java).
+    for p in procs[1:] + procs[:1]:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _start_cluster(spark_class: str, env: dict, work) -> tuple[str, list, str | None]:
+    """One attempt: a master and two workers on fresh ports. Returns (url, processes, None) or (url, processes, why)."""
+    port, web, web0, web1 = _free_ports(4)
+    url = f"spark://127.0.0.1:{port}"
+    procs = []
+
+    def launch(args, name):
+        with open(work / f"{name}.log", "wb") as log:
+            procs.append(subprocess.Popen([spark_class, *args], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                          start_new_session=True))
+
+    launch(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+            "--webui-port", str(web)], "master")
+    for i, wport in enumerate((web0, web1)):
+        launch(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
+                "--webui-port", str(wport), "--work-dir", str(work / f"worker{i}"), url], f"worker{i}")
+    deadline = time.monotonic() + 90
+    st = None
+    while True:
+        st = _state(web, url)
+        if st and st.get("status") == "ALIVE" and sum(w.get("state") == "ALIVE" for w in st.get("workers", [])) == 2:
+            return url, procs, None
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            logs = "\n".join((work / f).read_text(errors="replace")[-2000:] for f in os.listdir(work) if f.endswith(".log"))
+            return url, procs, f"last status {st}\n{logs}"
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -46,35 +96,27 @@ def cluster(tmp_path_factory):
 
     home = os.path.dirname(pyspark.__file__)
     spark_class = os.path.join(home, "bin", "spark-class")
-    work = tmp_path_factory.mktemp("spark-cluster")
+    # The master's REST submission server listens on a fixed port (6066) that another Spark on a shared
+    # CI machine may hold; these tests do not submit through it.
     env = dict(os.environ, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-               SPARK_WORKER_DIR=str(work), SPARK_LOG_DIR=str(work),
+               SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
                SPARK_DAEMON_JAVA_OPTS=f"-Dlog4j.configurationFile=file:{log4j_config_path()} -XX:+UseSerialGC")
-    port, web = _free_port(), _free_port()
-    url = f"spark://127.0.0.1:{port}"
-    procs = []
-
-    def launch(args, name):
-        log = open(work / f"{name}.log", "wb")
-        procs.append(subprocess.Popen([spark_class, *args], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True))
-        log.close()
-
+    # A busy machine can take a port between choosing it and the JVM binding it: then the daemon moves to
+    # another port (or fails) and we start again on fresh ports, up to three times.
+    failures = []
+    procs: list = []
     try:
-        launch(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-                "--webui-port", str(web)], "master")
-        for i in range(2):
-            launch(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
-                    "--webui-port", str(_free_port()), "--work-dir", str(work / f"worker{i}"), url], f"worker{i}")
-        deadline = time.monotonic() + 120
-        while True:
-            st = _state(web)
-            if st and st.get("status") == "ALIVE" and sum(w.get("state") == "ALIVE" for w in st.get("workers", [])) == 2:
+        for attempt in range(3):
+            work = tmp_path_factory.mktemp(f"spark-cluster{attempt}")
+            env.update(SPARK_WORKER_DIR=str(work), SPARK_LOG_DIR=str(work))
+            url, procs, why = _start_cluster(spark_class, env, work)
+            if why is None:
                 break
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                logs = "\n".join((work / f).read_text(errors="replace")[-2000:] for f in os.listdir(work) if f.endswith(".log"))
-                pytest.fail(f"standalone cluster did not come up: {st}\n{logs}")
-            time.sleep(0.5)
+            failures.append(why)
+            _stop(procs)
+            procs = []
+        else:
+            pytest.fail("standalone cluster did not come up in 3 attempts:\n" + "\n----\n".join(failures))
         yield url
     finally:
         from pyspark.sql import SparkSession
@@ -82,15 +124,7 @@ def cluster(tmp_path_factory):
         active = SparkSession.getActiveSession()
         if active is not None:
             active.stop()
-        # Workers first, then the master; each by the PID we started (spark-class execs java).
-        for p in procs[1:] + procs[:1]:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        _stop(procs)
 
 
 @pytest.fixture(scope="module")
