@@ -180,7 +180,7 @@ def plan_impact(st, plan) -> dict:
 
 def _apply(st, plan, command: str, *, backup_dir, force: bool, out: Output) -> list[str]:
     from rmqstore_cli.engine.repair.backup import Backup
-    from rmqstore_cli.engine.config.repair import apply_config_plan
+    from rmqstore_cli.engine.repair.config_plan import apply_config_plan
     from rmqstore_cli.engine.repair.apply import check_backup_location, save_lock_file, take_lock
 
     root = st.root
@@ -245,7 +245,7 @@ def repair_config(
 
     The previous files go to a backup folder first (undo with `rmqstore restore`). Exit 4 if a broker holds the lock.
     """
-    from rmqstore_cli.engine.config.repair import plan_config_repair
+    from rmqstore_cli.engine.repair.config_plan import plan_config_repair
 
     from .recover import guard_lock
 
@@ -284,7 +284,7 @@ def offsets_set(
     --to-time uses the broker's own search (4.9.3: nearest store time in the file picked by modification time;
     5.3.3: first message stored at or after the time, clamped into [min, max]). Exit 4 if a broker holds the lock.
     """
-    from rmqstore_cli.engine.config.repair import plan_offsets_set
+    from rmqstore_cli.engine.repair.config_plan import plan_offsets_set
     from rmqstore_cli.engine.query.lookup import parse_time
 
     from .recover import guard_lock

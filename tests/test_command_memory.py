@@ -237,7 +237,7 @@ def test_time_search_in_pieces_finds_the_same_record(piece, stores, monkeypatch)
     """commitlog_offset_at searching a segment piecewise gives the whole-segment answer (on the broker
     stores, whatever it is) and on the generated stores (store times in log order) the first record
     stored at or after the time."""
-    from rmqstore_cli.engine.query import timesearch
+    from rmqstore_cli.engine.log import storetime
 
     print("seed", SEED)
     rng = random.Random(SEED + piece)
@@ -248,10 +248,10 @@ def test_time_search_in_pieces_finds_the_same_record(piece, stores, monkeypatch)
                                                              for _ in range(15)]
         with Store.open(root) as st:
             for t in picks:
-                monkeypatch.setattr(timesearch, "SEARCH_PIECE", 1 << 40)
-                whole = timesearch.commitlog_offset_at(st.commitlog, t)
-                monkeypatch.setattr(timesearch, "SEARCH_PIECE", piece)
-                got = timesearch.commitlog_offset_at(st.commitlog, t)
+                monkeypatch.setattr(storetime, "SEARCH_PIECE", 1 << 40)
+                whole = storetime.commitlog_offset_at(st.commitlog, t)
+                monkeypatch.setattr(storetime, "SEARCH_PIECE", piece)
+                got = storetime.commitlog_offset_at(st.commitlog, t)
                 assert got == whole, (root, t, piece)
                 if root in stores.values():
                     k = int(np.searchsorted(times, t, side="left"))
@@ -259,9 +259,9 @@ def test_time_search_in_pieces_finds_the_same_record(piece, stores, monkeypatch)
 
 
 def test_time_search_does_not_grow_with_the_segment(stores, monkeypatch):
-    from rmqstore_cli.engine.query import timesearch
+    from rmqstore_cli.engine.log import storetime
 
-    monkeypatch.setattr(timesearch, "SEARCH_PIECE", PIECE // 4)
+    monkeypatch.setattr(storetime, "SEARCH_PIECE", PIECE // 4)
     monkeypatch.setattr(fast, "WALK_PIECE", PIECE)
     peaks = {}
     for seg_size, root in stores.items():
@@ -269,8 +269,8 @@ def test_time_search_does_not_grow_with_the_segment(stores, monkeypatch):
             seg = st.commitlog.segments.segments[0]
             last = _last_record(st)
             t = int(fast.decode_headers(seg.buffer(), np.array([last - seg.start])).storeTimestamp[0])
-            assert timesearch.commitlog_offset_at(st.commitlog, t) <= last
-            peaks[seg_size] = _peak(lambda: timesearch.commitlog_offset_at(st.commitlog, t))
+            assert storetime.commitlog_offset_at(st.commitlog, t) <= last
+            peaks[seg_size] = _peak(lambda: storetime.commitlog_offset_at(st.commitlog, t))
     small, large = peaks[1 << 20], peaks[8 << 20]
     print(f"commitlog_offset_at: peak {small} B at ~3.5k records per segment, {large} B at ~28k")
     assert large - small < 64 << 10, (small, large)

@@ -16,7 +16,8 @@ import pytest
 
 from formats import fast
 from rmqstore_cli.engine.store import Store
-from rmqstore_cli.engine.query.timesearch import commitlog_offset_at, offset_by_time
+from rmqstore_cli.engine.log.storetime import commitlog_offset_at
+from rmqstore_cli.engine.query.timesearch import offset_by_time
 
 from .conftest import broker_read, shared_store, tree_digest
 

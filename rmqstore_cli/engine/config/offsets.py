@@ -16,7 +16,7 @@ import numpy as np
 
 from .files import (CONSUMER_OFFSETS, DELAY_OFFSETS, TOPICS, ConfigFile, OffsetEntry, consumer_offsets,
                     delay_offsets, read_config, topic_queue_count, topic_table)
-from ..findings import Finding
+from ..findings import SEVERITY_ORDER, Finding
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 
@@ -240,7 +240,6 @@ def plan_consumer_impact(store, plan, files: dict | None = None, before: dict | 
 def add_config_audit(store, result) -> None:
     """Adds the config-file and consumer-offset findings to a :class:`VerifyResult` (the ``verify`` command)."""
     from .files import config_findings
-    from ..verify.records import SEVERITY_ORDER
 
     files = read_config(store.root)
     extra = config_findings(files) + audit_offsets(store, files).findings
@@ -256,43 +255,3 @@ def offsets_for_stats(store) -> dict:
     """The ``stats`` report's consumer part: ``consumerOffsets`` (one row per group/topic/queue) and ``delayOffsets``."""
     a = audit_offsets(store)
     return {"consumerOffsets": a.rows, "delayOffsets": a.delay_rows, "consumerOffsetsFile": a.offsets_source}
-
-
-def delivered_prefix(store, level: int, lo: int, hi: int) -> tuple[int, str]:
-    """The first offset of schedule queue ``level - 1`` in [lo, hi] whose message the store does not show delivered.
-
-    The schedule service delivers a level's queue in order, re-putting each due message under its ``REAL_TOPIC``
-    with the same ``UNIQ_KEY`` (indexed under that topic); a message is proven delivered when such a record
-    follows it. Binary search over the delivered prefix, through the index (``(offset, how)``).
-    """
-    from formats.message import RecordError
-
-    from ..query.lookup import query_index
-
-    if hi <= lo:
-        return lo, "empty queue"
-    q = store.queue(SCHEDULE_TOPIC, level - 1)
-
-    def delivered(k: int) -> bool:
-        unit = q.unit_at(k)
-        if unit is None:
-            return False
-        try:
-            msg = store.commitlog.read(unit[0], with_body=False)
-        except (RecordError, ValueError):
-            return False
-        props = msg.get("properties") or {}
-        topic, key = props.get("REAL_TOPIC"), props.get("UNIQ_KEY")
-        if not topic or not key:
-            return False
-        ans = query_index(store, topic, key, begin=int(msg.get("storeTimestamp", 0)))
-        return any(m["offset"] > unit[0] for m in ans.matches)
-
-    a, b = lo, hi  # invariant: every offset < a is delivered; b is undelivered (or the end)
-    while a < b:
-        mid = (a + b) // 2
-        if delivered(mid):
-            a = mid + 1
-        else:
-            b = mid
-    return a, "first message not shown delivered (no re-put copy with its UNIQ_KEY under its REAL_TOPIC)"

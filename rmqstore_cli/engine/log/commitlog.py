@@ -20,6 +20,7 @@ from formats.records import MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE
 
 from ..config.storeconfig import StoreConfig
 from .segments import Segment, SegmentQueue
+from .storetime import commitlog_offset_at
 
 CHUNK_RECORDS = 8192  # bounded memory per step; ~4K-16K records was fastest in NOTES-performance
 
@@ -218,9 +219,7 @@ class CommitLog:
     def time_window(self, since: int | None, until: int | None, start: int | None = None,
                     end: int | None = None) -> tuple[int | None, int | None, bool]:
         """Narrow [start, end) to the records stored in [since, until] (epoch ms, both inclusive),
-        found by binary search (:mod:`..query.timesearch`). The third value is False when nothing can match."""
-        from ..query.timesearch import commitlog_offset_at
-
+        found by binary search (:mod:`.storetime`). The third value is False when nothing can match."""
         if since is not None:
             first = commitlog_offset_at(self, since)
             if first is None:

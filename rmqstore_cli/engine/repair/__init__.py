@@ -7,4 +7,5 @@
 - apply: carrying a plan out (backup first, journal, fsync, resumable); backup: backup folders and undo
 - checkpointfix: the checkpoint a repair leaves; outcome: the repair commands' exit-code contract
 - rebuild: consume queues / index from the commitlog (reput into a fresh folder); salvage: reading past corruption
+- config_plan: ``config/*.json`` restored or rebuilt, committed offsets set (ConfigManager's persist)
 """

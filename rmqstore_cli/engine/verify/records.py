@@ -13,14 +13,11 @@ from formats.message import decode_utf8
 from formats.properties import parse_properties
 from formats.records import CQ_UNIT_SIZE
 
-from ..findings import Finding
+from ..findings import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding  # noqa: F401 (verify's modules take them from here)
 
 if TYPE_CHECKING:
     from ..log.commitlog import CommitLog
     from .commitlog import SegmentReport
-
-ERROR, WARNING, INFO = "error", "warning", "info"
-SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
 
 _COL_TYPES = {"phy": np.int64, "size": np.int32, "queueId": np.int32, "queueOffset": np.int64, "sysFlag": np.int32,
               "storeTimestamp": np.int64, "topic": np.int32, "tagsCode": np.int64, "tagsBad": np.bool_, "keyCount": np.int16}

@@ -13,11 +13,13 @@ import time
 from dataclasses import dataclass, field
 
 from formats import fastjson
+from formats.message import RecordError
 
-from .files import (CONFIG_FILES, CONSUMER_OFFSETS, DELAY_OFFSETS, TABLE, TOPICS, ConfigFile, FileCopy, read_config,
-                    as_long, write_config_file)
+from ..config.files import (CONFIG_FILES, CONSUMER_OFFSETS, DELAY_OFFSETS, TABLE, TOPICS, ConfigFile, FileCopy,
+                            read_config, as_long, write_config_file)
+from ..config.offsets import SCHEDULE_TOPIC, all_bounds, next_pull
 from ..errors import UsageError
-from .offsets import SCHEDULE_TOPIC, all_bounds, delivered_prefix, next_pull
+from ..query.lookup import query_index
 from ..query.timesearch import TimeSearch
 
 
@@ -293,3 +295,39 @@ def apply_config_plan(root: str, plan: ConfigPlan, backup) -> list[str]:
 
 def config_dir_exists(root: str) -> bool:
     return os.path.isdir(os.path.join(root, "config"))
+
+
+def delivered_prefix(store, level: int, lo: int, hi: int) -> tuple[int, str]:
+    """The first offset of schedule queue ``level - 1`` in [lo, hi] whose message the store does not show delivered.
+
+    The schedule service delivers a level's queue in order, re-putting each due message under its ``REAL_TOPIC``
+    with the same ``UNIQ_KEY`` (indexed under that topic); a message is proven delivered when such a record
+    follows it. Binary search over the delivered prefix, through the index (``(offset, how)``).
+    """
+    if hi <= lo:
+        return lo, "empty queue"
+    q = store.queue(SCHEDULE_TOPIC, level - 1)
+
+    def delivered(k: int) -> bool:
+        unit = q.unit_at(k)
+        if unit is None:
+            return False
+        try:
+            msg = store.commitlog.read(unit[0], with_body=False)
+        except (RecordError, ValueError):
+            return False
+        props = msg.get("properties") or {}
+        topic, key = props.get("REAL_TOPIC"), props.get("UNIQ_KEY")
+        if not topic or not key:
+            return False
+        ans = query_index(store, topic, key, begin=int(msg.get("storeTimestamp", 0)))
+        return any(m["offset"] > unit[0] for m in ans.matches)
+
+    a, b = lo, hi  # invariant: every offset < a is delivered; b is undelivered (or the end)
+    while a < b:
+        mid = (a + b) // 2
+        if delivered(mid):
+            a = mid + 1
+        else:
+            b = mid
+    return a, "first message not shown delivered (no re-put copy with its UNIQ_KEY under its REAL_TOPIC)"
