@@ -1,7 +1,8 @@
 """Recovery's derived-file check in verify's sub-segment windows (derived_windows over
 verify_commitlog.WINDOW_BYTES windows; kept index files checked with verify's IndexWindows): with a tiny window
-size the broker-written stores have many windows per segment, and plans and index findings must equal the whole
-record table's; the index check's memory must follow a window, not the records an index file points at."""
+size the broker-written stores have many windows per segment, and index findings must equal the whole record
+table's (the seeded plans in small windows are test_recovery_memory's small-windows case); the index check's memory
+must follow a window, not the records an index file points at."""
 
 from __future__ import annotations
 
@@ -14,48 +15,9 @@ import pytest
 from rmqstore_cli.engine.verify import commitlog as verify_commitlog, index as verify_index
 from rmqstore_cli.engine.store import Store
 from tests.conftest import copy_store
-from tests.test_recovery_memory import STORE_NAMES, _plan_json
 from tests.test_verify_memory import _damage_index
 
 SEED = int(os.environ.get("RMQSTORE_VMEM_SEED", random.randrange(1 << 30)))
-
-
-def test_small_window_plans_like_the_whole_table(tmp_path, monkeypatch):
-    """Seeded damage and crashes on copies of the broker-written stores, 4 KiB / 3000 B windows: the plan equals
-    the whole record table's, and the windowed path answers some cases alone."""
-    from tests import fuzzlib
-
-    print("seed", SEED)
-    rng = random.Random(SEED)
-    kinds = []
-    for i in range(16):
-        monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", (4096, 3000)[i % 2])
-        name = STORE_NAMES[i % len(STORE_NAMES)]
-        template = fuzzlib.make_template(name, tmp_path / "templates" / name)
-        case = tmp_path / f"case{i}"
-        m = fuzzlib.model(name)
-
-        def case_dir_for(private, case=case, template=template):
-            return fuzzlib.clone(template, case, set(private) | {"checkpoint"})
-
-        if i % 3 == 0:
-            fuzzlib.derived_damage(rng, m, case_dir_for)
-        elif i % 3 == 1:
-            fuzzlib.plan_and_apply(rng, m, case_dir_for)
-        else:
-            case_dir_for(set())
-        if rng.random() < 0.5:
-            (case / "abort").write_bytes(b"")
-            if rng.random() < 0.5:
-                with open(case / "checkpoint", "r+b") as f:
-                    f.write(b"\0" * 24)
-        for version in (4, 5):
-            whole, k_whole = _plan_json(str(case), version, True, monkeypatch)
-            windowed, k = _plan_json(str(case), version, False, monkeypatch)
-            assert k_whole == "whole"
-            assert windowed == whole, f"case {i} ({name}, broker {version})"
-            kinds.append(k)
-    assert "windowed" in kinds, kinds
 
 
 @pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean", "5.3.3-v2topic"])
