@@ -115,24 +115,29 @@ def encode_records(buf, h: Headers, base: int, body: str = "none", idx: np.ndarr
 _BODY_CODES = {"none": 0, "hex": 1, "base64": 2, "text": 3}  # formats.jsonkernel.BODY_*
 
 
-def _encode_block(buf, h: Headers, base: int, body: str) -> bytes:
-    """The compiled writer (formats.jsonkernel) fills one buffer per block; the records it leaves
-    to the reference decoder are spliced in."""
+def kernel_lines(buf, h: Headers, base: int, body: str):
+    """The compiled writer's output for the records ``h``: (buffer, bytes used, end of each line,
+    which records it left to the reference decoder — their lines are empty)."""
     from . import fast, jsonkernel
 
     mode = _BODY_CODES.get(body)
     if mode is None:
         raise ValueError(f"unknown body mode {body!r}")
     n = len(h)
-    u8 = fast.kernel_view(buf)
     out = np.empty(jsonkernel.capacity(h, mode), np.uint8)
     ends = np.empty(n, np.int64)
     fallback = np.zeros(n, np.bool_)
     size = jsonkernel.write_lines(
-        u8, np.int64(base), mode, h.offsets, h.totalSize, h.magicCode, h.bodyCRC, h.queueId, h.flag, h.queueOffset,
-        h.physicalOffset, h.sysFlag, h.bornTimestamp, h.bornHostStart, h.bornHostLen, h.storeTimestamp,
-        h.storeHostStart, h.storeHostLen, h.reconsumeTimes, h.preparedTransactionOffset, h.bodyStart, h.bodyLength,
-        h.topicStart, h.topicLength, h.propsStart, h.propsLength, out, ends, fallback)
+        fast.kernel_view(buf), np.int64(base), mode, h.offsets, h.totalSize, h.magicCode, h.bodyCRC, h.queueId,
+        h.flag, h.queueOffset, h.physicalOffset, h.sysFlag, h.bornTimestamp, h.bornHostStart, h.bornHostLen,
+        h.storeTimestamp, h.storeHostStart, h.storeHostLen, h.reconsumeTimes, h.preparedTransactionOffset,
+        h.bodyStart, h.bodyLength, h.topicStart, h.topicLength, h.propsStart, h.propsLength, out, ends, fallback)
+    return out, size, ends, fallback
+
+
+def _encode_block(buf, h: Headers, base: int, body: str) -> bytes:
+    """One buffer per block from the compiled writer; the records it leaves out are spliced in."""
+    out, size, ends, fallback = kernel_lines(buf, h, base, body)
     if not fallback.any():
         return out[:size].tobytes()
     pieces, at = [], 0
