@@ -127,12 +127,13 @@ def append(
             emit(app.put([msg]))
         else:
             stream = sys.stdin if from_ == "-" else _open_input(from_)
+            loads = _json_loads()
             try:
                 for n, line in enumerate(stream, start=1):
                     if not line.strip():
                         continue
                     try:
-                        obj = json.loads(line)
+                        obj = loads(line)
                         msgs, _ = builder.from_json_line(obj)
                     except json.JSONDecodeError as e:
                         raise UsageError(f"line {n}: not valid JSON ({e.msg} at column {e.colno})") from None
@@ -190,6 +191,26 @@ def _parse_props(items: Optional[List[str]]) -> list[tuple[str, str]]:
             raise UsageError(f"--property {it!r} must be key=value")
         out.append((k, v))
     return out
+
+
+def _json_loads():
+    """``json.loads`` with its exact results and errors, through msgspec where msgspec agrees.
+
+    msgspec (~3x faster on these lines) accepts a subset of what ``json`` accepts and gives the same
+    value for it (integers of any size included, which orjson turns into floats past 64 bits);
+    what it rejects (NaN, Infinity, lone surrogate escapes, numbers out of a double's range, bad
+    JSON) is parsed again by ``json``, which gives the value or the error message we report."""
+    import msgspec
+
+    fast, slow, error = msgspec.json.Decoder().decode, json.loads, msgspec.DecodeError
+
+    def loads(line: str):
+        try:
+            return fast(line)
+        except error:
+            return slow(line)
+
+    return loads
 
 
 def _open_input(path: str):
