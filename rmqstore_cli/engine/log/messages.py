@@ -195,10 +195,13 @@ def _check_props_map(props) -> dict:
     return out
 
 
-def _body(obj: dict) -> bytes:
+def _body(obj: dict, decoded: bytes | None = None) -> bytes:
+    """``decoded``: the bytes of ``obj["bodyBase64"]``, already decoded by the caller's parser."""
     given = [k for k in ("bodyHex", "bodyBase64", "bodyText") if k in obj]
     if len(given) > 1:
         raise InputError(f"give one body field, not {', '.join(given)}")
+    if decoded is not None and given == ["bodyBase64"]:
+        return decoded
     try:
         body = body_from_json(obj)
     except (ValueError, TypeError, AttributeError, binascii.Error) as e:
@@ -330,13 +333,14 @@ class MessageBuilder:
 
     # --- a replay from JSON --------------------------------------------------------------------
 
-    def from_json(self, obj, *, in_batch: bool = False) -> OutMessage:
+    def from_json(self, obj, *, in_batch: bool = False, body_base64: bytes | None = None) -> OutMessage:
+        """``body_base64``: the decoded ``bodyBase64`` when the JSON parser has decoded it."""
         if not isinstance(obj, dict):
             raise InputError("a message must be a JSON object")
         unknown = set(obj) - INPUT_FIELDS - COMPUTED_FIELDS
         if unknown:
             raise InputError(f"unknown field(s) {', '.join(sorted(unknown))}")
-        body = _body(obj)
+        body = _body(obj, body_base64)
         raw = obj.get("propertiesRaw")
         crc_prop = False
         props_map = None
