@@ -130,7 +130,7 @@ def append(
             messages = _line_messages(builder)
             try:
                 for n, line in enumerate(stream, start=1):
-                    if not line.strip():
+                    if not line or line.isspace():  # not line.strip(): no copy of each line
                         continue
                     try:
                         msgs = messages(line)

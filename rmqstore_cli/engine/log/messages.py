@@ -147,6 +147,8 @@ def check_topic(topic, version: int, *, strict_chars: bool, auto_v2: bool = True
 
 def _int(obj: dict, name: str, default: int, rng=INT32) -> int:
     v = obj.get(name, default)
+    if type(v) is int and rng[0] <= v <= rng[1]:  # the usual case; bool is not int here
+        return v
     if isinstance(v, bool) or not isinstance(v, int):
         raise InputError(f"{name} must be an integer, not {v!r}")
     if not rng[0] <= v <= rng[1]:
@@ -214,6 +216,7 @@ def _body(obj: dict, decoded: bytes | None = None) -> bytes:
     return b""
 
 
+_KNOWN_FIELDS = frozenset(INPUT_FIELDS | COMPUTED_FIELDS)
 _CACHE_LIMIT = 4096  # distinct topics / host objects remembered per builder
 
 
@@ -337,7 +340,7 @@ class MessageBuilder:
         """``body_base64``: the decoded ``bodyBase64`` when the JSON parser has decoded it."""
         if not isinstance(obj, dict):
             raise InputError("a message must be a JSON object")
-        unknown = set(obj) - INPUT_FIELDS - COMPUTED_FIELDS
+        unknown = obj.keys() - _KNOWN_FIELDS
         if unknown:
             raise InputError(f"unknown field(s) {', '.join(sorted(unknown))}")
         body = _body(obj, body_base64)
