@@ -28,6 +28,7 @@ from .kernel import _jit
 MAGIC_V2 = -626843477  # formats.records.MAGIC_V2 (a literal: numba freezes globals)
 MAX_ENTRIES = 512  # property entries per record rendered here (duplicate keys are found in O(k^2))
 BODY_NONE, BODY_HEX, BODY_BASE64, BODY_TEXT = 0, 1, 2, 3
+FIXED_BOUND = 1024  # bytes of a line besides its strings and body (worst case ~810: IPv6 hosts, 20-digit numbers)
 
 _HEXL = np.frombuffer(b"0123456789abcdef", np.uint8).copy()
 _HEXU = np.frombuffer(b"0123456789ABCDEF", np.uint8).copy()
@@ -421,11 +422,22 @@ _props = _jit(_props)
 write_lines = _jit(_write_lines)
 
 
+def record_capacity(h, body_mode: int) -> np.ndarray:
+    """An upper bound of the bytes :func:`write_lines` writes for each record of ``h`` (the kernel
+    does not check its buffer's end): field names, numbers, two IPv6 hosts and the msgId need at
+    most ~810 bytes (FIXED_BOUND), a string byte at most 6 (``\\u00xx``), properties twice (object
+    and raw), the body as its mode renders it. tests/test_jsonkernel.py checks the worst case."""
+    cap = FIXED_BOUND + 6 * (h.topicLength.astype(np.int64) + 2 * h.propsLength.astype(np.int64))
+    body = h.bodyLength.astype(np.int64)
+    if body_mode == BODY_HEX:
+        cap += 2 * body
+    elif body_mode == BODY_BASE64:
+        cap += 2 * body + 4
+    elif body_mode == BODY_TEXT:
+        cap += 6 * body
+    return cap
+
+
 def capacity(h, body_mode: int) -> int:
-    """An upper bound of the bytes :func:`write_lines` writes for the records ``h``: fixed text and
-    numbers (< 700 bytes), a string byte at most 6 (``\\u00xx``), properties twice (object and raw)."""
-    n = len(h)
-    strings = int(h.topicLength.sum()) + 2 * int(h.propsLength.sum())
-    body = int(h.bodyLength.sum())
-    extra = {BODY_NONE: 0, BODY_HEX: 2 * body, BODY_BASE64: 2 * body + 4 * n, BODY_TEXT: 6 * body}[body_mode]
-    return 700 * n + 6 * strings + extra + 64
+    """:func:`record_capacity` of the whole block (its output buffer's size)."""
+    return int(record_capacity(h, body_mode).sum()) + 64

@@ -98,18 +98,39 @@ def _take(h: Headers, idx) -> Headers:
     return t
 
 
+BLOCK_BYTES = 32 << 20  # output bound of one kernel call (large bodies: fewer records per block)
+
+
 def encode_records(buf, h: Headers, base: int, body: str = "none", idx: np.ndarray | None = None) -> bytes:
     """JSON Lines (UTF-8) of the records ``h`` (all, or those at ``idx``) of a buffer whose
     first byte is commitlog offset ``base``; body rendered as ``--body`` does."""
+    return b"".join(text for text, _ in encode_blocks(buf, h, base, body, idx))
+
+
+def encode_blocks(buf, h: Headers, base: int, body: str = "none", idx: np.ndarray | None = None):
+    """:func:`encode_records` in pieces: yields (text, records in it), each piece at most
+    BLOCK_RECORDS records and, unless one record alone is larger, about BLOCK_BYTES of text."""
     if idx is not None:
         h = _take(h, idx)
     n = len(h)
     if n == 0:
-        return b""
-    if n <= BLOCK_RECORDS:
-        return _encode_block(buf, h, base, body)
-    return b"".join(_encode_block(buf, _take(h, slice(i, i + BLOCK_RECORDS)), base, body)
-                    for i in range(0, n, BLOCK_RECORDS))
+        return
+    mode = _BODY_CODES.get(body)
+    if mode is None:
+        raise ValueError(f"unknown body mode {body!r}")
+    from . import jsonkernel
+
+    if n <= BLOCK_RECORDS and jsonkernel.capacity(h, mode) <= BLOCK_BYTES:
+        yield _encode_block(buf, h, base, body), n
+        return
+    need = np.cumsum(jsonkernel.record_capacity(h, mode))
+    i = 0
+    while i < n:
+        done = int(need[i - 1]) if i else 0
+        j = int(np.searchsorted(need, done + BLOCK_BYTES, side="right"))
+        j = min(max(j, i + 1), i + BLOCK_RECORDS, n)
+        yield _encode_block(buf, _take(h, slice(i, j)), base, body), j - i
+        i = j
 
 
 _BODY_CODES = {"none": 0, "hex": 1, "base64": 2, "text": 3}  # formats.jsonkernel.BODY_*

@@ -168,3 +168,65 @@ def test_replacement_of_malformed_utf8_is_cpythons():
     for s, line in zip(samples, lines):
         obj = json.loads(line)
         assert obj["topic"] == s.decode("utf-8", "replace") and obj["bodyText"] == obj["topic"], (seed, s)
+
+
+def test_worst_case_line_fits_the_buffer_bound():
+    """The kernel writes without checking its buffer's end: every line must fit record_capacity.
+    Worst case besides strings: two IPv6 hosts, the longest numbers; strings of bytes that each
+    become six (controls) or three (U+FFFD) bytes."""
+    worst = dict(topic=b"\x01" * 100, queue_id=-(2**31), flag=-(2**31), queue_offset=-(2**63), physical_offset=-(2**63),
+                 sysflag=-(2**31) | SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6, born_timestamp=-(2**63),
+                 born_host=(bytes([0xAB] * 16), -(2**31)), store_timestamp=-(2**63),
+                 store_host=(bytes([0xCD] * 16), -(2**31)), reconsume_times=-(2**31), prepared_offset=-(2**63),
+                 magic=MAGIC_V2)
+    records = [encode_message(body=b, properties=p, **worst)
+               for b, p in [(b"", b""), (b"\x00" * 50, b"\x1f\x01\x1e"), (b"\xff" * 50, b"\x01\x02" * 30),
+                            (b"\x00", b"k\x01" + b"\x00" * 40), (bytes(range(256)), b"\xff\x01\xfe\x02" * 9)]]
+    buf = b"".join(records)
+    h = fast.decode_headers(buf, fast.walk(buf, 0, len(buf)).offsets)
+    for body in BODY_MODES:
+        mode = {"none": jsonkernel.BODY_NONE, "hex": jsonkernel.BODY_HEX, "base64": jsonkernel.BODY_BASE64,
+                "text": jsonkernel.BODY_TEXT}[body]
+        caps = jsonkernel.record_capacity(h, mode)
+        lines, fallback = kernel_output(buf, h, 1 << 62, body)
+        for off, line, fb, cap in zip(h.offsets.tolist(), lines, fallback.tolist(), caps.tolist()):
+            assert len(line) <= cap, (body, off, len(line), cap)
+            assert fb or line == declared_line(buf, off, 1 << 62, body)
+        assert max(map(len, lines)) > 700  # the case the old fixed bound of 700 bytes missed
+
+
+def test_large_bodies_come_in_bounded_blocks(monkeypatch):
+    """Records whose text would exceed BLOCK_BYTES are encoded in several kernel calls, same text."""
+    from formats import jsonl
+
+    rng = random.Random(7)
+    records = [encode_message(topic=b"T", queue_id=0, flag=0, queue_offset=i, physical_offset=i, sysflag=0,
+                              born_timestamp=1, born_host=(b"\x01\x02\x03\x04", 5), store_timestamp=2,
+                              store_host=(b"\x01\x02\x03\x04", 6), reconsume_times=0, prepared_offset=0,
+                              body=bytes(rng.randrange(256) for _ in range(rng.randrange(3000))), properties=b"a\x01b",
+                              magic=MAGIC_V1) for i in range(60)]
+    buf = b"".join(records)
+    h = fast.decode_headers(buf, fast.walk(buf, 0, len(buf)).offsets)
+    want = b"".join(declared_line(buf, off, 0, "text") for off in h.offsets.tolist())
+    monkeypatch.setattr(jsonl, "BLOCK_BYTES", 20_000)
+    pieces = list(jsonl.encode_blocks(buf, h, 0, "text"))
+    assert len(pieces) > 5 and sum(k for _, k in pieces) == 60
+    assert b"".join(t for t, _ in pieces) == want
+    assert jsonl.encode_records(buf, h, 0, "text", np.arange(3, 50)) == \
+        b"".join(declared_line(buf, off, 0, "text") for off in h.offsets.tolist()[3:50])
+
+
+def test_records_json_in_bounded_pieces_same_text_and_progress(monkeypatch):
+    from formats import jsonl
+
+    with Store.open(str(shared_store("5.3.3-clean"))) as s:
+        whole = list(s.commitlog.records_json(body="hex"))
+        monkeypatch.setattr(jsonl, "BLOCK_BYTES", 50_000)
+        split = list(s.commitlog.records_json(body="hex"))
+    assert len(split) > len(whole)
+    for i in (0, 1, 2):  # text, records, walked bytes: the same totals
+        assert sum_or_join([p[i] for p in split]) == sum_or_join([p[i] for p in whole])
+
+
+def sum_or_join(values):
+    return b"".join(values) if isinstance(values[0], bytes) else sum(values)
