@@ -12,6 +12,7 @@ this module uses ``struct`` directly because construct costs ~50 µs per record.
 from __future__ import annotations
 
 import base64
+import binascii
 import struct
 
 from .hashing import crc31, crc_property_digits
@@ -150,7 +151,11 @@ def body_from_json(obj: dict) -> bytes | None:
     if "bodyHex" in obj:
         return bytes.fromhex(obj["bodyHex"])
     if "bodyBase64" in obj:
-        return base64.b64decode(obj["bodyBase64"], validate=True)
+        text = obj["bodyBase64"]
+        try:  # canonical base64 (what dump writes): one C call; anything else gets b64decode's verdict
+            return binascii.a2b_base64(text, strict_mode=True)
+        except (ValueError, TypeError):
+            return base64.b64decode(text, validate=True)
     if "bodyText" in obj:
         return obj["bodyText"].encode("utf-8")
     return None

@@ -1,4 +1,4 @@
-"""formats.jsonl (the columnar JSON Lines encoder behind ``dump commitlog --json``) gives the
+"""formats.jsonl (the JSON Lines writer behind ``dump commitlog --json``) gives the
 same bytes as the reference: json_line(render_body(decode_message(...))) with ``offset``.
 
 Checked on every record of every broker-written store in each --body mode, on records built

@@ -275,14 +275,23 @@ class CommitLog:
         """The records :meth:`records` yields (same selection, same stop), already rendered as
         JSON Lines (UTF-8 bytes, ``--body`` mode ``body``) by :mod:`formats.jsonl`, a block at a
         time: yields (text, records in it, log bytes walked for it)."""
-        from formats.jsonl import encode_records
+        from formats.jsonl import encode_blocks
 
         sel = RecordFilter(start=start, end=end, topic=topic, queue=queue, since=since, until=until, limit=limit)
         for chunk, idx, _ in self.selected(sel, result=result):
             h = chunk.headers
             walked = int(h.totalSize[: int(idx[-1]) + 1].sum()) if len(idx) else int(h.totalSize.sum())
+            if not len(idx):
+                yield b"", 0, walked
+                continue
             whole = None if len(idx) == len(h) else idx  # no copy of the columns when nothing is left out
-            yield (encode_records(chunk.buf, h, chunk.segment.start, body, whole) if len(idx) else b"", len(idx), walked)
+            # large bodies: a chunk's text comes in pieces of bounded size (the walked bytes with the last)
+            pending = None
+            for piece in encode_blocks(chunk.buf, h, chunk.segment.start, body, whole):
+                if pending is not None:
+                    yield pending[0], pending[1], 0
+                pending = piece
+            yield pending[0], pending[1], walked
 
     def boundaries_near(self, phy: int) -> tuple[int | None, int | None]:
         """Record boundaries just before and after ``phy`` (for error messages)."""

@@ -147,6 +147,8 @@ def check_topic(topic, version: int, *, strict_chars: bool, auto_v2: bool = True
 
 def _int(obj: dict, name: str, default: int, rng=INT32) -> int:
     v = obj.get(name, default)
+    if type(v) is int and rng[0] <= v <= rng[1]:  # the usual case; bool is not int here
+        return v
     if isinstance(v, bool) or not isinstance(v, int):
         raise InputError(f"{name} must be an integer, not {v!r}")
     if not rng[0] <= v <= rng[1]:
@@ -195,10 +197,13 @@ def _check_props_map(props) -> dict:
     return out
 
 
-def _body(obj: dict) -> bytes:
+def _body(obj: dict, decoded: bytes | None = None) -> bytes:
+    """``decoded``: the bytes of ``obj["bodyBase64"]``, already decoded by the caller's parser."""
     given = [k for k in ("bodyHex", "bodyBase64", "bodyText") if k in obj]
     if len(given) > 1:
         raise InputError(f"give one body field, not {', '.join(given)}")
+    if decoded is not None and given == ["bodyBase64"]:
+        return decoded
     try:
         body = body_from_json(obj)
     except (ValueError, TypeError, AttributeError, binascii.Error) as e:
@@ -211,6 +216,10 @@ def _body(obj: dict) -> bytes:
     return b""
 
 
+_KNOWN_FIELDS = frozenset(INPUT_FIELDS | COMPUTED_FIELDS)
+_CACHE_LIMIT = 4096  # distinct topics / host objects remembered per builder
+
+
 class MessageBuilder:
     """Turns options or JSON objects into validated :class:`OutMessage` lists for one store."""
 
@@ -220,14 +229,24 @@ class MessageBuilder:
         self.cluster = cluster
         self.crc_on = config.version >= 5 and config.enabledAppendPropCRC
         self.max_level = len(config.delay_table)
+        # A replay repeats a few topics and hosts: their checks are pure functions of the value
+        self._topics: dict = {}
+        self._hosts: dict = {}
 
     # --- shared ------------------------------------------------------------------------------
 
     def _finish(self, *, topic: str, strict_topic: bool, queue_id: int, flag: int, sysflag: int, born_ts: int,
                 born_host, store_host, reconsume: int, prepared: int, body: bytes, props_str: str,
-                crc_prop: bool, store_ts: int | None) -> OutMessage:
-        topic_b, magic = check_topic(topic, self.version, strict_chars=strict_topic,
-                                     auto_v2=self.config.autoMessageVersionOnTopicLen)
+                crc_prop: bool, store_ts: int | None, props_map: dict | None = None) -> OutMessage:
+        """``props_map``: parse_properties(props_str) when the caller already has it."""
+        key = (topic, strict_topic)
+        checked = self._topics.get(key) if isinstance(topic, str) else None
+        if checked is None:
+            checked = check_topic(topic, self.version, strict_chars=strict_topic,
+                                  auto_v2=self.config.autoMessageVersionOnTopicLen)
+            if len(self._topics) < _CACHE_LIMIT:
+                self._topics[key] = checked
+        topic_b, magic = checked
         if queue_id < 0:
             raise InputError(f"queueId {queue_id} is negative")
         if sysflag & (SYSFLAG_INNER_BATCH | SYSFLAG_NEED_UNWRAP):
@@ -247,7 +266,8 @@ class MessageBuilder:
         plen = len(props_b) + (CRC32_RESERVED_LEN if crc_prop else 0)
         if plen > MAX_PROPERTIES_LENGTH:
             raise InputError(f"properties are {plen} bytes; at most {MAX_PROPERTIES_LENGTH} allowed")
-        props_map = parse_properties(props_str)
+        if props_map is None:
+            props_map = parse_properties(props_str)
         if topic == SCHEDULE_TOPIC and "DELAY" in props_map:
             try:
                 int(props_map["DELAY"])
@@ -316,23 +336,27 @@ class MessageBuilder:
 
     # --- a replay from JSON --------------------------------------------------------------------
 
-    def from_json(self, obj, *, in_batch: bool = False) -> OutMessage:
+    def from_json(self, obj, *, in_batch: bool = False, body_base64: bytes | None = None) -> OutMessage:
+        """``body_base64``: the decoded ``bodyBase64`` when the JSON parser has decoded it."""
         if not isinstance(obj, dict):
             raise InputError("a message must be a JSON object")
-        unknown = set(obj) - INPUT_FIELDS - COMPUTED_FIELDS
+        unknown = obj.keys() - _KNOWN_FIELDS
         if unknown:
             raise InputError(f"unknown field(s) {', '.join(sorted(unknown))}")
-        body = _body(obj)
+        body = _body(obj, body_base64)
         raw = obj.get("propertiesRaw")
         crc_prop = False
+        props_map = None
         if raw is not None:
             if not isinstance(raw, str):
                 raise InputError("propertiesRaw must be a string")
-            if "properties" in obj and _check_props_map(obj["properties"]) != parse_properties(raw):
+            props_map = parse_properties(raw)
+            if "properties" in obj and _check_props_map(obj["properties"]) != props_map:
                 raise InputError("propertiesRaw does not match properties")
             if self.version >= 5 and _CRC_TAIL.search(raw):
                 raw = raw[:-CRC32_RESERVED_LEN]  # recomputed for the new position
                 crc_prop = True
+                props_map = None
             props_str = raw
         else:
             props = _check_props_map(obj.get("properties", {}))
@@ -349,11 +373,27 @@ class MessageBuilder:
         return self._finish(
             topic=obj.get("topic"), strict_topic=False, queue_id=_int(obj, "queueId", 0), flag=_int(obj, "flag", 0),
             sysflag=_int(obj, "sysFlag", 0), born_ts=_int(obj, "bornTimestamp", now_ms(), INT64),
-            born_host=host_from_json(obj.get("bornHost", DEFAULT_BORN_HOST), "bornHost"),
-            store_host=host_from_json(obj.get("storeHost", DEFAULT_STORE_HOST), "storeHost"),
+            born_host=self._host(obj.get("bornHost", DEFAULT_BORN_HOST), "bornHost"),
+            store_host=self._host(obj.get("storeHost", DEFAULT_STORE_HOST), "storeHost"),
             reconsume=_int(obj, "reconsumeTimes", 0),
             prepared=_int(obj, "preparedTransactionOffset", 0, INT64), body=body, props_str=props_str,
-            crc_prop=crc_prop, store_ts=store_ts)
+            crc_prop=crc_prop, store_ts=store_ts, props_map=props_map)
+
+    def _host(self, v, name: str) -> tuple[bytes, int]:
+        """host_from_json, remembered for the {ip, ipHex, port} objects a dump writes (str, str,
+        int exactly: True == 1 but is not a port)."""
+        if type(v) is not dict or len(v) != 3:
+            return host_from_json(v, name)
+        ip, ip_hex, port = v.get("ip"), v.get("ipHex"), v.get("port")
+        if type(ip) is not str or type(ip_hex) is not str or type(port) is not int:
+            return host_from_json(v, name)
+        key = (name, ip, ip_hex, port)
+        hit = self._hosts.get(key)
+        if hit is None:
+            hit = host_from_json(v, name)
+            if len(self._hosts) < _CACHE_LIMIT:
+                self._hosts[key] = hit
+        return hit
 
     def from_json_line(self, obj) -> tuple[list[OutMessage], bool]:
         """One input line: a message object, or ``{"batch": [msg, ...]}`` (a classic batch)."""

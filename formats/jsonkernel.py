@@ -1,0 +1,443 @@
+"""Compiled JSON Lines writer for commitlog records (numba, nopython): ``dump commitlog --json``.
+
+One loop step per record writes the record's whole line into a preallocated byte buffer, from the
+header columns the walk kernels already produce (:class:`formats.fast.Headers`) and the record
+bytes. The text is exactly what ``json_line(render_body(decode_message(...), body))`` (with the
+``offset`` field) gives: Python's ``json.dumps(ensure_ascii=False, separators=(",", ":"))``
+escaping (``\\"``, ``\\\\``, ``\\n``, ``\\r``, ``\\t``, ``\\b``, ``\\f``, other controls as lowercase
+``\\u00xx``; DEL and non-ASCII kept), strings decoded like :func:`formats.message.decode_utf8`
+(``errors="replace"``: one U+FFFD per maximal invalid subpart, CPython's rule), the
+``properties`` object as :func:`formats.properties.parse_properties` builds it (an entry is
+split at its first ``\\x01``; a repeated key keeps its first place and takes the last value).
+
+A record the kernel does not render itself is flagged and rendered by the reference decoder
+(:func:`formats.jsonl.reference_line`): a property string with malformed UTF-8 and more than one
+entry (two different malformed keys can decode to the same text) or with more than
+:data:`MAX_ENTRIES` entries. ``tests/test_jsonkernel.py`` compares the two on every record of the
+broker-written stores and on fuzzed records.
+
+Imported lazily (numba's import is slow) by :mod:`formats.jsonl`; compiled once and cached.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .kernel import _jit
+
+MAGIC_V2 = -626843477  # formats.records.MAGIC_V2 (a literal: numba freezes globals)
+MAX_ENTRIES = 512  # property entries per record rendered here (duplicate keys are found in O(k^2))
+BODY_NONE, BODY_HEX, BODY_BASE64, BODY_TEXT = 0, 1, 2, 3
+FIXED_BOUND = 1024  # bytes of a line besides its strings and body (worst case ~810: IPv6 hosts, 20-digit numbers)
+
+_HEXL = np.frombuffer(b"0123456789abcdef", np.uint8).copy()
+_HEXU = np.frombuffer(b"0123456789ABCDEF", np.uint8).copy()
+_POW10 = np.array([10**k for k in range(20)], dtype=np.uint64)
+_PAIRS = np.frombuffer(b"".join(b"%02d" % i for i in range(100)), np.uint8).copy()
+_B64 = np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", np.uint8).copy()
+
+
+# literal texts (module arrays: numba freezes them into the compiled code)
+_L0 = np.frombuffer(b'{"ip":"', np.uint8).copy()
+_L1 = np.frombuffer(b'","ipHex":"', np.uint8).copy()
+_L2 = np.frombuffer(b'","port":', np.uint8).copy()
+_L3 = np.frombuffer(b'{"topic":"', np.uint8).copy()
+_L4 = np.frombuffer(b'","queueId":', np.uint8).copy()
+_L5 = np.frombuffer(b',"flag":', np.uint8).copy()
+_L6 = np.frombuffer(b',"queueOffset":', np.uint8).copy()
+_L7 = np.frombuffer(b',"commitLogOffset":', np.uint8).copy()
+_L8 = np.frombuffer(b',"storeSize":', np.uint8).copy()
+_L9 = np.frombuffer(b',"bodyCRC":', np.uint8).copy()
+_L10 = np.frombuffer(b',"sysFlag":', np.uint8).copy()
+_L11 = np.frombuffer(b',"bornTimestamp":', np.uint8).copy()
+_L12 = np.frombuffer(b',"bornHost":', np.uint8).copy()
+_L13 = np.frombuffer(b',"storeTimestamp":', np.uint8).copy()
+_L14 = np.frombuffer(b',"storeHost":', np.uint8).copy()
+_L15 = np.frombuffer(b',"reconsumeTimes":', np.uint8).copy()
+_L16 = np.frombuffer(b',"preparedTransactionOffset":', np.uint8).copy()
+_L17 = np.frombuffer(b',"bodyLen":', np.uint8).copy()
+_L18 = np.frombuffer(b',"properties":', np.uint8).copy()
+_L19 = np.frombuffer(b',"propertiesRaw":"', np.uint8).copy()
+_L20 = np.frombuffer(b'","msgId":"', np.uint8).copy()
+_L21 = np.frombuffer(b'","magicVersion":', np.uint8).copy()
+_L22 = np.frombuffer(b',"offset":', np.uint8).copy()
+_L23 = np.frombuffer(b',"bodyHex":"', np.uint8).copy()
+_L24 = np.frombuffer(b',"bodyBase64":"', np.uint8).copy()
+_L25 = np.frombuffer(b',"bodyText":"', np.uint8).copy()
+
+
+def _lit(out, p, s):
+    for k in range(s.shape[0]):
+        out[p + k] = s[k]
+    return p + s.shape[0]
+
+
+def _int(out, p, v):
+    """Decimal text of a signed 64-bit value (INT64_MIN included), two digits per division."""
+    if v < 0:
+        out[p] = 45
+        p += 1
+        m = np.uint64(-(v + 1)) + np.uint64(1)
+    else:
+        m = np.uint64(v)
+    pw = _POW10
+    n = 1
+    while n < 20 and m >= pw[n]:
+        n += 1
+    pairs = _PAIRS
+    q = p + n
+    while m >= np.uint64(100):
+        r = np.int64(m % np.uint64(100))
+        m //= np.uint64(100)
+        q -= 2
+        out[q] = pairs[2 * r]
+        out[q + 1] = pairs[2 * r + 1]
+    r = np.int64(m)
+    if r >= 10:
+        out[q - 2] = pairs[2 * r]
+        out[q - 1] = pairs[2 * r + 1]
+    else:
+        out[q - 1] = 48 + r
+    return p + n
+
+
+def _seq_len(u8, i, e):
+    """(bytes, valid) of the UTF-8 sequence at u8[i] (a byte >= 0x80): valid -> its length; invalid
+    -> the length of the maximal subpart CPython replaces by one U+FFFD."""
+    c = u8[i]
+    lo = 0x80
+    hi = 0xBF
+    if 0xC2 <= c <= 0xDF:
+        n = 1
+    elif c == 0xE0:
+        n = 2
+        lo = 0xA0
+    elif c == 0xED:
+        n = 2
+        hi = 0x9F
+    elif 0xE1 <= c <= 0xEF:
+        n = 2
+    elif c == 0xF0:
+        n = 3
+        lo = 0x90
+    elif c == 0xF4:
+        n = 3
+        hi = 0x8F
+    elif 0xF1 <= c <= 0xF3:
+        n = 3
+    else:
+        return 1, False
+    j = i + 1
+    for k in range(n):
+        if j >= e:
+            return j - i, False
+        b = u8[j]
+        if k == 0:
+            if b < lo or b > hi:
+                return j - i, False
+        elif b < 0x80 or b > 0xBF:
+            return j - i, False
+        j += 1
+    return j - i, True
+
+
+def _esc(u8, s, e, out, p, hexl):
+    """JSON string content (no quotes) of the bytes u8[s:e] decoded with errors="replace".
+    Returns (end position, whether a replacement happened)."""
+    bad = False
+    i = s
+    while i < e:
+        c = u8[i]
+        if c < 0x80:
+            if c >= 0x20:
+                if c == 0x22 or c == 0x5C:
+                    out[p] = 0x5C
+                    p += 1
+                out[p] = c
+                p += 1
+            else:
+                out[p] = 0x5C
+                if c == 10:
+                    out[p + 1] = 110
+                    p += 2
+                elif c == 13:
+                    out[p + 1] = 114
+                    p += 2
+                elif c == 9:
+                    out[p + 1] = 116
+                    p += 2
+                elif c == 8:
+                    out[p + 1] = 98
+                    p += 2
+                elif c == 12:
+                    out[p + 1] = 102
+                    p += 2
+                else:
+                    out[p + 1] = 117
+                    out[p + 2] = 48
+                    out[p + 3] = 48
+                    out[p + 4] = hexl[c >> 4]
+                    out[p + 5] = hexl[c & 15]
+                    p += 6
+            i += 1
+            continue
+        n, ok = _seq_len(u8, i, e)
+        if ok:
+            for k in range(n):
+                out[p + k] = u8[i + k]
+            p += n
+        else:
+            out[p] = 0xEF
+            out[p + 1] = 0xBF
+            out[p + 2] = 0xBD
+            p += 3
+            bad = True
+        i += n
+    return p, bad
+
+
+def _host(u8, s, w, out, p, hexl):
+    """{"ip":...,"ipHex":...,"port":N} of a host field (ip bytes then a big-endian int32 port)."""
+    ipn = w - 4
+    p = _lit(out, p, _L0)
+    if ipn == 4:
+        for k in range(4):
+            if k:
+                out[p] = 46
+                p += 1
+            p = _int(out, p, np.int64(u8[s + k]))
+    else:  # Java's getHostAddress: 8 groups, lowercase hex, no leading zeros, no "::"
+        for g in range(ipn // 2):
+            if g:
+                out[p] = 58
+                p += 1
+            v = (np.int64(u8[s + 2 * g]) << 8) | np.int64(u8[s + 2 * g + 1])
+            started = False
+            for sh in (12, 8, 4, 0):
+                d = (v >> sh) & 15
+                if d or started or sh == 0:
+                    out[p] = hexl[d]
+                    p += 1
+                    started = True
+    p = _lit(out, p, _L1)
+    for k in range(ipn):
+        b = u8[s + k]
+        out[p] = hexl[b >> 4]
+        out[p + 1] = hexl[b & 15]
+        p += 2
+    p = _lit(out, p, _L2)
+    port = np.int32((np.uint32(u8[s + ipn]) << np.uint32(24)) | (np.uint32(u8[s + ipn + 1]) << np.uint32(16))
+                    | (np.uint32(u8[s + ipn + 2]) << np.uint32(8)) | np.uint32(u8[s + ipn + 3]))
+    p = _int(out, p, np.int64(port))
+    out[p] = 0x7D
+    return p + 1
+
+
+def _same(u8, a, al, b, bl):
+    if al != bl:
+        return False
+    for k in range(al):
+        if u8[a + k] != u8[b + k]:
+            return False
+    return True
+
+
+def _props(u8, s, e, out, p, hexl, ent):
+    """The ``properties`` object; returns (end, ok). ok False: the record takes the reference path
+    (written bytes are discarded by the caller)."""
+    # entries: key start, key end, value start, value end, value owner (-1: skipped duplicate)
+    k = 0
+    a = s
+    while a < e:
+        b = a
+        while b < e and u8[b] != 2:
+            b += 1
+        sep = a
+        while sep < b and u8[sep] != 1:
+            sep += 1
+        if a < sep and sep < b - 1:
+            if k == ent.shape[0]:
+                return p, False
+            ent[k, 0] = a
+            ent[k, 1] = sep
+            ent[k, 2] = sep + 1
+            ent[k, 3] = b
+            ent[k, 4] = k
+            for j in range(k):
+                if ent[j, 4] == j and _same(u8, ent[j, 0], ent[j, 1] - ent[j, 0], a, sep - a):
+                    ent[j, 2] = sep + 1  # the later value wins, the first place stays
+                    ent[j, 3] = b
+                    ent[k, 4] = -1
+                    break
+            k += 1
+        a = b + 1
+    out[p] = 0x7B
+    p += 1
+    first = True
+    bad = False
+    for j in range(k):
+        if ent[j, 4] < 0:
+            continue
+        if not first:
+            out[p] = 0x2C
+            p += 1
+        first = False
+        out[p] = 0x22
+        p, b1 = _esc(u8, ent[j, 0], ent[j, 1], out, p + 1, hexl)
+        out[p] = 0x22
+        out[p + 1] = 0x3A
+        out[p + 2] = 0x22
+        p, b2 = _esc(u8, ent[j, 2], ent[j, 3], out, p + 3, hexl)
+        out[p] = 0x22
+        p += 1
+        bad = bad or b1 or b2
+    out[p] = 0x7D
+    # malformed UTF-8 in a key: two different byte strings may decode to one key
+    return p + 1, not (bad and k > 1)
+
+
+def _write_lines(u8, base, body_mode, offsets, total, magic, body_crc, queue_id, flag, queue_offset, phy, sysflag,
+                 born_ts, bh_start, bh_len, store_ts, sh_start, sh_len, reconsume, prepared, body_start, body_len,
+                 topic_start, topic_len, props_start, props_len, out, ends, fallback):
+    """Line i of the block into ``out``; ``ends[i]`` = end of line i; ``fallback[i]`` = line left out
+    (reference path). Returns the bytes written."""
+    hexl = _HEXL
+    hexu = _HEXU
+    b64 = _B64
+    ent = np.empty((MAX_ENTRIES, 5), np.int64)
+    p = 0
+    for i in range(offsets.shape[0]):
+        start = p
+        p = _lit(out, p, _L3)
+        p, _ = _esc(u8, topic_start[i], topic_start[i] + topic_len[i], out, p, hexl)
+        p = _lit(out, p, _L4)
+        p = _int(out, p, np.int64(queue_id[i]))
+        p = _lit(out, p, _L5)
+        p = _int(out, p, np.int64(flag[i]))
+        p = _lit(out, p, _L6)
+        p = _int(out, p, np.int64(queue_offset[i]))
+        p = _lit(out, p, _L7)
+        p = _int(out, p, np.int64(phy[i]))
+        p = _lit(out, p, _L8)
+        p = _int(out, p, np.int64(total[i]))
+        p = _lit(out, p, _L9)
+        p = _int(out, p, np.int64(body_crc[i]))
+        p = _lit(out, p, _L10)
+        p = _int(out, p, np.int64(sysflag[i]))
+        p = _lit(out, p, _L11)
+        p = _int(out, p, np.int64(born_ts[i]))
+        p = _lit(out, p, _L12)
+        p = _host(u8, bh_start[i], bh_len[i], out, p, hexl)
+        p = _lit(out, p, _L13)
+        p = _int(out, p, np.int64(store_ts[i]))
+        p = _lit(out, p, _L14)
+        p = _host(u8, sh_start[i], sh_len[i], out, p, hexl)
+        p = _lit(out, p, _L15)
+        p = _int(out, p, np.int64(reconsume[i]))
+        p = _lit(out, p, _L16)
+        p = _int(out, p, np.int64(prepared[i]))
+        p = _lit(out, p, _L17)
+        p = _int(out, p, np.int64(body_len[i]))
+        p = _lit(out, p, _L18)
+        ps = props_start[i]
+        pe = ps + props_len[i]
+        p, ok = _props(u8, ps, pe, out, p, hexl, ent)
+        if not ok:
+            fallback[i] = True
+            p = start
+            ends[i] = p
+            continue
+        p = _lit(out, p, _L19)
+        p, _ = _esc(u8, ps, pe, out, p, hexl)
+        p = _lit(out, p, _L20)
+        s = sh_start[i]
+        for k in range(sh_len[i]):
+            b = u8[s + k]
+            out[p] = hexu[b >> 4]
+            out[p + 1] = hexu[b & 15]
+            p += 2
+        v = np.uint64(phy[i])
+        for k in range(15, -1, -1):
+            out[p + k] = hexu[np.int64(v & np.uint64(15))]
+            v >>= np.uint64(4)
+        p += 16
+        p = _lit(out, p, _L21)
+        out[p] = 50 if magic[i] == MAGIC_V2 else 49
+        p += 1
+        p = _lit(out, p, _L22)
+        p = _int(out, p, base + offsets[i])
+        bs = body_start[i]
+        bl = body_len[i]
+        if body_mode == BODY_HEX:
+            p = _lit(out, p, _L23)
+            for k in range(bl):
+                b = u8[bs + k]
+                out[p] = hexl[b >> 4]
+                out[p + 1] = hexl[b & 15]
+                p += 2
+            out[p] = 0x22
+            p += 1
+        elif body_mode == BODY_BASE64:
+            p = _lit(out, p, _L24)
+            k = 0
+            while k + 3 <= bl:
+                x = (np.int64(u8[bs + k]) << 16) | (np.int64(u8[bs + k + 1]) << 8) | np.int64(u8[bs + k + 2])
+                out[p] = b64[(x >> 18) & 63]
+                out[p + 1] = b64[(x >> 12) & 63]
+                out[p + 2] = b64[(x >> 6) & 63]
+                out[p + 3] = b64[x & 63]
+                p += 4
+                k += 3
+            r = bl - k
+            if r:
+                x = np.int64(u8[bs + k]) << 16
+                if r == 2:
+                    x |= np.int64(u8[bs + k + 1]) << 8
+                out[p] = b64[(x >> 18) & 63]
+                out[p + 1] = b64[(x >> 12) & 63]
+                out[p + 2] = b64[(x >> 6) & 63] if r == 2 else 61
+                out[p + 3] = 61
+                p += 4
+            out[p] = 0x22
+            p += 1
+        elif body_mode == BODY_TEXT:
+            p = _lit(out, p, _L25)
+            p, _ = _esc(u8, bs, bs + bl, out, p, hexl)
+            out[p] = 0x22
+            p += 1
+        out[p] = 0x7D
+        out[p + 1] = 10
+        p += 2
+        ends[i] = p
+    return p
+
+
+_lit = _jit(_lit)
+_int = _jit(_int)
+_seq_len = _jit(_seq_len)
+_esc = _jit(_esc)
+_host = _jit(_host)
+_same = _jit(_same)
+_props = _jit(_props)
+write_lines = _jit(_write_lines)
+
+
+def record_capacity(h, body_mode: int) -> np.ndarray:
+    """An upper bound of the bytes :func:`write_lines` writes for each record of ``h`` (the kernel
+    does not check its buffer's end): field names, numbers, two IPv6 hosts and the msgId need at
+    most ~810 bytes (FIXED_BOUND), a string byte at most 6 (``\\u00xx``), properties twice (object
+    and raw), the body as its mode renders it. tests/test_jsonkernel.py checks the worst case."""
+    cap = FIXED_BOUND + 6 * (h.topicLength.astype(np.int64) + 2 * h.propsLength.astype(np.int64))
+    body = h.bodyLength.astype(np.int64)
+    if body_mode == BODY_HEX:
+        cap += 2 * body
+    elif body_mode == BODY_BASE64:
+        cap += 2 * body + 4
+    elif body_mode == BODY_TEXT:
+        cap += 6 * body
+    return cap
+
+
+def capacity(h, body_mode: int) -> int:
+    """:func:`record_capacity` of the whole block (its output buffer's size)."""
+    return int(record_capacity(h, body_mode).sum()) + 64
