@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from formats import checkkernel
+from formats.extaddr import MAX_ADDR
 from formats.indexchain import chain_block
 from formats.records import (CQ_FILLER, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_COMMIT,
                              TRANSACTION_NOT)
@@ -49,6 +51,10 @@ class Windows:
         fs = cl.segments.file_size
         parts = [window_starts(s, fs) for s in cl.segments.segments]
         self.starts = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def bounds(self, w: int) -> tuple[int, int]:
+        """The offsets ``[start, end)`` window ``w`` owns."""
+        return int(self.starts[w]), int(self.starts[w + 1]) if w + 1 < len(self.starts) else (1 << 63) - 1
 
     def of(self, phys: np.ndarray) -> np.ndarray:
         """Window of each offset; -1 before the first segment."""
@@ -165,20 +171,16 @@ class QueueWindows:
                 if first >= stop:
                     continue
             qofs, phy, size, tags = self.files.units(seg, stop, first)
-            filler = (phy == CQ_FILLER[0]) & (size == CQ_FILLER[1]) & (tags == CQ_FILLER[2])
-            sel = np.flatnonzero(~filler & (windows.of(phy) == w))
-            if not len(sel):
+            nf, fl, fr, last_q, end = checkkernel.queue_window(phy, size, tags, int(qofs[0]) if len(qofs) else 0, *windows.bounds(w),
+                                                               recs, recs.topic_ids.get(self.scan.topic, -1), self.scan.qid,
+                                                               self.scan.ext is not None, MAX_ADDR, marks)
+            self.deferred.add(qofs[nf], phy[nf])
+            if last_q < 0:
                 continue
-            idx, found = recs.lookup(phy[sel])
-            self.deferred.add(qofs[sel[~found]], phy[sel[~found]])
-            u, ri = sel[found], idx[found]
-            if not len(u):
-                continue
-            marks[ri] = True
-            self.last_found = max(self.last_found, int(qofs[u].max()))
-            end = int((phy[u] + recs.c["size"][ri]).max())
+            self.last_found = max(self.last_found, last_q)
             found_end = end if found_end is None else max(found_end, end)
-            check_found_units(self.cq, self.scan, qofs[u], phy[u], size[u], tags[u], ri, recs)
+            if len(fl):  # units some field of which differs from their record's: the rules say which
+                check_found_units(self.cq, self.scan, qofs[fl], phy[fl], size[fl], tags[fl], fr, recs)
         return found_end
 
     def finish(self, refs: _RefClassifier, findings: list) -> None:
@@ -276,22 +278,17 @@ class IndexWindows:
             diff = ent["timeDiff"].astype(np.int32)
             del ent
             _drop_pages(buf, base + a * INDEX_ENTRY_SIZE, (b - a) * INDEX_ENTRY_SIZE)
-            sel = np.flatnonzero(windows.of(phy) == w)
-            if not len(sel):
+            nf, fl, fr, first, last = checkkernel.index_window(kh, phy, diff, a, *windows.bounds(w), recs, h.beginTimestamp)
+            self.deferred.add(nf + a, phy[nf])
+            if first is None:
                 continue
-            idx, found = recs.lookup(phy[sel])
-            self.deferred.add(sel[~found] + a, phy[sel[~found]])
-            fk, fr = sel[found], idx[found]  # block positions and records of the entries that found theirs
-            if not len(fk):
-                continue
-            self.last_found = max(self.last_found, int(fk.max()) + a)
-            if a == 1 and fk[0] == 0:
-                self.first_ts = int(ts[fr[0]])
-            if b == self.count and fk[-1] == b - a - 1:
-                self.last_ts = int(ts[fr[-1]])
-            keep = kh[fk] >= 0
-            fk, fr = fk[keep], fr[keep]
-            verify_index.check_found_entries(agg, f, h, epos, recs, a, fk, fr, kh, phy, diff)
+            self.last_found = max(self.last_found, last[0] + a)
+            if a == 1 and first[0] == 0:
+                self.first_ts = int(ts[first[1]])
+            if b == self.count and last[0] == b - a - 1:
+                self.last_ts = int(ts[last[1]])
+            if len(fl):  # entries that differ from their record somehow: the rules say how
+                verify_index.check_found_entries(agg, f, h, epos, recs, a, fl, fr, kh, phy, diff)
 
     def finish(self, refs: _RefClassifier, findings: list) -> None:
         f, h, agg = self.f, self.h, self.agg

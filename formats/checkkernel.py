@@ -1,0 +1,198 @@
+"""Compiled passes of verify's window cross-checks (consume-queue units and index entries against the
+records of one commitlog window), made on first use so that commands which never verify do not load them.
+
+Each pass walks one block of references once: keeps those pointing into the window, finds their record
+(binary search in the window's sorted offsets, started from the previous hit), and compares the fields a
+finding would be about. What it returns is compact: the references that found no record, and the few that
+found one but differ in some field ("flagged"). Only the flagged ones go on to the Python rules that make
+the findings (``engine/verify/queues.check_found_units``, ``engine/verify/index.check_found_entries``), so
+codes, messages and ranks come from one place; a reference that is not flagged is one those rules would
+report nothing for. The whole-log formulation (``engine/verify/pipeline._verify_whole_log``) still applies
+those rules to every reference in numpy: tests compare the two.
+
+Constants are literals or arguments: numba freezes globals into the cached machine code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_COMPILED: dict = {}
+
+
+def _compiled(name: str):
+    """The compiled pass ``name`` (numba imported and the helpers compiled on the first call)."""
+    fn = _COMPILED.get(name)
+    if fn is None:
+        from .kernel import _jit
+
+        g = globals()
+        if not _COMPILED:
+            g["_find"] = _jit(_find)  # the passes call the compiled helper
+        fn = _COMPILED[name] = _jit(g[name])
+    return fn
+
+
+def _find(rphy, x, hint):
+    """Index of the record at offset ``x`` in the increasing ``rphy``, or -1; ``hint`` is where the last
+    search ended (references are mostly increasing: galloping from it costs a few steps)."""
+    n = len(rphy)
+    if n == 0:
+        return -1
+    lo, hi = 0, n
+    if 0 <= hint < n and rphy[hint] <= x:
+        lo = hint
+        step = 1
+        hi = hint + 1
+        while hi < n and rphy[hi] <= x:
+            lo = hi
+            hi = hi + step
+            step *= 2
+        if hi > n:
+            hi = n
+    while lo < hi:  # first index with rphy >= x
+        mid = (lo + hi) >> 1
+        if rphy[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < n and rphy[lo] == x:
+        return lo
+    return -1
+
+
+def _queue_window(phy, size, tags, qofs0, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags, rtags_bad, topic_id,
+                  qid, ext_on, max_addr, marks, not_found, flagged, flagged_rec, state):
+    """Units of one consume-queue file slice (unit ``i`` has queue offset ``qofs0 + i``) pointing into
+    ``[ws, we)``. Sets ``marks`` of the records found; ``state`` = [not found, flagged, highest queue offset
+    that found its record (-1), end of the furthest record found (-1)] (counts are set, the rest raised)."""
+    nnf = 0
+    nfl = 0
+    hint = 0
+    for i in range(len(phy)):
+        p = phy[i]
+        if p == 0 and size[i] == 0x7FFFFFFF and tags[i] == 0:  # pre-blank filler unit (§7.3)
+            continue
+        if p < ws or p >= we:
+            continue
+        r = _find(rphy, p, hint)
+        if r < 0:
+            not_found[nnf] = i
+            nnf += 1
+            continue
+        hint = r
+        marks[r] = True
+        q = qofs0 + i
+        if q > state[2]:
+            state[2] = q
+        end = p + rsize[r]
+        if end > state[3]:
+            state[3] = end
+        tran = rsys[r] & 0xC
+        bad = (rsize[r] != size[i] or rtopic[r] != topic_id or rqid[r] != qid or rqoff[r] != q
+               or (tran != 0x0 and tran != 0x8))
+        if not bad and not rtags_bad[r]:
+            if ext_on and tags[i] <= max_addr:
+                bad = True  # the tagsCode is an ext address: the ext unit is read in Python
+            elif tags[i] != rtags[r]:
+                bad = True
+        if bad:
+            flagged[nfl] = i
+            flagged_rec[nfl] = r
+            nfl += 1
+    state[0] = nnf
+    state[1] = nfl
+
+
+def queue_window(phy, size, tags, qofs0: int, ws: int, we: int, recs, topic_id: int, qid: int, ext_on: bool,
+                 max_addr: int, marks) -> tuple:
+    """(positions of the units that found no record, positions of the flagged units, their records,
+    highest queue offset found or -1, end of the furthest record found or -1)."""
+    n = len(phy)
+    not_found = np.empty(n, np.int64)
+    flagged = np.empty(n, np.int64)
+    flagged_rec = np.empty(n, np.int64)
+    state = np.array([0, 0, -1, -1], np.int64)
+    c = recs.c
+    _compiled("_queue_window")(phy, size, tags, np.int64(qofs0), np.int64(ws), np.int64(we), recs.phy, c["size"], c["topic"],
+                               c["queueId"], c["queueOffset"], c["sysFlag"], c["tagsCode"], c["tagsBad"], np.int64(topic_id),
+                               np.int64(qid), bool(ext_on), np.int64(max_addr), marks, not_found, flagged, flagged_rec, state)
+    return (not_found[:state[0]], flagged[:state[1]], flagged_rec[:state[1]], int(state[2]), int(state[3]))
+
+
+def _index_window(kh, phy, diff, first_entry, ws, we, rphy, rsys, rts, keys, key_start, key_count, begin_ts,
+                  not_found, flagged, flagged_rec, state):
+    """Entries of one index block (entry ``first_entry + i``) pointing into ``[ws, we)``. ``state`` =
+    [not found, flagged, last found position (-1), first found position, its record, last found position's
+    record]. An entry is flagged when it points at a rollback record, at a record without a key of its hash,
+    or (``begin_ts`` > 0, from entry 2) when its timeDiff is not the record's store time - ``begin_ts`` in
+    whole seconds (clamped to int32; offsets of 2**53 ms or more are flagged for the exact rule)."""
+    nnf = 0
+    nfl = 0
+    hint = 0
+    first = -1
+    first_rec = -1
+    last = -1
+    last_rec = -1
+    for i in range(len(phy)):
+        p = phy[i]
+        if p < ws or p >= we:
+            continue
+        r = _find(rphy, p, hint)
+        if r < 0:
+            not_found[nnf] = i
+            nnf += 1
+            continue
+        hint = r
+        if first < 0:
+            first = i
+            first_rec = r
+        last = i
+        last_rec = r
+        k = kh[i]
+        if k < 0:  # IDX_KEY_HASH for the hash itself, reported before the walk
+            continue
+        bad = (rsys[r] & 0xC) == 0xC
+        if not bad:
+            has = False
+            s = key_start[r]
+            for j in range(key_count[r]):
+                if keys[s + j] == k:
+                    has = True
+                    break
+            bad = not has
+        if not bad and begin_ts > 0 and first_entry + i >= 2:
+            d = rts[r] - begin_ts
+            if d >= 9007199254740992 or d <= -9007199254740992:
+                bad = True
+            else:
+                want = np.int64(np.trunc(d / 1000.0)) if d >= 0 else np.int64(0)
+                if want > 2147483647:
+                    want = 2147483647
+                bad = diff[i] != want
+        if bad:
+            flagged[nfl] = i
+            flagged_rec[nfl] = r
+            nfl += 1
+    state[0] = nnf
+    state[1] = nfl
+    state[2] = last
+    state[3] = first
+    state[4] = first_rec
+    state[5] = last_rec
+
+
+def index_window(kh, phy, diff, first_entry: int, ws: int, we: int, recs, begin_ts: int) -> tuple:
+    """(positions of the entries that found no record, flagged positions, their records, (first found
+    position, its record) or None, (last found position, its record) or None)."""
+    n = len(phy)
+    not_found = np.empty(n, np.int64)
+    flagged = np.empty(n, np.int64)
+    flagged_rec = np.empty(n, np.int64)
+    state = np.zeros(6, np.int64)
+    c = recs.c
+    _compiled("_index_window")(kh, phy, diff, np.int64(first_entry), np.int64(ws), np.int64(we), recs.phy, c["sysFlag"],
+                               c["storeTimestamp"], recs.keys, recs.key_start, c["keyCount"], np.int64(begin_ts), not_found,
+                               flagged, flagged_rec, state)
+    found = ((int(state[3]), int(state[4])), (int(state[2]), int(state[5]))) if state[2] >= 0 else (None, None)
+    return (not_found[:state[0]], flagged[:state[1]], flagged_rec[:state[1]], *found)
