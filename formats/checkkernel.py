@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 _COMPILED: dict = {}
+_HELPERS = ("_be64", "_be32", "_window_of", "_find")
 
 
 def _compiled(name: str):
@@ -28,9 +29,36 @@ def _compiled(name: str):
 
         g = globals()
         if not _COMPILED:
-            g["_find"] = _jit(_find)  # the passes call the compiled helper
+            for helper in _HELPERS:  # the passes call the compiled helpers
+                g[helper] = _jit(g[helper])
         fn = _COMPILED[name] = _jit(g[name])
     return fn
+
+
+def _be64(u8, p):
+    """Big-endian int64 at ``u8[p:p+8]`` (the files are written by Java's ByteBuffer)."""
+    v = np.int64(0)
+    for j in range(8):
+        v = (v << np.int64(8)) | np.int64(u8[p + j])
+    return v
+
+
+def _be32(u8, p):
+    """Big-endian int32 at ``u8[p:p+4]``, as int64."""
+    v = (np.int64(u8[p]) << 24) | (np.int64(u8[p + 1]) << 16) | (np.int64(u8[p + 2]) << 8) | np.int64(u8[p + 3])
+    return v - (np.int64(1) << 32) if v >= (np.int64(1) << 31) else v
+
+
+def _window_of(starts, p):
+    """Window of offset ``p``: the last start at or before it, -1 before the first (``Windows.of``)."""
+    lo, hi = 0, len(starts)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if starts[mid] <= p:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
 
 
 def _find(rphy, x, hint):
@@ -61,19 +89,22 @@ def _find(rphy, x, hint):
     return -1
 
 
-def _queue_window(phy, size, tags, qofs0, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags, rtags_bad, topic_id,
+def _queue_window(u8, first, stop, qbase, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags, rtags_bad, topic_id,
                   qid, ext_on, max_addr, marks, not_found, flagged, flagged_rec, state):
-    """Units of one consume-queue file slice (unit ``i`` has queue offset ``qofs0 + i``) pointing into
-    ``[ws, we)``. Sets ``marks`` of the records found; ``state`` = [not found, flagged, highest queue offset
-    that found its record (-1), end of the furthest record found (-1)] (counts are set, the rest raised)."""
+    """Units ``first .. stop-1`` of one consume-queue file (``u8``: its bytes, 20 per unit; unit ``i`` has
+    queue offset ``qbase + i``) pointing into ``[ws, we)``. Sets ``marks`` of the records found; ``state`` =
+    [not found, flagged, highest queue offset that found its record (-1), end of the furthest record found
+    (-1)] (counts are set, the rest raised)."""
     nnf = 0
     nfl = 0
     hint = 0
-    for i in range(len(phy)):
-        p = phy[i]
-        if p == 0 and size[i] == 0x7FFFFFFF and tags[i] == 0:  # pre-blank filler unit (§7.3)
-            continue
+    for i in range(first, stop):
+        p = _be64(u8, i * 20)
         if p < ws or p >= we:
+            continue
+        size = _be32(u8, i * 20 + 8)
+        tags = _be64(u8, i * 20 + 12)
+        if p == 0 and size == 0x7FFFFFFF and tags == 0:  # pre-blank filler unit (§7.3)
             continue
         r = _find(rphy, p, hint)
         if r < 0:
@@ -82,19 +113,19 @@ def _queue_window(phy, size, tags, qofs0, ws, we, rphy, rsize, rtopic, rqid, rqo
             continue
         hint = r
         marks[r] = True
-        q = qofs0 + i
+        q = qbase + i
         if q > state[2]:
             state[2] = q
         end = p + rsize[r]
         if end > state[3]:
             state[3] = end
         tran = rsys[r] & 0xC
-        bad = (rsize[r] != size[i] or rtopic[r] != topic_id or rqid[r] != qid or rqoff[r] != q
+        bad = (rsize[r] != size or rtopic[r] != topic_id or rqid[r] != qid or rqoff[r] != q
                or (tran != 0x0 and tran != 0x8))
         if not bad and not rtags_bad[r]:
-            if ext_on and tags[i] <= max_addr:
+            if ext_on and tags <= max_addr:
                 bad = True  # the tagsCode is an ext address: the ext unit is read in Python
-            elif tags[i] != rtags[r]:
+            elif tags != rtags[r]:
                 bad = True
         if bad:
             flagged[nfl] = i
@@ -104,20 +135,88 @@ def _queue_window(phy, size, tags, qofs0, ws, we, rphy, rsize, rtopic, rqid, rqo
     state[1] = nfl
 
 
-def queue_window(phy, size, tags, qofs0: int, ws: int, we: int, recs, topic_id: int, qid: int, ext_on: bool,
+def queue_window(u8, first: int, stop: int, qbase: int, ws: int, we: int, recs, topic_id: int, qid: int, ext_on: bool,
                  max_addr: int, marks) -> tuple:
-    """(positions of the units that found no record, positions of the flagged units, their records,
+    """(file positions of the units that found no record, of the flagged units, the flagged units' records,
     highest queue offset found or -1, end of the furthest record found or -1)."""
-    n = len(phy)
+    n = max(stop - first, 0)
     not_found = np.empty(n, np.int64)
     flagged = np.empty(n, np.int64)
     flagged_rec = np.empty(n, np.int64)
     state = np.array([0, 0, -1, -1], np.int64)
     c = recs.c
-    _compiled("_queue_window")(phy, size, tags, np.int64(qofs0), np.int64(ws), np.int64(we), recs.phy, c["size"], c["topic"],
-                               c["queueId"], c["queueOffset"], c["sysFlag"], c["tagsCode"], c["tagsBad"], np.int64(topic_id),
-                               np.int64(qid), bool(ext_on), np.int64(max_addr), marks, not_found, flagged, flagged_rec, state)
+    _compiled("_queue_window")(u8, np.int64(first), np.int64(stop), np.int64(qbase), np.int64(ws), np.int64(we), recs.phy,
+                               c["size"], c["topic"], c["queueId"], c["queueOffset"], c["sysFlag"], c["tagsCode"], c["tagsBad"],
+                               np.int64(topic_id), np.int64(qid), bool(ext_on), np.int64(max_addr), marks, not_found, flagged,
+                               flagged_rec, state)
     return (not_found[:state[0]], flagged[:state[1]], flagged_rec[:state[1]], int(state[2]), int(state[3]))
+
+
+def _queue_file(u8, n, starts, step, before, sample_w, sample_u, state):
+    """The valid units ``0 .. n-1`` of one consume-queue file, before the walk: ``state`` = [fillers, first
+    filler's position, real units, highest offset, lowest window, highest window, 1 if the windows never
+    go down, units before the first window, samples]. ``before`` gets the positions of the units pointing
+    before the first window, ``sample_w``/``sample_u`` the window and position of every ``step``-th real unit."""
+    fillers = 0
+    first_filler = -1
+    real = 0
+    phy_max = np.int64(-1) << 62
+    lo = len(starts)
+    hi = -1
+    ordered = 1
+    prev = -2
+    nb = 0
+    ns = 0
+    for i in range(n):
+        p = _be64(u8, i * 20)
+        if p == 0 and _be32(u8, i * 20 + 8) == 0x7FFFFFFF and _be64(u8, i * 20 + 12) == 0:
+            if first_filler < 0:
+                first_filler = i
+            fillers += 1
+            continue
+        k = _window_of(starts, p)
+        if real % step == 0:
+            sample_w[ns] = k
+            sample_u[ns] = i
+            ns += 1
+        real += 1
+        if k < prev:
+            ordered = 0
+        prev = k
+        if p > phy_max:
+            phy_max = p
+        if k < 0:
+            before[nb] = i
+            nb += 1
+        else:
+            if k < lo:
+                lo = k
+            if k > hi:
+                hi = k
+    state[0] = fillers
+    state[1] = first_filler
+    state[2] = real
+    state[3] = phy_max
+    state[4] = lo
+    state[5] = hi
+    state[6] = ordered
+    state[7] = nb
+    state[8] = ns
+
+
+def queue_file(u8, n: int, starts, step: int) -> tuple:
+    """(fillers, first filler's position, real units, highest real offset or None, lowest and highest window
+    (None, None when every real unit points before the first window), positions of those that do, the
+    (window, position) samples when the windows never go down, else None)."""
+    before = np.empty(n, np.int64)
+    sample_w = np.empty(n // step + 1, np.int64)
+    sample_u = np.empty(n // step + 1, np.int64)
+    state = np.zeros(9, np.int64)
+    _compiled("_queue_file")(u8, np.int64(n), starts, np.int64(step), before, sample_w, sample_u, state)
+    fillers, first_filler, real, phy_max, lo, hi, ordered, nb, ns = (int(v) for v in state)
+    samples = (sample_w[:ns].copy(), sample_u[:ns].copy()) if ordered else None
+    return (fillers, first_filler, real, phy_max if real else None, (lo, hi) if hi >= 0 else (None, None),
+            before[:nb].copy(), samples)
 
 
 def _index_window(kh, phy, diff, first_entry, ws, we, rphy, rsys, rts, keys, key_start, key_count, begin_ts,

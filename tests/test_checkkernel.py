@@ -24,7 +24,7 @@ import pytest
 
 from formats import checkkernel
 from formats.extaddr import MAX_ADDR
-from formats.records import CQ_FILLER, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
+from formats.records import CQ_FILLER, CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.verify import commitlog as verify_commitlog
 from rmqstore_cli.engine.verify.index import check_found_entries
@@ -49,13 +49,14 @@ def _queue_problems(st, windows: Windows, w: int, recs: _Records) -> list[str]:
         cq = st.queue(topic, qid)
         ext = st.ext(topic, qid) if ext_on else None
         files = _QueueFiles(cq)
-        for qofs, phy, size, tags in files:
-            if not len(phy):
+        for seg, n in files.valid_files():
+            if not n:
                 continue
-            where = f"{topic}/{qid} file {files.files[-1][0].name} window {w}"
-            nf, fl, fr, last_q, end = checkkernel.queue_window(phy, size, tags, int(qofs[0]), *windows.bounds(w), recs,
-                                                               recs.topic_ids.get(topic, -1), qid, ext is not None, MAX_ADDR,
-                                                               marks_k)
+            qofs, phy, size, tags = files.units(seg, n)
+            where = f"{topic}/{qid} file {seg.name} window {w}"
+            nf, fl, fr, last_q, end = checkkernel.queue_window(files.unit_bytes(seg), 0, n, seg.start // CQ_UNIT_SIZE,
+                                                               *windows.bounds(w), recs, recs.topic_ids.get(topic, -1), qid,
+                                                               ext is not None, MAX_ADDR, marks_k)
             filler = (phy == CQ_FILLER[0]) & (size == CQ_FILLER[1]) & (tags == CQ_FILLER[2])
             sel = np.flatnonzero(~filler & (windows.of(phy) == w))
             idx, found = recs.lookup(phy[sel])
@@ -85,6 +86,30 @@ def _queue_problems(st, windows: Windows, w: int, recs: _Records) -> list[str]:
                     probs.append(f"{where}: unit {int(qofs[j])} flagged, but the rules find nothing")
     if not np.array_equal(marks_k, marks_ref):
         probs.append(f"window {w}: marked records differ at {np.flatnonzero(marks_k != marks_ref)[:10].tolist()}")
+    return probs
+
+
+def _queue_file_problems(st, windows: Windows, step: int) -> list[str]:
+    """checkkernel.queue_file against numpy over each consume-queue file (before the walk)."""
+    probs = []
+    for topic, qid in st.queues():
+        files = _QueueFiles(st.queue(topic, qid))
+        for seg, n in files.valid_files():
+            qofs, phy, size, tags = files.units(seg, n)
+            got = checkkernel.queue_file(files.unit_bytes(seg), n, windows.starts, step)
+            filler = (phy == CQ_FILLER[0]) & (size == CQ_FILLER[1]) & (tags == CQ_FILLER[2])
+            real = np.flatnonzero(~filler)
+            k = windows.of(phy[real])
+            before = k < 0
+            want = (int(filler.sum()), int(np.flatnonzero(filler)[0]) if filler.any() else -1, len(real),
+                    int(phy[real].max()) if len(real) else None,
+                    (int(k[~before].min()), int(k.max())) if not before.all() else (None, None), real[before].tolist())
+            if got[:5] + (got[5].tolist(),) != want:
+                probs.append(f"{topic}/{qid} {seg.name}: {got[:5]} {got[5][:5]}, numpy {want[:5]} {want[5][:5]}")
+            at = np.arange(0, len(real), step)
+            samples = (k[at].tolist(), real[at].tolist()) if np.all(k[1:] >= k[:-1]) else None
+            if (None if got[6] is None else (got[6][0].tolist(), got[6][1].tolist())) != samples:
+                probs.append(f"{topic}/{qid} {seg.name}: samples differ from numpy's")
     return probs
 
 
@@ -174,6 +199,8 @@ def _problems(root, monkeypatch) -> tuple[list[str], int]:
     windows_seen = 0
     with Store.open(str(root)) as st:
         windows = Windows(st.commitlog)
+        for step in (1, 3, 1024):
+            probs += _queue_file_problems(st, windows, step)
         for rep in verify_commitlog.iter_windows(st.commitlog, check_crc=False):
             recs = _Records(st, [rep])
             windows_seen += 1

@@ -23,7 +23,7 @@ import numpy as np
 from formats import checkkernel
 from formats.extaddr import MAX_ADDR
 from formats.indexchain import chain_block
-from formats.records import (CQ_FILLER, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_COMMIT,
+from formats.records import (CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_COMMIT,
                              TRANSACTION_NOT)
 
 from ..findings import Finding
@@ -105,30 +105,26 @@ class QueueWindows:
         self.units = 0
         self.phy_max: int | None = None
         scan = self.scan
-        for qofs, phy, size, tags in self.files:
-            self.units += len(phy)
-            filler = (phy == CQ_FILLER[0]) & (size == CQ_FILLER[1]) & (tags == CQ_FILLER[2])
-            if filler.any():
-                if not scan.fillers:
-                    scan.first_filler = int(qofs[np.flatnonzero(filler)[0]])
-                scan.fillers += int(filler.sum())
-            real = np.flatnonzero(~filler)
-            if not len(real):
+        for seg, n in self.files.valid_files():
+            self.units += n
+            if not n:
                 continue
-            phys = phy[real]
-            self.phy_max = max(int(phys.max()), self.phy_max if self.phy_max is not None else int(phys[0]))
-            k = windows.of(phys)
-            before = k < 0
-            self.deferred.add(qofs[real[before]], phys[before])
-            seg, n = self.files.files[-1]
-            if not before.all():
-                lo, hi = int(k[~before].min()), int(k.max())
-                samples = None
-                if np.all(k[1:] >= k[:-1]):  # units in log order (the normal case): each window's units are one run
-                    # every _SAMPLE_STEP-th unit's window: enough to find a window's run with two binary
-                    # searches, a few bytes per thousand units whatever the number of windows a file spans
-                    at = np.arange(0, len(k), _SAMPLE_STEP)
-                    samples = (k[at].astype(np.int64), real[at].astype(np.int64))
+            fillers, first_filler, real, phy_max, (lo, hi), before, samples = checkkernel.queue_file(
+                self.files.unit_bytes(seg), n, windows.starts, _SAMPLE_STEP)
+            # samples (units in log order, the normal case: each window's units are one run): every
+            # _SAMPLE_STEP-th unit's window, enough to find a window's run with two binary searches, a few
+            # bytes per thousand units whatever the number of windows a file spans
+            if fillers:
+                if not scan.fillers:
+                    scan.first_filler = seg.start // CQ_UNIT_SIZE + first_filler
+                scan.fillers += fillers
+            if not real:
+                continue
+            self.phy_max = phy_max if self.phy_max is None else max(self.phy_max, phy_max)
+            if len(before):
+                qofs, phy, _, _ = self.files.units_at(seg, before)
+                self.deferred.add(qofs, phy)
+            if hi is not None:
                 self.reach.append((seg, n, lo, hi, samples))
         _check_cq_holes(cq, self.files.end_offset, scan.agg, scan.group)
         if scan.fillers:
@@ -170,17 +166,19 @@ class QueueWindows:
                 stop = int(units[j1]) if j1 < len(units) else n
                 if first >= stop:
                     continue
-            qofs, phy, size, tags = self.files.units(seg, stop, first)
-            nf, fl, fr, last_q, end = checkkernel.queue_window(phy, size, tags, int(qofs[0]) if len(qofs) else 0, *windows.bounds(w),
-                                                               recs, recs.topic_ids.get(self.scan.topic, -1), self.scan.qid,
-                                                               self.scan.ext is not None, MAX_ADDR, marks)
-            self.deferred.add(qofs[nf], phy[nf])
+            nf, fl, fr, last_q, end = checkkernel.queue_window(self.files.unit_bytes(seg), first, stop, seg.start // CQ_UNIT_SIZE,
+                                                               *windows.bounds(w), recs, recs.topic_ids.get(self.scan.topic, -1),
+                                                               self.scan.qid, self.scan.ext is not None, MAX_ADDR, marks)
+            if len(nf):
+                qofs, phy, _, _ = self.files.units_at(seg, nf)
+                self.deferred.add(qofs, phy)
             if last_q < 0:
                 continue
             self.last_found = max(self.last_found, last_q)
             found_end = end if found_end is None else max(found_end, end)
             if len(fl):  # units some field of which differs from their record's: the rules say which
-                check_found_units(self.cq, self.scan, qofs[fl], phy[fl], size[fl], tags[fl], fr, recs)
+                qofs, phy, size, tags = self.files.units_at(seg, fl)
+                check_found_units(self.cq, self.scan, qofs, phy, size, tags, fr, recs)
         return found_end
 
     def finish(self, refs: _RefClassifier, findings: list) -> None:
