@@ -219,6 +219,25 @@ def queue_file(u8, n: int, starts, step: int) -> tuple:
             before[:nb].copy(), samples)
 
 
+def _entry_columns(u8, a, b, kh, phy, diff, prev):
+    for e in range(a, b):
+        p = e * 20
+        i = e - a
+        kh[i] = _be32(u8, p)
+        phy[i] = _be64(u8, p + 4)
+        diff[i] = _be32(u8, p + 12)
+        prev[i] = _be32(u8, p + 16)
+
+
+def entry_columns(u8, a: int, b: int) -> tuple:
+    """(keyHash int32, phyOffset int64, timeDiff int32, prevIndex int32) of index entries ``a .. b-1``, ``u8``
+    being the bytes of the entry table from entry 0 (20 per entry, big-endian): one pass, native columns."""
+    n = max(b - a, 0)
+    kh, phy, diff, prev = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int32)
+    _compiled("_entry_columns")(u8, np.int64(a), np.int64(b), kh, phy, diff, prev)
+    return kh, phy, diff, prev
+
+
 def _index_window(kh, phy, diff, first_entry, ws, we, rphy, rsys, rts, keys, key_start, key_count, begin_ts,
                   not_found, flagged, flagged_rec, state):
     """Entries of one index block (entry ``first_entry + i``) pointing into ``[ws, we)``. ``state`` =

@@ -124,6 +124,13 @@ def _index_problems(st, windows: Windows, w: int, recs: _Records) -> list[str]:
             continue
         ent = f.entry_table(count)[1:count]
         kh, phy, diff = ent["keyHash"].astype(np.int32), ent["phyOffset"].astype(np.int64), ent["timeDiff"].astype(np.int32)
+        cols = checkkernel.entry_columns(f.entry_table(count).view(np.uint8), 1, count)
+        if [c.tolist() for c in cols] != [kh.tolist(), phy.tolist(), diff.tolist(), ent["prevIndex"].astype(np.int32).tolist()]:
+            probs.append(f"{f.name}: entry columns differ from numpy's")
+        for a in (2, count // 2):  # a block from entry a: the same columns
+            part = checkkernel.entry_columns(f.entry_table(count).view(np.uint8), a, count)
+            if part[1].tolist() != phy[a - 1:].tolist():
+                probs.append(f"{f.name}: entry columns from {a} differ from numpy's")
         where = f"{f.name} window {w}"
         nf, fl, fr, first, last = checkkernel.index_window(kh, phy, diff, 1, *windows.bounds(w), recs, h.beginTimestamp)
         sel = np.flatnonzero(windows.of(phy) == w)

@@ -215,18 +215,14 @@ class IndexWindows:
             return
         base = INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE
         epos = self.epos
-        table = f.entry_table(count)
+        raw = f.entry_table(count).view(np.uint8)
         buf = f.segment.buffer()
         last = np.zeros(f.slots, dtype=np.int32)  # newest entry per slot so far: the expected slot table
         prev_phy = None
         first_phy = last_phy = 0
         for a in range(1, count, verify_index._ENTRY_BLOCK):
             b = min(a + verify_index._ENTRY_BLOCK, count)
-            ent = table[a:b]
-            kh = ent["keyHash"].astype(np.int32)
-            phy = ent["phyOffset"].astype(np.int64)
-            prev = ent["prevIndex"].astype(np.int32)
-            del ent
+            kh, phy, _, prev = checkkernel.entry_columns(raw, a, b)
             _drop_pages(buf, base + a * INDEX_ENTRY_SIZE, (b - a) * INDEX_ENTRY_SIZE)
             if a == 1:
                 first_phy = int(phy[0])
@@ -263,18 +259,14 @@ class IndexWindows:
         f, h, agg, epos = self.f, self.h, self.agg, self.epos
         if not self.reach:
             return
-        table = f.entry_table(self.count)
+        raw = f.entry_table(self.count).view(np.uint8)
         buf = f.segment.buffer()
         base = INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE
         ts = recs.c["storeTimestamp"]
         for a, b, lo, hi in self.reach:
             if not lo <= w <= hi:
                 continue
-            ent = table[a:b]
-            kh = ent["keyHash"].astype(np.int32)
-            phy = ent["phyOffset"].astype(np.int64)
-            diff = ent["timeDiff"].astype(np.int32)
-            del ent
+            kh, phy, diff, _ = checkkernel.entry_columns(raw, a, b)
             _drop_pages(buf, base + a * INDEX_ENTRY_SIZE, (b - a) * INDEX_ENTRY_SIZE)
             nf, fl, fr, first, last = checkkernel.index_window(kh, phy, diff, a, *windows.bounds(w), recs, h.beginTimestamp)
             self.deferred.add(nf + a, phy[nf])
