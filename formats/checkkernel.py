@@ -314,3 +314,22 @@ def index_window(kh, phy, diff, first_entry: int, ws: int, we: int, recs, begin_
                                flagged, flagged_rec, state)
     found = ((int(state[3]), int(state[4])), (int(state[2]), int(state[5]))) if state[2] >= 0 else (None, None)
     return (not_found[:state[0]], flagged[:state[1]], flagged_rec[:state[1]], *found)
+
+
+def warm_up() -> None:
+    """Compile (or load from the cache) every pass once, with the argument types verify uses."""
+    from types import SimpleNamespace
+
+    n = 2
+    z = np.zeros(n, np.int64)
+    cols = {"size": np.zeros(n, np.int32), "topic": np.zeros(n, np.int32), "queueId": np.zeros(n, np.int32),
+            "queueOffset": z, "sysFlag": np.zeros(n, np.int32), "tagsCode": z, "tagsBad": np.zeros(n, bool),
+            "storeTimestamp": z, "keyCount": np.zeros(n, np.int16)}
+    recs = SimpleNamespace(phy=np.arange(n, dtype=np.int64), c=cols, keys=np.zeros(n, np.int32), key_start=np.zeros(n, np.int32))
+    for writable in (True, False):  # files are mapped read-only; tests and copies hand over writable bytes
+        u8 = np.zeros(40, np.uint8)
+        u8.flags.writeable = writable
+        queue_file(u8, 2, z, 1024)
+        queue_window(u8, 0, 2, 0, 0, 1, recs, 0, 0, False, -1, np.zeros(n, bool))
+        kh, phy, diff, _ = entry_columns(u8, 1, 2)
+    index_window(kh, phy, diff, 1, 0, 1, recs, 0)

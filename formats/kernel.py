@@ -454,6 +454,9 @@ def warm_up() -> None:
     from . import indexchain
 
     indexchain.chain_block(np.ones(1, np.int32), np.zeros(1, np.int32), 1, 4, np.zeros(4, np.int32))
+    from . import checkkernel
+
+    checkkernel.warm_up()
 
 
 if __name__ == "__main__":  # python -m formats.kernel: compile ahead of the first command (set-up scripts)
