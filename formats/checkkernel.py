@@ -10,7 +10,11 @@ codes, messages and ranks come from one place; a reference that is not flagged i
 report nothing for. The whole-log formulation (``engine/verify/pipeline._verify_whole_log``) still applies
 those rules to every reference in numpy: tests compare the two.
 
-Constants are literals or arguments: numba freezes globals into the cached machine code.
+The passes read the consume-queue and index files' own bytes (big-endian, as Java's ByteBuffer wrote them),
+so no decoded column of a file is made: :func:`queue_file` reads a queue file once before the walk (fillers,
+the windows its units point into, samples to find a window's run of units), :func:`queue_window` and
+:func:`index_window` a window's references, :func:`entry_columns` decodes a block of index entries for the
+slot-chain pass. Constants are literals or arguments: numba freezes globals into the cached machine code.
 """
 
 from __future__ import annotations
