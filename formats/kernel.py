@@ -457,6 +457,9 @@ def warm_up() -> None:
     from . import jsonl
 
     jsonl.kernel_lines(data, h.take(0), 0, "none")  # dump --json's writer (formats.jsonkernel)
+    from . import checkkernel
+
+    checkkernel.warm_up()
 
 
 if __name__ == "__main__":  # python -m formats.kernel: compile ahead of the first command (set-up scripts)

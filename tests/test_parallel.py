@@ -1,5 +1,8 @@
 """parallel.stream_segments: items of every segment in segment order, whatever the number of workers."""
 
+import os
+import time
+
 import pytest
 
 from rmqstore_cli.engine.parallel import stream_segments
@@ -39,3 +42,19 @@ def test_a_worker_error_reaches_the_consumer_after_the_items_before_it(jobs):
         for item in stream_segments(_failing, 6, jobs):
             got.append(item)
     assert got == [0, 1, 2, 3]
+
+
+def _touching(i, folder):
+    open(os.path.join(folder, f"started-{i}"), "w").close()
+    yield i
+
+
+def test_workers_start_before_the_first_item_is_asked_for(tmp_path):
+    """verify -j prepares its per-file checks while the workers walk: making the stream starts them."""
+    gen = stream_segments(_touching, 4, 2, str(tmp_path))
+    deadline = time.monotonic() + 120  # only a worker that never starts waits this out
+    while not os.path.exists(tmp_path / "started-0") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = os.path.exists(tmp_path / "started-0")
+    assert list(gen) == [0, 1, 2, 3]
+    assert started

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import weakref
 from typing import Callable, Iterator, Sequence
 
 _TASK: tuple | None = None  # (fn, args) for the forked workers
@@ -70,13 +71,12 @@ def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[i
     """Everything ``items(i, *args)`` yields for segments ``i = 0 .. n-1``, in that order, computed by ``jobs``
     forked processes: worker *k* takes segments k, k+jobs, ... and hands each item over a queue that holds at
     most :data:`AHEAD` of them, so a 1 GiB segment's results never sit in memory whole, here or in a worker.
-    ``done(i)`` is called after segment *i*'s last item. Closing the generator early stops the workers."""
+    ``done(i)`` is called after segment *i*'s last item. Closing the generator early stops the workers.
+
+    The workers start at once, before the first item is asked for: the caller can prepare what consumes
+    the items (e.g. verify's per-file checks that need no record) while they walk."""
     if jobs <= 1 or n <= 1:
-        for i in range(n):
-            yield from items(i, *args)
-            if done:
-                done(i)
-        return
+        return _serial(items, n, args, done)
     ctx = multiprocessing.get_context("fork")
     workers = min(jobs, n)
     queues = [ctx.Queue(maxsize=AHEAD) for _ in range(workers)]
@@ -84,6 +84,20 @@ def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[i
              for k in range(workers)]
     for p in procs:
         p.start()
+    gen = _consume(queues, procs, n, done)
+    weakref.finalize(gen, _stop, procs)  # a stream dropped without being read stops its workers too
+    return gen
+
+
+def _serial(items: Callable, n: int, args: tuple, done) -> Iterator:
+    for i in range(n):
+        yield from items(i, *args)
+        if done:
+            done(i)
+
+
+def _consume(queues: list, procs: list, n: int, done) -> Iterator:
+    workers = len(procs)
     try:
         for i in range(n):
             while True:
@@ -97,10 +111,14 @@ def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[i
             if done:
                 done(i)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-            p.join()
+        _stop(procs)
+
+
+def _stop(procs: list) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+        p.join()
 
 
 _SEGMENT_DONE = None  # what a worker sends after a segment's last item

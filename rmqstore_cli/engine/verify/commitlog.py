@@ -143,16 +143,17 @@ def verify_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool
 def iter_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool = True,
                            progress: Callable[[int], None] | None = None) -> Iterator[SegmentReport]:
     """:func:`iter_windows` computed by ``jobs`` forked processes, streamed in log order
-    (:func:`.parallel.stream_segments`: a 1 GiB segment never sits in memory whole, here or in a worker)."""
+    (:func:`.parallel.stream_segments`: a 1 GiB segment never sits in memory whole, here or in a worker).
+    The workers start walking now, not when the first report is asked for."""
     from ..parallel import stream_segments
 
     segs = commitlog.segments.segments
     if jobs <= 1 or len(segs) <= 1:
-        yield from iter_windows(commitlog, check_crc=check_crc, progress=progress)
-        return
+        return iter_windows(commitlog, check_crc=check_crc, progress=progress)
     firsts = first_windows(commitlog)
-    yield from stream_segments(_segment_windows, len(segs), jobs, commitlog, firsts, check_crc,
-                               done=(lambda i: progress(segs[i].size)) if progress else None)
+    fast._kernel().warm_up()  # numba imported and every kernel loaded once, before the fork, not in each worker
+    return stream_segments(_segment_windows, len(segs), jobs, commitlog, firsts, check_crc,
+                           done=(lambda i: progress(segs[i].size)) if progress else None)
 
 
 def _segment_windows(i: int, commitlog: CommitLog, firsts: list, check_crc: bool) -> Iterator[SegmentReport]:

@@ -96,7 +96,18 @@ class _QueueFiles:
         return (np.arange(base, base + len(arr), dtype=np.int64), arr["phyOffset"].astype(np.int64),
                 arr["size"].astype(np.int64), arr["tagsCode"].astype(np.int64))
 
-    def __iter__(self):
+    def unit_bytes(self, seg) -> np.ndarray:
+        """File ``seg``'s units as their bytes (20 per unit, big-endian fields), for the compiled checks."""
+        return self.cq.file_units(seg).view(np.uint8)
+
+    def units_at(self, seg, pos: np.ndarray) -> tuple:
+        """(queue offsets, phy, size, tagsCode) of the units at positions ``pos`` of file ``seg``."""
+        arr = self.cq.file_units(seg)[pos]
+        return (seg.start // CQ_UNIT_SIZE + np.asarray(pos, np.int64), arr["phyOffset"].astype(np.int64),
+                arr["size"].astype(np.int64), arr["tagsCode"].astype(np.int64))
+
+    def valid_files(self):
+        """(file, its valid units) of each file the queue reaches, in order (nothing decoded)."""
         end, first = self.end_offset, True
         for seg in self.cq.segments.segments:
             arr = self.cq.file_units(seg)
@@ -108,10 +119,14 @@ class _QueueFiles:
                 break  # gap between files: the queue's continuity is broken here
             first = False
             self.files.append((seg, n))
-            yield self.units(seg, n)
+            yield seg, n
             end = self.end_offset = base + n
             if n * CQ_UNIT_SIZE < self.cq.file_size:
                 break
+
+    def __iter__(self):
+        for seg, n in self.valid_files():
+            yield self.units(seg, n)
 
 
 class _QueueScan:

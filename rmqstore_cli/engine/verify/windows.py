@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from formats import checkkernel
+from formats.extaddr import MAX_ADDR
 from formats.indexchain import chain_block
-from formats.records import (CQ_FILLER, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_COMMIT,
+from formats.records import (CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_COMMIT,
                              TRANSACTION_NOT)
 
 from ..findings import Finding
@@ -49,6 +51,10 @@ class Windows:
         fs = cl.segments.file_size
         parts = [window_starts(s, fs) for s in cl.segments.segments]
         self.starts = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def bounds(self, w: int) -> tuple[int, int]:
+        """The offsets ``[start, end)`` window ``w`` owns."""
+        return int(self.starts[w]), int(self.starts[w + 1]) if w + 1 < len(self.starts) else (1 << 63) - 1
 
     def of(self, phys: np.ndarray) -> np.ndarray:
         """Window of each offset; -1 before the first segment."""
@@ -99,30 +105,26 @@ class QueueWindows:
         self.units = 0
         self.phy_max: int | None = None
         scan = self.scan
-        for qofs, phy, size, tags in self.files:
-            self.units += len(phy)
-            filler = (phy == CQ_FILLER[0]) & (size == CQ_FILLER[1]) & (tags == CQ_FILLER[2])
-            if filler.any():
-                if not scan.fillers:
-                    scan.first_filler = int(qofs[np.flatnonzero(filler)[0]])
-                scan.fillers += int(filler.sum())
-            real = np.flatnonzero(~filler)
-            if not len(real):
+        for seg, n in self.files.valid_files():
+            self.units += n
+            if not n:
                 continue
-            phys = phy[real]
-            self.phy_max = max(int(phys.max()), self.phy_max if self.phy_max is not None else int(phys[0]))
-            k = windows.of(phys)
-            before = k < 0
-            self.deferred.add(qofs[real[before]], phys[before])
-            seg, n = self.files.files[-1]
-            if not before.all():
-                lo, hi = int(k[~before].min()), int(k.max())
-                samples = None
-                if np.all(k[1:] >= k[:-1]):  # units in log order (the normal case): each window's units are one run
-                    # every _SAMPLE_STEP-th unit's window: enough to find a window's run with two binary
-                    # searches, a few bytes per thousand units whatever the number of windows a file spans
-                    at = np.arange(0, len(k), _SAMPLE_STEP)
-                    samples = (k[at].astype(np.int64), real[at].astype(np.int64))
+            fillers, first_filler, real, phy_max, (lo, hi), before, samples = checkkernel.queue_file(
+                self.files.unit_bytes(seg), n, windows.starts, _SAMPLE_STEP)
+            # samples (units in log order, the normal case: each window's units are one run): every
+            # _SAMPLE_STEP-th unit's window, enough to find a window's run with two binary searches, a few
+            # bytes per thousand units whatever the number of windows a file spans
+            if fillers:
+                if not scan.fillers:
+                    scan.first_filler = seg.start // CQ_UNIT_SIZE + first_filler
+                scan.fillers += fillers
+            if not real:
+                continue
+            self.phy_max = phy_max if self.phy_max is None else max(self.phy_max, phy_max)
+            if len(before):
+                qofs, phy, _, _ = self.files.units_at(seg, before)
+                self.deferred.add(qofs, phy)
+            if hi is not None:
                 self.reach.append((seg, n, lo, hi, samples))
         _check_cq_holes(cq, self.files.end_offset, scan.agg, scan.group)
         if scan.fillers:
@@ -164,21 +166,19 @@ class QueueWindows:
                 stop = int(units[j1]) if j1 < len(units) else n
                 if first >= stop:
                     continue
-            qofs, phy, size, tags = self.files.units(seg, stop, first)
-            filler = (phy == CQ_FILLER[0]) & (size == CQ_FILLER[1]) & (tags == CQ_FILLER[2])
-            sel = np.flatnonzero(~filler & (windows.of(phy) == w))
-            if not len(sel):
+            nf, fl, fr, last_q, end = checkkernel.queue_window(self.files.unit_bytes(seg), first, stop, seg.start // CQ_UNIT_SIZE,
+                                                               *windows.bounds(w), recs, recs.topic_ids.get(self.scan.topic, -1),
+                                                               self.scan.qid, self.scan.ext is not None, MAX_ADDR, marks)
+            if len(nf):
+                qofs, phy, _, _ = self.files.units_at(seg, nf)
+                self.deferred.add(qofs, phy)
+            if last_q < 0:
                 continue
-            idx, found = recs.lookup(phy[sel])
-            self.deferred.add(qofs[sel[~found]], phy[sel[~found]])
-            u, ri = sel[found], idx[found]
-            if not len(u):
-                continue
-            marks[ri] = True
-            self.last_found = max(self.last_found, int(qofs[u].max()))
-            end = int((phy[u] + recs.c["size"][ri]).max())
+            self.last_found = max(self.last_found, last_q)
             found_end = end if found_end is None else max(found_end, end)
-            check_found_units(self.cq, self.scan, qofs[u], phy[u], size[u], tags[u], ri, recs)
+            if len(fl):  # units some field of which differs from their record's: the rules say which
+                qofs, phy, size, tags = self.files.units_at(seg, fl)
+                check_found_units(self.cq, self.scan, qofs, phy, size, tags, fr, recs)
         return found_end
 
     def finish(self, refs: _RefClassifier, findings: list) -> None:
@@ -215,18 +215,14 @@ class IndexWindows:
             return
         base = INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE
         epos = self.epos
-        table = f.entry_table(count)
+        raw = f.entry_table(count).view(np.uint8)
         buf = f.segment.buffer()
         last = np.zeros(f.slots, dtype=np.int32)  # newest entry per slot so far: the expected slot table
         prev_phy = None
         first_phy = last_phy = 0
         for a in range(1, count, verify_index._ENTRY_BLOCK):
             b = min(a + verify_index._ENTRY_BLOCK, count)
-            ent = table[a:b]
-            kh = ent["keyHash"].astype(np.int32)
-            phy = ent["phyOffset"].astype(np.int64)
-            prev = ent["prevIndex"].astype(np.int32)
-            del ent
+            kh, phy, _, prev = checkkernel.entry_columns(raw, a, b)
             _drop_pages(buf, base + a * INDEX_ENTRY_SIZE, (b - a) * INDEX_ENTRY_SIZE)
             if a == 1:
                 first_phy = int(phy[0])
@@ -263,35 +259,26 @@ class IndexWindows:
         f, h, agg, epos = self.f, self.h, self.agg, self.epos
         if not self.reach:
             return
-        table = f.entry_table(self.count)
+        raw = f.entry_table(self.count).view(np.uint8)
         buf = f.segment.buffer()
         base = INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE
         ts = recs.c["storeTimestamp"]
         for a, b, lo, hi in self.reach:
             if not lo <= w <= hi:
                 continue
-            ent = table[a:b]
-            kh = ent["keyHash"].astype(np.int32)
-            phy = ent["phyOffset"].astype(np.int64)
-            diff = ent["timeDiff"].astype(np.int32)
-            del ent
+            kh, phy, diff, _ = checkkernel.entry_columns(raw, a, b)
             _drop_pages(buf, base + a * INDEX_ENTRY_SIZE, (b - a) * INDEX_ENTRY_SIZE)
-            sel = np.flatnonzero(windows.of(phy) == w)
-            if not len(sel):
+            nf, fl, fr, first, last = checkkernel.index_window(kh, phy, diff, a, *windows.bounds(w), recs, h.beginTimestamp)
+            self.deferred.add(nf + a, phy[nf])
+            if first is None:
                 continue
-            idx, found = recs.lookup(phy[sel])
-            self.deferred.add(sel[~found] + a, phy[sel[~found]])
-            fk, fr = sel[found], idx[found]  # block positions and records of the entries that found theirs
-            if not len(fk):
-                continue
-            self.last_found = max(self.last_found, int(fk.max()) + a)
-            if a == 1 and fk[0] == 0:
-                self.first_ts = int(ts[fr[0]])
-            if b == self.count and fk[-1] == b - a - 1:
-                self.last_ts = int(ts[fr[-1]])
-            keep = kh[fk] >= 0
-            fk, fr = fk[keep], fr[keep]
-            verify_index.check_found_entries(agg, f, h, epos, recs, a, fk, fr, kh, phy, diff)
+            self.last_found = max(self.last_found, last[0] + a)
+            if a == 1 and first[0] == 0:
+                self.first_ts = int(ts[first[1]])
+            if b == self.count and last[0] == b - a - 1:
+                self.last_ts = int(ts[last[1]])
+            if len(fl):  # entries that differ from their record somehow: the rules say how
+                verify_index.check_found_entries(agg, f, h, epos, recs, a, fl, fr, kh, phy, diff)
 
     def finish(self, refs: _RefClassifier, findings: list) -> None:
         f, h, agg = self.f, self.h, self.agg

@@ -1,0 +1,339 @@
+"""Compiled passes of verify's window cross-checks (consume-queue units and index entries against the
+records of one commitlog window), made on first use so that commands which never verify do not load them.
+
+Each pass walks one block of references once: keeps those pointing into the window, finds their record
+(binary search in the window's sorted offsets, started from the previous hit), and compares the fields a
+finding would be about. What it returns is compact: the references that found no record, and the few that
+found one but differ in some field ("flagged"). Only the flagged ones go on to the Python rules that make
+the findings (``engine/verify/queues.check_found_units``, ``engine/verify/index.check_found_entries``), so
+codes, messages and ranks come from one place; a reference that is not flagged is one those rules would
+report nothing for. The whole-log formulation (``engine/verify/pipeline._verify_whole_log``) still applies
+those rules to every reference in numpy: tests compare the two.
+
+The passes read the consume-queue and index files' own bytes (big-endian, as Java's ByteBuffer wrote them),
+so no decoded column of a file is made: :func:`queue_file` reads a queue file once before the walk (fillers,
+the windows its units point into, samples to find a window's run of units), :func:`queue_window` and
+:func:`index_window` a window's references, :func:`entry_columns` decodes a block of index entries for the
+slot-chain pass. Constants are literals or arguments: numba freezes globals into the cached machine code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_COMPILED: dict = {}
+_HELPERS = ("_be64", "_be32", "_window_of", "_find")
+
+
+def _compiled(name: str):
+    """The compiled pass ``name`` (numba imported and the helpers compiled on the first call)."""
+    fn = _COMPILED.get(name)
+    if fn is None:
+        from .kernel import _jit
+
+        g = globals()
+        if not _COMPILED:
+            for helper in _HELPERS:  # the passes call the compiled helpers
+                g[helper] = _jit(g[helper])
+        fn = _COMPILED[name] = _jit(g[name])
+    return fn
+
+
+def _be64(u8, p):
+    """Big-endian int64 at ``u8[p:p+8]`` (the files are written by Java's ByteBuffer)."""
+    v = np.int64(0)
+    for j in range(8):
+        v = (v << np.int64(8)) | np.int64(u8[p + j])
+    return v
+
+
+def _be32(u8, p):
+    """Big-endian int32 at ``u8[p:p+4]``, as int64."""
+    v = (np.int64(u8[p]) << 24) | (np.int64(u8[p + 1]) << 16) | (np.int64(u8[p + 2]) << 8) | np.int64(u8[p + 3])
+    return v - (np.int64(1) << 32) if v >= (np.int64(1) << 31) else v
+
+
+def _window_of(starts, p):
+    """Window of offset ``p``: the last start at or before it, -1 before the first (``Windows.of``)."""
+    lo, hi = 0, len(starts)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if starts[mid] <= p:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+def _find(rphy, x, hint):
+    """Index of the record at offset ``x`` in the increasing ``rphy``, or -1; ``hint`` is where the last
+    search ended (references are mostly increasing: galloping from it costs a few steps)."""
+    n = len(rphy)
+    if n == 0:
+        return -1
+    lo, hi = 0, n
+    if 0 <= hint < n and rphy[hint] <= x:
+        lo = hint
+        step = 1
+        hi = hint + 1
+        while hi < n and rphy[hi] <= x:
+            lo = hi
+            hi = hi + step
+            step *= 2
+        if hi > n:
+            hi = n
+    while lo < hi:  # first index with rphy >= x
+        mid = (lo + hi) >> 1
+        if rphy[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < n and rphy[lo] == x:
+        return lo
+    return -1
+
+
+def _queue_window(u8, first, stop, qbase, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags, rtags_bad, topic_id,
+                  qid, ext_on, max_addr, marks, not_found, flagged, flagged_rec, state):
+    """Units ``first .. stop-1`` of one consume-queue file (``u8``: its bytes, 20 per unit; unit ``i`` has
+    queue offset ``qbase + i``) pointing into ``[ws, we)``. Sets ``marks`` of the records found; ``state`` =
+    [not found, flagged, highest queue offset that found its record (-1), end of the furthest record found
+    (-1)] (counts are set, the rest raised)."""
+    nnf = 0
+    nfl = 0
+    hint = 0
+    for i in range(first, stop):
+        p = _be64(u8, i * 20)
+        if p < ws or p >= we:
+            continue
+        size = _be32(u8, i * 20 + 8)
+        tags = _be64(u8, i * 20 + 12)
+        if p == 0 and size == 0x7FFFFFFF and tags == 0:  # pre-blank filler unit (§7.3)
+            continue
+        r = _find(rphy, p, hint)
+        if r < 0:
+            not_found[nnf] = i
+            nnf += 1
+            continue
+        hint = r
+        marks[r] = True
+        q = qbase + i
+        if q > state[2]:
+            state[2] = q
+        end = p + rsize[r]
+        if end > state[3]:
+            state[3] = end
+        tran = rsys[r] & 0xC
+        bad = (rsize[r] != size or rtopic[r] != topic_id or rqid[r] != qid or rqoff[r] != q
+               or (tran != 0x0 and tran != 0x8))
+        if not bad and not rtags_bad[r]:
+            if ext_on and tags <= max_addr:
+                bad = True  # the tagsCode is an ext address: the ext unit is read in Python
+            elif tags != rtags[r]:
+                bad = True
+        if bad:
+            flagged[nfl] = i
+            flagged_rec[nfl] = r
+            nfl += 1
+    state[0] = nnf
+    state[1] = nfl
+
+
+def queue_window(u8, first: int, stop: int, qbase: int, ws: int, we: int, recs, topic_id: int, qid: int, ext_on: bool,
+                 max_addr: int, marks) -> tuple:
+    """(file positions of the units that found no record, of the flagged units, the flagged units' records,
+    highest queue offset found or -1, end of the furthest record found or -1)."""
+    n = max(stop - first, 0)
+    not_found = np.empty(n, np.int64)
+    flagged = np.empty(n, np.int64)
+    flagged_rec = np.empty(n, np.int64)
+    state = np.array([0, 0, -1, -1], np.int64)
+    c = recs.c
+    _compiled("_queue_window")(u8, np.int64(first), np.int64(stop), np.int64(qbase), np.int64(ws), np.int64(we), recs.phy,
+                               c["size"], c["topic"], c["queueId"], c["queueOffset"], c["sysFlag"], c["tagsCode"], c["tagsBad"],
+                               np.int64(topic_id), np.int64(qid), bool(ext_on), np.int64(max_addr), marks, not_found, flagged,
+                               flagged_rec, state)
+    return (not_found[:state[0]], flagged[:state[1]], flagged_rec[:state[1]], int(state[2]), int(state[3]))
+
+
+def _queue_file(u8, n, starts, step, before, sample_w, sample_u, state):
+    """The valid units ``0 .. n-1`` of one consume-queue file, before the walk: ``state`` = [fillers, first
+    filler's position, real units, highest offset, lowest window, highest window, 1 if the windows never
+    go down, units before the first window, samples]. ``before`` gets the positions of the units pointing
+    before the first window, ``sample_w``/``sample_u`` the window and position of every ``step``-th real unit."""
+    fillers = 0
+    first_filler = -1
+    real = 0
+    phy_max = np.int64(-1) << 62
+    lo = len(starts)
+    hi = -1
+    ordered = 1
+    prev = -2
+    nb = 0
+    ns = 0
+    for i in range(n):
+        p = _be64(u8, i * 20)
+        if p == 0 and _be32(u8, i * 20 + 8) == 0x7FFFFFFF and _be64(u8, i * 20 + 12) == 0:
+            if first_filler < 0:
+                first_filler = i
+            fillers += 1
+            continue
+        k = _window_of(starts, p)
+        if real % step == 0:
+            sample_w[ns] = k
+            sample_u[ns] = i
+            ns += 1
+        real += 1
+        if k < prev:
+            ordered = 0
+        prev = k
+        if p > phy_max:
+            phy_max = p
+        if k < 0:
+            before[nb] = i
+            nb += 1
+        else:
+            if k < lo:
+                lo = k
+            if k > hi:
+                hi = k
+    state[0] = fillers
+    state[1] = first_filler
+    state[2] = real
+    state[3] = phy_max
+    state[4] = lo
+    state[5] = hi
+    state[6] = ordered
+    state[7] = nb
+    state[8] = ns
+
+
+def queue_file(u8, n: int, starts, step: int) -> tuple:
+    """(fillers, first filler's position, real units, highest real offset or None, lowest and highest window
+    (None, None when every real unit points before the first window), positions of those that do, the
+    (window, position) samples when the windows never go down, else None)."""
+    before = np.empty(n, np.int64)
+    sample_w = np.empty(n // step + 1, np.int64)
+    sample_u = np.empty(n // step + 1, np.int64)
+    state = np.zeros(9, np.int64)
+    _compiled("_queue_file")(u8, np.int64(n), starts, np.int64(step), before, sample_w, sample_u, state)
+    fillers, first_filler, real, phy_max, lo, hi, ordered, nb, ns = (int(v) for v in state)
+    samples = (sample_w[:ns].copy(), sample_u[:ns].copy()) if ordered else None
+    return (fillers, first_filler, real, phy_max if real else None, (lo, hi) if hi >= 0 else (None, None),
+            before[:nb].copy(), samples)
+
+
+def _entry_columns(u8, a, b, kh, phy, diff, prev):
+    for e in range(a, b):
+        p = e * 20
+        i = e - a
+        kh[i] = _be32(u8, p)
+        phy[i] = _be64(u8, p + 4)
+        diff[i] = _be32(u8, p + 12)
+        prev[i] = _be32(u8, p + 16)
+
+
+def entry_columns(u8, a: int, b: int) -> tuple:
+    """(keyHash int32, phyOffset int64, timeDiff int32, prevIndex int32) of index entries ``a .. b-1``, ``u8``
+    being the bytes of the entry table from entry 0 (20 per entry, big-endian): one pass, native columns."""
+    n = max(b - a, 0)
+    kh, phy, diff, prev = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int32)
+    _compiled("_entry_columns")(u8, np.int64(a), np.int64(b), kh, phy, diff, prev)
+    return kh, phy, diff, prev
+
+
+def _index_window(kh, phy, diff, first_entry, ws, we, rphy, rsys, rts, keys, key_start, key_count, begin_ts,
+                  not_found, flagged, flagged_rec, state):
+    """Entries of one index block (entry ``first_entry + i``) pointing into ``[ws, we)``. ``state`` =
+    [not found, flagged, last found position (-1), first found position, its record, last found position's
+    record]. An entry is flagged when it points at a rollback record, at a record without a key of its hash,
+    or (``begin_ts`` > 0, from entry 2) when its timeDiff is not the record's store time - ``begin_ts`` in
+    whole seconds (clamped to int32; offsets of 2**53 ms or more are flagged for the exact rule)."""
+    nnf = 0
+    nfl = 0
+    hint = 0
+    first = -1
+    first_rec = -1
+    last = -1
+    last_rec = -1
+    for i in range(len(phy)):
+        p = phy[i]
+        if p < ws or p >= we:
+            continue
+        r = _find(rphy, p, hint)
+        if r < 0:
+            not_found[nnf] = i
+            nnf += 1
+            continue
+        hint = r
+        if first < 0:
+            first = i
+            first_rec = r
+        last = i
+        last_rec = r
+        k = kh[i]
+        if k < 0:  # IDX_KEY_HASH for the hash itself, reported before the walk
+            continue
+        bad = (rsys[r] & 0xC) == 0xC
+        if not bad:
+            has = False
+            s = key_start[r]
+            for j in range(key_count[r]):
+                if keys[s + j] == k:
+                    has = True
+                    break
+            bad = not has
+        if not bad and begin_ts > 0 and first_entry + i >= 2:
+            d = rts[r] - begin_ts
+            if d >= 9007199254740992 or d <= -9007199254740992:
+                bad = True
+            else:
+                want = np.int64(np.trunc(d / 1000.0)) if d >= 0 else np.int64(0)
+                if want > 2147483647:
+                    want = 2147483647
+                bad = diff[i] != want
+        if bad:
+            flagged[nfl] = i
+            flagged_rec[nfl] = r
+            nfl += 1
+    state[0] = nnf
+    state[1] = nfl
+    state[2] = last
+    state[3] = first
+    state[4] = first_rec
+    state[5] = last_rec
+
+
+def index_window(kh, phy, diff, first_entry: int, ws: int, we: int, recs, begin_ts: int) -> tuple:
+    """(positions of the entries that found no record, flagged positions, their records, (first found
+    position, its record) or None, (last found position, its record) or None)."""
+    n = len(phy)
+    not_found = np.empty(n, np.int64)
+    flagged = np.empty(n, np.int64)
+    flagged_rec = np.empty(n, np.int64)
+    state = np.zeros(6, np.int64)
+    c = recs.c
+    _compiled("_index_window")(kh, phy, diff, np.int64(first_entry), np.int64(ws), np.int64(we), recs.phy, c["sysFlag"],
+                               c["storeTimestamp"], recs.keys, recs.key_start, c["keyCount"], np.int64(begin_ts), not_found,
+                               flagged, flagged_rec, state)
+    found = ((int(state[3]), int(state[4])), (int(state[2]), int(state[5]))) if state[2] >= 0 else (None, None)
+    return (not_found[:state[0]], flagged[:state[1]], flagged_rec[:state[1]], *found)
+
+
+def warm_up() -> None:
+    """Compile (or load from the cache) every pass once, with the argument types verify uses."""
+    from types import SimpleNamespace
+
+    n = 2
+    z = np.zeros(n, np.int64)
+    cols = {"size": np.zeros(n, np.int32), "topic": np.zeros(n, np.int32), "queueId": np.zeros(n, np.int32),
+            "queueOffset": z, "sysFlag": np.zeros(n, np.int32), "tagsCode": z, "tagsBad": np.zeros(n, bool),
+            "storeTimestamp": z, "keyCount": np.zeros(n, np.int16)}
+    recs = SimpleNamespace(phy=np.arange(n, dtype=np.int64), c=cols, keys=np.zeros(n, np.int32), key_start=np.zeros(n, np.int32))
+    for writable in (True, False):  # files are mapped read-only; tests and copies hand over writable bytes
+        u8 = np.zeros(40, np.uint8)
+        u8.flags.writeable = writable
+        queue_file(u8, 2, z, 1024)
+        queue_window(u8, 0, 2, 0, 0, 1, recs, 0, 0, False, -1, np.zeros(n, bool))
+        kh, phy, diff, _ = entry_columns(u8, 1, 2)
+    index_window(kh, phy, diff, 1, 0, 1, recs, 0)
