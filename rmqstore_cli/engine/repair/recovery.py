@@ -534,17 +534,21 @@ class Planner:
 
 
 def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after: bool = False,
-                  broker_only: bool = False) -> RecoveryPlan:
+                  broker_only: bool = False, with_verify: bool = False) -> RecoveryPlan:
     """The broker's next start, as a plan (nothing is changed).
 
     ``broker_only``: the broker's own steps only, without our checks of every consume queue and index
     file against the log (derived_plan): enough for what the next start reads (engine.startup), not a
-    plan to apply."""
+    plan to apply. ``with_verify``: verify the store too, in the same walk of the log as the derived-file
+    check; its findings are ``plan.verify_findings`` (for ``outcome.assess_plan``), else None."""
     from .startup import startup_cost
 
     v = version or store.config.version
     fingerprint = store_fingerprint(store.root)
-    plan = Planner(store, v, keep_valid_after=keep_valid_after, broker_only=broker_only).run()
+    planner = Planner(store, v, keep_valid_after=keep_valid_after, broker_only=broker_only)
+    planner.verify_along = with_verify and not broker_only
+    plan = planner.run()
+    plan.verify_findings = getattr(planner, "verify_findings", None)
     plan.fingerprint = fingerprint
     plan.startup_cost = startup_cost(store, plan)
     return plan
