@@ -280,7 +280,8 @@ class Planner:
         segs = self.cl_segments
         tally = LogTally()
         start, why = self._start_index(cp, self.max_cq) if segs else (0, "no commitlog files")
-        lenient_records(segs, start, tally)
+        if not self.broker_only:  # ours: the records before the walk, for the derived files' checks and times
+            lenient_records(segs, start, tally)
         self.walk_first = len(tally)
         stop = broker_walk(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, tally)
         # Every record walked lies before the stop: the tally describes the recovered log.
@@ -538,8 +539,8 @@ def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after:
     """The broker's next start, as a plan (nothing is changed).
 
     ``broker_only``: the broker's own steps only, without our checks of every consume queue and index
-    file against the log (derived_plan): enough for what the next start reads (engine.startup), not a
-    plan to apply. ``with_verify``: verify the store too, in the same walk of the log as the derived-file
+    file against the log (derived_plan) and without reading the records before the broker's walk: enough
+    for what the next start reads (engine.startup), not a plan to apply (its checkpoint times may differ). ``with_verify``: verify the store too, in the same walk of the log as the derived-file
     check; its findings are ``plan.verify_findings`` (for ``outcome.assess_plan``), else None."""
     from .startup import startup_cost
 
