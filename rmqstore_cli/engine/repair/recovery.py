@@ -540,8 +540,9 @@ def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after:
 
     ``broker_only``: the broker's own steps only, without our checks of every consume queue and index
     file against the log (derived_plan) and without reading the records before the broker's walk: enough
-    for what the next start reads (engine.startup), not a plan to apply (its checkpoint times may differ). ``with_verify``: verify the store too, in the same walk of the log as the derived-file
-    check; its findings are ``plan.verify_findings`` (for ``outcome.assess_plan``), else None."""
+    for what the next start reads (engine.startup), not a plan to apply (its checkpoint times may differ).
+    ``with_verify``: verify the store too, in the same walk of the log as the derived-file check; its
+    findings are ``plan.verify_findings`` (for ``outcome.assess_plan``), else None."""
     from .startup import startup_cost
 
     v = version or store.config.version
