@@ -110,3 +110,89 @@ def test_bad_body_crc_one_walk_plans_like_two(store_copy, monkeypatch, where):
             assert how == ("one walk" if where == "last" else "walked again"), (name, how)
         codes = {f["code"] for f in one[1]}
         assert codes & {"CL_BODY_CRC", "CL_PROP_CRC", "CL_TORN_TAIL", "CL_LENGTHS", "CL_TOTALSIZE"}, codes
+
+
+def test_crash_prediction_in_the_walk_plans_like_a_second_walk(tmp_path, monkeypatch):
+    """After a crash the consume-queue puts are predicted in the broker's walk itself (queues as loaded);
+    the plan is exactly the one made with the prediction's own second walk, on seeded damage and crashes
+    of the broker-written stores, both versions; some plans used the walk's prediction, and a plan whose
+    queues or range changed after the walk walked again."""
+    from rmqstore_cli.engine.repair import recovery
+    from tests import fuzzlib
+
+    print("seed", SEED)
+    rng = random.Random(SEED + 1)
+    real_recover, real_rewalk = recovery.Planner._recover_commitlog, recovery.rewalk
+    rewalks = []
+
+    def without_early(self, cp):
+        real_recover(self, cp)
+        self.early_prediction = None
+
+    def counting_rewalk(*a, **k):
+        rewalks.append(True)
+        return real_rewalk(*a, **k)
+
+    monkeypatch.setattr(recovery, "rewalk", counting_rewalk)
+    used = []
+    for i in range(14):
+        name = STORE_NAMES[i % len(STORE_NAMES)]
+        template = fuzzlib.make_template(name, tmp_path / "templates" / name)
+        case = tmp_path / f"case{i}"
+        m = fuzzlib.model(name)
+
+        def case_dir_for(private, case=case, template=template):
+            return fuzzlib.clone(template, case, set(private) | {"checkpoint"})
+
+        if i % 3 == 0:
+            fuzzlib.derived_damage(rng, m, case_dir_for)
+        elif i % 3 == 1:
+            fuzzlib.plan_and_apply(rng, m, case_dir_for)
+        else:
+            case_dir_for(set())
+        (case / "abort").write_bytes(b"")
+        if rng.random() < 0.5:
+            with open(case / "checkpoint", "r+b") as f:
+                f.write(b"\0" * 24)
+        for version in (4, 5):
+            with Store.open(str(case), overrides={"version": version}) as st:
+                monkeypatch.setattr(recovery.Planner, "_recover_commitlog", real_recover)
+                rewalks.clear()
+                early = recovery.plan_recovery(st, version).as_json()
+                used.append(not rewalks)
+                monkeypatch.setattr(recovery.Planner, "_recover_commitlog", without_early)
+                again = recovery.plan_recovery(st, version).as_json()
+            assert early == again, f"case {i} ({name}, broker {version})"
+    assert any(used), used
+
+
+@pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean"])
+def test_crash_prediction_walks_again_from_before_the_walk(store_copy, monkeypatch, name):
+    """A crash whose walk starts late (the checkpoint's times are past every record) and whose consume queues are gone: the re-dispatch
+    starts at the first record, before the walk, so the walk's prediction cannot stand for it; the plan
+    equals the second walk's."""
+    import shutil
+
+    from rmqstore_cli.engine.repair import recovery
+
+    import struct
+
+    root = store_copy(name)
+    (root / "abort").write_bytes(b"")
+    with open(root / "checkpoint", "r+b") as f:  # every file's first record is old enough: the walk starts late
+        f.write(struct.pack(">qqq", 1 << 60, 1 << 60, 1 << 60))
+    shutil.rmtree(root / "consumequeue")
+    real_recover = recovery.Planner._recover_commitlog
+
+    def without_early(self, cp):
+        real_recover(self, cp)
+        self.early_prediction = None
+
+    for version in (4, 5):
+        with Store.open(str(root), overrides={"version": version}) as st:
+            early = recovery.plan_recovery(st, version).as_json()
+            monkeypatch.setattr(recovery.Planner, "_recover_commitlog", without_early)
+            again = recovery.plan_recovery(st, version).as_json()
+            monkeypatch.setattr(recovery.Planner, "_recover_commitlog", real_recover)
+        assert early["commitlog"]["startOffset"] > 0 and early["dispatch"]["from"] < early["commitlog"]["startOffset"]
+        assert early == again, (name, version)

@@ -283,7 +283,20 @@ class Planner:
         if not self.broker_only:  # ours: the records before the walk, for the derived files' checks and times
             lenient_records(segs, start, tally)
         self.walk_first = len(tally)
-        stop = broker_walk(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, tally)
+        sink = tally
+        self.early_prediction = None
+        if not self.plan.last_exit_ok and not self.broker_only:
+            # An abnormal start re-dispatches every record it walks: the consume-queue puts are predicted
+            # in this walk, from the queues as they are now; _dispatch uses it when its range and the
+            # queues turn out the same (else it walks the log again for them).
+            qstate = self._queue_state()
+            pred = DispatchPrediction(qstate)
+            self.early_prediction = (pred, {k: list(v) for k, v in qstate.items()})
+
+            def sink(seg_start, buf, h, tally=tally, pred=pred):
+                tally(seg_start, buf, h)
+                pred(seg_start, buf, h)
+        stop = broker_walk(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, sink)
         # Every record walked lies before the stop: the tally describes the recovered log.
         self.tally, self.stop, self.start_index, self.lenient_upto = tally, stop, start, start
         end = stop.offset if segs else 0
@@ -464,11 +477,18 @@ class Planner:
         # Prediction of the consume-queue puts (§7.5) on the records of [ours, end), found again by a
         # second walk (nothing per record is kept from the first); the Dispatcher does them for real.
         # [next offset, maxPhysicOffset, first offset written into an empty queue, queue has no file]
-        qstate = {k: [qs.max_offset, qs.max_physic, None, not qs.segments] for k, qs in self.queues.items()}
-        pred = DispatchPrediction(qstate)
-        if ours < end:
-            rewalk(self.cl_segments, self.lenient_upto, self.version, ours, end, pred)
+        qstate = self._queue_state()
+        early = getattr(self, "early_prediction", None)
+        if early is not None and ours == walk_start and early[1] == qstate:
+            pred = early[0]  # the records of [walk start, end) are the ones the walk handed it
+            qstate = pred.state
             pred.flush()
+        else:
+            pred = DispatchPrediction(qstate)
+            if ours < end:
+                rewalk(self.cl_segments, self.lenient_upto, self.version, ours, end, pred)
+                pred.flush()
+        self.early_prediction = None
         new_units, count = pred.new_units, pred.count
         t = self.tally
         self.qstate = qstate
@@ -485,6 +505,11 @@ class Planner:
         elif count:
             plan.notes.append(f"{count} records in [{ours}, {end}) would be dispatched again; every consume-queue unit and "
                               f"index entry is already present")
+
+    def _queue_state(self) -> dict:
+        """The consume-queue put state DispatchPrediction starts from: [next offset, maxPhysicOffset,
+        first offset written into an empty queue, queue has no file]."""
+        return {k: [qs.max_offset, qs.max_physic, None, not qs.segments] for k, qs in self.queues.items()}
 
     def _checkpoint_and_abort(self, cp: Checkpoint) -> None:
         after = Checkpoint(cp.physicMsgTimestamp, cp.logicsMsgTimestamp, cp.indexMsgTimestamp,
