@@ -380,3 +380,30 @@ def test_a_packed_batch_keeps_every_column_exactly(tmp_path):
             sent = len(pickle.dumps({k: state[k] for k in numbers}))
             assert sent < len(pickle.dumps({k: getattr(b, k) for k in numbers}))
         d.close(flush=False)
+
+
+def test_rebuild_jobs_loads_the_scan_kernels_before_forking():
+    """``rebuild -j``: the parent loads the compiled scan and dispatch kernels before its workers are forked,
+    so the workers inherit them instead of each paying numba's start-up. Checked in a fresh interpreter
+    (in this one the kernels may be loaded already)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import tempfile
+        from rmqstore_cli.engine.store import Store
+        from rmqstore_cli.engine.derived.dispatch import Dispatcher
+        from rmqstore_cli.engine.repair.rebuild import _warm_kernels
+        from formats import kernel, propkernel
+        loaded = lambda: (len(kernel.scan_records.signatures), len(propkernel.find_props.signatures))
+        assert loaded() == (0, 0), loaded()
+        with Store.open({str(shared_store("4.9.3-clean"))!r}) as st:
+            d = Dispatcher(tempfile.mkdtemp(), st.config)
+            _warm_kernels(st, d)
+            d.close(flush=False)
+        assert min(loaded()) > 0, loaded()
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
