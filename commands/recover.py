@@ -92,10 +92,11 @@ def print_findings(say, plan) -> None:
 
 
 def assess(st, plan) -> None:
-    """Run verify now and sort its findings against the plan (fixed / kept on purpose / left)."""
+    """Run verify now (or take the one the planning walk made) and sort its findings against the plan
+    (fixed / kept on purpose / left)."""
     from rmqstore_cli.engine.repair.outcome import assess_plan
 
-    assess_plan(st, plan)
+    assess_plan(st, plan, getattr(plan, "verify_findings", None))
 
 
 def guard_lock(st, force: bool, yes: bool) -> None:
@@ -252,7 +253,7 @@ def recover(
     """
     def make_plan(st=None):
         st = st or open_store(store, geometry)
-        plan = plan_recovery(st, geometry.broker_version, keep_valid_after=not stop_at_first_error)
+        plan = plan_recovery(st, geometry.broker_version, keep_valid_after=not stop_at_first_error, with_verify=True)
         assess(st, plan)
         return st, plan
 

@@ -349,3 +349,61 @@ def test_a_packed_batch_reads_like_the_scanned_one(tmp_path):
         assert back._uniq is None and back._keys is None  # nothing decoded on the way
         assert list(back) == list(b) and any(r.keys for r in b) and any(r.uniq_key for r in b)
         d.close(flush=False)
+
+
+def test_a_packed_batch_keeps_every_column_exactly(tmp_path):
+    """The int64 columns of a ``-j`` batch travel as int32 differences from their smallest value when they
+    span less than 2^31 (half the bytes through the pipe): unpacked, every column has its dtype and values
+    back, also far past 2^31 (a later segment's offsets) and when a column spans more (sent as it is)."""
+    import pickle
+
+    import numpy as np
+
+    from rmqstore_cli.engine.derived.dispatch import Dispatcher
+    from rmqstore_cli.engine.repair.rebuild import _narrow, _pack_batch, _unpack_batch, _widen
+
+    for a in (np.asarray([2**40 + 7, 2**40, 2**40 + 2**31 - 1], np.int64), np.asarray([-5, 3], np.int64),
+              np.asarray([0, 2**31], np.int64), np.asarray([-(2**63), 2**63 - 1], np.int64)):
+        back = _widen(pickle.loads(pickle.dumps(_narrow(a))))
+        assert back.dtype == np.int64 and np.array_equal(back, a), a
+    with Store.open(str(shared_store("4.9.3-clean"))) as st:
+        d = Dispatcher(str(tmp_path / "never-written"), st.config)
+        for chunk in st.commitlog.scan(check_crc=False):
+            b = d.requests_from_chunk(chunk)
+            state = _pack_batch(b, chunk.segment.start // st.commitlog.segments.file_size)
+            back = _unpack_batch(pickle.loads(pickle.dumps(state)), st)
+            for k in ("phy", "size", "queue_id", "queue_offset", "sysflag", "store_timestamp", "tags_code",
+                      "topic_ids", "key_count", "key_hashes", "_rows"):
+                x, y = getattr(b, k), getattr(back, k)
+                assert x.dtype == y.dtype and np.array_equal(x, y), k
+            numbers = ("phy", "size", "queue_id", "queue_offset", "sysflag", "store_timestamp", "tags_code")
+            sent = len(pickle.dumps({k: state[k] for k in numbers}))
+            assert sent < len(pickle.dumps({k: getattr(b, k) for k in numbers}))
+        d.close(flush=False)
+
+
+def test_rebuild_jobs_loads_the_scan_kernels_before_forking():
+    """``rebuild -j``: the parent loads the compiled scan and dispatch kernels before its workers are forked,
+    so the workers inherit them instead of each paying numba's start-up. Checked in a fresh interpreter
+    (in this one the kernels may be loaded already)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import tempfile
+        from rmqstore_cli.engine.store import Store
+        from rmqstore_cli.engine.derived.dispatch import Dispatcher
+        from rmqstore_cli.engine.repair.rebuild import _warm_kernels
+        from formats import kernel, propkernel
+        loaded = lambda: (len(kernel.scan_records.signatures), len(propkernel.find_props.signatures))
+        assert loaded() == (0, 0), loaded()
+        with Store.open({str(shared_store("4.9.3-clean"))!r}) as st:
+            d = Dispatcher(tempfile.mkdtemp(), st.config)
+            _warm_kernels(st, d)
+            d.close(flush=False)
+        assert min(loaded()) > 0, loaded()
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

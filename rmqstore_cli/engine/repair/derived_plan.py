@@ -48,9 +48,14 @@ def check_derived(planner) -> None:
     """Cut queues at their first lying unit, cut ext behind them, rebuild a lying index; record
     the verdicts for ``_dispatch`` and the plan's ``queueRepairs``."""
     planner.verdicts = {}
-    if not planner.cl_kept:
-        return
-    found = windowed_verdicts(planner)  # one segment at a time while no unit lies
+    if getattr(planner, "verify_along", False):
+        found = _verify_along(planner)
+        if not planner.cl_kept:
+            return
+    else:
+        if not planner.cl_kept:
+            return
+        found = windowed_verdicts(planner)  # one segment at a time while no unit lies
     if found is None:
         _check_queues(planner)
     else:
@@ -60,6 +65,33 @@ def check_derived(planner) -> None:
             if qs is not None and qs.segments and v.refused:
                 _refuse(planner, key, v)
     _check_index(planner, planner.record_table)
+
+
+def _verify_along(planner) -> dict | None:
+    """verify of the store as it is now (the plan's assessment needs it) in one walk of the log with the
+    windowed derived check: each of verify's window reports is also fed to :class:`WindowedCheck`. Its
+    findings go to ``planner.verify_findings``. Verify checks CRCs, the derived check reads records without:
+    when a report holds an invalid record before the recovered end, or a unit lies, the derived check walks
+    again on its own (``windowed_verdicts``, same answers as ever)."""
+    from ..verify.commitlog import iter_windows
+    from ..verify.pipeline import verify_store
+    from .derived_windows import WindowedCheck
+
+    store = planner.store
+    check = WindowedCheck.start(planner) if planner.cl_kept else None
+
+    def reports():
+        for rep in iter_windows(store.commitlog):
+            if check is not None:
+                check.report(rep)
+            yield rep
+
+    planner.verify_findings = verify_store(store, reports=reports()).findings
+    if not planner.cl_kept:
+        return None
+    if check is not None and not check.invalid_seen and not check.lied:
+        return check.finish()
+    return windowed_verdicts(planner)
 
 
 def _refuse(planner, key, v: QueueVerdict) -> None:

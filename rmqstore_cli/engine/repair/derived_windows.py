@@ -66,60 +66,113 @@ def windowed_verdicts(planner) -> dict | None:
     """{(topic, queueId): (QueueVerdict, broker end, broker maxPhysicOffset)} as ``check_derived`` finds
     them, and ``planner.record_table`` set lazily; None when only the whole table can say (then nothing
     is changed)."""
-    store, end = planner.store, planner.end
-    if planner.cfg.enableConsumeQueueExt:
+    check = WindowedCheck.start(planner)
+    if check is None:
         return None
-    cl = store.commitlog
-    segs = [s for s in cl.segments.segments if s.start < end]
-    if any(a.start + a.size > b.start for a, b in zip(segs, segs[1:])):
-        return None
-    bounds = np.asarray([s.start for s in segs], np.int64)
-    limits = np.asarray([min(s.start + s.size, end) for s in segs], np.int64)
-    wbounds = _window_bounds(cl, segs)
-    # Per queue with files: its units per file, where the first real unit is (pre-blank fillers before it,
-    # §7.3), and which windows each file's units point into.
-    queues = {}
-    for key, qs in planner.queues.items():
-        if not qs.segments:
-            continue
-        files, first_real, touched = _queue_files(qs), None, []
-        for first, units in files:
-            phy = units["phyOffset"].astype(np.int64)
-            if first_real is None:
-                filler = ((phy == CQ_FILLER[0]) & (units["size"] == CQ_FILLER[1]) & (units["tagsCode"] == CQ_FILLER[2]))
-                nf = np.flatnonzero(~filler)
-                if len(nf):
-                    first_real = first + int(nf[0])
-            real = phy[first + np.arange(len(phy)) >= first_real] if first_real is not None else phy[:0]
-            w = np.searchsorted(bounds, real, side="right") - 1
-            inside = (w >= 0) & (real < limits[np.maximum(w, 0)]) if len(bounds) else np.zeros(len(real), bool)
-            if not inside.all():
-                return None  # a unit points where no segment of the recovered log is: CQ_NO_RECORD
-            touched.append(set(np.unique(np.searchsorted(wbounds, real, side="right") - 1).tolist()))
-        queues[key] = (qs, files, first_real, touched)
-    tails: dict = {}  # key -> list of (phy, size, queueOffset) of records at or past the queue's end
-    count, newest, newest_cq = 0, None, 0
-    try:
-        for k, lo, hi, t in _window_tables(store, segs, wbounds, limits, end):
-            c = t.c
-            n = len(t)
-            count += n
-            if n:
-                ts = c["storeTimestamp"]
-                newest = int(ts.max()) if newest is None else max(newest, int(ts.max()))
-            tran = c["sysFlag"] & 0xC
-            disp = (tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)
-            if disp.any():
-                newest_cq = max(newest_cq, int(c["storeTimestamp"][disp].max()))
-            _collect_tails(t, disp, queues, tails)
-            for key, (qs, files, first_real, touched) in queues.items():
+    for k, lo, hi, t in _window_tables(planner.store, check.segs, check.wbounds, check.limits, planner.end):
+        if not check.window(k, lo, hi, t):
+            return None
+    return check.finish()
+
+
+class WindowedCheck:
+    """The windowed derived check fed one window's records at a time, by its own walk
+    (:func:`windowed_verdicts`) or by another pass over verify's window reports (:meth:`report`:
+    recovery's verify of the store before the apply, so the log is walked once for both)."""
+
+    def __init__(self, planner, segs, limits, wbounds, queues):
+        self.planner, self.segs, self.limits, self.wbounds, self.queues = planner, segs, limits, wbounds, queues
+        self.tails: dict = {}  # key -> list of (phy, size, queueOffset) of records at or past the queue's end
+        self.count, self.newest, self.newest_cq = 0, None, 0
+        self.lied = False
+        self.invalid_seen = False  # a fed report held an invalid record before the recovered end
+
+    @classmethod
+    def start(cls, planner) -> "WindowedCheck | None":
+        store, end = planner.store, planner.end
+        if planner.cfg.enableConsumeQueueExt:
+            return None
+        cl = store.commitlog
+        segs = [s for s in cl.segments.segments if s.start < end]
+        if any(a.start + a.size > b.start for a, b in zip(segs, segs[1:])):
+            return None
+        bounds = np.asarray([s.start for s in segs], np.int64)
+        limits = np.asarray([min(s.start + s.size, end) for s in segs], np.int64)
+        wbounds = _window_bounds(cl, segs)
+        # Per queue with files: its units per file, where the first real unit is (pre-blank fillers before it,
+        # §7.3), and which windows each file's units point into.
+        queues = {}
+        for key, qs in planner.queues.items():
+            if not qs.segments:
+                continue
+            files, first_real, touched = _queue_files(qs), None, []
+            for first, units in files:
+                phy = units["phyOffset"].astype(np.int64)
+                if first_real is None:
+                    filler = ((phy == CQ_FILLER[0]) & (units["size"] == CQ_FILLER[1]) & (units["tagsCode"] == CQ_FILLER[2]))
+                    nf = np.flatnonzero(~filler)
+                    if len(nf):
+                        first_real = first + int(nf[0])
+                real = phy[first + np.arange(len(phy)) >= first_real] if first_real is not None else phy[:0]
+                w = np.searchsorted(bounds, real, side="right") - 1
+                inside = (w >= 0) & (real < limits[np.maximum(w, 0)]) if len(bounds) else np.zeros(len(real), bool)
+                if not inside.all():
+                    return None  # a unit points where no segment of the recovered log is: CQ_NO_RECORD
+                touched.append(set(np.unique(np.searchsorted(wbounds, real, side="right") - 1).tolist()))
+            queues[key] = (qs, files, first_real, touched)
+        return cls(planner, segs, limits, wbounds, queues)
+
+    def report(self, rep) -> None:
+        """One of verify's window reports (log order, every window of the log): its records inside the
+        recovered log are checked as :func:`_window_tables` would give them. The report is left whole for
+        verify (its columns are copied, not consumed). Only a pass without CRC reads the same records as
+        the windowed walk: a report with an invalid record before the recovered end sets ``invalid_seen``
+        (the caller walks again without CRC)."""
+        import copy
+
+        if any(o < self.planner.end for o in rep.invalid):
+            self.invalid_seen = True  # past the recovered end both passes' records are cut away
+        if self.lied or self.invalid_seen or rep.segment >= len(self.segs):
+            return
+        k, i = rep.index, rep.segment
+        hi = min(int(self.wbounds[k + 1]) if k + 1 < len(self.wbounds) else self.planner.end, int(self.limits[i]))
+        mine = copy.copy(rep)
+        mine.cols = dict(rep.cols)
+        t = table_of_reports(self.planner.store, [mine], self.planner.end)
+        self.window(k, rep.window_start, hi, t.recs)
+
+    def window(self, k: int, lo: int, hi: int, t) -> bool:
+        """Window ``k``'s records [lo, hi) (cut at the recovered end); False once a unit lies."""
+        if self.lied:
+            return False
+        c = t.c
+        n = len(t)
+        self.count += n
+        if n:
+            ts = c["storeTimestamp"]
+            self.newest = int(ts.max()) if self.newest is None else max(self.newest, int(ts.max()))
+        tran = c["sysFlag"] & 0xC
+        disp = (tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)
+        if disp.any():
+            self.newest_cq = max(self.newest_cq, int(c["storeTimestamp"][disp].max()))
+        _collect_tails(t, disp, self.queues, self.tails)
+        try:
+            for key, (qs, files, first_real, touched) in self.queues.items():
                 for (first, units), segs_hit in zip(files, touched):
                     if k in segs_hit:
                         _check_units(t, key, first, units, first_real, lo, hi)
-    except _Lie:
-        return None
-    planner.record_table = LazyRecordTable(store, end, count, newest, newest_cq)
-    return _verdicts(planner, queues, tails)
+        except _Lie:
+            self.lied = True
+            return False
+        return True
+
+    def finish(self) -> dict | None:
+        """The verdicts (``windowed_verdicts``'s answer), or None after a lying unit."""
+        if self.lied:
+            return None
+        planner = self.planner
+        planner.record_table = LazyRecordTable(planner.store, planner.end, self.count, self.newest, self.newest_cq)
+        return _verdicts(planner, self.queues, self.tails)
 
 
 def _window_bounds(cl, segs: list) -> np.ndarray:

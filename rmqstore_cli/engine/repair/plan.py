@@ -85,6 +85,8 @@ class RecoveryPlan:
     # (size, mtime, inode) of every file under the store root when planning began (store_fingerprint):
     # the apply reuses this plan only if the store is still so once the lock is held.
     fingerprint: dict | None = field(default=None, repr=False, compare=False)
+    # verify's findings on the store as planned, when the planning walk made them (plan_recovery(with_verify))
+    verify_findings: list | None = field(default=None, repr=False, compare=False)
     queue_ends: dict = field(default_factory=dict)  # (topic, queueId) -> next queue offset before the re-dispatch
 
     @property

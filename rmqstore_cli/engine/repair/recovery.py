@@ -280,9 +280,23 @@ class Planner:
         segs = self.cl_segments
         tally = LogTally()
         start, why = self._start_index(cp, self.max_cq) if segs else (0, "no commitlog files")
-        lenient_records(segs, start, tally)
+        if not self.broker_only:  # ours: the records before the walk, for the derived files' checks and times
+            lenient_records(segs, start, tally)
         self.walk_first = len(tally)
-        stop = broker_walk(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, tally)
+        sink = tally
+        self.early_prediction = None
+        if not self.plan.last_exit_ok and not self.broker_only:
+            # An abnormal start re-dispatches every record it walks: the consume-queue puts are predicted
+            # in this walk, from the queues as they are now; _dispatch uses it when its range and the
+            # queues turn out the same (else it walks the log again for them).
+            qstate = self._queue_state()
+            pred = DispatchPrediction(qstate)
+            self.early_prediction = (pred, {k: list(v) for k, v in qstate.items()})
+
+            def sink(seg_start, buf, h, tally=tally, pred=pred):
+                tally(seg_start, buf, h)
+                pred(seg_start, buf, h)
+        stop = broker_walk(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, sink)
         # Every record walked lies before the stop: the tally describes the recovered log.
         self.tally, self.stop, self.start_index, self.lenient_upto = tally, stop, start, start
         end = stop.offset if segs else 0
@@ -463,11 +477,18 @@ class Planner:
         # Prediction of the consume-queue puts (§7.5) on the records of [ours, end), found again by a
         # second walk (nothing per record is kept from the first); the Dispatcher does them for real.
         # [next offset, maxPhysicOffset, first offset written into an empty queue, queue has no file]
-        qstate = {k: [qs.max_offset, qs.max_physic, None, not qs.segments] for k, qs in self.queues.items()}
-        pred = DispatchPrediction(qstate)
-        if ours < end:
-            rewalk(self.cl_segments, self.lenient_upto, self.version, ours, end, pred)
+        qstate = self._queue_state()
+        early = getattr(self, "early_prediction", None)
+        if early is not None and ours == walk_start and early[1] == qstate:
+            pred = early[0]  # the records of [walk start, end) are the ones the walk handed it
+            qstate = pred.state
             pred.flush()
+        else:
+            pred = DispatchPrediction(qstate)
+            if ours < end:
+                rewalk(self.cl_segments, self.lenient_upto, self.version, ours, end, pred)
+                pred.flush()
+        self.early_prediction = None
         new_units, count = pred.new_units, pred.count
         t = self.tally
         self.qstate = qstate
@@ -484,6 +505,11 @@ class Planner:
         elif count:
             plan.notes.append(f"{count} records in [{ours}, {end}) would be dispatched again; every consume-queue unit and "
                               f"index entry is already present")
+
+    def _queue_state(self) -> dict:
+        """The consume-queue put state DispatchPrediction starts from: [next offset, maxPhysicOffset,
+        first offset written into an empty queue, queue has no file]."""
+        return {k: [qs.max_offset, qs.max_physic, None, not qs.segments] for k, qs in self.queues.items()}
 
     def _checkpoint_and_abort(self, cp: Checkpoint) -> None:
         after = Checkpoint(cp.physicMsgTimestamp, cp.logicsMsgTimestamp, cp.indexMsgTimestamp,
@@ -534,17 +560,22 @@ class Planner:
 
 
 def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after: bool = False,
-                  broker_only: bool = False) -> RecoveryPlan:
+                  broker_only: bool = False, with_verify: bool = False) -> RecoveryPlan:
     """The broker's next start, as a plan (nothing is changed).
 
     ``broker_only``: the broker's own steps only, without our checks of every consume queue and index
-    file against the log (derived_plan): enough for what the next start reads (engine.startup), not a
-    plan to apply."""
+    file against the log (derived_plan) and without reading the records before the broker's walk: enough
+    for what the next start reads (engine.startup), not a plan to apply (its checkpoint times may differ).
+    ``with_verify``: verify the store too, in the same walk of the log as the derived-file check; its
+    findings are ``plan.verify_findings`` (for ``outcome.assess_plan``), else None."""
     from .startup import startup_cost
 
     v = version or store.config.version
     fingerprint = store_fingerprint(store.root)
-    plan = Planner(store, v, keep_valid_after=keep_valid_after, broker_only=broker_only).run()
+    planner = Planner(store, v, keep_valid_after=keep_valid_after, broker_only=broker_only)
+    planner.verify_along = with_verify and not broker_only
+    plan = planner.run()
+    plan.verify_findings = getattr(planner, "verify_findings", None)
     plan.fingerprint = fingerprint
     plan.startup_cost = startup_cost(store, plan)
     return plan
