@@ -198,21 +198,28 @@ class RocketMQReader(DataSourceReader):
         from pyspark.sql.pandas.types import to_arrow_schema
 
         schema = to_arrow_schema(self.schema, timezone="UTC")
-        # Ranges of small segments give small batches: pass them on in batches of batchRows rows.
-        pending, rows = [], 0
-        for r in partition.ranges:
-            for b in read_range(r, schema, with_body=self.with_body, check_crc=self.check_crc,
-                                batch_rows=self.batch_rows, failfast=self.failfast):
-                if not pending and b.num_rows >= self.batch_rows:
-                    yield b
-                    continue
-                pending.append(b)
-                rows += b.num_rows
-                if rows >= self.batch_rows:
-                    yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
-                    pending, rows = [], 0
-        if pending:
-            yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+        yield from group_batches(partition.ranges, schema, with_body=self.with_body, check_crc=self.check_crc,
+                                 batch_rows=self.batch_rows, failfast=self.failfast)
+
+
+def group_batches(ranges: list[SegmentRange], schema, *, with_body: bool, check_crc: bool, batch_rows: int,
+                  failfast: bool) -> Iterator[pa.RecordBatch]:
+    """The batches of some ranges; ranges of small segments give small batches, passed on in batches of
+    ``batch_rows`` rows."""
+    pending, rows = [], 0
+    for r in ranges:
+        for b in read_range(r, schema, with_body=with_body, check_crc=check_crc, batch_rows=batch_rows,
+                            failfast=failfast):
+            if not pending and b.num_rows >= batch_rows:
+                yield b
+                continue
+            pending.append(b)
+            rows += b.num_rows
+            if rows >= batch_rows:
+                yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+                pending, rows = [], 0
+    if pending:
+        yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
 
 
 class CorruptRecordError(RuntimeError):

@@ -23,53 +23,82 @@ def read_records(spark, roots: list[str], *, body: bool = True, mode: str = "per
     return reader.load(",".join(roots))
 
 
+EXPORT_WRITERS = ("auto", "arrow", "spark")
+
+
 def export(spark, roots: list[str], to: str, *, fmt: str = "parquet", partition_by: list[str] | None = None,
-           body: bool = True, overwrite: bool = False, options: dict | None = None) -> dict:
-    """Write every record of every store to ``to`` as Parquet or JSON Lines; findings rows included."""
+           body: bool = True, overwrite: bool = False, options: dict | None = None, writer: str = "auto",
+           compression: str | None = None) -> dict:
+    """Write every record of every store to ``to`` as Parquet or JSON Lines; findings rows included.
+
+    ``writer``: ``arrow`` writes Parquet from the executors with Arrow's writer
+    (:mod:`rmqstore_cli.spark.arrow_export`), ``spark`` hands the rows to Spark's DataFrameWriter;
+    ``auto`` (default) takes ``arrow`` for an unpartitioned Parquet export to a local or shared
+    file-system path and ``spark`` otherwise (JSON, ``partition_by``, ``hdfs://``/``s3a://`` URIs).
+    ``compression``: Parquet codec (snappy, the default of both writers; zstd, gzip, lz4, none).
+    """
     from pyspark.sql import functions as F
+
+    from . import arrow_export
 
     if fmt not in EXPORT_FORMATS:
         raise UsageError(f"--format must be one of {', '.join(EXPORT_FORMATS)}")
+    if writer not in EXPORT_WRITERS:
+        raise UsageError(f"--writer must be one of {', '.join(EXPORT_WRITERS)}")
+    codec = compression or arrow_export.DEFAULT_CODEC
+    if codec not in arrow_export.CODECS:
+        raise UsageError(f"--compression must be one of {', '.join(arrow_export.CODECS)}")
+    if compression and fmt != "parquet":
+        raise UsageError("--compression applies to --format parquet only")
     parts = [p for p in (partition_by or []) if p]
     for p in parts:
         if p not in PARTITION_COLUMNS:
             raise UsageError(f"--partition-by accepts {', '.join(PARTITION_COLUMNS)}, not {p!r}")
+    arrow_ok = fmt == "parquet" and not parts and arrow_export.is_local_path(to)
+    if writer == "arrow" and not arrow_ok:
+        raise UsageError("--writer arrow writes unpartitioned Parquet to a file-system path only")
+    use_arrow = writer == "arrow" or (writer == "auto" and arrow_ok)
+    if use_arrow:
+        to = arrow_export.local_path(to)
     if os.path.exists(to) and not overwrite:
         raise UsageError(f"{to} already exists (use --overwrite to replace it)")
     t0 = time.monotonic()
-    df = read_records(spark, roots, body=body, options=options)
-    if "date" in parts:
-        df = df.withColumn("date", F.to_date("storeTimestamp"))
-    # Timestamps as Parquet TIMESTAMP_MICROS (UTC-adjusted), not Spark's deprecated INT96 default: the
-    # same column type `dump commitlog --format parquet` writes without Spark, readable by any tool.
-    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-    writer = df.write.mode("overwrite" if overwrite else "errorifexists")
-    if fmt == "json":
-        writer = writer.option("ignoreNullFields", "false")  # every line carries every field name
-    if parts:
-        writer = writer.partitionBy(*parts)
-    getattr(writer, fmt)(to)
-    elapsed = time.monotonic() - t0
-    # Counting from what was written keeps the summary honest (and re-reads only metadata for Parquet).
-    back = getattr(spark.read.schema(df.schema), fmt)(to)
-    counts = back.groupBy((F.col("finding").isNull()).alias("ok")).agg(F.count("*").alias("n"),
-                                                                        F.sum("storeSize").alias("bytes")).collect()
-    ok = {r["ok"]: (r["n"], r["bytes"] or 0) for r in counts}
-    in_bytes = sum(_commitlog_bytes(r) for r in roots)
+    in_bytes = sum(arrow_export.commitlog_bytes(r) for r in roots)
+    if use_arrow:
+        got = arrow_export.export_parquet(spark, roots, to, with_body=body, overwrite=overwrite,
+                                          options=options or {}, codec=codec)
+        elapsed = time.monotonic() - t0
+        ok = {True: (got["records"], got["recordBytes"]), False: (got["findings"], 0)}
+        tasks = got["tasks"]
+    else:
+        df = read_records(spark, roots, body=body, options=options)
+        if "date" in parts:
+            df = df.withColumn("date", F.to_date("storeTimestamp"))
+        # Timestamps as Parquet TIMESTAMP_MICROS (UTC-adjusted), not Spark's deprecated INT96 default: the
+        # same column type `dump commitlog --format parquet` writes without Spark, readable by any tool.
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        out = df.write.mode("overwrite" if overwrite else "errorifexists")
+        if fmt == "json":
+            out = out.option("ignoreNullFields", "false")  # every line carries every field name
+        else:
+            out = out.option("compression", codec)
+        if parts:
+            out = out.partitionBy(*parts)
+        getattr(out, fmt)(to)
+        elapsed = time.monotonic() - t0
+        # Counting from what was written keeps the summary honest (and re-reads only metadata for Parquet).
+        back = getattr(spark.read.schema(df.schema), fmt)(to)
+        counts = back.groupBy((F.col("finding").isNull()).alias("ok")).agg(F.count("*").alias("n"),
+                                                                            F.sum("storeSize").alias("bytes")).collect()
+        ok = {r["ok"]: (r["n"], r["bytes"] or 0) for r in counts}
+        tasks = None  # Spark's writer: as many as the data source planned (not asked, to save a planning pass)
     return {
-        "to": os.path.abspath(to), "format": fmt, "partitionBy": parts, "stores": len(roots),
+        "to": os.path.abspath(to), "format": fmt, "writer": "arrow" if use_arrow else "spark",
+        "partitionBy": parts, "stores": len(roots),
         "records": ok.get(True, (0, 0))[0], "recordBytes": ok.get(True, (0, 0))[1],
-        "findings": ok.get(False, (0, 0))[0], "commitlogBytes": in_bytes, "seconds": round(elapsed, 3),
+        "findings": ok.get(False, (0, 0))[0], "commitlogBytes": in_bytes, "seconds": round(elapsed, 3), "tasks": tasks,
         "MBps": round(in_bytes / elapsed / 1e6, 1) if elapsed > 0 else None,
     }
-
-
-def _commitlog_bytes(root: str) -> int:
-    d = os.path.join(root, "commitlog")
-    try:
-        return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
-    except OSError:
-        return 0
 
 
 # --- verify ---------------------------------------------------------------------------
