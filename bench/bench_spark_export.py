@@ -116,7 +116,7 @@ def main() -> None:
         sp_s = time.perf_counter() - t
         assert res["records"] == records, res
         print(f"spark export    {nbytes / sp_s / 1e6:8.1f} MB/s  ({sp_s:.1f} s, {args.master}, Parquet, "
-              f"writer {res['writer']}, {res["tasks"] or "planned"} tasks)")
+              f"writer {res['writer']}, {res['tasks'] or 'planned'} tasks)")
         spark.stop()
         shutil.rmtree(out, ignore_errors=True)
     finally:

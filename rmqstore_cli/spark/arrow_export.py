@@ -25,27 +25,11 @@ import shutil
 import uuid
 
 from . import datasource
-
-# Parquet codecs accepted by both writers (Spark's option value on the left, pyarrow's on the right).
-CODECS = {"snappy": "snappy", "zstd": "zstd", "gzip": "gzip", "lz4": "lz4", "none": "none"}
-DEFAULT_CODEC = "snappy"  # Spark's own default (spark.sql.parquet.compression.codec): same files, same size
+from .jobs import CODECS, DEFAULT_CODEC, commitlog_bytes
 # Columns stored without a dictionary: bodies are almost never repeated, so the writer would
 # only build a dictionary page to throw it away.
 NO_DICTIONARY = ("body",)
 SPARK_ROW_METADATA = "org.apache.spark.sql.parquet.row.metadata"
-
-
-def is_local_path(path: str) -> bool:
-    """A path Arrow's local file system can write (no ``scheme://`` other than ``file:``)."""
-    return "://" not in path or path.startswith("file:")
-
-
-def local_path(path: str) -> str:
-    if path.startswith("file://"):
-        path = path[len("file://"):]
-    elif path.startswith("file:"):
-        path = path[len("file:"):]
-    return os.path.abspath(os.path.expanduser(path))
 
 
 def split_for(total_bytes: int, parallelism: int, default: int = datasource.DEFAULT_SPLIT) -> int:
@@ -154,11 +138,3 @@ def export_parquet(spark, roots: list[str], dest: str, *, with_body: bool, overw
         pass
     return {"records": sum(r["records"] for r in results), "recordBytes": sum(r["recordBytes"] for r in results),
             "findings": sum(r["findings"] for r in results), "tasks": len(groups)}
-
-
-def commitlog_bytes(root: str) -> int:
-    d = os.path.join(root, "commitlog")
-    try:
-        return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
-    except OSError:
-        return 0

@@ -24,6 +24,46 @@ def read_records(spark, roots: list[str], *, body: bool = True, mode: str = "per
 
 
 EXPORT_WRITERS = ("auto", "arrow", "spark")
+# Parquet codecs accepted by both writers (Spark's option value on the left, pyarrow's on the right).
+CODECS = {"snappy": "snappy", "zstd": "zstd", "gzip": "gzip", "lz4": "lz4", "none": "none"}
+DEFAULT_CODEC = "snappy"  # Spark's own default (spark.sql.parquet.compression.codec): same files, same size
+
+
+def is_local_path(path: str) -> bool:
+    """A path Arrow's local file system can write (no ``scheme://`` other than ``file:``)."""
+    return "://" not in path or path.startswith("file:")
+
+
+def local_path(path: str) -> str:
+    for prefix in ("file://", "file:"):
+        if path.startswith(prefix):
+            path = path[len(prefix):]
+            break
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def export_writer(fmt: str, partition_by: list[str] | None, to: str, writer: str = "auto",
+                  compression: str | None = None) -> str:
+    """Which writer :func:`export` uses ("arrow" or "spark"); raises UsageError for a combination it refuses.
+
+    Known before the session starts, so the command can start a JVM tuned for the writer.
+    """
+    if fmt not in EXPORT_FORMATS:
+        raise UsageError(f"--format must be one of {', '.join(EXPORT_FORMATS)}")
+    if writer not in EXPORT_WRITERS:
+        raise UsageError(f"--writer must be one of {', '.join(EXPORT_WRITERS)}")
+    if compression is not None and compression not in CODECS:
+        raise UsageError(f"--compression must be one of {', '.join(CODECS)}")
+    if compression is not None and fmt != "parquet":
+        raise UsageError("--compression applies to --format parquet only")
+    parts = [p for p in (partition_by or []) if p]
+    for p in parts:
+        if p not in PARTITION_COLUMNS:
+            raise UsageError(f"--partition-by accepts {', '.join(PARTITION_COLUMNS)}, not {p!r}")
+    arrow_ok = fmt == "parquet" and not parts and is_local_path(to)
+    if writer == "arrow" and not arrow_ok:
+        raise UsageError("--writer arrow writes unpartitioned Parquet to a file-system path only")
+    return "arrow" if writer == "arrow" or (writer == "auto" and arrow_ok) else "spark"
 
 
 def export(spark, roots: list[str], to: str, *, fmt: str = "parquet", partition_by: list[str] | None = None,
@@ -39,33 +79,19 @@ def export(spark, roots: list[str], to: str, *, fmt: str = "parquet", partition_
     """
     from pyspark.sql import functions as F
 
-    from . import arrow_export
-
-    if fmt not in EXPORT_FORMATS:
-        raise UsageError(f"--format must be one of {', '.join(EXPORT_FORMATS)}")
-    if writer not in EXPORT_WRITERS:
-        raise UsageError(f"--writer must be one of {', '.join(EXPORT_WRITERS)}")
-    codec = compression or arrow_export.DEFAULT_CODEC
-    if codec not in arrow_export.CODECS:
-        raise UsageError(f"--compression must be one of {', '.join(arrow_export.CODECS)}")
-    if compression and fmt != "parquet":
-        raise UsageError("--compression applies to --format parquet only")
+    use_arrow = export_writer(fmt, partition_by, to, writer, compression) == "arrow"
+    codec = compression or DEFAULT_CODEC
     parts = [p for p in (partition_by or []) if p]
-    for p in parts:
-        if p not in PARTITION_COLUMNS:
-            raise UsageError(f"--partition-by accepts {', '.join(PARTITION_COLUMNS)}, not {p!r}")
-    arrow_ok = fmt == "parquet" and not parts and arrow_export.is_local_path(to)
-    if writer == "arrow" and not arrow_ok:
-        raise UsageError("--writer arrow writes unpartitioned Parquet to a file-system path only")
-    use_arrow = writer == "arrow" or (writer == "auto" and arrow_ok)
     if use_arrow:
-        to = arrow_export.local_path(to)
+        to = local_path(to)
     if os.path.exists(to) and not overwrite:
         raise UsageError(f"{to} already exists (use --overwrite to replace it)")
     t0 = time.monotonic()
-    in_bytes = sum(arrow_export.commitlog_bytes(r) for r in roots)
+    in_bytes = sum(commitlog_bytes(r) for r in roots)
     if use_arrow:
-        got = arrow_export.export_parquet(spark, roots, to, with_body=body, overwrite=overwrite,
+        from .arrow_export import export_parquet
+
+        got = export_parquet(spark, roots, to, with_body=body, overwrite=overwrite,
                                           options=options or {}, codec=codec)
         elapsed = time.monotonic() - t0
         ok = {True: (got["records"], got["recordBytes"]), False: (got["findings"], 0)}
@@ -224,3 +250,11 @@ def stats(spark, root: str, *, overrides: dict | None = None, config_file: str |
         return out
     finally:
         st.close()
+
+
+def commitlog_bytes(root: str) -> int:
+    d = os.path.join(root, "commitlog")
+    try:
+        return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
+    except OSError:
+        return 0
