@@ -162,3 +162,26 @@ def test_export_refuses_bad_writer_options_before_starting_spark(tmp_path, args,
     assert p.returncode == 3, p.stderr
     assert error in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_unwalked_segments_report_the_same_tails_as_planned_ranges(spark, store_copy):
+    """Segments no larger than a task are planned without a driver walk: their damaged tails (unknown
+    magic, a record cut by the end of the file) come out as the finding rows of walked, cut ranges."""
+    from rmqstore_cli.spark.datasource import plan
+
+    root = store_copy("4.9.3-clean")
+    _corrupt(root)
+    last = sorted((root / "commitlog").iterdir())[-1]
+    os.truncate(last, 30000)
+    whole = plan([str(root)], {})
+    assert all(r.tail_kind is None for r in whole)  # nothing was walked on the driver
+    cut = plan([str(root)], {"splitsize": 8000})
+    assert len(cut) > len(whole) and any(r.tail_kind is not None for r in cut)
+
+    def rows(split):
+        df = spark.read.format("rocketmq").option("body", "false").option("splitSize", split).load(str(root))
+        return sorted((r["commitLogOffset"], r["finding"], r["storeSize"]) for r in df.collect())
+
+    a, b = rows(64 << 20), rows(8000)
+    assert a == b
+    assert {f for _, f, _ in a if f} == {"CL_BODY_CRC", "CL_GARBAGE", "CL_TORN_TAIL"}

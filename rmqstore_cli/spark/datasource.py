@@ -109,6 +109,17 @@ def plan_segment(store: str, seg: Segment, file_size: int, cfg: StoreConfig, spl
     return out
 
 
+def plan_whole_or_cut(store: str, seg: Segment, file_size: int, cfg: StoreConfig, split: int) -> list[SegmentRange]:
+    """A segment no larger than ``split`` is one range, planned without reading it: the task's own walk
+    finds where its records end and reports a damaged tail (:func:`read_range`), so the driver walks
+    only the segments it must cut."""
+    limit = min(seg.size, file_size)
+    if 0 < limit <= split:
+        return [SegmentRange(store, seg.path, seg.name, seg.start, seg.size, 0, limit, cfg.version,
+                             cfg.forceVerifyPropCRC, None)]
+    return plan_segment(store, seg, file_size, cfg, split)
+
+
 @dataclass
 class RangeGroup(InputPartition):
     """Consecutive ranges read by one task: small segments are grouped up to ``splitSize`` bytes."""
@@ -152,7 +163,7 @@ def plan(roots: list[str], options) -> list[SegmentRange]:
             for seg in cl.segments:
                 if (lo is not None and seg.start + seg.size <= lo) or (hi is not None and seg.start >= hi):
                     continue  # wholly outside the time range
-                for r in plan_segment(st.root, seg, cl.segments.file_size, st.config, split):
+                for r in plan_whole_or_cut(st.root, seg, cl.segments.file_size, st.config, split):
                     r.since, r.until = since, until
                     parts.append(r)
         finally:
@@ -271,7 +282,8 @@ def read_range(p: SegmentRange, schema, *, with_body: bool, check_crc: bool, bat
                 break
         kind, size, magic, at = p.tail_kind, p.tail_size, p.tail_magic, p.end
         if w is not None and w.kind not in (fast.STOP_CHUNK, fast.STOP_EOF):
-            kind, size, magic, at = w.kind, w.size, w.magic, w.stop  # the file changed since planning
+            # where this walk stopped: a range the driver did not walk, or the file changed since planning
+            kind, size, magic, at = w.kind, w.size, w.magic, w.stop
         if kind in codes.STOP_CODES:
             code, text = codes.STOP_CODES[kind]
             msg = f"{text} (TOTALSIZE {size}, magic 0x{magic & 0xFFFFFFFF:08X}); the broker stops reading here"
