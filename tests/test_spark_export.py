@@ -185,3 +185,27 @@ def test_unwalked_segments_report_the_same_tails_as_planned_ranges(spark, store_
     a, b = rows(64 << 20), rows(8000)
     assert a == b
     assert {f for _, f, _ in a if f} == {"CL_BODY_CRC", "CL_GARBAGE", "CL_TORN_TAIL"}
+
+
+@pytest.mark.parametrize("body", [True, False])
+def test_spark_schema_built_in_python_equals_the_parsed_ddl(spark, body):
+    from pyspark.sql.types import _parse_datatype_string
+
+    from formats.arrow import ddl
+    from rmqstore_cli.spark.arrow_export import spark_schema
+
+    assert spark_schema(body) == _parse_datatype_string(ddl(body))
+
+
+@pytest.mark.parametrize("writer", ["arrow", "spark"])
+def test_lz4_is_lz4_raw_in_both_writers(spark, tmp_path, writer):
+    import pyarrow.parquet as pq
+
+    from rmqstore_cli.spark import jobs
+
+    root = str(shared_store("5.3.3-v2topic"))
+    jobs.export(spark, [root], str(tmp_path / "o"), writer=writer, compression="lz4")
+    part = next(p for p in sorted((tmp_path / "o").iterdir()) if p.name.startswith("part-"))
+    meta = pq.ParquetFile(str(part)).metadata
+    assert meta.row_group(0).column(0).compression == "LZ4"  # pyarrow's name of LZ4_RAW (Spark's plain lz4: UNKNOWN)
+    assert _table(tmp_path / "o").num_rows == len(broker_read("5.3.3-v2topic")["clmsg"])

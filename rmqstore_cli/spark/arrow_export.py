@@ -26,6 +26,7 @@ import uuid
 
 from . import datasource
 from .jobs import CODECS, DEFAULT_CODEC, commitlog_bytes
+
 # Columns stored without a dictionary: bodies are almost never repeated, so the writer would
 # only build a dictionary page to throw it away.
 NO_DICTIONARY = ("body",)
@@ -90,16 +91,32 @@ def open_writer(path: str, schema, codec: str):
                             use_dictionary=[n for n in schema.names if n not in NO_DICTIONARY])
 
 
+def spark_schema(with_body: bool):
+    """The Spark schema of the data source's DDL (formats.arrow.COLUMNS), built in Python: asking the
+    JVM to parse the DDL would load Spark's SQL parser for this alone."""
+    from pyspark.sql import types as T
+
+    from formats.arrow import BODY_COLUMN, COLUMNS
+
+    simple = {"string": T.StringType(), "bigint": T.LongType(), "int": T.IntegerType(), "boolean": T.BooleanType(),
+              "binary": T.BinaryType(), "timestamp": T.TimestampType(),
+              "array<string>": T.ArrayType(T.StringType(), True),
+              "map<string,string>": T.MapType(T.StringType(), T.StringType(), True)}
+    return T.StructType([T.StructField(n, simple[t], True) for n, t in COLUMNS if with_body or n != BODY_COLUMN])
+
+
 def export_parquet(spark, roots: list[str], dest: str, *, with_body: bool, overwrite: bool, options: dict,
                    codec: str = DEFAULT_CODEC, mode: str = "permissive") -> dict:
     """Write every record of ``roots`` to ``dest`` as Parquet; returns counts taken from the written batches."""
-    from pyspark.sql.types import _parse_datatype_string
+    from rmqstore_cli.engine.errors import UsageError
 
-    from formats.arrow import arrow_schema, ddl
+    from formats.arrow import arrow_schema
 
+    if os.path.lexists(dest) and not overwrite:
+        raise UsageError(f"{dest} already exists (use --overwrite to replace it)")
     opts = {str(k).lower(): v for k, v in options.items() if v is not None}
-    spark_schema = _parse_datatype_string(ddl(with_body))
-    schema = arrow_schema(with_body).with_metadata({SPARK_ROW_METADATA: spark_schema.json()})
+    # Spark's writer stores its schema under this key; Spark reads it back instead of inferring one.
+    schema = arrow_schema(with_body).with_metadata({SPARK_ROW_METADATA: spark_schema(with_body).json()})
     if "splitsize" in opts:
         split = int(opts["splitsize"])
     else:

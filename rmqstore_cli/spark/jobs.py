@@ -24,8 +24,10 @@ def read_records(spark, roots: list[str], *, body: bool = True, mode: str = "per
 
 
 EXPORT_WRITERS = ("auto", "arrow", "spark")
-# Parquet codecs accepted by both writers (Spark's option value on the left, pyarrow's on the right).
+# Parquet codecs of both writers: our name -> pyarrow's name; SPARK_CODECS where Spark's differs (Spark's
+# "lz4" is Hadoop's framed LZ4; Arrow's "lz4" writes LZ4_RAW, which Spark calls "lz4_raw").
 CODECS = {"snappy": "snappy", "zstd": "zstd", "gzip": "gzip", "lz4": "lz4", "none": "none"}
+SPARK_CODECS = {"lz4": "lz4_raw"}
 DEFAULT_CODEC = "snappy"  # Spark's own default (spark.sql.parquet.compression.codec): same files, same size
 
 
@@ -91,8 +93,7 @@ def export(spark, roots: list[str], to: str, *, fmt: str = "parquet", partition_
     if use_arrow:
         from .arrow_export import export_parquet
 
-        got = export_parquet(spark, roots, to, with_body=body, overwrite=overwrite,
-                                          options=options or {}, codec=codec)
+        got = export_parquet(spark, roots, to, with_body=body, overwrite=overwrite, options=options or {}, codec=codec)
         elapsed = time.monotonic() - t0
         ok = {True: (got["records"], got["recordBytes"]), False: (got["findings"], 0)}
         tasks = got["tasks"]
@@ -107,7 +108,7 @@ def export(spark, roots: list[str], to: str, *, fmt: str = "parquet", partition_
         if fmt == "json":
             out = out.option("ignoreNullFields", "false")  # every line carries every field name
         else:
-            out = out.option("compression", codec)
+            out = out.option("compression", SPARK_CODECS.get(codec, codec))
         if parts:
             out = out.partitionBy(*parts)
         getattr(out, fmt)(to)
@@ -122,8 +123,8 @@ def export(spark, roots: list[str], to: str, *, fmt: str = "parquet", partition_
         "to": os.path.abspath(to), "format": fmt, "writer": "arrow" if use_arrow else "spark",
         "partitionBy": parts, "stores": len(roots),
         "records": ok.get(True, (0, 0))[0], "recordBytes": ok.get(True, (0, 0))[1],
-        "findings": ok.get(False, (0, 0))[0], "commitlogBytes": in_bytes, "seconds": round(elapsed, 3), "tasks": tasks,
-        "MBps": round(in_bytes / elapsed / 1e6, 1) if elapsed > 0 else None,
+        "findings": ok.get(False, (0, 0))[0], "commitlogBytes": in_bytes, "seconds": round(elapsed, 3),
+        "tasks": tasks, "MBps": round(in_bytes / elapsed / 1e6, 1) if elapsed > 0 else None,
     }
 
 
