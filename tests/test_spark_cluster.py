@@ -149,6 +149,14 @@ def test_export_on_cluster(spark, tmp_path):
                   for n in names for b in broker_read(n)["clmsg"])
     got = sorted((r["store"], r["commitLogOffset"], r["storeSize"], r["topic"], bytes(r["body"]).hex()) for r in back)
     assert got == want and res["records"] == len(want)
+    # The Arrow writer (unpartitioned Parquet): the executors write the part files themselves.
+    flat = jobs.export(spark, [str(shared_store(n)) for n in names], str(tmp_path / "flat"),
+                       options={"splitSize": 400_000})
+    assert flat["writer"] == "arrow" and flat["records"] == len(want) and flat["tasks"] > 2
+    back = spark.read.parquet(str(tmp_path / "flat")).select("store", "commitLogOffset", "storeSize", "topic", "body")
+    assert sorted((r["store"], r["commitLogOffset"], r["storeSize"], r["topic"], bytes(r["body"]).hex())
+                  for r in back.collect()) == want
+    assert not (tmp_path / "flat" / "_temporary").exists() and (tmp_path / "flat" / "_SUCCESS").exists()
     executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()
     assert executors >= 3  # the driver plus the two workers' executors
 

@@ -109,6 +109,17 @@ def plan_segment(store: str, seg: Segment, file_size: int, cfg: StoreConfig, spl
     return out
 
 
+def plan_whole_or_cut(store: str, seg: Segment, file_size: int, cfg: StoreConfig, split: int) -> list[SegmentRange]:
+    """A segment no larger than ``split`` is one range, planned without reading it: the task's own walk
+    finds where its records end and reports a damaged tail (:func:`read_range`), so the driver walks
+    only the segments it must cut."""
+    limit = min(seg.size, file_size)
+    if 0 < limit <= split:
+        return [SegmentRange(store, seg.path, seg.name, seg.start, seg.size, 0, limit, cfg.version,
+                             cfg.forceVerifyPropCRC, None)]
+    return plan_segment(store, seg, file_size, cfg, split)
+
+
 @dataclass
 class RangeGroup(InputPartition):
     """Consecutive ranges read by one task: small segments are grouped up to ``splitSize`` bytes."""
@@ -152,7 +163,7 @@ def plan(roots: list[str], options) -> list[SegmentRange]:
             for seg in cl.segments:
                 if (lo is not None and seg.start + seg.size <= lo) or (hi is not None and seg.start >= hi):
                     continue  # wholly outside the time range
-                for r in plan_segment(st.root, seg, cl.segments.file_size, st.config, split):
+                for r in plan_whole_or_cut(st.root, seg, cl.segments.file_size, st.config, split):
                     r.since, r.until = since, until
                     parts.append(r)
         finally:
@@ -198,21 +209,28 @@ class RocketMQReader(DataSourceReader):
         from pyspark.sql.pandas.types import to_arrow_schema
 
         schema = to_arrow_schema(self.schema, timezone="UTC")
-        # Ranges of small segments give small batches: pass them on in batches of batchRows rows.
-        pending, rows = [], 0
-        for r in partition.ranges:
-            for b in read_range(r, schema, with_body=self.with_body, check_crc=self.check_crc,
-                                batch_rows=self.batch_rows, failfast=self.failfast):
-                if not pending and b.num_rows >= self.batch_rows:
-                    yield b
-                    continue
-                pending.append(b)
-                rows += b.num_rows
-                if rows >= self.batch_rows:
-                    yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
-                    pending, rows = [], 0
-        if pending:
-            yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+        yield from group_batches(partition.ranges, schema, with_body=self.with_body, check_crc=self.check_crc,
+                                 batch_rows=self.batch_rows, failfast=self.failfast)
+
+
+def group_batches(ranges: list[SegmentRange], schema, *, with_body: bool, check_crc: bool, batch_rows: int,
+                  failfast: bool) -> Iterator[pa.RecordBatch]:
+    """The batches of some ranges; ranges of small segments give small batches, passed on in batches of
+    ``batch_rows`` rows."""
+    pending, rows = [], 0
+    for r in ranges:
+        for b in read_range(r, schema, with_body=with_body, check_crc=check_crc, batch_rows=batch_rows,
+                            failfast=failfast):
+            if not pending and b.num_rows >= batch_rows:
+                yield b
+                continue
+            pending.append(b)
+            rows += b.num_rows
+            if rows >= batch_rows:
+                yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+                pending, rows = [], 0
+    if pending:
+        yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
 
 
 class CorruptRecordError(RuntimeError):
@@ -264,7 +282,8 @@ def read_range(p: SegmentRange, schema, *, with_body: bool, check_crc: bool, bat
                 break
         kind, size, magic, at = p.tail_kind, p.tail_size, p.tail_magic, p.end
         if w is not None and w.kind not in (fast.STOP_CHUNK, fast.STOP_EOF):
-            kind, size, magic, at = w.kind, w.size, w.magic, w.stop  # the file changed since planning
+            # where this walk stopped: a range the driver did not walk, or the file changed since planning
+            kind, size, magic, at = w.kind, w.size, w.magic, w.stop
         if kind in codes.STOP_CODES:
             code, text = codes.STOP_CODES[kind]
             msg = f"{text} (TOTALSIZE {size}, magic 0x{magic & 0xFFFFFFFF:08X}); the broker stops reading here"

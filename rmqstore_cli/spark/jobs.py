@@ -23,53 +23,109 @@ def read_records(spark, roots: list[str], *, body: bool = True, mode: str = "per
     return reader.load(",".join(roots))
 
 
-def export(spark, roots: list[str], to: str, *, fmt: str = "parquet", partition_by: list[str] | None = None,
-           body: bool = True, overwrite: bool = False, options: dict | None = None) -> dict:
-    """Write every record of every store to ``to`` as Parquet or JSON Lines; findings rows included."""
-    from pyspark.sql import functions as F
+EXPORT_WRITERS = ("auto", "arrow", "spark")
+# Parquet codecs of both writers: our name -> pyarrow's name; SPARK_CODECS where Spark's differs (Spark's
+# "lz4" is Hadoop's framed LZ4; Arrow's "lz4" writes LZ4_RAW, which Spark calls "lz4_raw").
+CODECS = {"snappy": "snappy", "zstd": "zstd", "gzip": "gzip", "lz4": "lz4", "none": "none"}
+SPARK_CODECS = {"lz4": "lz4_raw"}
+DEFAULT_CODEC = "snappy"  # Spark's own default (spark.sql.parquet.compression.codec): same files, same size
 
+
+def is_local_path(path: str) -> bool:
+    """A path Arrow's local file system can write (no ``scheme://`` other than ``file:``)."""
+    return "://" not in path or path.startswith("file:")
+
+
+def local_path(path: str) -> str:
+    for prefix in ("file://", "file:"):
+        if path.startswith(prefix):
+            path = path[len(prefix):]
+            break
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def export_writer(fmt: str, partition_by: list[str] | None, to: str, writer: str = "auto",
+                  compression: str | None = None) -> str:
+    """Which writer :func:`export` uses ("arrow" or "spark"); raises UsageError for a combination it refuses.
+
+    Known before the session starts, so the command can start a JVM tuned for the writer.
+    """
     if fmt not in EXPORT_FORMATS:
         raise UsageError(f"--format must be one of {', '.join(EXPORT_FORMATS)}")
+    if writer not in EXPORT_WRITERS:
+        raise UsageError(f"--writer must be one of {', '.join(EXPORT_WRITERS)}")
+    if compression is not None and compression not in CODECS:
+        raise UsageError(f"--compression must be one of {', '.join(CODECS)}")
+    if compression is not None and fmt != "parquet":
+        raise UsageError("--compression applies to --format parquet only")
     parts = [p for p in (partition_by or []) if p]
     for p in parts:
         if p not in PARTITION_COLUMNS:
             raise UsageError(f"--partition-by accepts {', '.join(PARTITION_COLUMNS)}, not {p!r}")
+    arrow_ok = fmt == "parquet" and not parts and is_local_path(to)
+    if writer == "arrow" and not arrow_ok:
+        raise UsageError("--writer arrow writes unpartitioned Parquet to a file-system path only")
+    return "arrow" if writer == "arrow" or (writer == "auto" and arrow_ok) else "spark"
+
+
+def export(spark, roots: list[str], to: str, *, fmt: str = "parquet", partition_by: list[str] | None = None,
+           body: bool = True, overwrite: bool = False, options: dict | None = None, writer: str = "auto",
+           compression: str | None = None) -> dict:
+    """Write every record of every store to ``to`` as Parquet or JSON Lines; findings rows included.
+
+    ``writer``: ``arrow`` writes Parquet from the executors with Arrow's writer
+    (:mod:`rmqstore_cli.spark.arrow_export`), ``spark`` hands the rows to Spark's DataFrameWriter;
+    ``auto`` (default) takes ``arrow`` for an unpartitioned Parquet export to a local or shared
+    file-system path and ``spark`` otherwise (JSON, ``partition_by``, ``hdfs://``/``s3a://`` URIs).
+    ``compression``: Parquet codec (snappy, the default of both writers; zstd, gzip, lz4, none).
+    """
+    from pyspark.sql import functions as F
+
+    use_arrow = export_writer(fmt, partition_by, to, writer, compression) == "arrow"
+    codec = compression or DEFAULT_CODEC
+    parts = [p for p in (partition_by or []) if p]
+    if use_arrow:
+        to = local_path(to)
     if os.path.exists(to) and not overwrite:
         raise UsageError(f"{to} already exists (use --overwrite to replace it)")
     t0 = time.monotonic()
-    df = read_records(spark, roots, body=body, options=options)
-    if "date" in parts:
-        df = df.withColumn("date", F.to_date("storeTimestamp"))
-    # Timestamps as Parquet TIMESTAMP_MICROS (UTC-adjusted), not Spark's deprecated INT96 default: the
-    # same column type `dump commitlog --format parquet` writes without Spark, readable by any tool.
-    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-    writer = df.write.mode("overwrite" if overwrite else "errorifexists")
-    if fmt == "json":
-        writer = writer.option("ignoreNullFields", "false")  # every line carries every field name
-    if parts:
-        writer = writer.partitionBy(*parts)
-    getattr(writer, fmt)(to)
-    elapsed = time.monotonic() - t0
-    # Counting from what was written keeps the summary honest (and re-reads only metadata for Parquet).
-    back = getattr(spark.read.schema(df.schema), fmt)(to)
-    counts = back.groupBy((F.col("finding").isNull()).alias("ok")).agg(F.count("*").alias("n"),
-                                                                        F.sum("storeSize").alias("bytes")).collect()
-    ok = {r["ok"]: (r["n"], r["bytes"] or 0) for r in counts}
-    in_bytes = sum(_commitlog_bytes(r) for r in roots)
+    in_bytes = sum(commitlog_bytes(r) for r in roots)
+    if use_arrow:
+        from .arrow_export import export_parquet
+
+        got = export_parquet(spark, roots, to, with_body=body, overwrite=overwrite, options=options or {}, codec=codec)
+        elapsed = time.monotonic() - t0
+        ok = {True: (got["records"], got["recordBytes"]), False: (got["findings"], 0)}
+        tasks = got["tasks"]
+    else:
+        df = read_records(spark, roots, body=body, options=options)
+        if "date" in parts:
+            df = df.withColumn("date", F.to_date("storeTimestamp"))
+        # Timestamps as Parquet TIMESTAMP_MICROS (UTC-adjusted), not Spark's deprecated INT96 default: the
+        # same column type `dump commitlog --format parquet` writes without Spark, readable by any tool.
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        out = df.write.mode("overwrite" if overwrite else "errorifexists")
+        if fmt == "json":
+            out = out.option("ignoreNullFields", "false")  # every line carries every field name
+        else:
+            out = out.option("compression", SPARK_CODECS.get(codec, codec))
+        if parts:
+            out = out.partitionBy(*parts)
+        getattr(out, fmt)(to)
+        elapsed = time.monotonic() - t0
+        # Counting from what was written keeps the summary honest (and re-reads only metadata for Parquet).
+        back = getattr(spark.read.schema(df.schema), fmt)(to)
+        counts = back.groupBy((F.col("finding").isNull()).alias("ok")).agg(F.count("*").alias("n"),
+                                                                            F.sum("storeSize").alias("bytes")).collect()
+        ok = {r["ok"]: (r["n"], r["bytes"] or 0) for r in counts}
+        tasks = None  # Spark's writer: as many as the data source planned (not asked, to save a planning pass)
     return {
-        "to": os.path.abspath(to), "format": fmt, "partitionBy": parts, "stores": len(roots),
+        "to": os.path.abspath(to), "format": fmt, "writer": "arrow" if use_arrow else "spark",
+        "partitionBy": parts, "stores": len(roots),
         "records": ok.get(True, (0, 0))[0], "recordBytes": ok.get(True, (0, 0))[1],
         "findings": ok.get(False, (0, 0))[0], "commitlogBytes": in_bytes, "seconds": round(elapsed, 3),
-        "MBps": round(in_bytes / elapsed / 1e6, 1) if elapsed > 0 else None,
+        "tasks": tasks, "MBps": round(in_bytes / elapsed / 1e6, 1) if elapsed > 0 else None,
     }
-
-
-def _commitlog_bytes(root: str) -> int:
-    d = os.path.join(root, "commitlog")
-    try:
-        return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
-    except OSError:
-        return 0
 
 
 # --- verify ---------------------------------------------------------------------------
@@ -195,3 +251,11 @@ def stats(spark, root: str, *, overrides: dict | None = None, config_file: str |
         return out
     finally:
         st.close()
+
+
+def commitlog_bytes(root: str) -> int:
+    d = os.path.join(root, "commitlog")
+    try:
+        return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
+    except OSError:
+        return 0
