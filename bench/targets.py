@@ -135,18 +135,20 @@ def _peak(m) -> str:
 
 def render(results: list[dict], rows: list[dict], memory: list[dict] | None = None,
            cli_start: dict | None = None) -> str:
-    out = ["", "| workload | store | median s | MB/s | msg/s | RssAnon peak MB | ru_maxrss MB (info) |",
-           "|---|---|---|---|---|---|---|"]
+    out = ["", "| workload | store | median s | MB/s | msg/s | RssAnon peak MB | ru_maxrss MB (info) "
+               "| fixed start s (tiny store) | net of start: MB/s, msg/s (info) |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if not _ok(r):
             what = f"not available: {r['not_available']}" if "not_available" in r else f"FAILED: {r['failed']}"
-            out.append(f"| {r['workload']} | {r['store']} | {what} | | | | |")
+            out.append(f"| {r['workload']} | {r['store']} | {what} | | | | | | |")
         elif "p50_ms" in r:
             out.append(f"| {r['workload']} | {r['store']} | p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms | | | "
-                       f"{r.get('rss_anon_MB', '')} | {r.get('maxrss_MB', '')} |")
+                       f"{r.get('rss_anon_MB', '')} | {r.get('maxrss_MB', '')} | | |")
         else:
+            net = f"{r['net_MB_s']:,}, {r['net_msg_s']:,}" if "net_MB_s" in r else r.get("start_failed", "")
             out.append(f"| {r['workload']} | {r['store']} | {r.get('seconds', '')} | {r['MB_s']:,} | {r['msg_s']:,} | "
-                       f"{r.get('rss_anon_MB', '')} | {r.get('maxrss_MB', '')} |")
+                       f"{r.get('rss_anon_MB', '')} | {r.get('maxrss_MB', '')} | {r.get('start_seconds', '')} | {net} |")
     if memory:
         out += ["", render_memory(memory)]
     if cli_start:

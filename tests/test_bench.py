@@ -173,3 +173,30 @@ def test_clistart_reports_numba_share():
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert set(out) == {"import_app_s", "numba_import_s", "kernel_load_s", "numba_added_s"}
     assert out["numba_import_s"] > 0 and out["numba_added_s"] >= out["numba_import_s"]
+
+
+def test_start_cost_split_and_its_column():
+    """The fixed start (tiny-store median) is taken off the command's time for the net rate, and shown."""
+    row = {"workload": "verify", "store": "1KiB", "seconds": 3.0, "MB_s": 357.9, "msg_s": 293_131}
+    run.add_start_cost(row, [0.9, 1.2, 1.0], records=879_392, nbytes=1_073_737_632)
+    assert row["start_seconds"] == 1.0
+    assert row["net_MB_s"] == round(1_073_737_632 / 2.0 / 1e6, 1) and row["net_msg_s"] == 879_392 // 2
+    slow_start = run.add_start_cost({"seconds": 3.0}, [4.0, 4.0, 4.0], 1, 1)  # start longer than the run: no net rate
+    assert slow_start["start_seconds"] == 4.0 and "net_MB_s" not in slow_start
+    table = targets.render([row], [])
+    assert "| 1.0 | 536.9, 439,696 |" in table
+
+
+def test_tiny_copies_are_writable_and_leave_the_fixture_alone(tmp_path):
+    before = {p: os.stat(os.path.join(run.FIXTURE, "commitlog", p)).st_nlink
+              for p in os.listdir(os.path.join(run.FIXTURE, "commitlog"))}
+    crash = run.tiny_copy(str(tmp_path / "crash"), crash=True)
+    assert os.path.exists(os.path.join(crash, "abort"))
+    assert open(os.path.join(crash, "checkpoint"), "rb").read(24) == b"\0" * 24
+    plain = run.tiny_copy(str(tmp_path / "plain"))
+    assert not os.path.exists(os.path.join(plain, "abort"))
+    for d in (crash, plain):
+        for name in os.listdir(os.path.join(d, "commitlog")):
+            p = os.path.join(d, "commitlog", name)
+            assert os.stat(p).st_nlink == 1 and os.access(p, os.W_OK)  # copies, never links to the fixture
+    assert before == {p: os.stat(os.path.join(run.FIXTURE, "commitlog", p)).st_nlink for p in before}
