@@ -451,6 +451,7 @@ def warm_up() -> None:
     pv = propscan.scan(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
     propscan.key_hashes(u8, np.ones(1, bool), np.zeros(1, np.uint32), pv)
     propscan.java_hash_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
+    propscan.group_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
     from . import indexchain
 
     indexchain.chain_block(np.ones(1, np.int32), np.zeros(1, np.int32), 1, 4, np.zeros(4, np.int32))

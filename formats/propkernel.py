@@ -73,6 +73,47 @@ def _java_hash_spans(u8, starts, ends, out):
         out[i] = h
 
 
+def _group_spans(u8, starts, lengths, group, firsts):
+    """Equal byte spans ``u8[starts[i]:starts[i]+lengths[i]]`` grouped: ``group[i]`` is the span's group,
+    numbered in first-occurrence order, ``firsts[g]`` the first span of group g; returns the number of
+    groups. One open-addressing table keyed by (Java hash, length) whose hits are confirmed byte by byte,
+    so different spans never share a group, whatever their hashes."""
+    n = starts.shape[0]
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    slots = np.full(size, -1, np.int64)
+    mask = size - 1
+    groups = 0
+    for i in range(n):
+        s, ln = starts[i], lengths[i]
+        h = np.uint32(0)
+        for j in range(s, s + ln):
+            h = np.uint32(h * np.uint32(31) + np.uint32(u8[j]))
+        k = np.int64((np.uint64(h) * np.uint64(0x9E3779B1) + np.uint64(ln)) & np.uint64(mask))
+        while True:
+            g = slots[k]
+            if g < 0:
+                slots[k] = groups
+                firsts[groups] = i
+                group[i] = groups
+                groups += 1
+                break
+            f = firsts[g]
+            fs = starts[f]
+            if lengths[f] == ln:
+                same = True
+                for j in range(ln):
+                    if u8[fs + j] != u8[s + j]:
+                        same = False
+                        break
+                if same:
+                    group[i] = g
+                    break
+            k = (k + 1) & mask
+    return groups
+
+
 @numba.njit(inline="always")
 def _key_hash_of(h):
     """Index keyHash (§10.3): abs of the int32 hash, Integer.MIN_VALUE -> 0."""
@@ -120,3 +161,4 @@ def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
 find_props = _jit(_find_props)
 java_hash_spans = _jit(_java_hash_spans)
 key_hashes = _jit(_key_hashes)
+group_spans = _jit(_group_spans)

@@ -78,3 +78,16 @@ def java_hash_spans(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.
     if len(starts):
         _kernels().java_hash_spans(_view(u8), starts, np.ascontiguousarray(ends, dtype=np.int64), out)
     return out
+
+
+def group_spans(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Equal byte spans grouped (compiled kernel): (group int32 per span, numbered in first-occurrence
+    order; index of each group's first span). Spans are compared byte for byte, never by hash alone."""
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    # never read past the buffer (callers pass spans of valid records, which always fit)
+    lengths = np.ascontiguousarray(np.clip(lengths, 0, np.maximum(len(u8) - starts, 0)), dtype=np.int64)
+    n = len(starts)
+    group = np.empty(n, dtype=np.int32)
+    firsts = np.empty(n, dtype=np.int64)
+    count = _kernels().group_spans(_view(u8), starts, lengths, group, firsts) if n else 0
+    return group, firsts[:count]

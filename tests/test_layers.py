@@ -18,8 +18,6 @@ RANK = {"config": 0, "log": 1, "derived": 2, "verify": 3, "query": 3, "repair": 
 KNOWN_UPWARD = {
     # append dispatches what it wrote, as the broker's putMessage is followed by its reput service
     ("log/appender.py", "derived"),
-    # the predicted re-dispatch shares stats' topic-id columns (one implementation)
-    ("derived/dispatchpredict.py", "query"),
     # export reports a record it cannot read with verify's code for the same damage
     ("query/export.py", "verify"),
 }

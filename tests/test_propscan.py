@@ -139,3 +139,62 @@ def test_key_hashes_equal_the_decoded_keys():
         expected += [index_key_hash(f"{topic}#{k}") for k in keys]
     assert counts.tolist() == expected_counts
     assert kh.tolist() == expected
+
+
+def _reference_groups(data: bytes, starts, lengths):
+    first: dict[bytes, int] = {}
+    group, firsts = [], []
+    for i, (s, n) in enumerate(zip(starts, lengths)):
+        raw = data[s:s + n]
+        if raw not in first:
+            first[raw] = len(firsts)
+            firsts.append(i)
+        group.append(first[raw])
+    return group, firsts
+
+
+def test_group_spans_equals_a_dict_of_bytes_even_on_hash_collisions():
+    """Java hash collisions ("Aa"/"BB", and their concatenations) of the same length, empty spans, prefixes
+    and thousands of random spans: groups by bytes, numbered in first-occurrence order."""
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    assert java_hash("Aa") == java_hash("BB") and java_hash("AaBB") == java_hash("BBAa")
+    words = [b"Aa", b"BB", b"AaBB", b"BBAa", b"AaAa", b"BBBB", b"", b"A", b"Aa\x00", b"TopicTest", b"TopicTes",
+             b"%RETRY%group", "t\u00e9".encode(), b"\xff\xfe"]
+    words += [bytes(rng.randrange(256) for _ in range(rng.randrange(0, 12))) for _ in range(200)]
+    picks = [rng.choice(words) for _ in range(5000)]
+    data = bytearray()
+    starts = []
+    for w in picks:
+        data += bytes(rng.randrange(3))  # gaps between spans
+        starts.append(len(data))
+        data += w
+    u8 = np.frombuffer(bytes(data), np.uint8)
+    group, firsts = propscan.group_spans(u8, np.array(starts), np.array([len(w) for w in picks]))
+    want_group, want_firsts = _reference_groups(bytes(data), starts, [len(w) for w in picks])
+    assert group.tolist() == want_group and firsts.tolist() == want_firsts
+
+
+@pytest.mark.parametrize("name", STORE_NAMES)
+def test_topic_ids_name_every_record_by_its_topic(name):
+    """stats' / the predicted dispatch's topic ids and dispatch's interner on every broker-written record."""
+    from rmqstore_cli.engine.derived.dispatchcolumns import TopicInterner, topic_ids
+
+    root = shared_store(name) / "commitlog"
+    for seg in sorted(root.iterdir()):
+        data = seg.read_bytes()
+        w = fast.walk(data)
+        if not len(w.offsets):
+            continue
+        h = fast.decode_headers(data, w.offsets)
+        u8 = np.frombuffer(data, np.uint8)
+        names = [decode_utf8(data[s:s + n]) for s, n in zip(h.topicStart.tolist(), h.topicLength.tolist())]
+        registry: dict[str, int] = {"already-there": 0}
+        ids = topic_ids(data, h, registry)
+        by_id = {v: k for k, v in registry.items()}
+        assert [by_id[i] for i in ids.tolist()] == names
+        interner = TopicInterner()
+        tids = interner.intern_chunk(u8, data, h)
+        topics = interner.topics()
+        assert [topics[i] for i in tids.tolist()] == names

@@ -27,27 +27,17 @@ class TopicInterner:
 
     def intern_chunk(self, u8: np.ndarray, buf, h) -> np.ndarray:
         ts, tl = h.topicStart, np.maximum(h.topicLength, 0)
-        n = len(ts)
-        if not n:
+        if not len(ts):
             return np.zeros(0, np.int32)
-        # Group by (hash, length), then confirm every member's bytes equal the group's first.
-        hs = propscan.java_hash_spans(u8, ts, ts + tl).astype(np.int64)
-        key = (hs << 16) ^ tl
-        uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        out = np.empty(len(uniq), dtype=np.int32)
-        for g, f in enumerate(first.tolist()):
-            s, ln = int(ts[f]), int(tl[f])
-            raw = bytes(u8[s:s + ln])
-            members = np.flatnonzero(inv == g) if len(uniq) > 1 else np.arange(n)
-            if ln and len(members) > 1:
-                rows = np.lib.stride_tricks.as_strided(u8, shape=(len(u8) - ln + 1, ln), strides=(1, 1), writeable=False)
-                if not np.all(rows[ts[members]] == np.frombuffer(raw, np.uint8)):
-                    return self._one_by_one(u8, ts, tl)  # a hash collision between different topics
-            out[g] = self._id(raw)
-        return out[inv.reshape(-1)]
-
-    def _one_by_one(self, u8, ts, tl) -> np.ndarray:
-        return np.asarray([self._id(bytes(u8[s:s + n])) for s, n in zip(ts.tolist(), tl.tolist())], dtype=np.int32)
+        group, firsts = propscan.group_spans(u8, ts, tl)  # equal topic bytes, compared byte for byte
+        fs, fl = ts[firsts], tl[firsts]
+        # new topics get their ids in (hash, length) order, as before the grouping was compiled
+        key = (propscan.java_hash_spans(u8, fs, fs + fl).astype(np.int64) << 16) ^ fl
+        out = np.empty(len(firsts), dtype=np.int32)
+        for g in np.argsort(key, kind="stable").tolist():
+            s, ln = int(fs[g]), int(fl[g])
+            out[g] = self._id(bytes(u8[s:s + ln]))
+        return out[group]
 
     def _id(self, raw: bytes) -> int:
         i = self.ids.get(raw)
@@ -60,6 +50,23 @@ class TopicInterner:
 
     def topics(self) -> list[str]:
         return [decode_utf8(t) for t in self.ids]
+
+
+def topic_ids(buf, h, registry: dict[str, int], u8: np.ndarray | None = None) -> np.ndarray:
+    """Topic of every record as an id in ``registry`` (new topics are added); one compiled grouping per chunk."""
+    if len(h) == 0:
+        return np.zeros(0, np.int64)
+    if u8 is None:
+        u8 = np.frombuffer(buf, dtype=np.uint8)
+    tl = np.maximum(h.topicLength, 0)
+    group, firsts = propscan.group_spans(u8, h.topicStart, tl)
+    raws = [bytes(u8[s:s + n]) for s, n in zip(h.topicStart[firsts].tolist(), tl[firsts].tolist())]
+    width = max(map(len, raws))
+    local = np.empty(len(raws), dtype=np.int64)
+    # new names get their ids in byte order (as the grouping by sorted rows gave them)
+    for g in sorted(range(len(raws)), key=lambda g: (raws[g].ljust(width, b"\0"), len(raws[g]))):
+        local[g] = registry.setdefault(raws[g].decode("utf-8", "replace"), len(registry))
+    return local[group]
 
 
 def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterner, delay_table: dict, details: bool = False):

@@ -15,7 +15,7 @@ import numpy as np
 from formats import fast
 
 from ..log.walk import cq_dispatched
-from ..query.stats import topic_ids
+from .dispatchcolumns import topic_ids
 
 BATCH = 1 << 18  # records buffered before the per-queue rules run (bounded, a few MB)
 

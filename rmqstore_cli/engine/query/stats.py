@@ -22,6 +22,8 @@ import numpy as np
 
 from formats.fast import Headers
 
+from ..derived.dispatchcolumns import topic_ids
+
 SIZE_BINS = 32  # bin k counts records with 2**k <= size < 2**(k+1)
 TIMELINE_BINS = 60
 SECOND_KEYS_LIMIT = 100_000  # beyond this many distinct time keys the timeline coarsens (ms -> s -> min); a dict of 100k keys is ~10 MB
@@ -33,32 +35,6 @@ I64_MAX = np.iinfo(np.int64).max
 I64_MIN = np.iinfo(np.int64).min
 _QUEUE_FIELDS = ("count", "bytes", "minQueueOffset", "maxQueueOffset", "firstStoreTimestamp", "lastStoreTimestamp",
                  "retry", "dlq", "scheduled", "transactional")
-
-
-def topic_ids(buf, h: Headers, registry: dict[str, int], u8: np.ndarray | None = None) -> np.ndarray:
-    """Topic of every record as an id in ``registry`` (new topics are added); vectorised per chunk."""
-    n = len(h)
-    if n == 0:
-        return np.zeros(0, np.int64)
-    if u8 is None:
-        u8 = np.frombuffer(buf, dtype=np.uint8)
-    tl = np.maximum(h.topicLength, 0)
-    width = int(tl.max()) + 2  # two length bytes make equal-prefix topics of different lengths distinct
-    idx = h.topicStart[:, None] + np.arange(width - 2, dtype=np.int64)
-    mask = np.arange(width - 2) < tl[:, None]
-    np.clip(idx, 0, len(u8) - 1, out=idx)
-    mat = np.zeros((n, width), dtype=np.uint8)
-    mat[:, : width - 2] = np.where(mask, u8[idx], 0)
-    mat[:, width - 2] = (tl >> 8) & 0xFF
-    mat[:, width - 1] = tl & 0xFF
-    rows = np.ascontiguousarray(mat).view(np.dtype((np.void, width))).reshape(-1)
-    _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
-    local = np.empty(len(first), dtype=np.int64)
-    for j, i in enumerate(first.tolist()):
-        s = int(h.topicStart[i])
-        name = bytes(buf[s : s + int(tl[i])]).decode("utf-8", "replace")
-        local[j] = registry.setdefault(name, len(registry))
-    return local[inverse.reshape(-1)]
 
 
 @dataclass
