@@ -136,3 +136,17 @@ def test_importing_the_cli_and_engine_does_not_import_numba():
             "print(sorted(m for m in ('numba', 'formats.kernel', 'formats.propkernel') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_a_command_start_imports_no_pydantic():
+    """typer is held below 0.29 in pyproject: 0.29 coerces each option through pydantic, 0.14 s more at
+    every start. A command run (here `verify` on the fixture store) must not import pydantic."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom rmqstore_cli.app import main\n"
+            f"sys.argv = ['rmqstore', 'verify', {str(REPO / 'fixtures' / 'stores' / '4.9.3-clean')!r}, '--json']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+            "print('pydantic' in sys.modules, file=sys.stderr)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.stderr.strip().splitlines()[-1] == "False", p.stderr[-2000:]
