@@ -130,6 +130,35 @@ llvm.add_symbol(CRC_SYMBOL, CRC_ADDRESS)
 _crc32 = types.ExternalFunction(CRC_SYMBOL, types.uint32(types.uint32, types.uintp, types.uint64))
 
 
+# --- loading cached kernels ---------------------------------------------------------------------
+
+def _lean_cached_loads() -> bool:
+    """Load cached kernels without numba's full target refresh. Before loading a cached overload numba
+    refreshes the CPU target: it imports and installs every typing and lowering registry (~40 modules:
+    linalg, random, typed containers, jitclass...), which only compiling needs — ~0.1 s of every
+    record-reading command's start. Loading needs the runtime (NRT) whose symbols the cached code links
+    against; on a cache miss numba compiles, and compiling refreshes the target itself. Only on the numba
+    line this was measured and tested on (0.68); elsewhere numba's own load is left as it is."""
+    from numba.core import caching
+    from numba.core.runtime import rtsys
+
+    cache = getattr(caching, "Cache", None)
+    if not numba.__version__.startswith("0.68.") or cache is None or not all(
+            hasattr(cache, a) for a in ("load_overload", "_load_overload", "_guard_against_spurious_io_errors")):
+        return False
+
+    def load_overload(self, sig, target_context):
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+    cache.load_overload = load_overload
+    return True
+
+
+LEAN_CACHED_LOADS = _lean_cached_loads()
+
+
 # --- compilation and cache location --------------------------------------------------------------
 
 def _private_cache_dir() -> str:

@@ -120,8 +120,17 @@ def _text(rng: random.Random, n: int) -> bytes:
 
 
 def _expected_fallback(props: bytes) -> bool:
-    entries = [e for e in props.split(b"\x02") if (lambda k, s, v: s and k and v)(*e.partition(b"\x01"))]
-    bad = props.decode("utf-8", "replace").encode() != props
+    """The reference path takes a record with more entries than the kernel renders, or with malformed UTF-8
+    in a key or a kept value beside another entry (two different byte strings may decode to one key).
+    Malformed bytes outside every entry (pieces without a name and a value) are dropped by both."""
+    entries = [e.partition(b"\x01") for e in props.split(b"\x02")]
+    entries = [(k, v) for k, s, v in entries if s and k and v]
+    kept: dict[bytes, bytes] = {}
+    for k, v in entries:
+        kept[k] = v
+    def malformed(b: bytes) -> bool:
+        return b.decode("utf-8", "replace").encode() != b
+    bad = any(malformed(k) or malformed(v) for k, v in kept.items())
     return (bad and len(entries) > 1) or len(entries) > jsonkernel.MAX_ENTRIES
 
 

@@ -475,3 +475,37 @@ def test_scan_body_crc_on_short_bodies(body_len):
     assert (step.kind, step.reason) == ((fast.STOP_ZERO, fast.R_OK) if body_len == 0 else
                                         (fast.STOP_INVALID, fast.R_BODY_CRC))
     assert fast.scan_records(bytes(rec) + bytes(8), 0, len(rec) + 8, check_crc=False).kind == fast.STOP_ZERO
+
+
+_LEAN = """
+import json, sys
+from formats import fast, jsonkernel, jsonl, kernel
+data = open(sys.argv[1], 'rb').read()
+w = fast.walk(data)
+h = fast.decode_headers(data, w.offsets)
+buf, used, ends, fallback = jsonl.kernel_lines(data, h, 0, "hex")
+s = [kernel.walk_offsets.stats, jsonkernel.write_lines.stats]
+print(json.dumps({"lean": kernel.LEAN_CACHED_LOADS, "hits": sum(sum(x.cache_hits.values()) for x in s),
+                  "misses": sum(sum(x.cache_misses.values()) for x in s),
+                  "refreshed": "numba.np.linalg" in sys.modules,
+                  "lines": bytes(buf[:used]).decode()}))
+"""
+
+
+def test_cached_kernels_load_without_the_full_refresh_and_give_the_same_records(tmp_path):
+    """Kernels loaded from the cache skip numba's full target refresh (LEAN_CACHED_LOADS: the registries
+    are not imported) and give the same output as when they were compiled in the same process."""
+    seg = sorted((shared_store("4.9.3-clean") / "commitlog").iterdir())[0]
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "nc")}
+
+    def probe():
+        out = subprocess.run([sys.executable, "-c", _LEAN, str(seg)], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    compiled, loaded = probe(), probe()  # an empty cache: compiled (and refreshed); then loaded from it
+    assert compiled["misses"] > 0 and compiled["refreshed"]
+    assert loaded["lean"] and loaded["hits"] > 0 and loaded["misses"] == 0
+    assert not loaded["refreshed"]  # the registries were not imported to load
+    assert loaded["lines"] == compiled["lines"] and len(loaded["lines"]) > 100
