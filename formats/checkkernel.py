@@ -96,7 +96,7 @@ def _find(rphy, x, hint):
 def _queue_window(u8, first, stop, qbase, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags, rtags_bad, topic_id,
                   qid, ext_on, max_addr, marks, not_found, flagged, flagged_rec, state):
     """Units ``first .. stop-1`` of one consume-queue file (``u8``: its bytes, 20 per unit; unit ``i`` has
-    queue offset ``qbase + i``) pointing into ``[ws, we)``. Sets ``marks`` of the records found; ``state`` =
+    queue offset ``qbase + i``) pointing into ``[ws, we]`` (``we`` inclusive: see :func:`_last_offset`). Sets ``marks`` of the records found; ``state`` =
     [not found, flagged, highest queue offset that found its record (-1), end of the furthest record found
     (-1)] (counts are set, the rest raised)."""
     nnf = 0
@@ -104,7 +104,7 @@ def _queue_window(u8, first, stop, qbase, ws, we, rphy, rsize, rtopic, rqid, rqo
     hint = 0
     for i in range(first, stop):
         p = _be64(u8, i * 20)
-        if p < ws or p >= we:
+        if p < ws or p > we:
             continue
         size = _be32(u8, i * 20 + 8)
         tags = _be64(u8, i * 20 + 12)
@@ -149,11 +149,18 @@ def queue_window(u8, first: int, stop: int, qbase: int, ws: int, we: int, recs, 
     flagged_rec = np.empty(n, np.int64)
     state = np.array([0, 0, -1, -1], np.int64)
     c = recs.c
-    _compiled("_queue_window")(u8, np.int64(first), np.int64(stop), np.int64(qbase), np.int64(ws), np.int64(we), recs.phy,
+    _compiled("_queue_window")(u8, np.int64(first), np.int64(stop), np.int64(qbase), np.int64(ws), _last_offset(we), recs.phy,
                                c["size"], c["topic"], c["queueId"], c["queueOffset"], c["sysFlag"], c["tagsCode"], c["tagsBad"],
                                np.int64(topic_id), np.int64(qid), bool(ext_on), np.int64(max_addr), marks, not_found, flagged,
                                flagged_rec, state)
     return (not_found[:state[0]], flagged[:state[1]], flagged_rec[:state[1]], int(state[2]), int(state[3]))
+
+
+def _last_offset(we: int) -> np.int64:
+    """The last offset a window ``[ws, we)`` owns. The last window owns everything after its start
+    (``Windows.bounds`` gives it ``we`` = 2**63 - 1), that offset included: a unit pointing at 2**63 - 1
+    must reach the checks, which report it as pointing where no record starts."""
+    return np.int64(we if we >= (1 << 63) - 1 else we - 1)
 
 
 def _queue_file(u8, n, starts, step, before, sample_w, sample_u, state):
@@ -244,7 +251,7 @@ def entry_columns(u8, a: int, b: int) -> tuple:
 
 def _index_window(kh, phy, diff, first_entry, ws, we, rphy, rsys, rts, keys, key_start, key_count, begin_ts,
                   not_found, flagged, flagged_rec, state):
-    """Entries of one index block (entry ``first_entry + i``) pointing into ``[ws, we)``. ``state`` =
+    """Entries of one index block (entry ``first_entry + i``) pointing into ``[ws, we]`` (inclusive). ``state`` =
     [not found, flagged, last found position (-1), first found position, its record, last found position's
     record]. An entry is flagged when it points at a rollback record, at a record without a key of its hash,
     or (``begin_ts`` > 0, from entry 2) when its timeDiff is not the record's store time - ``begin_ts`` in
@@ -258,7 +265,7 @@ def _index_window(kh, phy, diff, first_entry, ws, we, rphy, rsys, rts, keys, key
     last_rec = -1
     for i in range(len(phy)):
         p = phy[i]
-        if p < ws or p >= we:
+        if p < ws or p > we:
             continue
         r = _find(rphy, p, hint)
         if r < 0:
@@ -313,7 +320,7 @@ def index_window(kh, phy, diff, first_entry: int, ws: int, we: int, recs, begin_
     flagged_rec = np.empty(n, np.int64)
     state = np.zeros(6, np.int64)
     c = recs.c
-    _compiled("_index_window")(kh, phy, diff, np.int64(first_entry), np.int64(ws), np.int64(we), recs.phy, c["sysFlag"],
+    _compiled("_index_window")(kh, phy, diff, np.int64(first_entry), np.int64(ws), _last_offset(we), recs.phy, c["sysFlag"],
                                c["storeTimestamp"], recs.keys, recs.key_start, c["keyCount"], np.int64(begin_ts), not_found,
                                flagged, flagged_rec, state)
     found = ((int(state[3]), int(state[4])), (int(state[2]), int(state[5]))) if state[2] >= 0 else (None, None)
