@@ -774,3 +774,27 @@ def tree_bytes(root: Path, sub: str) -> dict[str, str]:
             p = Path(dirpath) / fn
             out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
+
+
+def seeded_case(rng: random.Random, i: int, tmp_path: Path, kind: str | None = None) -> tuple[str, Path]:
+    """Case ``i`` of the seeded recovery loops: a copy of a broker-written store (each in turn) at
+    ``tmp_path/case{i}`` with derived-file damage (i % 3 == 0), planned damage of ``kind`` (any when None;
+    i % 3 == 1) or none. Returns (store name, case dir); the caller adds the crash (abort, checkpoint)."""
+    from tests.conftest import STORE_NAMES
+
+    name = STORE_NAMES[i % len(STORE_NAMES)]
+    template = make_template(name, tmp_path / "templates" / name)
+    case = tmp_path / f"case{i}"
+    m = model(name)
+
+    def case_dir_for(private):
+        return clone(template, case, set(private) | {"checkpoint"})
+
+    if i % 3 == 0:
+        derived_damage(rng, m, case_dir_for)
+    elif i % 3 == 1:
+        plan_and_apply(rng, m, case_dir_for, kind=kind)
+    else:
+        case_dir_for(set())
+    return name, case
+

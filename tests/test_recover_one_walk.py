@@ -15,7 +15,6 @@ from rmqstore_cli.engine.repair.recovery import plan_recovery
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.verify import commitlog as verify_commitlog
 from rmqstore_cli.engine.verify.pipeline import verify_store
-from tests.conftest import STORE_NAMES
 
 SEED = int(os.environ.get("RMQSTORE_ONEWALK_SEED", random.randrange(1 << 30)))
 
@@ -53,20 +52,7 @@ def test_one_walk_plans_and_verifies_like_two(tmp_path, monkeypatch):
     hows = []
     for i in range(12):
         monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", (verify_commitlog.WINDOW_BYTES, 4096, 3000)[i % 3])
-        name = STORE_NAMES[i % len(STORE_NAMES)]
-        template = fuzzlib.make_template(name, tmp_path / "templates" / name)
-        case = tmp_path / f"case{i}"
-        m = fuzzlib.model(name)
-
-        def case_dir_for(private, case=case, template=template):
-            return fuzzlib.clone(template, case, set(private) | {"checkpoint"})
-
-        if i % 3 == 0:
-            fuzzlib.derived_damage(rng, m, case_dir_for)
-        elif i % 3 == 1:
-            fuzzlib.plan_and_apply(rng, m, case_dir_for, kind="commitlog")
-        else:
-            case_dir_for(set())
+        name, case = fuzzlib.seeded_case(rng, i, tmp_path, kind="commitlog")
         if rng.random() < 0.6:
             (case / "abort").write_bytes(b"")
             if rng.random() < 0.5:
@@ -136,20 +122,7 @@ def test_crash_prediction_in_the_walk_plans_like_a_second_walk(tmp_path, monkeyp
     monkeypatch.setattr(recovery, "rewalk", counting_rewalk)
     used = []
     for i in range(14):
-        name = STORE_NAMES[i % len(STORE_NAMES)]
-        template = fuzzlib.make_template(name, tmp_path / "templates" / name)
-        case = tmp_path / f"case{i}"
-        m = fuzzlib.model(name)
-
-        def case_dir_for(private, case=case, template=template):
-            return fuzzlib.clone(template, case, set(private) | {"checkpoint"})
-
-        if i % 3 == 0:
-            fuzzlib.derived_damage(rng, m, case_dir_for)
-        elif i % 3 == 1:
-            fuzzlib.plan_and_apply(rng, m, case_dir_for)
-        else:
-            case_dir_for(set())
+        name, case = fuzzlib.seeded_case(rng, i, tmp_path)
         (case / "abort").write_bytes(b"")
         if rng.random() < 0.5:
             with open(case / "checkpoint", "r+b") as f:

@@ -183,20 +183,7 @@ def test_windowed_check_plans_like_the_whole_table(tmp_path, monkeypatch, window
     for i in range(cases):
         if windows:
             monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", windows[i % len(windows)])
-        name = STORE_NAMES[i % len(STORE_NAMES)]
-        template = fuzzlib.make_template(name, tmp_path / "templates" / name)
-        case = tmp_path / f"case{i}"
-        m = fuzzlib.model(name)
-
-        def case_dir_for(private, case=case, template=template):
-            return fuzzlib.clone(template, case, set(private) | {"checkpoint"})
-
-        if i % 3 == 0:
-            fuzzlib.derived_damage(rng, m, case_dir_for)
-        elif i % 3 == 1:
-            fuzzlib.plan_and_apply(rng, m, case_dir_for)
-        else:
-            case_dir_for(set())
+        name, case = fuzzlib.seeded_case(rng, i, tmp_path)
         if rng.random() < 0.5:
             (case / "abort").write_bytes(b"")
             if rng.random() < 0.5:
