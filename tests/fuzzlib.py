@@ -798,3 +798,14 @@ def seeded_case(rng: random.Random, i: int, tmp_path: Path, kind: str | None = N
         case_dir_for(set())
     return name, case
 
+
+def add_crash(case: Path, zero_checkpoint: bool) -> None:
+    """The broker died: ``abort`` present and, when ``zero_checkpoint``, the checkpoint's three times at 0
+    (recovery walks from the first segment). A checkpoint the case's damage deleted or cut stays as it is:
+    it is part of that damage."""
+    (case / "abort").write_bytes(b"")
+    cp = case / "checkpoint"
+    if zero_checkpoint and cp.exists():
+        with open(cp, "r+b") as f:
+            f.write(b"\0" * min(24, cp.stat().st_size))
+

@@ -54,10 +54,7 @@ def test_one_walk_plans_and_verifies_like_two(tmp_path, monkeypatch):
         monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", (verify_commitlog.WINDOW_BYTES, 4096, 3000)[i % 3])
         name, case = fuzzlib.seeded_case(rng, i, tmp_path, kind="commitlog")
         if rng.random() < 0.6:
-            (case / "abort").write_bytes(b"")
-            if rng.random() < 0.5:
-                with open(case / "checkpoint", "r+b") as f:
-                    f.write(b"\0" * 24)
+            fuzzlib.add_crash(case, zero_checkpoint=rng.random() < 0.5)
         for version in (4, 5):
             one, two, how = _both(str(case), version, monkeypatch)
             assert one[0] == two[0], f"case {i} ({name}, broker {version}): plans differ"
@@ -123,10 +120,7 @@ def test_crash_prediction_in_the_walk_plans_like_a_second_walk(tmp_path, monkeyp
     used = []
     for i in range(14):
         name, case = fuzzlib.seeded_case(rng, i, tmp_path)
-        (case / "abort").write_bytes(b"")
-        if rng.random() < 0.5:
-            with open(case / "checkpoint", "r+b") as f:
-                f.write(b"\0" * 24)
+        fuzzlib.add_crash(case, zero_checkpoint=rng.random() < 0.5)
         for version in (4, 5):
             with Store.open(str(case), overrides={"version": version}) as st:
                 monkeypatch.setattr(recovery.Planner, "_recover_commitlog", real_recover)

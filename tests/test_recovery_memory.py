@@ -185,10 +185,7 @@ def test_windowed_check_plans_like_the_whole_table(tmp_path, monkeypatch, window
             monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", windows[i % len(windows)])
         name, case = fuzzlib.seeded_case(rng, i, tmp_path)
         if rng.random() < 0.5:
-            (case / "abort").write_bytes(b"")
-            if rng.random() < 0.5:
-                with open(case / "checkpoint", "r+b") as f:
-                    f.write(b"\0" * 24)
+            fuzzlib.add_crash(case, zero_checkpoint=rng.random() < 0.5)
         for version in (4, 5):
             whole, k_whole = _plan_json(str(case), version, True, monkeypatch)
             windowed, k = _plan_json(str(case), version, False, monkeypatch)
