@@ -103,6 +103,59 @@ def test_arrow_writer_keeps_finding_rows_and_failfast_leaves_nothing(spark, stor
     assert not dest.exists()
 
 
+def _task_for(root, dest, job):
+    """The executor side of one export task over the whole of ``root``, as the job would launch it."""
+    import functools
+
+    from formats.arrow import arrow_schema
+    from rmqstore_cli.spark import arrow_export, datasource
+
+    groups = datasource.group_ranges(datasource.plan([str(root)], {}), 1 << 40)
+    return functools.partial(arrow_export._task, schema_bytes=arrow_schema(False).serialize().to_pybytes(),
+                             dest=str(dest), job=job, codec="snappy", with_body=False, check_crc=True,
+                             batch_rows=datasource.DEFAULT_BATCH_ROWS, failfast=False)(0, iter(groups))
+
+
+def test_a_task_that_outlives_a_failed_export_cannot_recreate_it(tmp_path):
+    """Spark reports a failed job while its other tasks may still run: a task that starts after the
+    driver removed DEST fails instead of creating DEST again; with the job's folder there it writes
+    its attempt's file."""
+    root = shared_store("4.9.3-clean")
+    dest = tmp_path / "out"
+    with pytest.raises(FileNotFoundError):
+        list(_task_for(root, dest, "job-1"))
+    assert not dest.exists()
+    (dest / "_temporary" / "job-1").mkdir(parents=True)
+    (summary,) = list(_task_for(root, dest, "job-1"))
+    assert summary["tmp"].startswith(str(dest / "_temporary" / "job-1" / "00000-0"))
+    assert os.path.getsize(summary["tmp"]) > 0 and summary["records"] == len(broker_read("4.9.3-clean")["clmsg"])
+
+
+def test_a_failed_export_is_removed_even_when_a_late_task_writes_during_the_clean_up(spark, store_copy, tmp_path,
+                                                                                     monkeypatch):
+    import shutil
+
+    from pyspark.errors import PythonException
+
+    from rmqstore_cli.spark.arrow_export import export_parquet
+
+    root = store_copy("4.9.3-clean")
+    _corrupt(root)
+    dest = tmp_path / "failfast"
+    real_rmtree, calls = shutil.rmtree, []
+
+    def rmtree_with_a_late_write(path, *a, **k):
+        calls.append(path)
+        real_rmtree(path, *a, **k)
+        if len(calls) == 1:  # a task that outlived the job wrote while the folder was being removed
+            os.makedirs(os.path.join(path, "_temporary", "late"))
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree_with_a_late_write)
+    with pytest.raises(PythonException, match="CL_BODY_CRC|CL_GARBAGE"):
+        export_parquet(spark, [str(root)], str(dest), with_body=True, overwrite=False, options={}, mode="failfast")
+    assert not dest.exists() and len(calls) >= 2
+
+
 def test_arrow_writer_layout_overwrite_and_codec(spark, tmp_path):
     import pyarrow.parquet as pq
 

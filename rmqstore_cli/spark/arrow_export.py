@@ -14,7 +14,11 @@ Spark reads the exact column types back.
 Commit protocol, as Spark's file committer does it for a local or shared file system: each
 task attempt writes under ``DEST/_temporary/JOB/ATTEMPT/``; only the attempt whose result
 reaches the driver is moved into ``DEST``; then ``_temporary`` is removed and ``_SUCCESS``
-written. A failed job leaves no part files behind.
+written. A failed job leaves no part files behind, even with tasks still running after the
+job failed (Spark does not wait for the other tasks of a failed stage, and a Python worker can
+outlive its killed task): the driver creates ``_temporary/JOB`` before the tasks start, a task
+creates only its own attempt folder in it, so a task that starts after the clean-up cannot
+re-create ``DEST``, and the clean-up repeats while a late task adds a file during it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import time
 import uuid
 
 from . import datasource
@@ -56,7 +61,12 @@ def _task(index, groups, *, schema_bytes: bytes, dest: str, job: str, codec: str
     attempt = ctx.attemptNumber() if ctx is not None else 0
     name = part_name(index, job, codec)
     tmp_dir = os.path.join(dest, "_temporary", job, f"{index:05d}-{attempt}")
-    os.makedirs(tmp_dir, exist_ok=True)
+    # Only the attempt's own folder: after a failed job's clean-up its parent is gone and this fails,
+    # instead of creating DEST again.
+    try:
+        os.mkdir(tmp_dir)
+    except FileExistsError:
+        pass
     tmp = os.path.join(tmp_dir, name)
     writer = None
     records = record_bytes = findings = 0
@@ -77,6 +87,16 @@ def _task(index, groups, *, schema_bytes: bytes, dest: str, job: str, codec: str
             writer.close()
     yield {"index": index, "tmp": tmp if writer is not None else None, "name": name, "records": records,
            "recordBytes": record_bytes, "findings": findings}
+
+
+def remove_tree(path: str, attempts: int = 50, pause: float = 0.1) -> None:
+    """Remove ``path`` entirely; again while a task that outlived the failed job adds a file to a
+    folder being removed (rmtree's last rmdir then fails with ENOTEMPTY)."""
+    for _ in range(attempts):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+        time.sleep(pause)
 
 
 def part_name(index: int, job: str, codec: str) -> str:
@@ -129,8 +149,8 @@ def export_parquet(spark, roots: list[str], dest: str, *, with_body: bool, overw
             shutil.rmtree(dest)
         else:
             os.remove(dest)
-    os.makedirs(dest)
     job = str(uuid.uuid4())
+    os.makedirs(os.path.join(dest, "_temporary", job))
     task = functools.partial(
         _task, schema_bytes=schema.serialize().to_pybytes(), dest=dest, job=job, codec=codec, with_body=with_body,
         check_crc=str(opts.get("checkcrc", "true")).lower() in ("true", "1", "yes"),
@@ -148,7 +168,7 @@ def export_parquet(spark, roots: list[str], dest: str, *, with_body: bool, overw
         if not written:  # an empty export still carries its schema, as Spark's writer does
             open_writer(os.path.join(dest, part_name(0, job, codec)), schema, codec).close()
     except BaseException:
-        shutil.rmtree(dest, ignore_errors=True)
+        remove_tree(dest)
         raise
     shutil.rmtree(os.path.join(dest, "_temporary"), ignore_errors=True)
     with open(os.path.join(dest, "_SUCCESS"), "wb"):
