@@ -21,8 +21,30 @@ from __future__ import annotations
 
 import numpy as np
 
+from .records import (CQ_FILLER, CQ_UNIT_FIELDS, CQ_UNIT_SIZE, INDEX_ENTRY_FIELDS, INDEX_ENTRY_SIZE,
+                      SYSFLAG_TRANSACTION_MASK, TRANSACTION_COMMIT, TRANSACTION_NOT, TRANSACTION_ROLLBACK)
+
+
+def _field_offsets(fields) -> dict[str, int]:
+    """Byte offset of each field of a declared record (name -> offset), in declaration order."""
+    out, at = {}, 0
+    for name, ctype in fields:
+        out[name] = at
+        at += ctype.sizeof()
+    return out
+
+
+# The byte layout the passes read, taken from the records' declarations (formats.records); numba
+# compiles these module globals in as constants.
+_CQ = _field_offsets(CQ_UNIT_FIELDS)
+CQ_PHY, CQ_SIZE, CQ_TAGS = _CQ["phyOffset"], _CQ["size"], _CQ["tagsCode"]
+FILLER_PHY, FILLER_SIZE, FILLER_TAGS = CQ_FILLER
+_IX = _field_offsets(INDEX_ENTRY_FIELDS)
+IX_HASH, IX_PHY, IX_DIFF, IX_PREV = _IX["keyHash"], _IX["phyOffset"], _IX["timeDiff"], _IX["prevIndex"]
+TRAN_MASK = SYSFLAG_TRANSACTION_MASK
+
 _COMPILED: dict = {}
-_HELPERS = ("_be64", "_be32", "_window_of", "_find")
+_HELPERS = ("_be64", "_be32", "_is_filler", "_window_of", "_find")
 
 
 def _compiled(name: str):
@@ -51,6 +73,11 @@ def _be32(u8, p):
     """Big-endian int32 at ``u8[p:p+4]``, as int64."""
     v = (np.int64(u8[p]) << 24) | (np.int64(u8[p + 1]) << 16) | (np.int64(u8[p + 2]) << 8) | np.int64(u8[p + 3])
     return v - (np.int64(1) << 32) if v >= (np.int64(1) << 31) else v
+
+
+def _is_filler(p, size, tags):
+    """The unit is the pre-blank filler (records.CQ_FILLER, §7.3)."""
+    return p == FILLER_PHY and size == FILLER_SIZE and tags == FILLER_TAGS
 
 
 def _window_of(starts, p):
@@ -103,12 +130,13 @@ def _queue_window(u8, first, stop, qbase, ws, we, rphy, rsize, rtopic, rqid, rqo
     nfl = 0
     hint = 0
     for i in range(first, stop):
-        p = _be64(u8, i * 20)
+        u = i * CQ_UNIT_SIZE
+        p = _be64(u8, u + CQ_PHY)
         if p < ws or p > we:
             continue
-        size = _be32(u8, i * 20 + 8)
-        tags = _be64(u8, i * 20 + 12)
-        if p == 0 and size == 0x7FFFFFFF and tags == 0:  # pre-blank filler unit (§7.3)
+        size = _be32(u8, u + CQ_SIZE)
+        tags = _be64(u8, u + CQ_TAGS)
+        if _is_filler(p, size, tags):
             continue
         r = _find(rphy, p, hint)
         if r < 0:
@@ -123,9 +151,9 @@ def _queue_window(u8, first, stop, qbase, ws, we, rphy, rsize, rtopic, rqid, rqo
         end = p + rsize[r]
         if end > state[3]:
             state[3] = end
-        tran = rsys[r] & 0xC
+        tran = rsys[r] & TRAN_MASK
         bad = (rsize[r] != size or rtopic[r] != topic_id or rqid[r] != qid or rqoff[r] != q
-               or (tran != 0x0 and tran != 0x8))
+               or (tran != TRANSACTION_NOT and tran != TRANSACTION_COMMIT))
         if not bad and not rtags_bad[r]:
             if ext_on and tags <= max_addr:
                 bad = True  # the tagsCode is an ext address: the ext unit is read in Python
@@ -179,8 +207,9 @@ def _queue_file(u8, n, starts, step, before, sample_w, sample_u, state):
     nb = 0
     ns = 0
     for i in range(n):
-        p = _be64(u8, i * 20)
-        if p == 0 and _be32(u8, i * 20 + 8) == 0x7FFFFFFF and _be64(u8, i * 20 + 12) == 0:
+        u = i * CQ_UNIT_SIZE
+        p = _be64(u8, u + CQ_PHY)
+        if p == FILLER_PHY and _is_filler(p, _be32(u8, u + CQ_SIZE), _be64(u8, u + CQ_TAGS)):
             if first_filler < 0:
                 first_filler = i
             fillers += 1
@@ -232,12 +261,12 @@ def queue_file(u8, n: int, starts, step: int) -> tuple:
 
 def _entry_columns(u8, a, b, kh, phy, diff, prev):
     for e in range(a, b):
-        p = e * 20
+        p = e * INDEX_ENTRY_SIZE
         i = e - a
-        kh[i] = _be32(u8, p)
-        phy[i] = _be64(u8, p + 4)
-        diff[i] = _be32(u8, p + 12)
-        prev[i] = _be32(u8, p + 16)
+        kh[i] = _be32(u8, p + IX_HASH)
+        phy[i] = _be64(u8, p + IX_PHY)
+        diff[i] = _be32(u8, p + IX_DIFF)
+        prev[i] = _be32(u8, p + IX_PREV)
 
 
 def entry_columns(u8, a: int, b: int) -> tuple:
@@ -281,7 +310,7 @@ def _index_window(kh, phy, diff, first_entry, ws, we, rphy, rsys, rts, keys, key
         k = kh[i]
         if k < 0:  # IDX_KEY_HASH for the hash itself, reported before the walk
             continue
-        bad = (rsys[r] & 0xC) == 0xC
+        bad = (rsys[r] & TRAN_MASK) == TRANSACTION_ROLLBACK
         if not bad:
             has = False
             s = key_start[r]
