@@ -24,6 +24,23 @@ SPACE = 0x20  # between KEYS tokens
 INT32_MIN = -(1 << 31)
 
 
+@numba.njit(inline="always")
+def _java_hash(h, u8, s, e):
+    """Java ``String.hashCode`` continued from ``h`` over the ASCII bytes ``u8[s:e]`` (as uint32)."""
+    for j in range(s, e):
+        h = np.uint32(h * np.uint32(31) + np.uint32(u8[j]))
+    return h
+
+
+@numba.njit(inline="always")
+def _same_bytes(a, ai, b, bi, n):
+    """``a[ai:ai+n] == b[bi:bi+n]``."""
+    for t in range(n):
+        if a[ai + t] != b[bi + t]:
+            return False
+    return True
+
+
 def _find_props(u8, starts, lengths, pats, pat_off, out_s, out_e, ascii_ok):
     """For record i (property string ``u8[starts[i]:starts[i]+lengths[i]]``) and wanted name k
     (``pats[pat_off[k]:pat_off[k+1]]`` = ``NAME\\x01``): the value span of the last matching entry
@@ -52,12 +69,7 @@ def _find_props(u8, starts, lengths, pats, pat_off, out_s, out_e, ascii_ok):
                 L = pat_off[k + 1] - a
                 if n <= L or first != pats[a]:
                     continue
-                same = True
-                for t in range(L):
-                    if u8[entry + t] != pats[a + t]:
-                        same = False
-                        break
-                if same:
+                if _same_bytes(u8, entry, pats, a, L):
                     out_s[k, i] = entry + L
                     out_e[k, i] = j
             entry = j + 1
@@ -67,10 +79,7 @@ def _find_props(u8, starts, lengths, pats, pat_off, out_s, out_e, ascii_ok):
 def _java_hash_spans(u8, starts, ends, out):
     """Java ``String.hashCode`` (as uint32) of each ASCII byte span ``u8[starts[i]:ends[i]]``."""
     for i in range(starts.shape[0]):
-        h = np.uint32(0)
-        for j in range(starts[i], ends[i]):
-            h = np.uint32(h * np.uint32(31) + np.uint32(u8[j]))
-        out[i] = h
+        out[i] = _java_hash(np.uint32(0), u8, starts[i], ends[i])
 
 
 def _group_spans(u8, starts, lengths, group, firsts):
@@ -87,9 +96,7 @@ def _group_spans(u8, starts, lengths, group, firsts):
     groups = 0
     for i in range(n):
         s, ln = starts[i], lengths[i]
-        h = np.uint32(0)
-        for j in range(s, s + ln):
-            h = np.uint32(h * np.uint32(31) + np.uint32(u8[j]))
+        h = _java_hash(np.uint32(0), u8, s, s + ln)
         k = np.int64((np.uint64(h) * np.uint64(0x9E3779B1) + np.uint64(ln)) & np.uint64(mask))
         while True:
             g = slots[k]
@@ -100,16 +107,9 @@ def _group_spans(u8, starts, lengths, group, firsts):
                 groups += 1
                 break
             f = firsts[g]
-            fs = starts[f]
-            if lengths[f] == ln:
-                same = True
-                for j in range(ln):
-                    if u8[fs + j] != u8[s + j]:
-                        same = False
-                        break
-                if same:
-                    group[i] = g
-                    break
+            if lengths[f] == ln and _same_bytes(u8, starts[f], u8, s, ln):
+                group[i] = g
+                break
             k = (k + 1) & mask
     return groups
 
@@ -133,10 +133,7 @@ def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
             continue
         c = 0
         if uniq_s[i] >= 0:
-            h = np.uint32(prefix[i])
-            for j in range(uniq_s[i], uniq_e[i]):
-                h = np.uint32(h * np.uint32(31) + np.uint32(u8[j]))
-            out[t] = _key_hash_of(h)
+            out[t] = _key_hash_of(_java_hash(np.uint32(prefix[i]), u8, uniq_s[i], uniq_e[i]))
             t += 1
             c += 1
         if keys_s[i] >= 0:
