@@ -81,3 +81,13 @@ def store_copy(tmp_path):
         return copy_store(name, tmp_path / (sub or name))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession for the whole run (the cluster tests override it with their own)."""
+    from rmqstore_cli.spark.session import build_session
+
+    s = build_session("local[2]", "rmqstore-tests", fast_jvm=True, conf={"spark.sql.shuffle.partitions": "2"})
+    yield s
+    s.stop()

@@ -14,15 +14,6 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="session")
-def spark():
-    from rmqstore_cli.spark.session import build_session
-
-    s = build_session("local[2]", "rmqstore-tests", fast_jvm=True, conf={"spark.sql.shuffle.partitions": "2"})
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="session")
 def all_rows(spark):
     """Every row of every shared store, read in one query, grouped by store root."""
     df = spark.read.format("rocketmq").load(",".join(str(shared_store(n)) for n in STORE_NAMES))

@@ -14,15 +14,6 @@ pytest.importorskip("pyspark", reason="pyspark is an optional extra (pip install
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="session")
-def spark():
-    from rmqstore_cli.spark.session import build_session
-
-    s = build_session("local[2]", "rmqstore-tests", fast_jvm=True, conf={"spark.sql.shuffle.partitions": "2"})
-    yield s
-    s.stop()
-
-
 def _table(path):
     import pyarrow.parquet as pq
 
