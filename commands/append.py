@@ -34,8 +34,11 @@ def _config(store: str, config: Optional[str], overrides: dict) -> tuple[StoreCo
         raise UsageError(f"{root} is not empty and not a RocketMQ store; refusing to create a store there")
     if existing:
         st = Store.open(root, config_file=config, overrides=overrides)
+        try:
+            st.require("append", writes=True)
+        finally:
+            st.close()
         cfg = st.config
-        st.close()
     else:
         cfg = apply_settings(StoreConfig(version=5), conf)
         cfg = apply_settings(cfg, {k: v for k, v in overrides.items() if v is not None})

@@ -96,8 +96,12 @@ def warn_if_live(store: Store) -> None:
 
 def open_store(store: str, config: "Optional[str] | Geometry" = None, broker_version: Optional[int] = None,
                commitlog_file_size: Optional[int] = None, cq_file_size: Optional[int] = None,
-               index_slots: Optional[int] = None, index_entries: Optional[int] = None, **extra) -> Store:
-    """Open a store read-only with the given geometry (a :class:`Geometry`, or its fields one by one)."""
+               index_slots: Optional[int] = None, index_entries: Optional[int] = None, *,
+               command: Optional[str] = None, writes: bool = False, **extra) -> Store:
+    """Open a store read-only with the given geometry (a :class:`Geometry`, or its fields one by one).
+
+    With ``command``, a store whose layout the engine does not understand for that command (read, or
+    ``writes``) is refused here, before anything is planned (exit 3)."""
     if isinstance(config, Geometry):
         g = config
         config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries = (
@@ -115,5 +119,11 @@ def open_store(store: str, config: "Optional[str] | Geometry" = None, broker_ver
 
         raise UsageError("--broker-version must be 4 or 5")
     st = Store.open(store, config_file=config, overrides=overrides)
+    if command is not None:
+        try:
+            st.require(command, writes=writes)
+        except BaseException:
+            st.close()
+            raise
     warn_if_live(st)
     return st

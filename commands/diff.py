@@ -37,8 +37,8 @@ def diff(
     reaches, per-queue min/max offsets, index files and checkpoints. Exit 0 identical or one a prefix
     of the other, 1 divergent.
     """
-    a = open_store(store_a, geometry)
-    b = open_store(store_b, geometry)
+    a = open_store(store_a, geometry, command="diff")
+    b = open_store(store_b, geometry, command="diff")
     with a, b:
         total = sum(s.size for s in a.commitlog.segments)
         with progress("comparing commitlogs", total) as advance:

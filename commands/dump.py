@@ -58,7 +58,7 @@ def dump_commitlog(
         raise UsageError("--format and --out go together")
     if follow and (fmt is not None or to is not None or until is not None):
         raise UsageError("--follow reads on forever: it does not go with --format, --to or --until")
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="dump commitlog")
     if follow:
         _follow(st, topic, queue, from_, since_ms, limit, body, json_)
         return
@@ -201,7 +201,7 @@ def dump_consumequeue(
     """Consume queue units (phyOffset, size, tagsCode; the ext unit when tagsCode is an ext address)."""
     _check_body(body)
     since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="dump consumequeue")
     with st:
         rows = _cq_rows(st, topic, queue, from_, to, msg, body, since_ms, until_ms)
         if limit is not None:
@@ -273,7 +273,7 @@ def dump_cqext(
     geometry: Geometry = None,
 ):
     """ConsumeQueueExt units in file order (consumequeue_ext/, only with enableConsumeQueueExt)."""
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="dump cqext")
     with st:
         def rows():
             for t, q in _queues(st, topic, queue, "consumequeue_ext"):
@@ -309,7 +309,7 @@ def dump_index(
     geometry: Geometry = None,
 ):
     """Index file headers (the broker's field names), or with --entries every entry and its slot."""
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="dump index")
     with st:
         files = [f for f in st.index.files if file is None or f.name == file]
         if file is not None and not files:
@@ -348,7 +348,7 @@ def dump_checkpoint(
     geometry: Geometry = None,
 ):
     """The checkpoint file's fields (the broker's StoreCheckpoint names) and derived minimum timestamps."""
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="dump checkpoint")
     with st:
         Output(json_).kv(_checkpoint_obj(st), title=f"checkpoint of {st.root}")
 
@@ -370,7 +370,7 @@ def dump_store(
     geometry: Geometry = None,
 ):
     """One-screen summary: version, geometry (inferred or given), files, offsets, queues, index, checkpoint, abort/lock."""
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="dump store")
     with st:
         with progress("scanning commitlog", sum(seg.size for seg in st.commitlog.segments)) as advance:
             res = ScanResult()

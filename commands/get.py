@@ -60,7 +60,7 @@ def get(
     if explain and msg_id is None and uniq_key is None:
         fail("--explain goes with --msg-id or --uniq-key")
     time_ms = parse_time_option(time, "--time")
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="get")
     with st:
         if explain:
             _explain(st, Output(json_), msg_id, uniq_key, topic)

@@ -55,7 +55,7 @@ def index_query(
         fail("--begin is after --end")
     if max_ is not None and max_ <= 0:
         fail("--max must be positive")
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="index query")
     out = Output(json_)
     with st:
         if explain:

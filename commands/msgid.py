@@ -18,14 +18,15 @@ msgid_app = typer.Typer(help="Message ids.", no_args_is_help=True)
 
 
 def uniq_key_time(time_in_month_ms: int, ref_ms: int) -> int:
-    """Java's approximation: the start of the reference month (local time) + the offset, one month back if future."""
-    ref = datetime.fromtimestamp(ref_ms / 1000).astimezone()
+    """Java's approximation (getNearlyTimeFromID): the start of the reference month in local time plus
+    the offset, or the previous month's start plus the offset when that is not before the reference."""
+    ref = datetime.fromtimestamp(ref_ms / 1000)
     start = ref.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    t = start + timedelta(milliseconds=time_in_month_ms)
-    if t > ref:
+    t = int(start.timestamp() * 1000) + time_in_month_ms
+    if t >= ref_ms:
         prev_month = (start - timedelta(days=1)).replace(day=1)
-        t = prev_month + timedelta(milliseconds=time_in_month_ms)
-    return int(t.timestamp() * 1000)
+        t = int(prev_month.timestamp() * 1000) + time_in_month_ms
+    return t
 
 
 def decode(text: str, kind: str, ref_ms: int) -> dict:

@@ -61,7 +61,7 @@ def dump_offsets(
     """
     from rmqstore_cli.engine.config.offsets import audit_offsets
 
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="dump offsets")
     with st:
         files = read_config(st.root)
         audit = audit_offsets(st, files)
@@ -95,7 +95,7 @@ def dump_config(
     --json: one line per file with both copies' state and the loaded content as standard JSON
     (integer map keys become strings). Exit 1 if a file is damaged.
     """
-    st = open_store(store)
+    st = open_store(store, command="dump config")
     with st:
         files = read_config(st.root)
     if file is not None:
@@ -249,7 +249,7 @@ def repair_config(
 
     from .recover import guard_lock
 
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="repair config", writes=True)
     out = Output(json_)
     guard_lock(st, force, yes)
     with st:
@@ -289,7 +289,7 @@ def offsets_set(
 
     from .recover import guard_lock
 
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="offsets set", writes=True)
     out = Output(json_)
     guard_lock(st, force, yes)
     ts = parse_time(to_time, 0) if to_time is not None else None

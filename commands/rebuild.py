@@ -40,7 +40,7 @@ def rebuild(
     """
     from rmqstore_cli.engine.repair.apply import save_lock_file, take_lock
 
-    st = open_store(store, geometry,
+    st = open_store(store, geometry, command=f"rebuild {what}", writes=True,
                     enableConsumeQueueExt=ext, mappedFileSizeConsumeQueueExt=ext_file_size)
     out = Output(json_)
     guard_lock(st, force, yes)

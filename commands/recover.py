@@ -252,12 +252,12 @@ def recover(
     folder, applies the plan with fsync, and runs verify. Exit 4 if a broker holds the lock.
     """
     def make_plan(st=None):
-        st = st or open_store(store, geometry)
+        st = st or open_store(store, geometry, command="recover", writes=True)
         plan = plan_recovery(st, geometry.broker_version, keep_valid_after=not stop_at_first_error, with_verify=True)
         assess(st, plan)
         return st, plan
 
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="recover", writes=True)
     out = Output(json_)
     guard_lock(st, force, yes)
     st, plan = make_plan(st)

@@ -45,8 +45,11 @@ def _check_roots(stores: List[str]) -> list[str]:
     roots = []
     for s in stores:
         st = Store.open(s)  # one-line error + exit code for a missing / non-store directory
+        try:
+            st.require("spark")
+        finally:
+            st.close()
         roots.append(st.root)
-        st.close()
     return roots
 
 
@@ -153,6 +156,7 @@ def rebuild_cmd(
         raise UsageError(f"{target} already exists; give a new --out directory")
     ov = _overrides(geometry)
     st = Store.open(store, config_file=geometry.config, overrides=ov)
+    st.require(f"spark rebuild {what}")
     os.makedirs(out, exist_ok=True)
     spark = _session(master, driver_memory)
     try:

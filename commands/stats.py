@@ -49,7 +49,7 @@ def stats(
 ):
     """Statistics of the whole store (or of a time range) from one commitlog walk (--json: one JSON object)."""
     since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="stats")
     with st:
         s = compute_stats(st, since_ms, until_ms)
         offsets = offsets_for_stats(st)  # consumer offsets audit (#16)

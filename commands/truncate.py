@@ -33,7 +33,7 @@ def truncate(
     Everything cut goes to a backup folder first (undo with `rmqstore restore`). A non-boundary
     offset is refused with the nearest boundaries. Exit 4 if a broker holds the lock.
     """
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="truncate", writes=True)
     out = Output(json_)
     guard_lock(st, force, yes)
     if st.abort_exists:

@@ -27,7 +27,7 @@ def verify(
 
     Exit 0: no error or warning (info findings allowed); 1: findings; 2: unreadable store; 3: usage.
     """
-    st = open_store(store, geometry)
+    st = open_store(store, geometry, command="verify")
     with st, progress("verifying commitlog", sum(s.size for s in st.commitlog.segments)) as advance:
         # with -j the per-segment reports stream in from the workers, each consumed as it arrives
         reports = iter_segments_parallel(st.commitlog, jobs, check_crc=not no_crc, progress=advance) if jobs > 1 else None

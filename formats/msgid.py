@@ -85,5 +85,7 @@ def decode_uniq_key(key: str) -> UniqKey:
         ip_len = 16
     else:
         raise ValueError(f"a UNIQ_KEY has 32 or 56 hex digits, not {len(key)}")
-    pid, clh, t, counter = struct.unpack_from(">HiiH", raw, ip_len)
+    # Java's decoder (getNearlyTimeFromID) reads the time unsigned: a producer's int that wrapped
+    # negative late in a month (§6.2) still decodes to the right time.
+    pid, clh, t, counter = struct.unpack_from(">HiIH", raw, ip_len)
     return UniqKey(raw[:ip_len], pid, clh & 0xFFFFFFFF, t, counter)

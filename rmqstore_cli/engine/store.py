@@ -18,6 +18,7 @@ from .config.storeconfig import StoreConfig, apply_settings, infer_geometry, rea
 from .derived.consumequeue import ConsumeQueue, ConsumeQueueExt, list_queues
 from .errors import NotAStoreError, UsageError
 from .findings import Finding
+from .layout import READ, WRITE, Layout, detect_layout, require_understood
 from .derived.index import IndexService
 
 KNOWN_ENTRIES = {
@@ -74,6 +75,7 @@ class Store:
         self._index: IndexService | None = None
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._exts: dict[tuple[str, int], ConsumeQueueExt] = {}
+        self._layout: Layout | None = None
 
     # --- opening -------------------------------------------------------------------
 
@@ -106,6 +108,18 @@ class Store:
             if not entries:
                 raise NotAStoreError(f"{self.root} is empty: not a RocketMQ store (no commitlog/, consumequeue/, index/ or checkpoint)")
             raise NotAStoreError(f"{self.root} is not a RocketMQ store (no commitlog/, consumequeue/, index/ or checkpoint)")
+
+    # --- layout --------------------------------------------------------------------
+
+    @property
+    def layout(self) -> Layout:
+        if self._layout is None:
+            self._layout = detect_layout(self.root, self.config)
+        return self._layout
+
+    def require(self, command: str, *, writes: bool = False) -> None:
+        """Refuse (exit 3) a command on a layout the engine does not understand for it."""
+        require_understood(self.layout, command, WRITE if writes else READ)
 
     # --- parts ---------------------------------------------------------------------
 

@@ -43,6 +43,12 @@ class StoreConfig:
     duplicationEnable: bool = False
     autoMessageVersionOnTopicLen: bool = True
     storePathCommitLog: str | None = None
+    # Layouts the broker can also write (engine/layout.py decides what the engine understands)
+    enableDLegerCommitLog: bool = False
+    dLegerSelfId: str | None = None
+    storeType: str = "default"  # 5.3: "defaultRocksDB" keeps consume queues in a RocksDB database
+    enableLmq: bool = False
+    enableMultiDispatch: bool = False
     inferred: dict = field(default_factory=dict)  # setting -> how it was inferred
     explicit: set = field(default_factory=set)  # settings given by the user or broker.conf
 

@@ -108,11 +108,27 @@ def now_ms() -> int:
 _uniq_counter = itertools.count(int.from_bytes(os.urandom(2), "big"))
 
 
-def new_uniq_key(ip: bytes) -> str:
-    """A client id in MessageClientIDSetter's layout (§6.2): ip, pid, class-loader hash, ms in month, counter."""
-    now = _dt.datetime.now()
+def uniq_key_time_field(now_ms: int) -> int:
+    """The 4-byte time of a client id made at ``now_ms`` (MessageClientIDSetter, §6.2).
+
+    Java keeps the start of the current month (local time) and stores ``(int) (now - start)``:
+    a long narrowed to int, which wraps to a negative number once 2^31 ms (about 24.9 days) of
+    the month have passed. Only a small negative difference (a clock that went back, down to
+    -1 000 000 ms) is clamped to 0. Decoders read the four bytes unsigned, so the wrapped value
+    still gives the right time.
+    """
+    now = _dt.datetime.fromtimestamp(now_ms / 1000)
     month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    in_month = int((now - month_start).total_seconds() * 1000)
+    diff = now_ms - int(month_start.timestamp() * 1000)
+    diff = ((diff + 2**31) % 2**32) - 2**31  # Java's (int) narrowing of a long
+    if -1_000_000 < diff < 0:
+        diff = 0
+    return diff
+
+
+def new_uniq_key(ip: bytes, now: int | None = None) -> str:
+    """A client id in MessageClientIDSetter's layout (§6.2): ip, pid, class-loader hash, ms in month, counter."""
+    in_month = uniq_key_time_field(now_ms() if now is None else now)
     raw = (ip + (os.getpid() & 0xFFFF).to_bytes(2, "big") + (0x524D5153).to_bytes(4, "big")
            + in_month.to_bytes(4, "big", signed=True) + (next(_uniq_counter) & 0xFFFF).to_bytes(2, "big"))
     return raw.hex().upper()
@@ -314,7 +330,8 @@ class MessageBuilder:
             props.pop("WAIT", None)  # 4.9 SendMessageProcessor strips it
         else:
             props.setdefault("WAIT", "true")  # producers set it; 5.x stores it
-            props.setdefault("UNIQ_KEY", new_uniq_key(sh[0]))
+            if "UNIQ_KEY" not in props:  # a key given by the caller is kept, and none is computed then
+                props["UNIQ_KEY"] = new_uniq_key(sh[0])
         if self.cluster:
             props["CLUSTER"] = self.cluster
         check_topic(topic, self.version, strict_chars=True, auto_v2=self.config.autoMessageVersionOnTopicLen)

@@ -1,0 +1,169 @@
+"""Which store layout a root holds, and whether the engine understands it well enough to act.
+
+The broker writes more than the classic layout (FORMAT.md): a DLedger commitlog (appendix D), a
+RocksDB consume queue (5.3 ``storeType=defaultRocksDB``), batch consume queues (section 9), LMQ
+queues fed by multi-dispatch (14.3) and the timer store (appendix C). A tool that misreads one of
+them reports false findings, and a repair planned on a misread store destroys what the broker
+keeps. So every command asks here first: a part the engine does not understand for what the
+command does is refused with one line (exit 3) before anything is planned or written.
+
+Support is declared per feature in ``SUPPORT``; a feature becomes readable or writable there when
+the engine handles it, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from .errors import UsageError
+
+# Feature -> (what it is, for the refusal line).
+FEATURES = {
+    "dledger": "a DLedger commitlog",
+    "rocksdb-cq": "a RocksDB consume queue",
+    "batch-cq": "batch consume queues",
+    "lmq": "LMQ queues (multi-dispatch)",
+    "timer": "a timer store",
+}
+
+READ, WRITE = "read", "write"
+
+# Feature -> the set of command names the engine handles it for, per kind of access. "*" is every
+# command of that kind. A command missing here is refused on a store with that feature.
+SUPPORT: dict[str, dict[str, set[str]]] = {
+    "dledger": {READ: set(), WRITE: set()},
+    "rocksdb-cq": {
+        # Commands that never read the consume queues are right on a RocksDB store.
+        READ: {"dump commitlog", "dump index", "dump checkpoint", "index query",
+               "dump config", "diff"},
+        WRITE: set(),
+    },
+    "batch-cq": {READ: {"dump commitlog", "dump index", "dump checkpoint", "index query",
+                        "dump config", "diff"},
+                 WRITE: set()},
+    # Reads of LMQ stores are right (the units are checked against their records); writes would
+    # take the LMQ queues apart.
+    "lmq": {READ: {"*"}, WRITE: {"append", "offsets set", "repair config"}},
+    # Reads ignore the timer store (they do not misreport the rest); writes that cut or re-dispatch
+    # the commitlog would leave timer units pointing at nothing.
+    "timer": {READ: {"*"}, WRITE: {"append", "rebuild index", "offsets set", "repair config"}},
+}
+
+
+class UnsupportedLayoutError(UsageError):
+    """The store holds a layout the engine does not understand for this command (exit 3)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a store root holds beyond the classic commitlog + file consume queues."""
+
+    features: frozenset[str] = frozenset()
+    dledger_dirs: tuple[str, ...] = ()  # the dledger-<selfId> folders found
+    details: dict = field(default_factory=dict, compare=False)  # feature -> what was seen
+
+    def has(self, feature: str) -> bool:
+        return feature in self.features
+
+    @property
+    def is_classic(self) -> bool:
+        return not self.features
+
+
+def _nonempty_dir(path: str) -> bool:
+    try:
+        with os.scandir(path) as it:
+            return any(True for _ in it)
+    except OSError:
+        return False
+
+
+def _is_rocksdb_dir(path: str) -> str | None:
+    """The database's own files, if ``path`` is a RocksDB folder."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return None
+    seen = [n for n in names if n == "CURRENT" or n.startswith("MANIFEST-") or n.endswith(".sst")
+            or n.startswith("OPTIONS-")]
+    if "CURRENT" in names and any(n.startswith("MANIFEST-") for n in names):
+        return ", ".join(sorted(seen)[:4])
+    if any(n.endswith(".sst") for n in names):
+        return ", ".join(sorted(seen)[:4])
+    return None
+
+
+def _has_lmq_queue(cq_dir: str) -> bool:
+    try:
+        return any(n.startswith("%LMQ%") for n in os.listdir(cq_dir))
+    except OSError:
+        return False
+
+
+def _timer_has_data(root: str) -> bool:
+    tl = os.path.join(root, "timerlog")
+    try:
+        for n in os.listdir(tl):
+            p = os.path.join(tl, n)
+            if os.path.isfile(p) and os.path.getsize(p) > 0:
+                return True
+    except OSError:
+        pass
+    return False
+
+
+def detect_layout(root: str, config=None) -> Layout:
+    """Look at a store root's folders (and the broker's settings when given); reads no file data."""
+    features: set[str] = set()
+    details: dict[str, str] = {}
+    try:
+        names = set(os.listdir(root))
+    except OSError:
+        names = set()
+    dledger = tuple(sorted(n for n in names if n.startswith("dledger-") and os.path.isdir(os.path.join(root, n))))
+    cl_dir = (getattr(config, "storePathCommitLog", None) or os.path.join(root, "commitlog"))
+    if getattr(config, "enableDLegerCommitLog", False):
+        features.add("dledger")
+        details["dledger"] = "enableDLegerCommitLog=true in the broker's settings"
+    elif dledger and not _nonempty_dir(cl_dir):
+        features.add("dledger")
+        details["dledger"] = f"{'/, '.join(dledger)}/ beside an empty or missing commitlog/"
+    cq_dir = os.path.join(root, "consumequeue")
+    rocks = _is_rocksdb_dir(cq_dir)
+    if rocks or getattr(config, "storeType", "default") == "defaultRocksDB":
+        features.add("rocksdb-cq")
+        details["rocksdb-cq"] = f"consumequeue/ is a RocksDB database ({rocks})" if rocks \
+            else "storeType=defaultRocksDB in the broker's settings"
+    if _nonempty_dir(os.path.join(root, "batchconsumequeue")):
+        features.add("batch-cq")
+        details["batch-cq"] = "batchconsumequeue/ holds queues"
+    if not rocks and _has_lmq_queue(cq_dir):
+        features.add("lmq")
+        details["lmq"] = "consumequeue/ holds %LMQ% queues"
+    if _timer_has_data(root):
+        features.add("timer")
+        details["timer"] = "timerlog/ holds units"
+    return Layout(frozenset(features), dledger, details)
+
+
+def supported(feature: str, command: str, access: str) -> bool:
+    allowed = SUPPORT.get(feature, {}).get(access, set())
+    return "*" in allowed or command in allowed or command.split(" ")[0] in allowed
+
+
+def require_understood(layout: Layout, command: str, access: str) -> None:
+    """Refuse ``command`` (exit 3, nothing planned or written) on a layout the engine does not
+    understand for that kind of access."""
+    missing = [f for f in sorted(layout.features) if not supported(f, command, access)]
+    if not missing:
+        return
+    what = "; ".join(f"{FEATURES[f]} ({layout.details.get(f, f)})" for f in missing)
+    command = command.split(" --")[0]
+    if access == WRITE:
+        raise UnsupportedLayoutError(
+            f"refusing `{command}`: the store holds {what}, which rmqstore cannot yet write safely "
+            f"(supported for writing: a classic commitlog with file consume queues); nothing was changed")
+    raise UnsupportedLayoutError(
+        f"cannot `{command}` this store: it holds {what}, which rmqstore cannot read yet "
+        f"(its findings would be false); supported: a classic commitlog with file consume queues")
