@@ -34,9 +34,10 @@ READ, WRITE = "read", "write"
 SUPPORT: dict[str, dict[str, set[str]]] = {
     "dledger": {READ: set(), WRITE: set()},
     "rocksdb-cq": {
-        # Commands that never read the consume queues are right on a RocksDB store.
-        READ: {"dump commitlog", "dump index", "dump checkpoint", "index query",
-               "dump config", "diff"},
+        # The database is read on a private copy (engine/derived/rocksdbqueue.py). Writes stay refused:
+        # rmqstore cannot yet write the database the way the broker does (WRITE_REFUSAL below).
+        READ: {"dump commitlog", "dump index", "dump checkpoint", "index query", "dump config", "diff",
+               "dump consumequeue", "get", "dump offsets", "stats", "verify"},
         WRITE: set(),
     },
     "batch-cq": {READ: {"dump commitlog", "dump index", "dump checkpoint", "index query",
@@ -79,7 +80,7 @@ def _nonempty_dir(path: str) -> bool:
         return False
 
 
-def _is_rocksdb_dir(path: str) -> str | None:
+def is_rocksdb_dir(path: str) -> str | None:
     """The database's own files, if ``path`` is a RocksDB folder."""
     try:
         names = os.listdir(path)
@@ -130,7 +131,7 @@ def detect_layout(root: str, config=None) -> Layout:
         features.add("dledger")
         details["dledger"] = f"{'/, '.join(dledger)}/ beside an empty or missing commitlog/"
     cq_dir = os.path.join(root, "consumequeue")
-    rocks = _is_rocksdb_dir(cq_dir)
+    rocks = is_rocksdb_dir(cq_dir)
     if rocks or getattr(config, "storeType", "default") == "defaultRocksDB":
         features.add("rocksdb-cq")
         details["rocksdb-cq"] = f"consumequeue/ is a RocksDB database ({rocks})" if rocks \
