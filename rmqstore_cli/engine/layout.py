@@ -29,6 +29,12 @@ FEATURES = {
 
 READ, WRITE = "read", "write"
 
+# Feature -> why writing commands are refused on it (one clause of the refusal line).
+WRITE_REASONS = {
+    "rocksdb-cq": "rmqstore reads that database (on a copy) but does not write it the way the broker does: its "
+                  "units, queue offsets and dispatch checkpoint would no longer match the commitlog",
+}
+
 # Feature -> the set of command names the engine handles it for, per kind of access. "*" is every
 # command of that kind. A command missing here is refused on a store with that feature.
 SUPPORT: dict[str, dict[str, set[str]]] = {
@@ -162,9 +168,11 @@ def require_understood(layout: Layout, command: str, access: str) -> None:
     what = "; ".join(f"{FEATURES[f]} ({layout.details.get(f, f)})" for f in missing)
     command = command.split(" --")[0]
     if access == WRITE:
+        why = "; ".join(WRITE_REASONS[f] for f in missing if f in WRITE_REASONS)
         raise UnsupportedLayoutError(
-            f"refusing `{command}`: the store holds {what}, which rmqstore cannot yet write safely "
-            f"(supported for writing: a classic commitlog with file consume queues); nothing was changed")
+            f"refusing `{command}`: the store holds {what}, which rmqstore cannot yet write safely"
+            + (f" ({why})" if why else "")
+            + " (supported for writing: a classic commitlog with file consume queues); nothing was changed")
     raise UnsupportedLayoutError(
         f"cannot `{command}` this store: it holds {what}, which rmqstore cannot read yet "
         f"(its findings would be false); supported: a classic commitlog with file consume queues")

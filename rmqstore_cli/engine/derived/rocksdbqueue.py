@@ -341,24 +341,24 @@ class RocksDBConsumeQueue:
         u = self.unit_value(queue_offset)
         return None if u is None else u[:3]
 
-    def blocks(self, start: int = 0, stop: int | None = None, block: int = BLOCK_UNITS):
+    def blocks(self, start: int = 0, stop: int | None = None, block: int = BLOCK_UNITS, bad: list | None = None):
         """(queue offsets int64, values CQ_VALUE_DTYPE) of the units in [start, stop), ``block`` at a time, in
-        queue-offset order. Entries whose key or value does not decode are skipped and recorded in
-        ``bad`` (queue offset or key, reason)."""
-        self.bad: list = []
+        queue-offset order. Entries whose key or value does not decode are skipped (and listed in ``bad`` as
+        (queue offset or key, reason) when it is given)."""
+        bad = [] if bad is None else bad
         lo = fmt.unit_key(self.topic, self.queue_id, max(start, 0)) if start > 0 else self._start
         hi = fmt.unit_key(self.topic, self.queue_id, stop) if stop is not None else self._end
         klen = len(self._prefix) + fmt.QUEUE_OFFSET_SIZE
         keys, values = [], []
         for key, value in self.db.iter_range(lo, hi):
             if len(key) != klen or not key.startswith(self._prefix):
-                self.bad.append((key.hex(), "key is not a unit key of this queue"))
+                bad.append((key.hex(), "key is not a unit key of this queue"))
                 continue
             if len(value) != fmt.CQ_VALUE_SIZE:
-                self.bad.append((fmt.queue_offset_of(key), f"{len(value)}-byte value, not {fmt.CQ_VALUE_SIZE}"))
+                bad.append((fmt.queue_offset_of(key), f"{len(value)}-byte value, not {fmt.CQ_VALUE_SIZE}"))
                 continue
             if fmt.queue_offset_of(key) < 0:
-                self.bad.append((key.hex(), "negative queue offset"))
+                bad.append((key.hex(), "negative queue offset"))
                 continue
             keys.append(key)
             values.append(value)
