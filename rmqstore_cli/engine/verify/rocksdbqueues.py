@@ -56,7 +56,9 @@ class RocksQueueWindows:
         self.max_unit: tuple | None = None  # (phy, size) of the unit at the max entry's offset
         self.min_unit: tuple | None = None
         mx, mn = cq.max_entry, cq.min_entry
-        served_end = cq.max_offset
+        # without a max entry the broker serves nothing (RDB_MAX_OFFSET says so); its units are still
+        # checked against their records, which are then not reported undispatched as well
+        served_end = cq.max_offset if mx is not None else (1 << 63) - 1
         dirty, dirty_first = 0, None
         gaps, gap_first = 0, None
         prev = None
