@@ -258,6 +258,15 @@ class RocksDBConsumeQueueStore:
             yield key, it.value()
             it.next()
 
+    def iterator_at(self, start: bytes):
+        """A default-column-family iterator at the first key >= ``start``; None without a database."""
+        db = self._open()
+        if db is None:
+            return None
+        it = db.iter()
+        it.seek(start)
+        return it
+
     def get(self, key: bytes) -> bytes | None:
         db = self._open()
         return None if db is None else db.get(key)
@@ -348,32 +357,40 @@ class RocksDBConsumeQueue:
         bad = [] if bad is None else bad
         lo = fmt.unit_key(self.topic, self.queue_id, max(start, 0)) if start > 0 else self._start
         hi = fmt.unit_key(self.topic, self.queue_id, stop) if stop is not None else self._end
-        klen = len(self._prefix) + fmt.QUEUE_OFFSET_SIZE
+        it = self.db.iterator_at(lo)
+        if it is None:
+            return
+        prefix, klen, vsize = self._prefix, len(self._prefix) + fmt.QUEUE_OFFSET_SIZE, fmt.CQ_VALUE_SIZE
+        key_of, value_of, step, valid = it.key, it.value, it.next, it.valid  # the per-unit loop: bound methods
         keys, values = [], []
-        for key, value in self.db.iter_range(lo, hi):
-            if len(key) != klen or not key.startswith(self._prefix):
-                bad.append((key.hex(), "key is not a unit key of this queue"))
-                continue
-            if len(value) != fmt.CQ_VALUE_SIZE:
-                bad.append((fmt.queue_offset_of(key), f"{len(value)}-byte value, not {fmt.CQ_VALUE_SIZE}"))
-                continue
-            if fmt.queue_offset_of(key) < 0:
-                bad.append((key.hex(), "negative queue offset"))
+        while valid():
+            key = key_of()
+            if key >= hi:
+                break
+            value = value_of()
+            step()
+            if len(key) != klen or len(value) != vsize or not key.startswith(prefix):
+                bad.append(_bad_entry(key, value, prefix, klen))
                 continue
             keys.append(key)
             values.append(value)
             if len(keys) == block:
-                yield self._columns(keys, values, klen)
+                yield self._columns(keys, values, klen, bad)
                 keys, values = [], []
         if keys:
-            yield self._columns(keys, values, klen)
+            yield self._columns(keys, values, klen, bad)
 
     @staticmethod
-    def _columns(keys: list, values: list, klen: int):
+    def _columns(keys: list, values: list, klen: int, bad: list):
         n = len(keys)
         raw = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(n, klen)[:, klen - fmt.QUEUE_OFFSET_SIZE:]
         qofs = np.ascontiguousarray(raw).view(">i8").reshape(n).astype(np.int64)
-        return qofs, fmt.decode_values(b"".join(values), n)
+        vals = fmt.decode_values(b"".join(values), n)
+        negative = qofs < 0  # they sort after every other unit of the queue (big-endian sign bit)
+        if negative.any():
+            bad.extend((keys[i].hex(), "negative queue offset") for i in np.flatnonzero(negative).tolist())
+            qofs, vals = qofs[~negative], vals[~negative]
+        return qofs, vals
 
     def units(self, *, all_files: bool = True) -> RocksQueueUnits:
         """The units the broker serves: [min offset, max offset) (units past the max entry are dirty: the
@@ -397,6 +414,12 @@ class RocksDBConsumeQueue:
     def key_range_units(self) -> int:
         """How many entries the queue's key range holds (the units, dirty ones included)."""
         return sum(len(q) for q, _ in self.blocks())
+
+
+def _bad_entry(key: bytes, value: bytes, prefix: bytes, klen: int) -> tuple:
+    if len(key) != klen or not key.startswith(prefix):
+        return key.hex(), "key is not a unit key of this queue"
+    return fmt.queue_offset_of(key), f"{len(value)}-byte value, not {fmt.CQ_VALUE_SIZE}"
 
 
 def is_rocksdb_queue(cq) -> bool:
