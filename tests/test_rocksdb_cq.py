@@ -382,3 +382,53 @@ def test_without_rocksdict_one_line_says_what_to_install(store, monkeypatch):
     with Store.open(str(store)) as st:
         with pytest.raises(UsageError, match=r"rmqstore\[rocksdb\]"):
             st.queues()
+
+
+def test_verify_finds_undecodable_entries_and_units_pointing_nowhere(store):
+    u = broker_units()[("RdbTopicA", 3, 4)]
+    w = broker_units()[("RdbTopicB", 0, 2)]
+    _damage(store, put=[(fmt.unit_key("RdbTopicA", 3, 4), _value(u)[:20]),  # a 20-byte value
+                        (fmt.unit_key("RdbTopicB", 0, 2), _value(w, phyOffset=w["phyOffset"] + 1)),
+                        (b"\x00\x00\x00\x01garbage", b"x")])
+    r = run("verify", store, "--json", *GEOMETRY)
+    found = {f["code"]: f for f in lines(r.stdout)}
+    assert r.exit_code == 1
+    assert set(found) == {"RDB_UNIT_KEY", "RDB_UNIT_VALUE", "RDB_UNIT_MISSING", "CQ_NO_RECORD", "CQ_NOT_DISPATCHED"}, found
+    assert (found["RDB_UNIT_MISSING"]["topic"], found["RDB_UNIT_MISSING"]["queueOffset"]) == ("RdbTopicA", 4)
+    assert (found["CQ_NO_RECORD"]["topic"], found["CQ_NO_RECORD"]["queueOffset"]) == ("RdbTopicB", 2)
+    # the records of both damaged units (one finding per queue)
+    assert sorted((f["topic"], f["queueId"], f["phyOffset"]) for f in lines(r.stdout) if f["code"] == "CQ_NOT_DISPATCHED") \
+        == [("RdbTopicA", 3, u["phyOffset"]), ("RdbTopicB", 0, w["phyOffset"])]
+    assert found["RDB_UNIT_KEY"]["path"] == str(store / "consumequeue")
+
+
+def test_min_entry_and_dirty_units(store):
+    """A min entry (written when the broker corrects a queue's min offset) is the queue's min while its unit is
+    in the log; units past the max entry are dirty: not served, not checked, reported as info."""
+    units = broker_units()
+    u3 = units[("RdbTopicA", 0, 3)]
+    stray = units[("RdbTopicC", 0, 0)]
+    _damage(store, put_offsets=[(fmt.offset_key("RdbTopicA", 0, fmt.MIN_KIND),
+                                 fmt.OFFSET_VALUE.build({"phyOffset": u3["phyOffset"], "cqOffset": 3}))],
+            put=[(fmt.unit_key("RdbTopicA", 0, 37), _value(stray))])
+    with Store.open(str(store)) as st:
+        cq = st.queue("RdbTopicA", 0)
+        assert (cq.min_offset(), cq.max_offset) == (3, 37)
+        assert cq.units().queue_offsets.tolist() == list(range(3, 37))
+    rows = lines(run("dump", "consumequeue", store, "--json", "--topic", "RdbTopicA", "--queue", 0).stdout)
+    assert [r["queueOffset"] for r in rows] == list(range(38)) and [r for r in rows if r.get("dirty")] == [rows[-1]]
+    r = run("verify", store, "--json", *GEOMETRY)
+    found = lines(r.stdout)
+    assert r.exit_code == 0 and [f["code"] for f in found] == ["RDB_DIRTY_UNITS"], found
+    assert (found[0]["queueOffset"], found[0]["count"]) == (37, 1)
+    r = run("get", store, "--topic", "RdbTopicA", "--queue", 0, "--queue-offset", 37)
+    assert r.exit_code == 1 and "past the end of the queue" in r.output
+
+
+def test_wrong_min_entry(store):
+    u3 = broker_units()[("RdbTopicA", 0, 3)]
+    _damage(store, put_offsets=[(fmt.offset_key("RdbTopicA", 0, fmt.MIN_KIND),
+                                 fmt.OFFSET_VALUE.build({"phyOffset": u3["phyOffset"] + 1, "cqOffset": 3}))])
+    r = run("verify", store, "--json", *GEOMETRY)
+    found = lines(r.stdout)
+    assert r.exit_code == 1 and [f["code"] for f in found] == ["RDB_MIN_OFFSET"] and found[0]["queueOffset"] == 3
