@@ -133,7 +133,7 @@ class RocksQueueWindows:
                         queueOffset=mn.cq_offset, phyOffset=mn.phy_offset)
         if gaps:
             agg.add(group, "RDB_UNIT_MISSING", ERROR, where, None, f"{name}: {gaps} queue offsets before the max offset have "
-                    f"no unit (first: {gap_first}): the broker's reads stop at a missing unit", topic=topic, queueId=qid,
+                    f"no unit (first: {gap_first}): the broker's range reads stop at the gap", topic=topic, queueId=qid,
                     queueOffset=gap_first, count=gaps)
         if dirty:
             findings.append(Finding("RDB_DIRTY_UNITS", INFO, where, None, f"{name}: {dirty} units at or past the max offset "
@@ -230,7 +230,10 @@ class CheckpointDispatch:
         segs = cl.segments.segments
         if self.lag_count:
             s = segs[self.lag_first[0]]
-            findings.append(dispatch_lag_finding(s.path, self.lag_first[1] - s.start, self.lag_count, self.lag_first[1]))
+            f = dispatch_lag_finding(s.path, self.lag_first[1] - s.start, self.lag_count, self.lag_first[1])
+            f.message = (f"{self.lag_count} records from the RocksDB consume queue's dispatch checkpoint {self.mark} on "
+                         "have no unit yet; the broker dispatches them when it starts")
+            findings.append(f)
         agg = _Agg()
         for topic, qid, n, phy, seg, qoff in sorted(self.old.values(), key=lambda r: r[3]):
             s = segs[seg]
