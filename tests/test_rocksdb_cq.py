@@ -432,3 +432,24 @@ def test_wrong_min_entry(store):
     r = run("verify", store, "--json", *GEOMETRY)
     found = lines(r.stdout)
     assert r.exit_code == 1 and [f["code"] for f in found] == ["RDB_MIN_OFFSET"] and found[0]["queueOffset"] == 3
+
+
+@pytest.mark.parametrize("command", ["verify", "dump"])
+def test_a_damaged_table_stops_the_read_with_one_line(store, command):
+    """A table whose checksum fails must not read as a shorter queue: exit 2 naming the store's file."""
+    sst = max((p for p in (store / "consumequeue").iterdir() if p.suffix == ".sst"), key=lambda p: p.stat().st_size)
+    b = bytearray(sst.read_bytes())
+    for i in range(len(b) // 4, len(b) // 4 + 16):
+        b[i] ^= 0xFF
+    sst.write_bytes(bytes(b))
+    before = tree_digest(store)
+    r = run("verify", store, *GEOMETRY) if command == "verify" else run("dump", "consumequeue", store)
+    assert r.exit_code == 2, r.output
+    assert "cannot be read" in r.output and str(sst) in r.output
+    assert tree_digest(store) == before
+
+
+def test_a_database_without_current_is_refused(store):
+    os.unlink(store / "consumequeue" / "CURRENT")
+    r = run("dump", "consumequeue", store)
+    assert r.exit_code == 2 and "no CURRENT file" in r.output

@@ -169,6 +169,17 @@ class RocksDBConsumeQueueStore:
             self._cleanup()
             self._cleanup = None
 
+    def _unreadable(self, e: Exception) -> StoreCorruptError:
+        text = str(e).replace(os.path.join(self._tmp or "", "db"), self.directory)  # name the store's files
+        return StoreCorruptError(f"the RocksDB consume queue {self.directory} cannot be read: {text}")
+
+    def _check_status(self, it) -> None:
+        """An iterator that meets a damaged table stops as if the data ended: ask it why it stopped."""
+        try:
+            it.status()
+        except Exception as e:  # rocksdict raises plain Exception with RocksDB's status text
+            raise self._unreadable(e) from None
+
     # --- RocksDBConsumeQueueOffsetTable ---------------------------------------------------------
 
     def _load_offsets(self) -> None:
@@ -177,7 +188,14 @@ class RocksDBConsumeQueueStore:
             return
         offsets: dict = {}
         if self._open() is not None and self._offset_cf is not None:
-            for key, value in self._offset_cf.items():
+            entries = []  # two per queue and the checkpoint: small
+            it = self._offset_cf.iter()
+            it.seek_to_first()
+            while it.valid():
+                entries.append((it.key(), it.value()))
+                it.next()
+            self._check_status(it)
+            for key, value in entries:
                 k = fmt.parse_offset_key(key)
                 if k is not None and k[0] == fmt.CHECKPOINT_TOPIC and k[1] == "max" and k[2] == 0:
                     cp = fmt.parse_checkpoint_value(value)
@@ -231,7 +249,7 @@ class RocksDBConsumeQueueStore:
                 continue
             out.append((k[0], k[1]))
             it.seek(fmt.queue_range(k[0], k[1])[1])
-        del it
+        self._check_status(it)
         return out
 
     def queues(self) -> list[tuple[str, int]]:
@@ -269,7 +287,12 @@ class RocksDBConsumeQueueStore:
 
     def get(self, key: bytes) -> bytes | None:
         db = self._open()
-        return None if db is None else db.get(key)
+        if db is None:
+            return None
+        try:
+            return db.get(key)
+        except Exception as e:
+            raise self._unreadable(e) from None
 
 
 class RocksDBConsumeQueue:
@@ -377,6 +400,7 @@ class RocksDBConsumeQueue:
             if len(keys) == block:
                 yield self._columns(keys, values, klen, bad)
                 keys, values = [], []
+        self.db._check_status(it)
         if keys:
             yield self._columns(keys, values, klen, bad)
 
