@@ -94,7 +94,8 @@ def is_rocksdb_dir(path: str) -> str | None:
         return None
     seen = [n for n in names if n == "CURRENT" or n.startswith("MANIFEST-") or n.endswith(".sst")
             or n.startswith("OPTIONS-")]
-    if "CURRENT" in names and any(n.startswith("MANIFEST-") for n in names):
+    # topics may be named CURRENT or MANIFEST-x (not *.sst: no dots): a database's CURRENT is a file
+    if os.path.isfile(os.path.join(path, "CURRENT")) and any(n.startswith("MANIFEST-") for n in names):
         return ", ".join(sorted(seen)[:4])
     if any(n.endswith(".sst") for n in names):
         return ", ".join(sorted(seen)[:4])

@@ -238,18 +238,22 @@ class RocksDBConsumeQueueStore:
             return out
         it = db.iter()
         it.seek_to_first()
+        bad_first, bad_count = None, 0
         while it.valid():
             key = it.key()
             k = fmt.parse_unit_key(key)
-            if k is None:
-                self.problems.append(("RDB_UNIT_KEY", f"key {key.hex()} of the default column family is not a unit key "
-                                      "(topic length | 0x01 | topic | 0x01 | queue id | 0x01 | queue offset)",
-                                      {"keyHex": key.hex()}))
+            if k is None:  # stepped over one by one (they have no queue to skip), reported once
+                bad_first = bad_first or key
+                bad_count += 1
                 it.next()
                 continue
             out.append((k[0], k[1]))
             it.seek(fmt.queue_range(k[0], k[1])[1])
         self._check_status(it)
+        if bad_count:
+            self.problems.append(("RDB_UNIT_KEY", f"{bad_count} keys of the default column family are not unit keys "
+                                  "(topic length | 0x01 | topic | 0x01 | queue id | 0x01 | queue offset), the first "
+                                  f"{bad_first.hex()}", {"keyHex": bad_first.hex(), "count": bad_count}))
         return out
 
     def queues(self) -> list[tuple[str, int]]:
