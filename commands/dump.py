@@ -13,7 +13,7 @@ from formats.fast import REASON_TEXT, STOP_BAD_MAGIC, STOP_BAD_SIZE, STOP_INVALI
 from formats.extaddr import decorate, is_ext_addr
 from formats.message import BODY_MODES, RecordError, render_body
 from rmqstore_cli.engine.derived.consumequeue import is_filler
-from rmqstore_cli.engine.derived.rocksdbqueue import unit_rows
+from rmqstore_cli.engine.query.rocksdbqueue import unit_rows
 from rmqstore_cli.engine.log.commitlog import ScanResult
 from rmqstore_cli.engine.query.timesearch import queue_range_by_time
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, NotFoundError, StoreCorruptError, UsageError
