@@ -211,6 +211,9 @@ def test_stats_and_offsets_lag(store):
     for q in broker_read(NAME)["queue"]:
         row = lag[(q["topic"], q["queueId"])]
         assert (row["cqMinOffset"], row["cqMaxOffset"], row["lagMessages"]) == (q["minOffset"], q["maxOffset"], 0)
+    store_line = broker_read(NAME)["store"][0]
+    assert json.loads(r.stdout)["rocksdbConsumeQueue"]["checkpoint"] == store_line["maxPhyOffsetInConsumeQueue"]
+    assert json.loads(r.stdout)["rocksdbConsumeQueue"]["dispatchBehindBytes"] == store_line["dispatchBehindBytes"] == 0
     assert tree_digest(store) == before
 
 
