@@ -456,3 +456,23 @@ def test_a_database_without_current_is_refused(store):
     os.unlink(store / "consumequeue" / "CURRENT")
     r = run("dump", "consumequeue", store)
     assert r.exit_code == 2 and "no CURRENT file" in r.output
+
+
+def test_a_failed_copy_leaves_no_temporary_folder(store, tmp_path, monkeypatch):
+    """The private copy goes to TMPDIR; a copy that fails (here: a full disk) leaves nothing there."""
+    import tempfile
+
+    from rmqstore_cli.engine.derived import rocksdbqueue
+
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(rocksdbqueue, "_clone_or_copy", full)
+    with Store.open(str(store)) as st:
+        with pytest.raises(UsageError, match="No space left on device"):
+            st.queues()
+        assert list(tmp.iterdir()) == []

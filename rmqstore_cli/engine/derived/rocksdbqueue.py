@@ -144,7 +144,11 @@ class RocksDBConsumeQueueStore:
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._tmp, True)
         copy = os.path.join(self._tmp, "db")
         os.mkdir(copy)
-        self.files = copy_database(self.directory, copy)
+        try:
+            self.files = copy_database(self.directory, copy)
+        except BaseException:
+            self.close()  # no partial copy left behind (a full disk, an interrupt)
+            raise
         opts = rd.Options(raw_mode=True)
         try:
             cfs = rd.Rdict.list_cf(copy, opts)
