@@ -476,3 +476,24 @@ def test_a_failed_copy_leaves_no_temporary_folder(store, tmp_path, monkeypatch):
         with pytest.raises(UsageError, match="No space left on device"):
             st.queues()
         assert list(tmp.iterdir()) == []
+
+
+def test_expired_commitlog_file_and_units_the_compaction_filter_dropped(store):
+    """The broker deletes old commitlog files; its compaction filter then drops units pointing before the first
+    file, in any order. That is no damage: verify is clean, and a queue's min offset is its first unit pointing
+    into the log (expected values from the broker's units)."""
+    file_size = 65536  # mappedFileSizeCommitLog of the sample (broker.conf)
+    os.unlink(store / "commitlog" / ("%020d" % 0))
+    units = sorted(broker_units().values(), key=lambda u: u["phyOffset"])
+    dropped = [u for i, u in enumerate(units) if u["phyOffset"] < file_size and i % 2 == 0]
+    assert len(dropped) > 20
+    _damage(store, delete=[fmt.unit_key(u["topic"], u["queueId"], u["queueOffset"]) for u in dropped])
+    r = run("verify", store, "--json", *GEOMETRY)
+    assert r.exit_code == 0 and lines(r.stdout) == [], r.output
+    r = run("stats", store, "--json")
+    lag = {(x["topic"], x["queueId"]): x for x in json.loads(r.stdout)["consumeQueueLag"]}
+    for q in broker_read(NAME)["queue"]:
+        live = [u["queueOffset"] for u in units if (u["topic"], u["queueId"]) == (q["topic"], q["queueId"])
+                and u["phyOffset"] >= file_size]
+        assert lag[(q["topic"], q["queueId"])]["cqMinOffset"] == min(live)
+        assert lag[(q["topic"], q["queueId"])]["cqMaxOffset"] == q["maxOffset"]

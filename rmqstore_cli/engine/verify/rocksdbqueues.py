@@ -61,17 +61,20 @@ class RocksQueueWindows:
         served_end = cq.max_offset if mx is not None else (1 << 63) - 1
         dirty, dirty_first = 0, None
         gaps, gap_first = 0, None
-        prev = None
+        # the broker's compaction filter drops units pointing before the commitlog's first file, in any order:
+        # a gap is damage only after a unit pointing into the log (queue offsets follow the log)
+        self.cl_min = cl_min = store.commitlog.min_offset
+        prev = prev_phy = None
         bad: list = []
         for qofs, vals in cq.blocks(bad=bad):
             if self.first_offset is None and len(qofs):
                 self.first_offset = int(qofs[0])
             for a, b in _runs(qofs):
                 base = int(qofs[a])
-                if prev is not None and base != prev + 1 and base < served_end:
+                if prev is not None and base != prev + 1 and base < served_end and prev_phy >= cl_min:
                     gaps += base - prev - 1
                     gap_first = prev + 1 if gap_first is None else gap_first
-                prev = int(qofs[b - 1])
+                prev, prev_phy = int(qofs[b - 1]), int(vals["phyOffset"][b - 1])
                 for want, attr in ((mx, "max_unit"), (mn, "min_unit")):
                     if want is not None and base <= want.cq_offset < base + (b - a):
                         v = vals[want.cq_offset - base + a]
@@ -116,10 +119,10 @@ class RocksQueueWindows:
             if self.units or dirty:
                 agg.add(group, "RDB_MAX_OFFSET", ERROR, where, None, f"{name}: units but no max entry in the offset "
                         "table: the broker sees an empty queue (max offset 0)", topic=topic, queueId=qid)
-        elif self.max_unit is None:
+        elif self.max_unit is None and mx.phy_offset >= self.cl_min:  # else dropped with its expired record
             agg.add(group, "RDB_MAX_OFFSET", ERROR, where, None, f"{name}: the offset table's max entry names queue offset "
                     f"{mx.cq_offset}, which has no unit", topic=topic, queueId=qid, queueOffset=mx.cq_offset)
-        elif self.max_unit[0] != mx.phy_offset:
+        elif self.max_unit is not None and self.max_unit[0] != mx.phy_offset:
             agg.add(group, "RDB_MAX_OFFSET", ERROR, where, None, f"{name}: the max entry says unit {mx.cq_offset} is at "
                     f"{mx.phy_offset}, the unit says {self.max_unit[0]}", topic=topic, queueId=qid,
                     queueOffset=mx.cq_offset, phyOffset=mx.phy_offset)
