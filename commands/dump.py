@@ -14,6 +14,7 @@ from formats.extaddr import decorate, is_ext_addr
 from formats.message import BODY_MODES, RecordError, render_body
 from rmqstore_cli.engine.derived.consumequeue import is_filler
 from rmqstore_cli.engine.query.rocksdbqueue import unit_rows
+from rmqstore_cli.engine.query.stats import rocksdb_summary
 from rmqstore_cli.engine.log.commitlog import ScanResult
 from rmqstore_cli.engine.query.timesearch import queue_range_by_time
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, NotFoundError, StoreCorruptError, UsageError
@@ -394,7 +395,8 @@ def dump_store(
             for chunk in st.commitlog.scan(check_crc=False, result=res):
                 advance(int(chunk.headers.totalSize.sum()))
         obj = _store_summary(st, res)
-        obj["startupCost"] = _startup_cost(st)
+        # the start-up plan follows file consume queues; a RocksDB store shows its checkpoint instead
+        obj["startupCost"] = _startup_cost(st) if st.rocksdb is None else {}
         out = Output(json_)
         if json_:
             out.line(obj)
@@ -438,12 +440,20 @@ def _store_summary(st, res) -> dict:
     queues = []
     for t, q in st.queues():
         cq = st.queue(t, q)
+        if st.rocksdb is not None:  # the broker's min/max, no unit loaded
+            lo, hi, end = cq.bounds()
+            queues.append({"topic": t, "queueId": q, "minOffset": lo, "maxOffset": hi,
+                           "maxPhysicOffset": end if end is not None else -1, "files": None})
+            continue
         u = cq.units()
         queues.append({"topic": t, "queueId": q, "minOffset": u.min_offset, "maxOffset": u.end_offset,
                        "maxPhysicOffset": int(u.phy[-1] + u.size[-1]) if len(u.phy) else -1, "files": len(cq.segments)})
     stop = res.stop
     lock = st.lock_state()
-    return {
+    extra = {}
+    if st.rocksdb is not None:
+        extra["rocksdbConsumeQueue"] = rocksdb_summary(st, stop.offset if stop else 0)
+    summary = {
         "root": st.root,
         "version": cfg.version,
         "geometry": geometry,
@@ -461,6 +471,7 @@ def _store_summary(st, res) -> dict:
         "lastExitOK": not st.abort_exists,
         "lock": {"exists": lock.exists, "held": lock.held, "detail": lock.detail},
     }
+    return summary | extra
 
 
 def register(app: typer.Typer, panel: str | None = None) -> None:

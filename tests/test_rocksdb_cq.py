@@ -497,3 +497,15 @@ def test_expired_commitlog_file_and_units_the_compaction_filter_dropped(store):
                 and u["phyOffset"] >= file_size]
         assert lag[(q["topic"], q["queueId"])]["cqMinOffset"] == min(live)
         assert lag[(q["topic"], q["queueId"])]["cqMaxOffset"] == q["maxOffset"]
+
+
+def test_dump_store_shows_the_broker_bounds_and_checkpoint(store):
+    before = tree_digest(store)
+    r = run("dump", "store", store, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert tree_digest(store) == before
+    got = {(q["topic"], q["queueId"]): (q["minOffset"], q["maxOffset"]) for q in d["queues"]}
+    assert got == {(q["topic"], q["queueId"]): (q["minOffset"], q["maxOffset"]) for q in broker_read(NAME)["queue"]}
+    assert d["rocksdbConsumeQueue"]["checkpoint"] == broker_read(NAME)["store"][0]["maxPhyOffsetInConsumeQueue"]
+    assert d["startupCost"] == {}  # the file queues' start-up plan is not made for a RocksDB store

@@ -43,7 +43,7 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
         # The database is read on a private copy (engine/derived/rocksdbqueue.py). Writes stay refused:
         # rmqstore cannot yet write the database the way the broker does (WRITE_REFUSAL below).
         READ: {"dump commitlog", "dump index", "dump checkpoint", "index query", "dump config", "diff",
-               "dump consumequeue", "get", "dump offsets", "stats", "verify"},
+               "dump consumequeue", "get", "dump offsets", "stats", "verify", "dump store"},
         WRITE: set(),
     },
     "batch-cq": {READ: {"dump commitlog", "dump index", "dump checkpoint", "index query",
