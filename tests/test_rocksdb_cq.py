@@ -256,10 +256,15 @@ def test_writing_commands_refuse_and_change_nothing(store, args):
     assert not any(p.name.startswith(store.name + ".rmqstore-backup") for p in store.parent.iterdir())
 
 
-def test_salvage_to_refuses(store, tmp_path):
+def test_salvage_to_refuses_and_jsonl_reads_the_log(store, tmp_path):
     before = tree_digest(store)
     r = run("salvage", store, "--to", tmp_path / "new")
     assert r.exit_code == 3 and not (tmp_path / "new").exists()
+    assert "salvage --jsonl" in r.output and "nothing was changed" in r.output
+    r = run("salvage", store, "--jsonl", tmp_path / "out.jsonl")
+    assert r.exit_code == 0, r.output
+    got = [json.loads(x)["offset"] for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert got == sorted(m["offset"] for m in broker_read(NAME)["clmsg"])
     assert tree_digest(store) == before
 
 

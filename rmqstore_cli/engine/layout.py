@@ -43,7 +43,7 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
         # The database is read on a private copy (engine/derived/rocksdbqueue.py). Writes stay refused:
         # rmqstore cannot yet write the database the way the broker does (WRITE_REFUSAL below).
         READ: {"dump commitlog", "dump index", "dump checkpoint", "index query", "dump config", "diff",
-               "dump consumequeue", "get", "dump offsets", "stats", "verify", "dump store"},
+               "dump consumequeue", "get", "dump offsets", "stats", "verify", "dump store", "salvage --jsonl"},
         WRITE: set(),
     },
     "batch-cq": {READ: {"dump commitlog", "dump index", "dump checkpoint", "index query",
@@ -55,6 +55,13 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
     # Reads ignore the timer store (they do not misreport the rest); writes that cut or re-dispatch
     # the commitlog would leave timer units pointing at nothing.
     "timer": {READ: {"*"}, WRITE: {"append", "rebuild index", "offsets set", "repair config"}},
+}
+
+
+# (feature, command) -> why a command that reads the rest of such a store is still refused on it.
+COMMAND_REASONS = {
+    ("rocksdb-cq", "salvage --to"): "the new store would get file consume queues while the broker's settings keep "
+                                    "a RocksDB one; `salvage --jsonl` rescues the records",
 }
 
 
@@ -167,6 +174,10 @@ def require_understood(layout: Layout, command: str, access: str) -> None:
     if not missing:
         return
     what = "; ".join(f"{FEATURES[f]} ({layout.details.get(f, f)})" for f in missing)
+    reasons = [COMMAND_REASONS[(f, command)] for f in missing if (f, command) in COMMAND_REASONS]
+    if access == READ and len(reasons) == len(missing):
+        raise UnsupportedLayoutError(f"cannot `{command}` this store: it holds {what}: {'; '.join(reasons)}; "
+                                     "nothing was changed")
     command = command.split(" --")[0]
     if access == WRITE:
         why = "; ".join(WRITE_REASONS[f] for f in missing if f in WRITE_REASONS)
