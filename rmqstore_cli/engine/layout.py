@@ -41,7 +41,7 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
     "dledger": {READ: set(), WRITE: set()},
     "rocksdb-cq": {
         # The database is read on a private copy (engine/derived/rocksdbqueue.py). Writes stay refused:
-        # rmqstore cannot yet write the database the way the broker does (WRITE_REFUSAL below).
+        # rmqstore cannot yet write the database the way the broker does (WRITE_REASONS above).
         READ: {"dump commitlog", "dump index", "dump checkpoint", "index query", "dump config", "diff",
                "dump consumequeue", "get", "dump offsets", "stats", "verify", "dump store", "salvage --jsonl"},
         WRITE: set(),

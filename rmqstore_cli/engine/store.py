@@ -16,7 +16,7 @@ from .log.checkpoint import Checkpoint, read_checkpoint, read_checkpoint_head
 from .log.commitlog import CommitLog
 from .config.storeconfig import StoreConfig, apply_settings, infer_geometry, read_broker_conf
 from .derived.consumequeue import ConsumeQueue, ConsumeQueueExt, list_queues
-from .derived.rocksdbqueue import RocksDBConsumeQueueStore
+from .derived.rocksdbqueue import RocksDBConsumeQueue, RocksDBConsumeQueueStore
 from .errors import NotAStoreError, UsageError
 from .findings import Finding
 from .layout import READ, WRITE, Layout, detect_layout, is_rocksdb_dir, require_understood
@@ -74,7 +74,7 @@ class Store:
         cl_dir = config.storePathCommitLog or os.path.join(root, "commitlog")
         self.commitlog = CommitLog(cl_dir, config)
         self._index: IndexService | None = None
-        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._queues: dict[tuple[str, int], ConsumeQueue | RocksDBConsumeQueue] = {}
         self._exts: dict[tuple[str, int], ConsumeQueueExt] = {}
         self._layout: Layout | None = None
         self._rocksdb: RocksDBConsumeQueueStore | None = None
@@ -147,7 +147,7 @@ class Store:
             return self.rocksdb.queues()
         return list_queues(self.root, "consumequeue")
 
-    def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue | RocksDBConsumeQueue:
         """One consume queue: a file queue, or a RocksDBConsumeQueue of the database (same read methods)."""
         key = (topic, queue_id)
         if key not in self._queues:
