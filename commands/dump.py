@@ -13,6 +13,8 @@ from formats.fast import REASON_TEXT, STOP_BAD_MAGIC, STOP_BAD_SIZE, STOP_INVALI
 from formats.extaddr import decorate, is_ext_addr
 from formats.message import BODY_MODES, RecordError, render_body
 from rmqstore_cli.engine.derived.consumequeue import is_filler
+from rmqstore_cli.engine.query.rocksdbqueue import unit_rows
+from rmqstore_cli.engine.query.stats import rocksdb_summary
 from rmqstore_cli.engine.log.commitlog import ScanResult
 from rmqstore_cli.engine.query.timesearch import queue_range_by_time
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, NotFoundError, StoreCorruptError, UsageError
@@ -206,7 +208,7 @@ def dump_consumequeue(
         rows = _cq_rows(st, topic, queue, from_, to, msg, body, since_ms, until_ms)
         if limit is not None:
             rows = islice(rows, limit)
-        cols = CQ_COLUMNS
+        cols = CQ_COLUMNS if st.rocksdb is None else CQ_COLUMNS[:-1] + [("storeTime", "storeTime")]
         if msg and not json_:  # a whole message per cell is unreadable: show its id and properties
             cols = CQ_COLUMNS + [("msgId", "msgId"), ("propertiesRaw", "properties")]
             rows = ({**r, **{k: (r.get("msg") or {}).get(k) for k in ("msgId", "propertiesRaw")}} for r in rows)
@@ -222,6 +224,9 @@ def _queues(st, topic, queue, dirname="consumequeue"):
 
 
 def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None, until=None):
+    if st.rocksdb is not None:
+        yield from _rocksdb_cq_rows(st, topic, queue, from_, to, with_msg, body, since, until)
+        return
     ext_on = st.config.enableConsumeQueueExt
     timed = since is not None or until is not None
     max_phy = None
@@ -247,6 +252,19 @@ def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None,
             if with_msg and not row.get("filler"):
                 try:
                     row["msg"] = render_body(st.commitlog.read(phy, with_body=body != "none"), body)
+                except RecordError as e:
+                    row["msg"] = None
+                    row["msgError"] = str(e)
+            yield row
+
+
+def _rocksdb_cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None, until=None):
+    """The units of a RocksDB consume queue (they carry their store time: --since/--until select by it)."""
+    for t, q in _queues(st, topic, queue):
+        for row in unit_rows(st.queue(t, q), from_, to, since, until):
+            if with_msg:
+                try:
+                    row["msg"] = render_body(st.commitlog.read(row["phyOffset"], with_body=body != "none"), body)
                 except RecordError as e:
                     row["msg"] = None
                     row["msgError"] = str(e)
@@ -377,7 +395,8 @@ def dump_store(
             for chunk in st.commitlog.scan(check_crc=False, result=res):
                 advance(int(chunk.headers.totalSize.sum()))
         obj = _store_summary(st, res)
-        obj["startupCost"] = _startup_cost(st)
+        # the start-up plan follows file consume queues; a RocksDB store shows its checkpoint instead
+        obj["startupCost"] = _startup_cost(st) if st.rocksdb is None else {}
         out = Output(json_)
         if json_:
             out.line(obj)
@@ -421,12 +440,20 @@ def _store_summary(st, res) -> dict:
     queues = []
     for t, q in st.queues():
         cq = st.queue(t, q)
+        if st.rocksdb is not None:  # the broker's min/max, no unit loaded
+            lo, hi, end = cq.bounds()
+            queues.append({"topic": t, "queueId": q, "minOffset": lo, "maxOffset": hi,
+                           "maxPhysicOffset": end if end is not None else -1, "files": None})
+            continue
         u = cq.units()
         queues.append({"topic": t, "queueId": q, "minOffset": u.min_offset, "maxOffset": u.end_offset,
                        "maxPhysicOffset": int(u.phy[-1] + u.size[-1]) if len(u.phy) else -1, "files": len(cq.segments)})
     stop = res.stop
     lock = st.lock_state()
-    return {
+    extra = {}
+    if st.rocksdb is not None:
+        extra["rocksdbConsumeQueue"] = rocksdb_summary(st, stop.offset if stop else 0)
+    summary = {
         "root": st.root,
         "version": cfg.version,
         "geometry": geometry,
@@ -444,6 +471,7 @@ def _store_summary(st, res) -> dict:
         "lastExitOK": not st.abort_exists,
         "lock": {"exists": lock.exists, "held": lock.held, "detail": lock.detail},
     }
+    return summary | extra
 
 
 def register(app: typer.Typer, panel: str | None = None) -> None:

@@ -39,7 +39,8 @@ def salvage(
     if to and (since or until):
         raise UsageError("--since/--until go with --jsonl (a new store keeps every rescued record)")
     since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
-    st = open_store(store, geometry, command="salvage")
+    # --jsonl reads the commitlog only; --to builds a store (refused where the layout is not writable)
+    st = open_store(store, geometry, command="salvage --jsonl" if jsonl else "salvage --to")
     with st:
         v = geometry.broker_version or st.config.version
         rep = engine.to_store(st, v, to) if to else engine.to_jsonl(st, v, jsonl, since=since_ms, until=until_ms)

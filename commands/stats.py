@@ -78,6 +78,10 @@ def stats(
         out.table(lagging, LAG_COLUMNS, title="consume queues behind the commitlog")
     else:
         stdout.print("consume queues: none behind the commitlog", markup=False)
+    if "rocksdbConsumeQueue" in s:
+        r = s["rocksdbConsumeQueue"]
+        out.kv({"queues": r["queues"], "dispatch checkpoint": r["checkpoint"],
+                "log ahead of the checkpoint": f"{r['dispatchBehindBytes']} B"}, title=f"RocksDB consume queue {r['directory']}")
     print_offsets_audit(out, offsets)
     _histogram(s["sizeHistogram"])
     _timeline(s["timeline"])

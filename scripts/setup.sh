@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install rmqstore with its Spark and test extras. Idempotent.
+# Create .venv (if missing) and install rmqstore with its Spark, test and RocksDB extras. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[spark,test]' 2>&1 | grep -v "is ignored: it is neither" || true
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[spark,test,rocksdb]' 2>&1 | grep -v "is ignored: it is neither" || true
 .venv/bin/python -c "import rmqstore_cli, formats, commands" 
 # Compile the numba read kernels once now (cached per environment) rather than in the first command.
 .venv/bin/python -m formats.kernel

@@ -29,14 +29,21 @@ FEATURES = {
 
 READ, WRITE = "read", "write"
 
+# Feature -> why writing commands are refused on it (one clause of the refusal line).
+WRITE_REASONS = {
+    "rocksdb-cq": "rmqstore reads that database (on a copy) but does not write it the way the broker does: its "
+                  "units, queue offsets and dispatch checkpoint would no longer match the commitlog",
+}
+
 # Feature -> the set of command names the engine handles it for, per kind of access. "*" is every
 # command of that kind. A command missing here is refused on a store with that feature.
 SUPPORT: dict[str, dict[str, set[str]]] = {
     "dledger": {READ: set(), WRITE: set()},
     "rocksdb-cq": {
-        # Commands that never read the consume queues are right on a RocksDB store.
-        READ: {"dump commitlog", "dump index", "dump checkpoint", "index query",
-               "dump config", "diff"},
+        # The database is read on a private copy (engine/derived/rocksdbqueue.py). Writes stay refused:
+        # rmqstore cannot yet write the database the way the broker does (WRITE_REASONS above).
+        READ: {"dump commitlog", "dump index", "dump checkpoint", "index query", "dump config", "diff",
+               "dump consumequeue", "get", "dump offsets", "stats", "verify", "dump store", "salvage --jsonl"},
         WRITE: set(),
     },
     "batch-cq": {READ: {"dump commitlog", "dump index", "dump checkpoint", "index query",
@@ -48,6 +55,13 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
     # Reads ignore the timer store (they do not misreport the rest); writes that cut or re-dispatch
     # the commitlog would leave timer units pointing at nothing.
     "timer": {READ: {"*"}, WRITE: {"append", "rebuild index", "offsets set", "repair config"}},
+}
+
+
+# (feature, command) -> why a command that reads the rest of such a store is still refused on it.
+COMMAND_REASONS = {
+    ("rocksdb-cq", "salvage --to"): "the new store would get file consume queues while the broker's settings keep "
+                                    "a RocksDB one; `salvage --jsonl` rescues the records",
 }
 
 
@@ -79,7 +93,7 @@ def _nonempty_dir(path: str) -> bool:
         return False
 
 
-def _is_rocksdb_dir(path: str) -> str | None:
+def is_rocksdb_dir(path: str) -> str | None:
     """The database's own files, if ``path`` is a RocksDB folder."""
     try:
         names = os.listdir(path)
@@ -87,7 +101,8 @@ def _is_rocksdb_dir(path: str) -> str | None:
         return None
     seen = [n for n in names if n == "CURRENT" or n.startswith("MANIFEST-") or n.endswith(".sst")
             or n.startswith("OPTIONS-")]
-    if "CURRENT" in names and any(n.startswith("MANIFEST-") for n in names):
+    # topics may be named CURRENT or MANIFEST-x (not *.sst: no dots): a database's CURRENT is a file
+    if os.path.isfile(os.path.join(path, "CURRENT")) and any(n.startswith("MANIFEST-") for n in names):
         return ", ".join(sorted(seen)[:4])
     if any(n.endswith(".sst") for n in names):
         return ", ".join(sorted(seen)[:4])
@@ -130,7 +145,7 @@ def detect_layout(root: str, config=None) -> Layout:
         features.add("dledger")
         details["dledger"] = f"{'/, '.join(dledger)}/ beside an empty or missing commitlog/"
     cq_dir = os.path.join(root, "consumequeue")
-    rocks = _is_rocksdb_dir(cq_dir)
+    rocks = is_rocksdb_dir(cq_dir)
     if rocks or getattr(config, "storeType", "default") == "defaultRocksDB":
         features.add("rocksdb-cq")
         details["rocksdb-cq"] = f"consumequeue/ is a RocksDB database ({rocks})" if rocks \
@@ -159,11 +174,17 @@ def require_understood(layout: Layout, command: str, access: str) -> None:
     if not missing:
         return
     what = "; ".join(f"{FEATURES[f]} ({layout.details.get(f, f)})" for f in missing)
+    reasons = [COMMAND_REASONS[(f, command)] for f in missing if (f, command) in COMMAND_REASONS]
+    if access == READ and len(reasons) == len(missing):
+        raise UnsupportedLayoutError(f"cannot `{command}` this store: it holds {what}: {'; '.join(reasons)}; "
+                                     "nothing was changed")
     command = command.split(" --")[0]
     if access == WRITE:
+        why = "; ".join(WRITE_REASONS[f] for f in missing if f in WRITE_REASONS)
         raise UnsupportedLayoutError(
-            f"refusing `{command}`: the store holds {what}, which rmqstore cannot yet write safely "
-            f"(supported for writing: a classic commitlog with file consume queues); nothing was changed")
+            f"refusing `{command}`: the store holds {what}, which rmqstore cannot yet write safely"
+            + (f" ({why})" if why else "")
+            + " (supported for writing: a classic commitlog with file consume queues); nothing was changed")
     raise UnsupportedLayoutError(
         f"cannot `{command}` this store: it holds {what}, which rmqstore cannot read yet "
         f"(its findings would be false); supported: a classic commitlog with file consume queues")

@@ -16,9 +16,10 @@ from .log.checkpoint import Checkpoint, read_checkpoint, read_checkpoint_head
 from .log.commitlog import CommitLog
 from .config.storeconfig import StoreConfig, apply_settings, infer_geometry, read_broker_conf
 from .derived.consumequeue import ConsumeQueue, ConsumeQueueExt, list_queues
+from .derived.rocksdbqueue import RocksDBConsumeQueue, RocksDBConsumeQueueStore
 from .errors import NotAStoreError, UsageError
 from .findings import Finding
-from .layout import READ, WRITE, Layout, detect_layout, require_understood
+from .layout import READ, WRITE, Layout, detect_layout, is_rocksdb_dir, require_understood
 from .derived.index import IndexService
 
 KNOWN_ENTRIES = {
@@ -73,9 +74,10 @@ class Store:
         cl_dir = config.storePathCommitLog or os.path.join(root, "commitlog")
         self.commitlog = CommitLog(cl_dir, config)
         self._index: IndexService | None = None
-        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._queues: dict[tuple[str, int], ConsumeQueue | RocksDBConsumeQueue] = {}
         self._exts: dict[tuple[str, int], ConsumeQueueExt] = {}
         self._layout: Layout | None = None
+        self._rocksdb: RocksDBConsumeQueueStore | None = None
 
     # --- opening -------------------------------------------------------------------
 
@@ -129,13 +131,30 @@ class Store:
             self._index = IndexService(self.root, self.config)
         return self._index
 
+    @property
+    def rocksdb(self) -> RocksDBConsumeQueueStore | None:
+        """The RocksDB consume queue (5.3 storeType=defaultRocksDB), None for file consume queues."""
+        if self._rocksdb is None and self.layout.has("rocksdb-cq"):
+            cq_dir = os.path.join(self.root, "consumequeue")
+            if not is_rocksdb_dir(cq_dir) and list_queues(self.root, "consumequeue"):
+                raise UsageError(f"the broker's settings say storeType=defaultRocksDB but {cq_dir} holds file consume "
+                                 "queues: check --config")
+            self._rocksdb = RocksDBConsumeQueueStore(cq_dir, lambda: self.commitlog.min_offset)
+        return self._rocksdb
+
     def queues(self) -> list[tuple[str, int]]:
+        if self.rocksdb is not None:
+            return self.rocksdb.queues()
         return list_queues(self.root, "consumequeue")
 
-    def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue | RocksDBConsumeQueue:
+        """One consume queue: a file queue, or a RocksDBConsumeQueue of the database (same read methods)."""
         key = (topic, queue_id)
         if key not in self._queues:
-            self._queues[key] = ConsumeQueue(self.root, topic, queue_id, self.config)
+            if self.rocksdb is not None:
+                self._queues[key] = self.rocksdb.queue(topic, queue_id)
+            else:
+                self._queues[key] = ConsumeQueue(self.root, topic, queue_id, self.config)
         return self._queues[key]
 
     def ext(self, topic: str, queue_id: int) -> ConsumeQueueExt:
@@ -192,7 +211,10 @@ class Store:
         if self._index:
             self._index.close()
         for q in self._queues.values():
-            q.segments.close()
+            if hasattr(q, "segments"):
+                q.segments.close()
+        if self._rocksdb is not None:
+            self._rocksdb.close()
         for e in self._exts.values():
             e.segments.close()
 

@@ -236,9 +236,12 @@ def get_by_queue(store: Store, topic: str, queue_id: int, queue_offset: int, wit
     if queue_offset < 0:
         raise UsageError("--queue-offset must be >= 0")
     cq = store.queue(topic, queue_id)
-    if not cq.segments.segments:
-        raise NotFoundError(f"no consume queue {topic}/{queue_id} in {store.root}")
-    unit = cq.unit_at(queue_offset)
+    if store.rocksdb is not None:
+        unit = _rocksdb_unit(store, cq, topic, queue_id, queue_offset)
+    else:
+        if not cq.segments.segments:
+            raise NotFoundError(f"no consume queue {topic}/{queue_id} in {store.root}")
+        unit = cq.unit_at(queue_offset)
     if unit is None:
         raise NotFoundError(f"queue offset {queue_offset} is outside the files of consume queue {topic}/{queue_id}")
     phy, size, tags = unit
@@ -262,6 +265,20 @@ def get_by_queue(store: Store, topic: str, queue_id: int, queue_offset: int, wit
                                 f"record: {'; '.join(wrong)}")
     msg["cqUnit"] = {"phyOffset": phy, "size": size, "tagsCode": tags}
     return msg
+
+
+def _rocksdb_unit(store: Store, cq, topic: str, queue_id: int, queue_offset: int) -> tuple[int, int, int]:
+    """The unit the broker serves at ``queue_offset`` of a RocksDB consume queue (RocksDBConsumeQueue#get)."""
+    if (topic, queue_id) not in store.queues():
+        raise NotFoundError(f"no consume queue {topic}/{queue_id} in the RocksDB consume queue {cq.directory}")
+    if queue_offset >= cq.max_offset:
+        raise NotFoundError(f"queue offset {queue_offset} of {topic}/{queue_id} is past the end of the queue "
+                            f"(max offset {cq.max_offset})")
+    unit = cq.unit_at(queue_offset)
+    if unit is None:
+        raise NotFoundError(f"queue offset {queue_offset} of {topic}/{queue_id} has no unit in the RocksDB consume queue "
+                            f"(min offset {cq.min_offset()})")
+    return unit
 
 
 def _index_topics(store: Store) -> list[str]:

@@ -199,6 +199,8 @@ def compute_stats(store, since: int | None = None, until: int | None = None) -> 
     timed = since is not None or until is not None
     # Lag compares queues with the whole log: meaningless for a slice of it.
     out["consumeQueueLag"] = [] if timed else queue_lag(store, out["queues"])
+    if store.rocksdb is not None and not timed:
+        out["rocksdbConsumeQueue"] = rocksdb_summary(store, out["commitlog"]["maxOffset"])
     if timed:
         out["timeRange"] = {"since": since, "until": until}
     return out
@@ -245,6 +247,15 @@ def index_stats(store) -> list[dict]:
             "beginPhyOffset": h.beginPhyOffset, "endPhyOffset": h.endPhyOffset,
         })
     return rows
+
+
+def rocksdb_summary(store, log_end: int) -> dict:
+    """The RocksDB consume queue's dispatch checkpoint (getMaxPhyOffsetInConsumeQueue) and how far the log is
+    ahead of it (the bytes the broker's next start dispatches)."""
+    db = store.rocksdb
+    cp = db.checkpoint
+    return {"directory": db.directory, "queues": len(db.queues()), "checkpoint": cp,
+            "dispatchBehindBytes": None if cp is None else max(0, log_end - cp)}
 
 
 def queue_lag(store, queue_rows: list[dict]) -> list[dict]:

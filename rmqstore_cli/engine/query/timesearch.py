@@ -105,6 +105,10 @@ class TimeSearch:
 
     def offset(self, topic: str, queue_id: int, timestamp: int) -> int:
         """The queue offset DefaultMessageStore.getOffsetInQueueByTime returns for this queue and time (ms)."""
+        if self.store.rocksdb is not None:
+            from .rocksdbqueue import offset_by_time as rocksdb_offset_by_time
+
+            return rocksdb_offset_by_time(self.store.queue(topic, queue_id), timestamp)
         b = queue_bounds(self.store, topic, queue_id)
         files, file_size = _files(self.store, topic, queue_id, b.max)
         if not files:

@@ -20,6 +20,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from ..errors import UsageError
 from ..findings import Finding
 from .commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_parallel,  # noqa: F401 (public API)
                         as_windows, first_windows, iter_windows, verify_segments, verify_segments_parallel,
@@ -28,6 +29,7 @@ from .index import _check_checkpoint, _check_index, _check_root
 from .queues import _check_consume_queues, _check_dispatch
 from .records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier,  # noqa: F401
                       map_large_allocations)
+from .rocksdbqueues import CheckpointDispatch, RocksQueueWindows, check_database
 from .windows import DispatchWindows, IndexWindows, QueueWindows, Windows, segments_overlap
 
 
@@ -63,6 +65,10 @@ def verify_store(store, *, check_crc: bool = True, reports: Iterable[SegmentRepo
 
     In process, the log is verified in windows (:mod:`.windows`): one window's records at a
     time (whole-segment reports are cut into windows). A distributed ``cross_checks``, or segments that overlap, take the whole-log formulation."""
+    if store.rocksdb is not None:
+        if cross_checks is not InProcessCrossChecks or segments_overlap(store.commitlog):
+            raise UsageError("a RocksDB consume queue is verified in process, on commitlog files that do not overlap")
+        return _verify_in_windows(store, check_crc=check_crc, reports=reports, progress=progress)
     if cross_checks is InProcessCrossChecks and not segments_overlap(store.commitlog):
         return _verify_in_windows(store, check_crc=check_crc, reports=reports, progress=progress)
     return _verify_whole_log(store, check_crc=check_crc, reports=None if reports is None else list(whole_segments(reports)),
@@ -76,12 +82,17 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     findings: list[Finding] = []
     findings += cl.segments.problems
     windows = Windows(cl)
-    queues = [QueueWindows(store, topic, qid, windows, findings) for topic, qid in store.queues()]
+    rocksdb = store.rocksdb
+    queue_windows = QueueWindows if rocksdb is None else RocksQueueWindows
+    queues = [queue_windows(store, topic, qid, windows, findings) for topic, qid in store.queues()]
     svc = store.index
     findings += svc.problems
     index_files = [IndexWindows(f, windows) for f in svc.files if f.complete]
     phy_maxes = [q.phy_max for q in queues if q.phy_max is not None]
-    dispatch = DispatchWindows(max(phy_maxes) if phy_maxes else None)
+    if rocksdb is None:
+        dispatch = DispatchWindows(max(phy_maxes) if phy_maxes else None)
+    else:  # the database's checkpoint is where the broker's next start dispatches from
+        dispatch = CheckpointDispatch(rocksdb.checkpoint)
     dispatch.reread_with(lambda w: _Records(store, [window_report(cl, w, check_crc=check_crc)]))
     times = _Agg()
     prev_ts = None
@@ -128,6 +139,8 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
         q.finish(refs, findings)
     dispatch.finish(cl, findings)
     summary["consumeQueues"] = {"queues": len(queues), "units": sum(q.units for q in queues)}
+    if rocksdb is not None:
+        summary["consumeQueues"].update(check_database(store, queues, data_end, findings))
     for ix in index_files:
         ix.finish(refs, findings)
     summary["index"] = {"files": len(svc.files), "entries": sum(ix.entries for ix in index_files)}

@@ -222,7 +222,9 @@ class _RefClassifier:
         return idx, status
 
 
-def _cq_loc(cq, queue_offset: int) -> tuple[str, int]:
+def _cq_loc(cq, queue_offset: int) -> tuple[str, int | None]:
+    if hasattr(cq, "location"):  # a RocksDB consume queue: its units are keys of one database, not file positions
+        return cq.location(queue_offset)
     pos = queue_offset * CQ_UNIT_SIZE
     start = pos - pos % cq.file_size
     return os.path.join(cq.directory, "%020d" % start), pos % cq.file_size
