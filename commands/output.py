@@ -75,15 +75,30 @@ class Output:
                 write(line + "\n")
 
     def table(self, rows: Iterable[dict], columns: Sequence[tuple[str, str]], title: str | None = None,
-              limit_note: str | None = None) -> int:
-        """Rows as a rich table, or as JSON Lines when --json (then every key of the row is printed)."""
+              limit_note: str | None = None, *, root: str | None = None, wrap: Sequence[str] = ()) -> int:
+        """Rows as a rich table, or as JSON Lines when --json (then every key of the row is printed).
+
+        ``root``: ``path`` cells are shown relative to this store root (JSON keeps them absolute).
+        ``wrap``: the columns whose text wraps instead of being cut (plans and findings); such a table
+        keeps every other column at its full width, and becomes a list when the terminal is too narrow."""
         if self.as_json:
             return self.lines(rows)
         cells = [[_time_cell(r.get(k)) if k in TIME_FIELDS else _cell(r.get(k)) for k, _ in columns] for r in rows]
+        if root is not None:
+            keys = [k for k, _ in columns]
+            if "path" in keys:
+                j = keys.index("path")
+                for row in cells:
+                    row[j] = relative(row[j], root)
         n = len(cells)
-        text = _plain_table(title, columns, cells)
+        text = _plain_table(title, columns, cells, () if wrap else WIDE_COLUMNS)
         if text is not None:
             sys.stdout.write(text)
+            if limit_note:
+                stderr.print(limit_note)
+            return n
+        if wrap:
+            _print_fitted(stdout, title, columns, cells, set(wrap))
             if limit_note:
                 stderr.print(limit_note)
             return n
@@ -111,6 +126,9 @@ class Output:
         stdout.print(t)
 
 
+# Columns cut at 48 characters in the dump tables (they hold store data of any length).
+WIDE_COLUMNS = {"topic", "propertiesRaw", "properties", "msgId", "message", "path", "bodyText", "keys", "body"}
+
 _NOT_PLAIN = re.compile(r"[\x00-\x1f\x7f]|\s$")
 
 
@@ -119,7 +137,8 @@ def _is_markup(text: str) -> bool:
     return "[" in text and (RE_TAGS.search(text) is not None or "\\[" in text)
 
 
-def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: list[list[str]]) -> str | None:
+def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: list[list[str]],
+                 capped=WIDE_COLUMNS) -> str | None:
     """The text rich prints for :meth:`Output.table`'s table, built directly (rich spends ~1 ms
     per row), or None when rich must draw it: a terminal (styles), no rows, a table wider than
     the console (rich then shrinks columns), a title that would wrap, cells with markup
@@ -140,7 +159,7 @@ def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: l
             for row, c in zip(cells, col):
                 row[j] = c
         w = max(cell_len(header), max(map(cell_len, col))) + 2
-        if key in WIDE_COLUMNS:
+        if key in capped:
             w = min(w, 48 + 2)
         widths.append(w)
     table_width = sum(widths) + len(widths) + 1
@@ -170,15 +189,101 @@ def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: l
     return "\n".join(out)
 
 
+# The narrowest a wrapping column gets before a table turns into a list.
+WRAP_MIN = 16
+
+
+def _fit_widths(natural: list[int], headers: list[int], wraps: list[bool], width: int) -> list[int] | None:
+    """Column widths (without padding) for a table of ``width`` columns: those that do not wrap keep
+    their natural width, wrapping ones share the rest (none below WRAP_MIN or its header), or None
+    when that does not fit."""
+    room = width - (3 * len(natural) + 1) - sum(n for n, w in zip(natural, wraps) if not w)
+    flex = sorted((n, j) for j, (n, w) in enumerate(zip(natural, wraps)) if w)
+    if room < sum(max(headers[j], min(n, WRAP_MIN)) for n, j in flex):
+        return None
+    out = list(natural)
+    for i, (n, j) in enumerate(flex):  # narrowest first: what one does not need goes to the others
+        share = room // (len(flex) - i)
+        out[j] = max(headers[j], min(n, WRAP_MIN), min(n, share))
+        room -= out[j]
+    return out
+
+
+def _print_fitted(con: Console, title: str | None, columns: Sequence[tuple[str, str]], cells: list[list[str]],
+                  wrap: set[str]) -> None:
+    """A table whose cells are never cut: long text wraps in the ``wrap`` columns; on a terminal too
+    narrow for that, each row is printed as a list of ``header value`` lines."""
+    headers = [cell_len(h) for _, h in columns]
+    natural = [max([headers[j]] + [cell_len(r[j]) for r in cells]) for j in range(len(columns))]
+    wraps = [k in wrap for k, _ in columns]
+    widths = _fit_widths(natural, headers, wraps, con.width)
+    if widths is None:
+        if title:
+            con.print(Text(title, style="italic"))
+        for row in cells:
+            grid = Table.grid(padding=(0, 1))
+            grid.add_column(no_wrap=True, style="bold")
+            grid.add_column(overflow="fold")
+            for (_, h), c in zip(columns, row):
+                grid.add_row(Text(h), Text(c))
+            con.print(grid)
+            con.print()
+        return
+    folded = any(w < n for w, n in zip(widths, natural))
+    t = Table(title=title, show_lines=folded, header_style="bold")
+    for (k, header), w, wr in zip(columns, widths, wraps):
+        t.add_column(header, width=w, no_wrap=not wr, overflow="fold")
+    for row in cells:
+        t.add_row(*(Text(c) for c in row))
+    con.print(t)
+
+
+def relative(path: str, root: str | None) -> str:
+    """A path inside the store root as ``commitlog/00000000000001703936``; others as they are."""
+    if not path or not root:
+        return path
+    base = root.rstrip(os.sep) + os.sep
+    return path[len(base):] if path.startswith(base) else path
+
+
+# An epoch-millisecond number in prose: 12-13 digits after a word naming a time (not an offset).
+_EPOCH_MS = re.compile(r"(?<![\w])(\d{12,13})(?![\w])")
+_TIME_WORD = re.compile(r"(?i)time|stamp")
+_NOT_TIME_WORD = re.compile(r"(?i)offset|bytes|\bat\b|size|position|\bunit")
+
+
+def prose(text: str, root: str | None = None) -> str:
+    """A line of a plan or report for the terminal: store paths relative to ``root`` and epoch
+    milliseconds named as times (``store time 1795315520405``) in ISO-8601, as the tables show them."""
+    if root:
+        base = root.rstrip(os.sep) + os.sep
+        text = text.replace(base, "")
+    out, last, was_time = [], 0, False
+    for m in _EPOCH_MS.finditer(text):
+        before = text[last:m.start()]
+        clause = re.split(r"[;()\[\]]", before)[-1]
+        if before.strip() in ("..", "-", "to", "and"):
+            is_time = was_time  # the other end of a range
+        else:
+            is_time = bool(_TIME_WORD.search(clause)) and not _NOT_TIME_WORD.search(clause.split(",")[-1])
+        out.append(before)
+        out.append(iso_ms(int(m.group(1))) if is_time else m.group(1))
+        last, was_time = m.end(), is_time
+    out.append(text[last:])
+    return "".join(out)
+
+
+def say(text: str, root: str | None = None) -> None:
+    """One line of prose on stderr (plans, reports): word-wrapped on a terminal, as it is when piped."""
+    stderr.print(prose(text, root), markup=False, highlight=False, soft_wrap=not stderr.is_terminal)
+
+
 def _fit(text: str, width: int) -> str:
     """One padded cell of ``width`` columns: rich's ellipsis overflow and left justification."""
     inner = width - 2
     if cell_len(text) > inner:
         text = set_cell_size(text, inner - 1) + "…"
     return " " + set_cell_size(text, inner) + " "
-
-
-WIDE_COLUMNS = {"topic", "propertiesRaw", "properties", "msgId", "message", "path", "bodyText", "keys", "body"}
 
 
 # Epoch-millisecond fields shown as local ISO-8601 times in tables (JSON keeps the numbers).

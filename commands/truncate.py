@@ -9,10 +9,10 @@ import typer
 from rmqstore_cli.engine.errors import StoreCorruptError
 from rmqstore_cli.engine.repair.recovery import plan_truncate
 
-from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
+from .common import Geometry, JsonOpt, StoreArg, geometry_options, guard_lock, open_store
 from .offsets_cmd import plan_impact, print_consumer_impact
 from .output import Output, handle_errors
-from .recover import (BackupOpt, DryRunOpt, ForceOpt, YesOpt, apply_and_verify, assess, finish_without_actions, guard_lock,
+from .recover import (BackupOpt, DryRunOpt, ForceOpt, YesOpt, apply_and_verify, assess, finish_without_actions,
                       print_plan)
 
 

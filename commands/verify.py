@@ -9,7 +9,7 @@ from rmqstore_cli.engine.config.offsets import add_config_audit
 from rmqstore_cli.engine.verify.pipeline import iter_segments_parallel, verify_store
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
-from .output import Output, handle_errors, progress, stderr
+from .output import Output, handle_errors, progress, prose, stderr
 
 COLUMNS = [("severity", "severity"), ("code", "code"), ("path", "file"), ("offset", "offset"), ("message", "what")]
 
@@ -38,7 +38,8 @@ def verify(
     if json_:
         out.lines(rows)
     elif rows:
-        out.table(rows, COLUMNS, title=f"verify {st.root}")
+        shown = [dict(r, message=prose(r["message"], st.root)) for r in rows]
+        out.table(shown, COLUMNS, title=f"verify {st.root}", root=st.root, wrap=("path", "message"))
     c = result.summary["findings"]
     cl = result.summary["commitlog"]
     stderr.print(f"rmqstore: verify: {cl['records']} records in {cl['files']} commitlog files; "
