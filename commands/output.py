@@ -97,7 +97,7 @@ class Output:
             if limit_note:
                 stderr.print(limit_note)
             return n
-        if wrap:
+        if wrap or not _fits(stdout, columns, cells):
             _print_fitted(stdout, title, columns, cells, set(wrap))
             if limit_note:
                 stderr.print(limit_note)
@@ -189,16 +189,36 @@ def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: l
     return "\n".join(out)
 
 
-# The narrowest a wrapping column gets before a table turns into a list.
+# Wide columns a reader copies whole (never shortened to fit a terminal; still capped at 48).
+WHOLE_COLUMNS = {"msgId"}
+# The narrowest a wrapping or shrinking column gets before a table turns into a list.
 WRAP_MIN = 16
 
 
-def _fit_widths(natural: list[int], headers: list[int], wraps: list[bool], width: int) -> list[int] | None:
-    """Column widths (without padding) for a table of ``width`` columns: those that do not wrap keep
-    their natural width, wrapping ones share the rest (none below WRAP_MIN or its header), or None
-    when that does not fit."""
-    room = width - (3 * len(natural) + 1) - sum(n for n, w in zip(natural, wraps) if not w)
-    flex = sorted((n, j) for j, (n, w) in enumerate(zip(natural, wraps)) if w)
+def _width(text: str) -> int:
+    return max(map(cell_len, text.split("\n"))) if "\n" in text else cell_len(text)
+
+
+def _natural(columns: Sequence[tuple[str, str]], cells: list[list[str]], capped) -> list[int]:
+    """Each column's width without padding as rich measures it (wide store-data columns capped at 48)."""
+    out = []
+    for j, (key, header) in enumerate(columns):
+        w = max([_width(header)] + [_width(r[j]) for r in cells])
+        out.append(min(w, 48) if key in capped else w)
+    return out
+
+
+def _fits(con: Console, columns: Sequence[tuple[str, str]], cells: list[list[str]]) -> bool:
+    """The table fits the console with every column at its natural width (rich then shrinks nothing)."""
+    return sum(_natural(columns, cells, WIDE_COLUMNS)) + 3 * len(columns) + 1 <= con.width
+
+
+def _fit_widths(natural: list[int], headers: list[int], flexible: list[bool], width: int) -> list[int] | None:
+    """Column widths (without padding) for a table of ``width`` columns: the fixed columns keep their
+    natural width, the flexible ones share the rest (none below WRAP_MIN or its header), or None when
+    that does not fit."""
+    room = width - (3 * len(natural) + 1) - sum(n for n, f in zip(natural, flexible) if not f)
+    flex = sorted((n, j) for j, (n, f) in enumerate(zip(natural, flexible)) if f)
     if room < sum(max(headers[j], min(n, WRAP_MIN)) for n, j in flex):
         return None
     out = list(natural)
@@ -211,12 +231,14 @@ def _fit_widths(natural: list[int], headers: list[int], wraps: list[bool], width
 
 def _print_fitted(con: Console, title: str | None, columns: Sequence[tuple[str, str]], cells: list[list[str]],
                   wrap: set[str]) -> None:
-    """A table whose cells are never cut: long text wraps in the ``wrap`` columns; on a terminal too
-    narrow for that, each row is printed as a list of ``header value`` lines."""
-    headers = [cell_len(h) for _, h in columns]
-    natural = [max([headers[j]] + [cell_len(r[j]) for r in cells]) for j in range(len(columns))]
-    wraps = [k in wrap for k, _ in columns]
-    widths = _fit_widths(natural, headers, wraps, con.width)
+    """A table in which no column is squeezed below its header or its content: the ``wrap`` columns
+    wrap their text (nothing cut); without them, wide store-data columns (WIDE_COLUMNS: topic,
+    properties, msgId...) are shortened with an ellipsis, down to WRAP_MIN. On a terminal too narrow
+    for that, each row is printed as a list of ``header value`` lines."""
+    headers = [_width(h) for _, h in columns]
+    natural = _natural(columns, cells, () if wrap else WIDE_COLUMNS)
+    flexible = [(k in wrap) if wrap else (k in WIDE_COLUMNS and k not in WHOLE_COLUMNS) for k, _ in columns]
+    widths = _fit_widths(natural, headers, flexible, con.width)
     if widths is None:
         if title:
             con.print(Text(title, style="italic"))
@@ -229,10 +251,13 @@ def _print_fitted(con: Console, title: str | None, columns: Sequence[tuple[str, 
             con.print(grid)
             con.print()
         return
-    folded = any(w < n for w, n in zip(widths, natural))
+    folded = bool(wrap) and any(w < n for w, n in zip(widths, natural))
     t = Table(title=title, show_lines=folded, header_style="bold")
-    for (k, header), w, wr in zip(columns, widths, wraps):
-        t.add_column(header, width=w, no_wrap=not wr, overflow="fold")
+    for (k, header), w, flex in zip(columns, widths, flexible):
+        if flex and not wrap:
+            t.add_column(header, width=w, no_wrap=True, overflow="ellipsis")
+        else:
+            t.add_column(header, width=w, no_wrap=not flex, overflow="fold")
     for row in cells:
         t.add_row(*(Text(c) for c in row))
     con.print(t)

@@ -5,6 +5,7 @@ the store root, and times in the prose are ISO-8601."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import sys
@@ -17,7 +18,7 @@ from rich.console import Console
 from commands import output
 from commands.output import prose, relative
 
-from .conftest import broker_read
+from .conftest import STORES, broker_read
 
 BORDERS = "│┃|"
 SEPARATOR = re.compile(r"^[┏┡├└┌╞╘━─┳╇┼┴┯┷┬┻ ]+[┓┩┤┘┐╡╛]?$")
@@ -72,17 +73,22 @@ def table_cells(text: str, title_word: str) -> tuple[list[str], list[list[str]]]
     blocks: list[list[str]] = []
     current: list[list[str]] | None = None
     headers = None
+    body = []
     for line in lines[i + 1:]:
         if line.startswith(("└", "┘")):
             break
-        if SEPARATOR.match(line):
+        body.append(line)
+    row_lines = any(line.startswith("├") for line in body)  # else one line per row (nothing wrapped)
+    for line in body:
+        if SEPARATOR.match(line) or (headers is not None and not row_lines and current is not None):
             if current is not None:
                 if headers is None:
                     headers = ["".join(p) for p in current]
                 else:
                     blocks.append(["".join(p) for p in current])
             current = None
-            continue
+            if SEPARATOR.match(line):
+                continue
         parts = re.split(r"[│┃]", line)[1:-1]
         if current is None:
             current = [[] for _ in parts]
@@ -226,3 +232,31 @@ def test_fitting_table_piped_is_what_rich_prints(monkeypatch):
     con = Console(file=buf, width=200, soft_wrap=False, highlight=False)
     output._print_fitted(con, "t", cols, cells, {"why"})
     assert plain == buf.getvalue()
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_offsets_table_fits(width, store_copy, monkeypatch):
+    """A table without wrapping columns (dump offsets): every column at its full width, or a list."""
+    from commands.offsets_cmd import OFFSET_COLUMNS
+
+    root = store_copy("4.9.3-clean")
+    (root / "config").mkdir(exist_ok=True)
+    (root / "config" / "consumerOffset.json").write_text(
+        (STORES / "config-samples" / "consumerOffset-4.9.3.json").read_text())
+    found = [json.loads(line) for line in _cli_json("dump", "offsets", str(root), "--json")
+             if json.loads(line).get("type") == "offset"]
+    assert len(found) == 5
+    buf = screen(monkeypatch, width)
+    assert invoke(["dump", "offsets", str(root)]) == 0
+    rows = [{k: ("" if r.get(k) is None else str(r[k])) for k, _ in OFFSET_COLUMNS} for r in found]
+    assert_all_visible(buf.getvalue(), "consumer offsets", OFFSET_COLUMNS, rows, width)
+
+
+def _cli_json(*args) -> list[str]:
+    import subprocess
+
+    from .conftest import REPO
+
+    p = subprocess.run([sys.executable, "-m", "rmqstore_cli", *args], capture_output=True, cwd=REPO, text=True)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.splitlines()
