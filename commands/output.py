@@ -193,6 +193,8 @@ def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: l
 WHOLE_COLUMNS = {"msgId"}
 # The narrowest a wrapping or shrinking column gets before a table turns into a list.
 WRAP_MIN = 16
+# Cells up to this wide stay whole when the other flexible columns can still have their minimum.
+SHORT_WHOLE = 40
 
 
 def _width(text: str) -> int:
@@ -222,9 +224,10 @@ def _fit_widths(natural: list[int], headers: list[int], flexible: list[bool], wi
     if room < sum(max(headers[j], min(n, WRAP_MIN)) for n, j in flex):
         return None
     out = list(natural)
+    mins = [max(headers[j], min(n, WRAP_MIN)) for n, j in flex]
     for i, (n, j) in enumerate(flex):  # narrowest first: what one does not need goes to the others
-        share = room // (len(flex) - i)
-        out[j] = max(headers[j], min(n, WRAP_MIN), min(n, share))
+        share = max(room // (len(flex) - i), min(n, SHORT_WHOLE))  # a short cell (a file name) stays whole
+        out[j] = max(mins[i], min(n, share, room - sum(mins[i + 1:])))
         room -= out[j]
     return out
 
