@@ -60,7 +60,7 @@ def rebuild(
     lock = take_lock(st.root, force)
     try:
         with st:
-            bounds_before = queue_bounds_now(st)  # for the consumers' side (#16)
+            bounds_before = queue_bounds_now(st)  # for the consumers' side
             res = engine_rebuild(st, what, topic=topic, from_offset=from_offset, backup=backup, jobs=jobs)
         backup.mark("complete")
     finally:

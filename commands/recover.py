@@ -253,7 +253,7 @@ def recover(
     guard_lock(st, force, yes)
     st, plan = make_plan(st)
     print_plan(out, plan, f"recover {st.root}")
-    print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side (#16)
+    print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side
     if dry_run:
         st.close()
         raise typer.Exit(plan.exit_code)

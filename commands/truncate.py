@@ -42,7 +42,7 @@ def truncate(
     plan = plan_truncate(st, offset, geometry.broker_version)
     assess(st, plan)
     print_plan(out, plan, f"truncate {st.root} at {offset}")
-    print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side (#16)
+    print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side
     if dry_run:
         st.close()
         raise typer.Exit(plan.exit_code)

@@ -1,4 +1,4 @@
-"""``rmqstore verify STORE``: every check of FORMAT.md, as findings (see README "Finding codes")."""
+"""``rmqstore verify STORE``: every check of FORMAT.md, as findings (codes: docs/findings.md)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def verify(
         # with -j the per-segment reports stream in from the workers, each consumed as it arrives
         reports = iter_segments_parallel(st.commitlog, jobs, check_crc=not no_crc, progress=advance) if jobs > 1 else None
         result = verify_store(st, check_crc=not no_crc, reports=reports, progress=advance)
-        add_config_audit(st, result)  # config/*.json and consumer offsets (#16)
+        add_config_audit(st, result)  # config/*.json and consumer offsets
     out = Output(json_)
     rows = [f.as_json() for f in result.findings]
     if json_:
