@@ -73,14 +73,14 @@ def rebuild(
     print_consumer_impact(out, rebuild_impact(st.root, st.config, bounds_before))
     if not json_:
         for p in res.get("problems", [])[:20]:
-            stderr.print(f"  {p['severity']} {p['code']} at {p['offset']}: {p['message']}", markup=False, highlight=False)
+            say_line(f"  {p['severity']} {p['code']} at {p['offset']}: {p['message']}", st.root)
         if res.get("checkpoint"):
-            stderr.print(f"  checkpoint: {', '.join(f'{k} = {v}' for k, v in res['checkpoint'].items())}", markup=False)
+            say_line(f"  checkpoint: {', '.join(f'{k} = {v}' for k, v in res['checkpoint'].items())}")
     result = verify_after(st.root, st.config, jobs)
     kept = kept_after_rebuild(st.root, parts, topic, result.findings)
     if not json_:
         for k in kept[:10]:
-            stderr.print(f"  KEPT {k['code']} {k.get('path') or ''}@{k.get('offset')}: {k['why']}", markup=False, highlight=False)
+            say_line(f"  KEPT {k['code']} {k.get('path') or ''}@{k.get('offset')}: {k['why']}", st.root)
     else:
         out.line({"type": "rebuild-findings", "keptFindings": kept})
     raise typer.Exit(report_verify(result, st.root, out, json_, kept))

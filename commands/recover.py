@@ -135,7 +135,7 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
         if lock is not None:
             lock.release()
     for s in res.steps:
-        stderr.print(f"  {s}", markup=False, highlight=False)
+        say_line(f"  {s}", root)
     stderr.print(f"rmqstore: {command} applied; backup and journal in {backup.dir} "
                  f"(undo with: rmqstore restore {backup.dir})", markup=False, highlight=False)
     if json_:
@@ -199,7 +199,7 @@ def report_verify(result, root: str, out: Output, json_: bool, kept: list = (), 
         c = result.summary["findings"]
         stderr.print(f"rmqstore: verify after apply: {c['error']} errors, {c['warning']} warnings", markup=False)
         for f in [d for d in outcome.unexpected][:20]:
-            stderr.print(f"  {f['severity']} {f['code']} {f.get('path') or ''} {f['message']}", markup=False, highlight=False)
+            say_line(f"  {f['severity']} {f['code']} {f.get('path') or ''} {f['message']}", root)
     stderr.print(f"rmqstore: {outcome.line}", markup=False, highlight=False)
     return outcome.exit_code
 
