@@ -6,7 +6,7 @@ Imports the CLI (``rmqstore_cli.app``) and the store engine as a command does, t
 import of the compiled kernels' module (numba's import) and twice opening STORE and walking its
 whole commitlog with CRC: the first loads the cached kernels, the second only does the work, so
 their difference is the load.
-Issue #11: cached kernels keep a CLI start within 0.3 s of the start before numba; this sum
+The target: cached kernels keep a CLI start within 0.3 s of the start before numba; this sum
 (numba import + cached kernel load) is that difference for a command that reads records.
 """
 

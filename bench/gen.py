@@ -1,4 +1,4 @@
-"""Fixed synthetic benchmark stores (issue #6), written by our own :class:`Appender`.
+"""Fixed synthetic benchmark stores, written by our own :class:`Appender`.
 
 1 GiB of commitlog in 64 MiB segments, 2 topics x 8 queues, ``KEYS`` + ``UNIQ_KEY`` on every
 message, default consume-queue and index geometry, 4.9.3 rules.  Messages go through the replay
@@ -42,7 +42,7 @@ BORN_HOST = "10.0.0.7:51234"
 STORE_HOST = "10.0.0.1:10911"
 BODY_SIZES = {"100B": 100, "1KiB": 1024, "4KiB": 4096}
 BROKER_SEGMENT_SIZE = 1 << 30  # the broker's default mappedFileSizeCommitLog
-# Issue #11's memory rows: (body size, commitlog bytes, segment size). The same layout as the
+# The memory rows: (body size, commitlog bytes, segment size). The same layout as the
 # 100 B store but in the broker's 1 GiB segments: 1 GiB (one segment, ~3.6 M records) and four
 # times that (4 segments, ~14.5 M messages, two index files): memory must grow with neither the
 # records per segment nor the store.

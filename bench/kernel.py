@@ -3,7 +3,7 @@ store, timed inside the process (numba import, kernel load and mapping excluded)
 
     python -m bench.kernel STORE [--repeat 5]   -> one JSON line: seconds (median), records, bytes, ...
 
-This is the ceiling every command's commitlog phase is measured against (issue #11): the same
+This is the ceiling every command's commitlog phase is measured against: the same
 :func:`formats.kernel.scan_records` call ``CommitLog.scan`` makes per chunk, into reused columns.
 """
 

@@ -1,6 +1,6 @@
 """Run one child process and measure it: wall time, peak anonymous memory, ru_maxrss.
 
-Issue #11 judges memory by *RssAnon* (``/proc/PID/status``): the anonymous pages the process
+Memory is judged by *RssAnon* (``/proc/PID/status``): the anonymous pages the process
 holds. ``ru_maxrss`` (VmHWM) also counts every mapped file page the process touched, so a scan
 of a 1 GiB commitlog or a 420 MB index file shows up there although the kernel can drop those
 pages at any time (NOTES-performance). There is no kernel high-water counter for RssAnon, so a

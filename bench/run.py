@@ -1,4 +1,4 @@
-"""Issue #11 benchmark harness: fixed synthetic stores, every workload, targets pass/fail, memory.
+"""The benchmark harness: fixed synthetic stores, every workload, targets pass/fail, memory.
 
     ./.venv/bin/python -m bench.run [--repeat 3] [--only verify,dump,memory] [--timeout 300] [--json-out FILE]
 
@@ -255,7 +255,7 @@ def memory_commands(apply_recover: bool = False) -> tuple[str, ...]:
 
 
 def memory_suite(b: Bench, infos: dict, apply_recover: bool = False, commands: tuple[str, ...] | None = None) -> None:
-    """Issue #11 Deliver 1: every command's RssAnon peak on 1 GiB and 4 GiB of 100 B messages,
+    """The memory rows: every command's RssAnon peak on 1 GiB and 4 GiB of 100 B messages,
     both in the broker's 1 GiB segments (gen.MEMORY_STORES_LAYOUT: one segment holds ~3.6 M
     records, so a table per segment would show here, where 64 MiB segments hid it).
 
@@ -380,7 +380,7 @@ def main() -> None:
             info = infos[n]
             warm(info["root"])
             name = "commitlog kernel (walk+CRC)"
-            try:  # timed inside the process: the kernel alone, against the issue #11 targets
+            try:  # timed inside the process: the kernel alone, against the targets
                 out = subprocess.run([py, "-m", "bench.kernel", info["root"], "--repeat", str(max(args.repeat, 3))],
                                      capture_output=True, text=True, cwd=ROOT, check=True, timeout=TIMEOUT)
                 row = json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""Issue #11 targets, checked against bench.run results (medians, one process unless stated).
+"""The benchmark targets, checked against bench.run results (medians, one process unless stated).
 
 Every throughput target is printed with PASS/FAIL and as a ratio to the bare walk+CRC kernel
 measured in the same run on the same store (workload MB/s / kernel MB/s). Memory is judged by

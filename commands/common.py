@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from rmqstore_cli.engine.errors import StoreInUseError
 from rmqstore_cli.engine.store import Store
 
 StoreArg = typer.Argument(..., help="Store root directory (the broker's storePathRootDir).", show_default=False)
@@ -127,3 +128,15 @@ def open_store(store: str, config: "Optional[str] | Geometry" = None, broker_ver
             raise
     warn_if_live(st)
     return st
+
+
+def guard_lock(st, force: bool, yes: bool) -> None:
+    """Exit 4 if a broker holds the lock (fcntl probe, §12.2), unless --force and confirmed."""
+    ls = st.lock_state()
+    if ls.held:
+        if not force:
+            raise StoreInUseError(f"store {st.root} is in use: its lock file is {ls.detail or 'held'} "
+                                  f"(a running broker?); stop it first (or --force)")
+        if not yes and not typer.confirm(f"The lock of {st.root} is {ls.detail or 'held'}. Writing under a running "
+                                         f"broker corrupts the store. Continue?", default=False):
+            raise typer.Exit(4)

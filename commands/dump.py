@@ -16,12 +16,13 @@ from rmqstore_cli.engine.derived.consumequeue import is_filler
 from rmqstore_cli.engine.query.rocksdbqueue import unit_rows
 from rmqstore_cli.engine.query.stats import rocksdb_summary
 from rmqstore_cli.engine.log.commitlog import ScanResult
+from rmqstore_cli.engine.config.offsets import group_offsets
 from rmqstore_cli.engine.query.timesearch import queue_range_by_time
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, NotFoundError, StoreCorruptError, UsageError
 
 from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
                      parse_time_option)
-from .output import Output, handle_errors, iso_ms, progress, stdout, warn
+from .output import Output, handle_errors, iso_ms, progress, stderr, stdout, warn
 
 dump_app = typer.Typer(help="Print the records of one part of a store (read-only).", no_args_is_help=True)
 
@@ -197,6 +198,9 @@ def dump_consumequeue(
     until: Optional[str] = UntilOpt,
     msg: bool = typer.Option(False, "--msg", help="Add the commitlog record each unit points at (as 'msg')."),
     body: str = typer.Option("none", "--body", help="With --msg: none|hex|text|base64"),
+    group: Optional[str] = typer.Option(None, "--group", help="A consumer group's backlog: each queue it has a committed "
+                                        "offset for (config/consumerOffset.json), from that offset to the queue's end: "
+                                        "the units the group has not consumed yet."),
     json_: bool = JsonOpt,
     geometry: Geometry = None,
 ):
@@ -205,14 +209,33 @@ def dump_consumequeue(
     since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
     st = open_store(store, geometry, command="dump consumequeue")
     with st:
-        rows = _cq_rows(st, topic, queue, from_, to, msg, body, since_ms, until_ms)
+        starts = _backlog_starts(st, group, topic, queue) if group is not None else None
+        rows = _cq_rows(st, topic, queue, from_, to, msg, body, since_ms, until_ms, starts=starts)
+        if group is not None:
+            rows = ({"group": group, **r} for r in rows)
         if limit is not None:
             rows = islice(rows, limit)
         cols = CQ_COLUMNS if st.rocksdb is None else CQ_COLUMNS[:-1] + [("storeTime", "storeTime")]
         if msg and not json_:  # a whole message per cell is unreadable: show its id and properties
             cols = CQ_COLUMNS + [("msgId", "msgId"), ("propertiesRaw", "properties")]
             rows = ({**r, **{k: (r.get("msg") or {}).get(k) for k in ("msgId", "propertiesRaw")}} for r in rows)
-        Output(json_).table(rows, cols, title=f"consume queues of {st.root}")
+        title = f"consume queues of {st.root}" if group is None else f"backlog of group {group} in {st.root}"
+        n = Output(json_).table(rows, cols, title=title)
+        if group is not None and not json_:
+            stderr.print(f"rmqstore: group {group}: {n} unit(s) not consumed yet in {len(starts)} queue(s)"
+                         + (f" (first {limit} shown)" if limit is not None and n == limit else ""), markup=False)
+
+
+def _backlog_starts(st, group: str, topic, queue) -> dict[tuple[str, int], int]:
+    """{(topic, queueId): first queue offset not consumed} for ``group``'s queues on disk (its committed offsets)."""
+    committed = group_offsets(st, group)
+    on_disk = set(st.queues())
+    starts = {k: v for k, v in committed.items() if (topic is None or k[0] == topic) and (queue is None or k[1] == queue)}
+    for t, q in sorted(set(starts) - on_disk):
+        warn(f"group {group}: {t} queue {q} has a committed offset ({starts.pop((t, q))}) but no consume queue on disk")
+    if not starts and (topic is not None or queue is not None):
+        raise NotFoundError(f"group {group!r} has no committed offset for topic {topic!r} queue {queue}")
+    return starts
 
 
 def _queues(st, topic, queue, dirname="consumequeue"):
@@ -223,9 +246,11 @@ def _queues(st, topic, queue, dirname="consumequeue"):
     return sel
 
 
-def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None, until=None):
+def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None, until=None, starts=None):
+    """Units of the selected queues; with ``starts`` ({(topic, queueId): offset}, a group's backlog) only those
+    queues, each from its offset (or --from, when later) to its end."""
     if st.rocksdb is not None:
-        yield from _rocksdb_cq_rows(st, topic, queue, from_, to, with_msg, body, since, until)
+        yield from _rocksdb_cq_rows(st, topic, queue, from_, to, with_msg, body, since, until, starts)
         return
     ext_on = st.config.enableConsumeQueueExt
     timed = since is not None or until is not None
@@ -233,9 +258,10 @@ def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None,
     if timed:
         res = st.commitlog.find_end(check_crc=False)
         max_phy = res.stop.offset if res.stop else 0
-    for t, q in _queues(st, topic, queue):
+    for t, q in _queues(st, topic, queue) if starts is None else sorted(starts):
         u = st.queue(t, q).units()
-        lo = 0 if from_ is None else int(np.searchsorted(u.queue_offsets, from_))
+        first = from_ if starts is None else max(starts[(t, q)], from_ or 0)
+        lo = 0 if first is None else int(np.searchsorted(u.queue_offsets, first))
         hi = len(u.queue_offsets) if to is None else int(np.searchsorted(u.queue_offsets, to))
         if timed:
             tlo, thi = queue_range_by_time(st, u, since, until, max_phy)
@@ -258,10 +284,11 @@ def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None,
             yield row
 
 
-def _rocksdb_cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None, until=None):
+def _rocksdb_cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None, until=None, starts=None):
     """The units of a RocksDB consume queue (they carry their store time: --since/--until select by it)."""
-    for t, q in _queues(st, topic, queue):
-        for row in unit_rows(st.queue(t, q), from_, to, since, until):
+    for t, q in _queues(st, topic, queue) if starts is None else sorted(starts):
+        first = from_ if starts is None else max(starts[(t, q)], from_ or 0)
+        for row in unit_rows(st.queue(t, q), first, to, since, until):
             if with_msg:
                 try:
                     row["msg"] = render_body(st.commitlog.read(row["phyOffset"], with_body=body != "none"), body)

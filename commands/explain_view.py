@@ -154,7 +154,7 @@ def startup_lines(cost: dict) -> list[str]:
 
 def print_next_start(out: Output, root: str, version: int, before: dict | None) -> None:
     """After an applied repair: what the broker's next start reads now, beside what it would have read."""
-    from rmqstore_cli.engine.repair.startup import next_start_after_repair
+    from rmqstore_cli.engine.repair.next_start import next_start_after_repair
 
     try:
         after = next_start_after_repair(root, version)

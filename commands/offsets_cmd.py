@@ -80,7 +80,7 @@ def dump_offsets(
         if audit.delay_rows:
             out.table(audit.delay_rows, DELAY_COLUMNS, title="delay offsets (delayOffset.json)")
         if found:
-            out.table([f.as_json() for f in found], FINDING_COLUMNS, title="config files")
+            out.table([f.as_json() for f in found], FINDING_COLUMNS, title="config files", root=st.root, wrap=("path", "message"))
     raise typer.Exit(EXIT_FINDINGS if any(f.severity in ("error", "warning") for f in found) else EXIT_CLEAN)
 
 
@@ -130,7 +130,7 @@ def dump_config(
                 stdout.print(f"{cf.name} (as loaded, standard JSON):", markup=False, highlight=False)
                 stdout.print(json.dumps(to_standard(cf.value), indent=2, ensure_ascii=False), markup=False, highlight=False)
         if found:
-            out.table([f.as_json() for f in found], FINDING_COLUMNS, title="findings")
+            out.table([f.as_json() for f in found], FINDING_COLUMNS, title="findings", root=st.root, wrap=("path", "message"))
     raise typer.Exit(EXIT_FINDINGS if any(f.severity in ("error", "warning") for f in found) else EXIT_CLEAN)
 
 
@@ -153,7 +153,8 @@ def print_consumer_impact(out: Output, impact: dict) -> None:
         _say("  consumers: no group's committed offset goes out of range")
         return
     rows = [dict(g, before=f"{g['before'][0]}..{g['before'][1]}", after=f"{g['after'][0]}..{g['after'][1]}") for g in groups]
-    out.table(rows, IMPACT_COLUMNS, title="consumer groups whose committed offset goes out of range")
+    out.table(rows, IMPACT_COLUMNS, title="consumer groups whose committed offset goes out of range",
+              wrap=("group", "topic"))
 
 
 def _guarded(compute) -> dict:
@@ -247,7 +248,7 @@ def repair_config(
     """
     from rmqstore_cli.engine.repair.config_plan import plan_config_repair
 
-    from .recover import guard_lock
+    from .common import guard_lock
 
     st = open_store(store, geometry, command="repair config", writes=True)
     out = Output(json_)
@@ -287,7 +288,7 @@ def offsets_set(
     from rmqstore_cli.engine.repair.config_plan import plan_offsets_set
     from rmqstore_cli.engine.query.lookup import parse_time
 
-    from .recover import guard_lock
+    from .common import guard_lock
 
     st = open_store(store, geometry, command="offsets set", writes=True)
     out = Output(json_)

@@ -75,15 +75,30 @@ class Output:
                 write(line + "\n")
 
     def table(self, rows: Iterable[dict], columns: Sequence[tuple[str, str]], title: str | None = None,
-              limit_note: str | None = None) -> int:
-        """Rows as a rich table, or as JSON Lines when --json (then every key of the row is printed)."""
+              limit_note: str | None = None, *, root: str | None = None, wrap: Sequence[str] = ()) -> int:
+        """Rows as a rich table, or as JSON Lines when --json (then every key of the row is printed).
+
+        ``root``: ``path`` cells are shown relative to this store root (JSON keeps them absolute).
+        ``wrap``: the columns whose text wraps instead of being cut (plans and findings); such a table
+        keeps every other column at its full width, and becomes a list when the terminal is too narrow."""
         if self.as_json:
             return self.lines(rows)
         cells = [[_time_cell(r.get(k)) if k in TIME_FIELDS else _cell(r.get(k)) for k, _ in columns] for r in rows]
+        if root is not None:
+            keys = [k for k, _ in columns]
+            if "path" in keys:
+                j = keys.index("path")
+                for row in cells:
+                    row[j] = relative(row[j], root)
         n = len(cells)
-        text = _plain_table(title, columns, cells)
+        text = _plain_table(title, columns, cells, () if wrap else WIDE_COLUMNS)
         if text is not None:
             sys.stdout.write(text)
+            if limit_note:
+                stderr.print(limit_note)
+            return n
+        if wrap or not _fits(stdout, columns, cells):
+            _print_fitted(stdout, title, columns, cells, set(wrap))
             if limit_note:
                 stderr.print(limit_note)
             return n
@@ -111,6 +126,9 @@ class Output:
         stdout.print(t)
 
 
+# Columns cut at 48 characters in the dump tables (they hold store data of any length).
+WIDE_COLUMNS = {"topic", "propertiesRaw", "properties", "msgId", "message", "path", "bodyText", "keys", "body"}
+
 _NOT_PLAIN = re.compile(r"[\x00-\x1f\x7f]|\s$")
 
 
@@ -119,7 +137,8 @@ def _is_markup(text: str) -> bool:
     return "[" in text and (RE_TAGS.search(text) is not None or "\\[" in text)
 
 
-def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: list[list[str]]) -> str | None:
+def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: list[list[str]],
+                 capped=WIDE_COLUMNS) -> str | None:
     """The text rich prints for :meth:`Output.table`'s table, built directly (rich spends ~1 ms
     per row), or None when rich must draw it: a terminal (styles), no rows, a table wider than
     the console (rich then shrinks columns), a title that would wrap, cells with markup
@@ -140,7 +159,7 @@ def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: l
             for row, c in zip(cells, col):
                 row[j] = c
         w = max(cell_len(header), max(map(cell_len, col))) + 2
-        if key in WIDE_COLUMNS:
+        if key in capped:
             w = min(w, 48 + 2)
         widths.append(w)
     table_width = sum(widths) + len(widths) + 1
@@ -170,15 +189,129 @@ def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: l
     return "\n".join(out)
 
 
+# Wide columns a reader copies whole (never shortened to fit a terminal; still capped at 48).
+WHOLE_COLUMNS = {"msgId"}
+# The narrowest a wrapping or shrinking column gets before a table turns into a list.
+WRAP_MIN = 16
+# Cells up to this wide stay whole when the other flexible columns can still have their minimum.
+SHORT_WHOLE = 40
+
+
+def _width(text: str) -> int:
+    return max(map(cell_len, text.split("\n"))) if "\n" in text else cell_len(text)
+
+
+def _natural(columns: Sequence[tuple[str, str]], cells: list[list[str]], capped) -> list[int]:
+    """Each column's width without padding as rich measures it (wide store-data columns capped at 48)."""
+    out = []
+    for j, (key, header) in enumerate(columns):
+        w = max([_width(header)] + [_width(r[j]) for r in cells])
+        out.append(min(w, 48) if key in capped else w)
+    return out
+
+
+def _fits(con: Console, columns: Sequence[tuple[str, str]], cells: list[list[str]]) -> bool:
+    """The table fits the console with every column at its natural width (rich then shrinks nothing)."""
+    return sum(_natural(columns, cells, WIDE_COLUMNS)) + 3 * len(columns) + 1 <= con.width
+
+
+def _fit_widths(natural: list[int], headers: list[int], flexible: list[bool], width: int) -> list[int] | None:
+    """Column widths (without padding) for a table of ``width`` columns: the fixed columns keep their
+    natural width, the flexible ones share the rest (none below WRAP_MIN or its header), or None when
+    that does not fit."""
+    room = width - (3 * len(natural) + 1) - sum(n for n, f in zip(natural, flexible) if not f)
+    flex = sorted((n, j) for j, (n, f) in enumerate(zip(natural, flexible)) if f)
+    if room < sum(max(headers[j], min(n, WRAP_MIN)) for n, j in flex):
+        return None
+    out = list(natural)
+    mins = [max(headers[j], min(n, WRAP_MIN)) for n, j in flex]
+    for i, (n, j) in enumerate(flex):  # narrowest first: what one does not need goes to the others
+        share = max(room // (len(flex) - i), min(n, SHORT_WHOLE))  # a short cell (a file name) stays whole
+        out[j] = max(mins[i], min(n, share, room - sum(mins[i + 1:])))
+        room -= out[j]
+    return out
+
+
+def _print_fitted(con: Console, title: str | None, columns: Sequence[tuple[str, str]], cells: list[list[str]],
+                  wrap: set[str]) -> None:
+    """A table in which no column is squeezed below its header or its content: the ``wrap`` columns
+    wrap their text (nothing cut); without them, wide store-data columns (WIDE_COLUMNS: topic,
+    properties, msgId...) are shortened with an ellipsis, down to WRAP_MIN. On a terminal too narrow
+    for that, each row is printed as a list of ``header value`` lines."""
+    headers = [_width(h) for _, h in columns]
+    natural = _natural(columns, cells, () if wrap else WIDE_COLUMNS)
+    flexible = [(k in wrap) if wrap else (k in WIDE_COLUMNS and k not in WHOLE_COLUMNS) for k, _ in columns]
+    widths = _fit_widths(natural, headers, flexible, con.width)
+    if widths is None:
+        if title:
+            con.print(Text(title, style="italic"))
+        for row in cells:
+            grid = Table.grid(padding=(0, 1))
+            grid.add_column(no_wrap=True, style="bold")
+            grid.add_column(overflow="fold")
+            for (_, h), c in zip(columns, row):
+                grid.add_row(Text(h), Text(c))
+            con.print(grid)
+            con.print()
+        return
+    folded = bool(wrap) and any(w < n for w, n in zip(widths, natural))
+    t = Table(title=title, show_lines=folded, header_style="bold")
+    for (k, header), w, flex in zip(columns, widths, flexible):
+        if flex and not wrap:
+            t.add_column(header, width=w, no_wrap=True, overflow="ellipsis")
+        else:
+            t.add_column(header, width=w, no_wrap=not flex, overflow="fold")
+    for row in cells:
+        t.add_row(*(Text(c) for c in row))
+    con.print(t)
+
+
+def relative(path: str, root: str | None) -> str:
+    """A path inside the store root as ``commitlog/00000000000001703936``; others as they are."""
+    if not path or not root:
+        return path
+    base = root.rstrip(os.sep) + os.sep
+    return path[len(base):] if path.startswith(base) else path
+
+
+# An epoch-millisecond number in prose: 12-13 digits after a word naming a time (not an offset).
+_EPOCH_MS = re.compile(r"(?<![\w])(\d{12,13})(?![\w])")
+_TIME_WORD = re.compile(r"(?i)time|stamp")
+_NOT_TIME_WORD = re.compile(r"(?i)offset|bytes|\bat\b|size|position|\bunit")
+
+
+def prose(text: str, root: str | None = None) -> str:
+    """A line of a plan or report for the terminal: store paths relative to ``root`` and epoch
+    milliseconds named as times (``store time 1795315520405``) in ISO-8601, as the tables show them."""
+    if root:
+        base = root.rstrip(os.sep) + os.sep
+        text = text.replace(base, "")
+    out, last, was_time = [], 0, False
+    for m in _EPOCH_MS.finditer(text):
+        before = text[last:m.start()]
+        clause = re.split(r"[;()\[\]]", before)[-1]
+        if before.strip() in ("..", "-", "to", "and"):
+            is_time = was_time  # the other end of a range
+        else:
+            is_time = bool(_TIME_WORD.search(clause)) and not _NOT_TIME_WORD.search(clause.split(",")[-1])
+        out.append(before)
+        out.append(iso_ms(int(m.group(1))) if is_time else m.group(1))
+        last, was_time = m.end(), is_time
+    out.append(text[last:])
+    return "".join(out)
+
+
+def say(text: str, root: str | None = None) -> None:
+    """One line of prose on stderr (plans, reports): word-wrapped on a terminal, as it is when piped."""
+    stderr.print(prose(text, root), markup=False, highlight=False, soft_wrap=not stderr.is_terminal)
+
+
 def _fit(text: str, width: int) -> str:
     """One padded cell of ``width`` columns: rich's ellipsis overflow and left justification."""
     inner = width - 2
     if cell_len(text) > inner:
         text = set_cell_size(text, inner - 1) + "…"
     return " " + set_cell_size(text, inner) + " "
-
-
-WIDE_COLUMNS = {"topic", "propertiesRaw", "properties", "msgId", "message", "path", "bodyText", "keys", "body"}
 
 
 # Epoch-millisecond fields shown as local ISO-8601 times in tables (JSON keeps the numbers).

@@ -9,10 +9,10 @@ import typer
 from rmqstore_cli.engine.repair.backup import Backup
 from rmqstore_cli.engine.repair.rebuild import rebuild as engine_rebuild
 
-from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
+from .common import Geometry, JsonOpt, StoreArg, geometry_options, guard_lock, open_store
 from .offsets_cmd import print_consumer_impact, queue_bounds_now, rebuild_impact
-from .output import Output, handle_errors, stderr
-from .recover import BackupOpt, ForceOpt, YesOpt, guard_lock, report_verify, verify_after
+from .output import Output, handle_errors, say as say_line, stderr
+from .recover import BackupOpt, ForceOpt, YesOpt, report_verify, verify_after
 
 
 @handle_errors
@@ -51,7 +51,7 @@ def rebuild(
     if dry_run:
         verdict = assess_rebuild(st, parts, topic)
         st.close()
-        raise typer.Exit(print_rebuild_plan(out, what, parts, topic, from_offset, verdict))
+        raise typer.Exit(print_rebuild_plan(out, what, parts, topic, from_offset, verdict, root=st.root))
     # Applied, no verify runs before: rebuild changes neither the commitlog nor the folders it was not
     # asked to rebuild, so the findings it keeps on purpose are the ones verify after apply sorts as
     # kept (assess_rebuild on that verify); a first verify would only predict the same list.
@@ -60,7 +60,7 @@ def rebuild(
     lock = take_lock(st.root, force)
     try:
         with st:
-            bounds_before = queue_bounds_now(st)  # for the consumers' side (#16)
+            bounds_before = queue_bounds_now(st)  # for the consumers' side
             res = engine_rebuild(st, what, topic=topic, from_offset=from_offset, backup=backup, jobs=jobs)
         backup.mark("complete")
     finally:
@@ -73,14 +73,14 @@ def rebuild(
     print_consumer_impact(out, rebuild_impact(st.root, st.config, bounds_before))
     if not json_:
         for p in res.get("problems", [])[:20]:
-            stderr.print(f"  {p['severity']} {p['code']} at {p['offset']}: {p['message']}", markup=False, highlight=False)
+            say_line(f"  {p['severity']} {p['code']} at {p['offset']}: {p['message']}", st.root)
         if res.get("checkpoint"):
-            stderr.print(f"  checkpoint: {', '.join(f'{k} = {v}' for k, v in res['checkpoint'].items())}", markup=False)
+            say_line(f"  checkpoint: {', '.join(f'{k} = {v}' for k, v in res['checkpoint'].items())}")
     result = verify_after(st.root, st.config, jobs)
     kept = kept_after_rebuild(st.root, parts, topic, result.findings)
     if not json_:
         for k in kept[:10]:
-            stderr.print(f"  KEPT {k['code']} {k.get('path') or ''}@{k.get('offset')}: {k['why']}", markup=False, highlight=False)
+            say_line(f"  KEPT {k['code']} {k.get('path') or ''}@{k.get('offset')}: {k['why']}", st.root)
     else:
         out.line({"type": "rebuild-findings", "keptFindings": kept})
     raise typer.Exit(report_verify(result, st.root, out, json_, kept))
@@ -94,7 +94,7 @@ def kept_after_rebuild(root: str, parts: list, topic, findings) -> list:
     return sort_rebuild_findings(root, parts, topic, findings)["kept"]
 
 
-def print_rebuild_plan(out: Output, what: str, parts: list, topic, from_offset, verdict: dict) -> int:
+def print_rebuild_plan(out: Output, what: str, parts: list, topic, from_offset, verdict: dict, root: str | None = None) -> int:
     """``rebuild --dry-run``: the contract's plan (exit 0 only when nothing is damaged)."""
     empty = not verdict["fixed"] and not verdict["kept"]
     code = 0 if empty else 1
@@ -103,7 +103,7 @@ def print_rebuild_plan(out: Output, what: str, parts: list, topic, from_offset, 
                   "empty": empty, "fixedFindings": verdict["fixed"], "keptFindings": verdict["kept"],
                   "exitCode": code, "expectedApplyExitCode": 0})
         return code
-    say = lambda s: stderr.print(s, markup=False, highlight=False)  # noqa: E731
+    say = lambda s: say_line(s, root)  # noqa: E731
     say(f"rebuild {what}: would regenerate {', '.join(parts) or 'nothing'}"
         + (f" (topic {topic})" if topic else "") + (f" from {from_offset}" if from_offset is not None else ""))
     if verdict["fixed"]:

@@ -9,10 +9,10 @@ import typer
 from rmqstore_cli.engine.errors import StoreInUseError
 from rmqstore_cli.engine.repair.recovery import plan_recovery
 
-from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
+from .common import Geometry, JsonOpt, StoreArg, geometry_options, guard_lock, open_store
 from .explain_view import print_next_start, startup_lines
 from .offsets_cmd import plan_impact, print_consumer_impact
-from .output import Output, handle_errors, stderr
+from .output import Output, handle_errors, prose, say as say_line, stderr
 
 ACTION_COLUMNS = [("action", "action"), ("path", "file"), ("offset", "offset"), ("why", "why")]
 BackupOpt = typer.Option(None, "--backup-dir", help="Where removed/overwritten bytes go (default: STORE.rmqstore-backup/<time>-<command>/ beside the store; never inside it).")
@@ -26,7 +26,8 @@ def print_plan(out: Output, plan, title: str) -> None:
         out.line(plan.as_json())
         out.line(plan.summary)
         return
-    say = lambda s: stderr.print(s, markup=False, highlight=False)  # noqa: E731
+    root = plan.root
+    say = lambda s: say_line(s, root)  # noqa: E731
     cl = plan.commitlog
     say(f"{title}: broker {plan.summary['version']} rules, {'normal' if plan.last_exit_ok else 'abnormal (abort file present)'} recovery")
     for r in plan.refusals:
@@ -61,7 +62,9 @@ def print_plan(out: Output, plan, title: str) -> None:
     if any(a.kind == "zero_tail" for a in plan.actions):
         say("  truncated tails are zero-filled (Java leaves the old bytes), so stale records cannot reappear after a later crash")
     if plan.actions:
-        out.table([a.as_json() for a in plan.actions], ACTION_COLUMNS, title="actions (every byte is copied to the backup first)")
+        rows = [dict(a.as_json(), why=prose(a.why, root)) for a in plan.actions]
+        out.table(rows, ACTION_COLUMNS, title="actions (every byte is copied to the backup first)", root=root,
+                  wrap=("path", "why"))
     elif plan.empty:
         say("  nothing to do: the store is what the broker would have after its own recovery, and verify finds nothing")
     else:
@@ -99,18 +102,6 @@ def assess(st, plan) -> None:
     assess_plan(st, plan, getattr(plan, "verify_findings", None))
 
 
-def guard_lock(st, force: bool, yes: bool) -> None:
-    """Exit 4 if a broker holds the lock (fcntl probe, §12.2), unless --force and confirmed."""
-    ls = st.lock_state()
-    if ls.held:
-        if not force:
-            raise StoreInUseError(f"store {st.root} is in use: its lock file is {ls.detail or 'held'} "
-                                  f"(a running broker?); stop it first (or --force)")
-        if not yes and not typer.confirm(f"The lock of {st.root} is {ls.detail or 'held'}. Writing under a running "
-                                         f"broker corrupts the store. Continue?", default=False):
-            raise typer.Exit(4)
-
-
 def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command: str, index_namer=None,
                      json_: bool = False, replan=None) -> int:
     """Backup + apply + verify; returns the exit code.
@@ -144,7 +135,7 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
         if lock is not None:
             lock.release()
     for s in res.steps:
-        stderr.print(f"  {s}", markup=False, highlight=False)
+        say_line(f"  {s}", root)
     stderr.print(f"rmqstore: {command} applied; backup and journal in {backup.dir} "
                  f"(undo with: rmqstore restore {backup.dir})", markup=False, highlight=False)
     if json_:
@@ -208,7 +199,7 @@ def report_verify(result, root: str, out: Output, json_: bool, kept: list = (), 
         c = result.summary["findings"]
         stderr.print(f"rmqstore: verify after apply: {c['error']} errors, {c['warning']} warnings", markup=False)
         for f in [d for d in outcome.unexpected][:20]:
-            stderr.print(f"  {f['severity']} {f['code']} {f.get('path') or ''} {f['message']}", markup=False, highlight=False)
+            say_line(f"  {f['severity']} {f['code']} {f.get('path') or ''} {f['message']}", root)
     stderr.print(f"rmqstore: {outcome.line}", markup=False, highlight=False)
     return outcome.exit_code
 
@@ -262,7 +253,7 @@ def recover(
     guard_lock(st, force, yes)
     st, plan = make_plan(st)
     print_plan(out, plan, f"recover {st.root}")
-    print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side (#16)
+    print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side
     if dry_run:
         st.close()
         raise typer.Exit(plan.exit_code)

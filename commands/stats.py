@@ -52,7 +52,7 @@ def stats(
     st = open_store(store, geometry, command="stats")
     with st:
         s = compute_stats(st, since_ms, until_ms)
-        offsets = offsets_for_stats(st)  # consumer offsets audit (#16)
+        offsets = offsets_for_stats(st)  # consumer offsets audit
     s.update(offsets)
     out = Output(json_)
     if json_:

@@ -9,10 +9,10 @@ import typer
 from rmqstore_cli.engine.errors import StoreCorruptError
 from rmqstore_cli.engine.repair.recovery import plan_truncate
 
-from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
+from .common import Geometry, JsonOpt, StoreArg, geometry_options, guard_lock, open_store
 from .offsets_cmd import plan_impact, print_consumer_impact
 from .output import Output, handle_errors
-from .recover import (BackupOpt, DryRunOpt, ForceOpt, YesOpt, apply_and_verify, assess, finish_without_actions, guard_lock,
+from .recover import (BackupOpt, DryRunOpt, ForceOpt, YesOpt, apply_and_verify, assess, finish_without_actions,
                       print_plan)
 
 
@@ -42,7 +42,7 @@ def truncate(
     plan = plan_truncate(st, offset, geometry.broker_version)
     assess(st, plan)
     print_plan(out, plan, f"truncate {st.root} at {offset}")
-    print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side (#16)
+    print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side
     if dry_run:
         st.close()
         raise typer.Exit(plan.exit_code)

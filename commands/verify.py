@@ -1,4 +1,4 @@
-"""``rmqstore verify STORE``: every check of FORMAT.md, as findings (see README "Finding codes")."""
+"""``rmqstore verify STORE``: every check of FORMAT.md, as findings (codes: docs/findings.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rmqstore_cli.engine.config.offsets import add_config_audit
 from rmqstore_cli.engine.verify.pipeline import iter_segments_parallel, verify_store
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
-from .output import Output, handle_errors, progress, stderr
+from .output import Output, handle_errors, progress, prose, stderr
 
 COLUMNS = [("severity", "severity"), ("code", "code"), ("path", "file"), ("offset", "offset"), ("message", "what")]
 
@@ -32,13 +32,14 @@ def verify(
         # with -j the per-segment reports stream in from the workers, each consumed as it arrives
         reports = iter_segments_parallel(st.commitlog, jobs, check_crc=not no_crc, progress=advance) if jobs > 1 else None
         result = verify_store(st, check_crc=not no_crc, reports=reports, progress=advance)
-        add_config_audit(st, result)  # config/*.json and consumer offsets (#16)
+        add_config_audit(st, result)  # config/*.json and consumer offsets
     out = Output(json_)
     rows = [f.as_json() for f in result.findings]
     if json_:
         out.lines(rows)
     elif rows:
-        out.table(rows, COLUMNS, title=f"verify {st.root}")
+        shown = [dict(r, message=prose(r["message"], st.root)) for r in rows]
+        out.table(shown, COLUMNS, title=f"verify {st.root}", root=st.root, wrap=("path", "message"))
     c = result.summary["findings"]
     cl = result.summary["commitlog"]
     stderr.print(f"rmqstore: verify: {cl['records']} records in {cl['files']} commitlog files; "

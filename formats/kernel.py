@@ -2,8 +2,10 @@
 property CRC — the broker's ``checkMessageAndReturnSize`` loop (FORMAT.md §2, §4, §13.3) at
 machine speed, one record per loop step instead of one numpy pass per field.
 
-Only :mod:`formats.fast` imports this module (lazily: importing numba costs ~0.4 s, which a
-command that never reads records must not pay). Kernels are compiled once per environment and
+Callers reach these kernels through :mod:`formats.fast`, which imports this module lazily (importing
+numba costs ~0.4 s, which a command that never reads records must not pay); the other kernel modules
+take its :func:`_jit` helper, and :mod:`formats.warmup` compiles them all. This module imports none of
+them. Kernels are compiled once per environment and
 cached (``cache=True``): in ``__pycache__`` beside this file when it is writable (a checkout or an
 editable install), else in the user cache directory (numba's ``UserWideCacheLocator``:
 ``$XDG_CACHE_HOME/numba`` or ``~/.cache/numba``), or ``NUMBA_CACHE_DIR`` when that is set; when
@@ -460,40 +462,3 @@ validate = _jit(_validate)
 body_crc_mask = _jit(_body_crc_mask)
 crc32_of = _jit(_crc32_of)
 property_crc_of = _jit(_property_crc_of)
-
-
-def warm_up() -> None:
-    """Compile (or load from the cache) every kernel once, with the argument types the callers use."""
-    from . import fast
-
-    data = bytes(256)
-    u8 = fast.kernel_view(data)
-    fast.walk(data)
-    h = fast.decode_headers(data, np.zeros(1, dtype=np.int64))
-    fast.validate(data, h, True, PROP_IF_PRESENT)
-    fast.check_body_crc(data, h)
-    fast.check_property_crc(data, 0, 128)
-    fast.scan_records(data, 0, len(data))
-    crc32_of(u8, 0, 16)
-    from . import propscan
-
-    pv = propscan.scan(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
-    propscan.key_hashes(u8, np.ones(1, bool), np.zeros(1, np.uint32), pv)
-    propscan.java_hash_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
-    propscan.group_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
-    from . import indexchain
-
-    indexchain.chain_block(np.ones(1, np.int32), np.zeros(1, np.int32), 1, 4, np.zeros(4, np.int32))
-    from . import jsonl
-
-    jsonl.kernel_lines(data, h.take(0), 0, "none")  # dump --json's writer (formats.jsonkernel)
-    from . import checkkernel
-
-    checkkernel.warm_up()
-
-
-if __name__ == "__main__":  # python -m formats.kernel: compile ahead of the first command (set-up scripts)
-    from formats import kernel as _k  # the module the callers use, not this __main__ copy
-
-    _k.warm_up()
-    print(f"rmqstore kernels ready (CRC32: {_k.CRC_IMPLEMENTATION}; cache: {_k.scan_records.stats.cache_path})")

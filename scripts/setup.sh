@@ -9,4 +9,4 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[spark,test,rocksdb]' 2>&1 | grep -v "is ignored: it is neither" || true
 .venv/bin/python -c "import rmqstore_cli, formats, commands" 
 # Compile the numba read kernels once now (cached per environment) rather than in the first command.
-.venv/bin/python -m formats.kernel
+.venv/bin/python -m formats.warmup

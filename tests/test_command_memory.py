@@ -1,7 +1,7 @@
 """Commands that look at the records around one offset (get's and truncate's boundary messages, the
 msgId explanation, diff's first differing record) walk the segment piecewise and stop past the offset
 (formats.fast.neighbours): a broker's 1 GiB segment of 100 B messages holds ~3.6 M records, whose
-offsets (or, before, a Python list of them) would grow with the segment (issue #11, constant memory).
+offsets (or, before, a Python list of them) would grow with the segment (constant memory).
 Numpy allocations are measured with tracemalloc, which counts them exactly."""
 
 from __future__ import annotations

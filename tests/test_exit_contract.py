@@ -1,4 +1,4 @@
-"""The exit-code contract of recover / truncate / rebuild (issue #17), on copies of the broker-written stores.
+"""The exit-code contract of recover / truncate / rebuild, on copies of the broker-written stores.
 
 * ``--dry-run`` exits 0 exactly when the plan is empty (no action, no refusal, nothing damaged), 1 when it
   has actions or names damage, 2 when data would be lost without an explicit choice.

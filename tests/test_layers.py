@@ -80,3 +80,101 @@ def test_one_way_between_top_level_packages():
                 if any(mod == b or mod.startswith(b + ".") for b in banned):
                     bad.append(f"{rel}:{line} imports {mod}")
     assert not bad, "\n".join(bad)
+
+
+# --- import circles ---------------------------------------------------------------------------
+
+CIRCLE_FREE = ("rmqstore_cli", "formats", "commands")
+
+
+def import_graph(root: str, tops) -> dict[str, set[str]]:
+    """{module: modules of ``tops`` it imports} under ``root``, every import counted: at the top, inside
+    functions, under ``if TYPE_CHECKING``; ``from P import m`` counts P.m when m is a module, else P."""
+    files = {}
+    for top in tops:
+        for dirpath, _, names in os.walk(os.path.join(root, top)):
+            for f in names:
+                if f.endswith(".py"):
+                    dotted = os.path.relpath(os.path.join(dirpath, f), root)[:-3].replace(os.sep, ".")
+                    is_pkg = dotted.endswith(".__init__")
+                    files[dotted[: -len(".__init__")] if is_pkg else dotted] = (os.path.join(dirpath, f), is_pkg)
+    graph = {}
+    for mod, (path, is_pkg) in files.items():
+        package = mod.split(".") if is_pkg else mod.split(".")[:-1]
+        out = set()
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read(), path)):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+                src = ".".join(p for p in (base, node.module or "") if p)
+                subs = [f"{src}.{a.name}" for a in node.names if f"{src}.{a.name}" in files]
+                targets = subs + ([src] if len(subs) < len(node.names) else [])
+            else:
+                continue
+            out.update(t for t in targets if t in files and t != mod)
+        graph[mod] = out
+    return graph
+
+
+def import_circles(root: str, tops) -> list[list[str]]:
+    """Every group of modules that import one another in a circle (strongly connected, size > 1)."""
+    graph = import_graph(root, tops)
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:  # Tarjan's algorithm without recursion
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                group = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    group.append(w)
+                    if w == v:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+    return circles
+
+
+def test_no_import_circles():
+    circles = import_circles(ROOT, CIRCLE_FREE)
+    assert not circles, "modules that import one another in a circle:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def _write(root, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_an_injected_circle_is_found(tmp_path):
+    """The checker on a tiny package: clean, then with a circle through an import inside a function,
+    then through ``from package import module`` and a relative import."""
+    _write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from pkg import b\n", "pkg/b.py": "import os\n",
+                      "pkg/sub/__init__.py": "", "pkg/sub/c.py": "from ..a import x\n"})
+    assert import_circles(str(tmp_path), ["pkg"]) == []
+    _write(tmp_path, {"pkg/b.py": "def f():\n    from .sub import c\n    return c\n"})
+    assert import_circles(str(tmp_path), ["pkg"]) == [["pkg.a", "pkg.b", "pkg.sub.c"]]
+    _write(tmp_path, {"pkg/b.py": "import os\n", "pkg/d.py": "from pkg import e\n", "pkg/e.py": "from . import d\n"})
+    assert import_circles(str(tmp_path), ["pkg"]) == [["pkg.d", "pkg.e"]]

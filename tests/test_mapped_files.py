@@ -1,4 +1,4 @@
-"""A few files of each directory mapped at once (issue #11: mappings released segment by segment)."""
+"""A few files of each directory mapped at once (mappings released segment by segment)."""
 
 import gc
 import re

@@ -278,7 +278,7 @@ def test_next_start_after_recover_is_costed_on_the_broker_steps(store_copy):
     """The next start after an applied recover is costed from a plan of the broker's own steps (no check of
     every queue and index file): on the repaired store it equals the full plan's startup cost."""
     from rmqstore_cli.engine.repair.recovery import plan_recovery
-    from rmqstore_cli.engine.repair.startup import next_start_after_repair
+    from rmqstore_cli.engine.repair.next_start import next_start_after_repair
 
     for name in ("4.9.3-crash", "5.3.3-v2topic"):
         root = store_copy(name)

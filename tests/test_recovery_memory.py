@@ -1,4 +1,4 @@
-"""Recovery keeps no per-record Python objects (issue #11: constant memory).
+"""Recovery keeps no per-record Python objects (constant memory).
 
 The planner's walk feeds running values (logwalk.LogTally); the re-dispatch prediction re-walks the
 records it needs and runs the consume-queue put rules per queue on numpy batches

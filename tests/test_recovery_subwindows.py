@@ -25,7 +25,8 @@ def test_index_problems_by_file_equal_the_whole_table(tmp_path, monkeypatch, nam
     """Kept index files (seeded lies: offsets past the end, into other windows, nowhere, negative; hashes,
     links, times) checked window by window give the whole record table's findings, for the log's end and for
     an end cut in the middle of the log (entries past it)."""
-    from rmqstore_cli.engine.repair.derived import index_problems, record_table
+    from rmqstore_cli.engine.repair.derived import record_table
+    from rmqstore_cli.engine.repair.derived_windows import index_problems
     from rmqstore_cli.engine.repair.derived_windows import index_problems_by_file
 
     print("seed", SEED)

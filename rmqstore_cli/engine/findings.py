@@ -1,6 +1,6 @@
 """Findings: what verify, recover and the readers report about a store.
 
-Every finding has a stable ``code`` (see docs in README), a ``severity``
+Every finding has a stable ``code`` (docs/findings.md lists them), a ``severity``
 (``error``: the data is wrong or the broker would stumble; ``warning``: suspicious but
 readable; ``info``), a location (file path and byte offset in it) and one line of text.
 """

@@ -30,7 +30,7 @@ import time
 import uuid
 
 from . import datasource
-from .jobs import CODECS, DEFAULT_CODEC, commitlog_bytes
+from .common import CODECS, DEFAULT_CODEC, commitlog_bytes
 
 # Columns stored without a dictionary: bodies are almost never repeated, so the writer would
 # only build a dictionary page to throw it away.

@@ -1,7 +1,7 @@
 """Finding codes of the ``rocketmq`` data source: the single-process ``verify``'s own codes.
 
 rmqstore_cli/engine/verify/pipeline.py owns the names; record reasons come from its table, and the
-walk stops map onto the codes it reports for the same damage (README "Finding codes").
+walk stops map onto the codes it reports for the same damage (docs/findings.md).
 """
 
 from __future__ import annotations

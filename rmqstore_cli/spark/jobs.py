@@ -11,37 +11,11 @@ import time
 
 from rmqstore_cli.engine.errors import UsageError
 
-EXPORT_FORMATS = ("parquet", "json")
+from .common import (CODECS, DEFAULT_CODEC, EXPORT_FORMATS, SPARK_CODECS, _write_findings, commitlog_bytes,  # noqa: F401
+                     finding_rows, is_local_path, local_path, read_records)
+
 PARTITION_COLUMNS = ("topic", "date", "queueId", "store")
-
-
-def read_records(spark, roots: list[str], *, body: bool = True, mode: str = "permissive", options: dict | None = None):
-    reader = spark.read.format("rocketmq").option("body", str(body).lower()).option("mode", mode)
-    for k, v in (options or {}).items():
-        if v is not None:
-            reader = reader.option(k, str(v))
-    return reader.load(",".join(roots))
-
-
 EXPORT_WRITERS = ("auto", "arrow", "spark")
-# Parquet codecs of both writers: our name -> pyarrow's name; SPARK_CODECS where Spark's differs (Spark's
-# "lz4" is Hadoop's framed LZ4; Arrow's "lz4" writes LZ4_RAW, which Spark calls "lz4_raw").
-CODECS = {"snappy": "snappy", "zstd": "zstd", "gzip": "gzip", "lz4": "lz4", "none": "none"}
-SPARK_CODECS = {"lz4": "lz4_raw"}
-DEFAULT_CODEC = "snappy"  # Spark's own default (spark.sql.parquet.compression.codec): same files, same size
-
-
-def is_local_path(path: str) -> bool:
-    """A path Arrow's local file system can write (no ``scheme://`` other than ``file:``)."""
-    return "://" not in path or path.startswith("file:")
-
-
-def local_path(path: str) -> str:
-    for prefix in ("file://", "file:"):
-        if path.startswith(prefix):
-            path = path[len(prefix):]
-            break
-    return os.path.abspath(os.path.expanduser(path))
 
 
 def export_writer(fmt: str, partition_by: list[str] | None, to: str, writer: str = "auto",
@@ -138,31 +112,6 @@ def verify(spark, roots: list[str], **kw) -> dict:
     return distributed_verify(spark, roots, **kw)
 
 
-def finding_rows(roots: list[str], results: list) -> list[dict]:
-    """Findings as the rows ``--json`` prints and ``--out`` writes."""
-    rows = []
-    for st_root, res in zip(roots, results):
-        for f in res.findings:
-            d = f.as_json()
-            rows.append({"store": os.path.abspath(st_root), "code": d.pop("code"), "severity": d.pop("severity"),
-                         "path": d.pop("path"), "offset": d.pop("offset"), "message": d.pop("message"),
-                         "phyOffset": d.pop("phyOffset", None), "count": d.pop("count", None),
-                         "extra": {k: str(v) for k, v in d.items()}})
-    return rows
-
-
-FINDINGS_DDL = ("store string, code string, severity string, path string, offset bigint, message string, "
-                "phyOffset bigint, count bigint, extra map<string,string>")
-
-
-def _write_findings(spark, rows: list[dict], out: str, fmt: str) -> None:
-    if fmt not in EXPORT_FORMATS:
-        raise UsageError(f"--out-format must be one of {', '.join(EXPORT_FORMATS)}")
-    df = spark.createDataFrame([tuple(r[k] for k in ("store", "code", "severity", "path", "offset", "message",
-                                                     "phyOffset", "count", "extra")) for r in rows], FINDINGS_DDL)
-    getattr(df.coalesce(1).write.mode("overwrite"), fmt)(out)
-
-
 # --- stats -----------------------------------------------------------------------------
 
 
@@ -251,11 +200,3 @@ def stats(spark, root: str, *, overrides: dict | None = None, config_file: str |
         return out
     finally:
         st.close()
-
-
-def commitlog_bytes(root: str) -> int:
-    d = os.path.join(root, "commitlog")
-    try:
-        return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
-    except OSError:
-        return 0

@@ -23,7 +23,7 @@ import numpy as np
 from formats import fast
 from rmqstore_cli.engine.errors import UsageError
 
-from .jobs import read_records
+from .common import read_records
 
 def reader_options(overrides: dict | None, config_file: str | None) -> dict:
     o = overrides or {}

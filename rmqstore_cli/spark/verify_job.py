@@ -175,7 +175,7 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
     from rmqstore_cli.engine.verify.queues import add_not_dispatched, dispatch_high_water, dispatch_lag_finding
     from rmqstore_cli.engine.verify.records import _Agg
 
-    from .jobs import _write_findings, finding_rows
+    from .common import _write_findings, finding_rows
     from .rebuild import reader_options
 
     t0 = time.monotonic()

@@ -16,6 +16,7 @@ import numpy as np
 
 from .files import (CONSUMER_OFFSETS, DELAY_OFFSETS, TOPICS, ConfigFile, OffsetEntry, consumer_offsets,
                     delay_offsets, read_config, topic_queue_count, topic_table)
+from ..errors import NotFoundError
 from ..findings import SEVERITY_ORDER, Finding
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
@@ -255,3 +256,19 @@ def offsets_for_stats(store) -> dict:
     """The ``stats`` report's consumer part: ``consumerOffsets`` (one row per group/topic/queue) and ``delayOffsets``."""
     a = audit_offsets(store)
     return {"consumerOffsets": a.rows, "delayOffsets": a.delay_rows, "consumerOffsetsFile": a.offsets_source}
+
+
+def group_offsets(store, group: str) -> dict[tuple[str, int], int]:
+    """{(topic, queueId): committed offset} of one consumer group, from the consumerOffset.json copy the
+    broker loads (``ConsumerOffsetManager.offsetTable["topic@group"]``; the next queue offset the group
+    consumes). 5.x broadcast entries (``topic@group@...``) belong to single clients and are left out."""
+    co: ConfigFile = read_config(store.root)[CONSUMER_OFFSETS]
+    if co.source is None:
+        raise NotFoundError(f"{store.root} has no config/consumerOffset.json (nor a .bak) the broker would load: "
+                            "no group has committed offsets")
+    found = {(e.topic, e.queue_id): e.offset for e in consumer_offsets(co) if e.group == group and not e.suffix}
+    if not found:
+        groups = sorted({e.group for e in consumer_offsets(co)})
+        raise NotFoundError(f"group {group!r} has no committed offset in {co.main.path if co.source == 'main' else co.bak.path}"
+                            f" (groups there: {', '.join(groups) or 'none'})")
+    return found

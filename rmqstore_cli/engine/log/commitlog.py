@@ -298,7 +298,7 @@ class CommitLog:
         seg = self.segments.find(phy)
         if seg is None:
             return None, None
-        # piecewise: a 1 GiB segment of small messages holds millions of records (issue #11)
+        # piecewise: a 1 GiB segment of small messages holds millions of records
         n = fast.neighbours(seg.buffer(), phy - seg.start, seg.size)
         before = None if n.before is None else seg.start + n.before
         after = None if n.after is None else seg.start + n.after

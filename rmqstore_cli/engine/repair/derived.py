@@ -236,23 +236,6 @@ def _one(n: int, j: int) -> np.ndarray:
     return m
 
 
-def index_problems(store, table: RecordTable, files: list) -> list:
-    """verify's index checks (§10) on ``files`` against the recovered log: error/warning findings."""
-    from ..verify.index import _check_index
-    from ..verify.records import _RefClassifier
-
-    if not files:
-        return []
-    if getattr(table, "per_index_file", False):  # derived_windows: each file in verify's windows
-        from .derived_windows import index_problems_by_file
-
-        return index_problems_by_file(store, table.end, files)
-    refs = _RefClassifier(table.recs, table.reports, store.commitlog, table.end)
-    found: list = []
-    _check_index(store, table.recs, refs, found, {}, files=files)
-    return in_file_order([f for f in found if f.severity in ("error", "warning")], files)
-
-
 def in_file_order(found: list, files: list) -> list:
     """Index findings in ``files`` order, then by offset and code: the whole-table check and the windowed one
     (derived_windows) aggregate in different orders, and the plan names a file's first finding."""

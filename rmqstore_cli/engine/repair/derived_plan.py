@@ -15,8 +15,8 @@ import numpy as np
 
 from formats.records import CQ_UNIT_SIZE
 
-from .derived import QueueVerdict, check_queue, index_problems, record_table
-from .derived_windows import windowed_verdicts
+from .derived import QueueVerdict, check_queue, record_table
+from .derived_windows import index_problems, windowed_verdicts
 
 
 def _queue_units(qs) -> tuple[np.ndarray, int]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
-from .derived import QueueVerdict, in_file_order, record_table, table_of_reports, tail_redispatch
+from .derived import QueueVerdict, RecordTable, in_file_order, record_table, table_of_reports, tail_redispatch
 from ..verify.commitlog import first_windows, iter_segment_windows, window_starts
 
 
@@ -268,7 +268,7 @@ def _verdicts(planner, queues: dict, tails: dict) -> dict:
 
 
 def index_problems_by_file(store, end: int, files: list) -> list:
-    """``derived.index_problems``, each kept index file checked as verify checks it in windows
+    """``index_problems``, each kept index file checked as verify checks it in windows
     (:class:`..verify.windows.IndexWindows`): its entries routed to the commitlog windows they point into, each
     window's records read (no CRC, cut at ``end``) and dropped in turn. No table of the records a file points at
     is built, so memory follows a window, not the log or the file's span (a 400 MB index file over a 1 GiB
@@ -308,3 +308,18 @@ def index_problems_by_file(store, end: int, files: list) -> list:
         ix.finish(_RefClassifier(no_records, tails, cl, end), found)
         del ix, tails
     return in_file_order([x for x in found if x.severity in ("error", "warning")], files)
+
+
+def index_problems(store, table: RecordTable, files: list) -> list:
+    """verify's index checks (§10) on ``files`` against the recovered log: error/warning findings."""
+    from ..verify.index import _check_index
+    from ..verify.records import _RefClassifier
+
+    if not files:
+        return []
+    if getattr(table, "per_index_file", False):  # derived_windows: each file in verify's windows
+        return index_problems_by_file(store, table.end, files)
+    refs = _RefClassifier(table.recs, table.reports, store.commitlog, table.end)
+    found: list = []
+    _check_index(store, table.recs, refs, found, {}, files=files)
+    return in_file_order([f for f in found if f.severity in ("error", "warning")], files)

@@ -101,13 +101,3 @@ def startup_cost(store: Store, plan, rate_mbps: float | None = None) -> dict:
                      "scanRateMBps": rate, "scanRateSource": source,
                      "note": "measured on a warm log; a log not in the page cache is read at the disk's speed"},
     }
-
-
-def next_start_after_repair(root: str, version: int, rate_mbps: float | None = None) -> dict:
-    """Open the repaired store afresh and cost the broker's next start on it."""
-    from .recovery import plan_recovery
-
-    st = Store.open(root, overrides={"version": version})
-    with st:
-        plan = plan_recovery(st, version, broker_only=True)  # what the broker reads: its own steps suffice
-        return plan.startup_cost if rate_mbps is None else startup_cost(st, plan, rate_mbps)

@@ -151,7 +151,9 @@ def iter_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool =
     if jobs <= 1 or len(segs) <= 1:
         return iter_windows(commitlog, check_crc=check_crc, progress=progress)
     firsts = first_windows(commitlog)
-    fast._kernel().warm_up()  # numba imported and every kernel loaded once, before the fork, not in each worker
+    from formats.warmup import warm_up
+
+    warm_up()  # numba imported and every kernel loaded once, before the fork, not in each worker
     return stream_segments(_segment_windows, len(segs), jobs, commitlog, firsts, check_crc,
                            done=(lambda i: progress(segs[i].size)) if progress else None)
 

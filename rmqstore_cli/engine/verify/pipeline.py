@@ -10,7 +10,7 @@ Two phases, so the first can later run per segment in parallel (``-j``):
    consume queues, ext files, index files and checkpoint (Appendix B).
 
 The engine never prints: it returns :class:`~rmqstore_cli.engine.findings.Finding` objects
-and a summary dict. Finding codes are stable (README "Finding codes").
+and a summary dict. Finding codes are stable (docs/findings.md).
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from ..findings import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding  # noqa: F4
 
 if TYPE_CHECKING:
     from ..log.commitlog import CommitLog
-    from .commitlog import SegmentReport
 
 _COL_TYPES = {"phy": np.int64, "size": np.int32, "queueId": np.int32, "queueOffset": np.int64, "sysFlag": np.int32,
               "storeTimestamp": np.int64, "topic": np.int32, "tagsCode": np.int64, "tagsBad": np.bool_, "keyCount": np.int16}
@@ -86,7 +85,7 @@ def map_large_allocations() -> None:
 class _Records:
     """All valid commitlog records as columns, with each record's dispatch info (tagsCode, key hashes)."""
 
-    def __init__(self, store, reports: list[SegmentReport]):
+    def __init__(self, store, reports: list):
         self.store = store
         topics: dict[str, int] = {}
         remaps = [np.asarray([topics.setdefault(t, len(topics)) for t in r.topics] or [0], dtype=np.int32) for r in reports]
@@ -181,7 +180,7 @@ class _RefClassifier:
 
     FOUND, SKIP, LOST, MISSING = 0, 1, 2, 3
 
-    def __init__(self, recs: _Records, reports: list[SegmentReport], commitlog: CommitLog, data_end: int):
+    def __init__(self, recs: _Records, reports: list, commitlog: CommitLog, data_end: int):
         self.recs = recs
         self.data_end = data_end
         segs = commitlog.segments.segments

@@ -1,0 +1,37 @@
+"""Every compiled kernel compiled (or loaded from numba's cache) once, ahead of the first command:
+``python -m formats.warmup`` (the set-up script runs it), and before ``verify -j`` forks its workers.
+
+It imports each kernel module; none of them imports this one (formats.kernel holds only the shared
+``_jit`` helper and the commitlog kernels, so the kernels do not import one another in a circle).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import checkkernel, fast, indexchain, jsonl, kernel, propscan
+
+
+def warm_up() -> None:
+    """Compile (or load from the cache) every kernel once, with the argument types the callers use."""
+    data = bytes(256)
+    u8 = fast.kernel_view(data)
+    fast.walk(data)
+    h = fast.decode_headers(data, np.zeros(1, dtype=np.int64))
+    fast.validate(data, h, True, kernel.PROP_IF_PRESENT)
+    fast.check_body_crc(data, h)
+    fast.check_property_crc(data, 0, 128)
+    fast.scan_records(data, 0, len(data))
+    kernel.crc32_of(u8, 0, 16)
+    pv = propscan.scan(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
+    propscan.key_hashes(u8, np.ones(1, bool), np.zeros(1, np.uint32), pv)
+    propscan.java_hash_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
+    propscan.group_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
+    indexchain.chain_block(np.ones(1, np.int32), np.zeros(1, np.int32), 1, 4, np.zeros(4, np.int32))
+    jsonl.kernel_lines(data, h.take(0), 0, "none")  # dump --json's writer (formats.jsonkernel)
+    checkkernel.warm_up()
+
+
+if __name__ == "__main__":
+    warm_up()
+    print(f"rmqstore kernels ready (CRC32: {kernel.CRC_IMPLEMENTATION}; cache: {kernel.scan_records.stats.cache_path})")
