@@ -17,6 +17,9 @@ from formats.records import CQ_UNIT_SIZE
 
 from .derived import QueueVerdict, check_queue, index_problems, record_table
 from .derived_windows import windowed_verdicts
+from .extplan import cut_ext
+
+_REWRITTEN = "belong to rewritten consume-queue units; they are written again by the re-dispatch"
 
 
 def _queue_units(qs) -> tuple[np.ndarray, int]:
@@ -132,7 +135,7 @@ def _check_queues(planner) -> None:
             if v is not None:
                 planner.verdicts[key] = (v, start, -1)
                 if ext is not None and v.redispatch_phy is not None and not v.refused:
-                    _cut_ext(planner, key, 0)  # the queue lost every unit: its ext units are all written again
+                    cut_ext(planner, key, 0, _REWRITTEN)  # the queue lost every unit: its ext units are all written again
             continue
         units, first = _queue_units(qs)
         v = check_queue(table, t, q, units, first, qs.max_offset, ext)
@@ -152,26 +155,7 @@ def _check_queues(planner) -> None:
             qs.max_physic = v.last_kept_end
         if ext is not None and v.ext_cut is not None and v.redispatch_phy is not None:
             # the ext units of the units re-dispatched are written again, at the same addresses
-            _cut_ext(planner, key, v.ext_cut)
-
-
-def _cut_ext(planner, key, ext_end: int) -> None:
-    """The ext queue ends exactly after the ext unit of the last kept consume-queue unit. Replaces the
-    §8.5 cut, which follows the largest ext address among the broker-valid units: a lying unit can
-    name any address, earlier (cutting kept units) or later (keeping units that are rewritten)."""
-    ext, segs = planner.exts[key]
-    fs = ext.file_size
-    from .probes import nonzero_after
-
-    paths = {seg.path for seg in segs}
-    planner.plan.actions = [a for a in planner.plan.actions if a.path not in paths]
-    planner.moved -= paths
-    for seg in segs:
-        if seg.start > ext_end or (seg.start == ext_end and seg.start > 0):
-            planner.move_aside(seg.path, f"ext units from {ext_end} belong to rewritten consume-queue units")
-        elif seg.start <= ext_end < seg.start + fs and nonzero_after(seg.path, ext_end - seg.start):
-            planner.act("zero_tail", seg.path, f"ext units from {ext_end} belong to rewritten consume-queue units; "
-                        "they are written again by the re-dispatch", offset=ext_end - seg.start)
+            cut_ext(planner, key, v.ext_cut, _REWRITTEN)
 
 
 def _check_index(planner, table) -> None:

@@ -16,7 +16,6 @@ import os
 import numpy as np
 
 from formats import fast
-from formats.extaddr import is_ext_addr, undecorate
 from formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6
 
 from ..log.checkpoint import Checkpoint
@@ -26,6 +25,7 @@ from ..derived.dispatchpredict import DispatchPrediction
 from ..log.walk import LogTally, WalkStop, broker_walk, lenient_records, resync, rewalk
 from ..store import Store
 from .derived_plan import check_derived, dispatch_starts, queue_repairs
+from .extplan import cut_exts_to_queues, recover_ext
 from .plan import Action, QueueState, RecoveryPlan, store_fingerprint
 from .probes import file_has_data, index_torn, nonzero_after, SegmentFrom, queue_file_units
 
@@ -110,6 +110,8 @@ class Planner:
             return self._run_truncate(cp)
         self._recover_commitlog(cp)
         self._truncate_queues()
+        if not self.broker_only:
+            cut_exts_to_queues(self, "are referenced by no consume-queue unit (the broker's next start cuts them)")
         self._index_after_crash(cp)
         self._index_past_end()
         if self.broker_only:
@@ -130,6 +132,7 @@ class Planner:
             kept = self._load_segments(cq.segments, f"consumequeue/{t}/{q}")
             self.queues[(t, q)] = QueueState(t, q, cq.directory, kept, cq.file_size)
         self.exts: dict[tuple[str, int], list] = {}
+        self.ext_walk_ends: dict[tuple[str, int], int] = {}
         if self.cfg.enableConsumeQueueExt:
             for t, q in self.store.ext_queues():
                 ext = ConsumeQueueExt(self.store.root, t, q, self.cfg)
@@ -196,7 +199,7 @@ class Planner:
                 qs.end = seg.start + pos
                 break
             self._cut_queue(qs, qs.end, "consume queue recovery (the broker's valid-unit rule)")
-            self._recover_ext(t, q, qs)
+            recover_ext(self, (t, q), qs)
 
     def _cut_queue(self, qs: QueueState, end: int, why: str) -> None:
         """truncateDirtyFiles(end) on a queue's files, plus our zeroed tail."""
@@ -212,34 +215,6 @@ class Planner:
                     self.act("zero_tail", seg.path, f"{why}: bytes after the last valid unit (queue offset "
                              f"{end // CQ_UNIT_SIZE}) zeroed so they cannot reappear", offset=pos)
         qs.segments = keep
-
-    def _recover_ext(self, t: str, q: int, qs: QueueState) -> None:
-        if (t, q) not in self.exts:
-            return
-        ext, segs = self.exts[(t, q)]
-        import struct
-
-        end = 0
-        for seg in segs:
-            buf = seg.buffer()
-            pos = 0
-            while pos + 2 <= seg.size:
-                (size,) = struct.unpack_from(">h", buf, pos)
-                if size <= 0:
-                    break
-                pos += size
-            end = seg.start + pos
-        if is_ext_addr(qs.max_ext):
-            addr = undecorate(qs.max_ext)
-            unit = ext.get(qs.max_ext)
-            if unit is not None and addr + unit["size"] < end:
-                end = addr + unit["size"]
-        for seg in segs:
-            if seg.start > end:
-                self.move_aside(seg.path, "ext recovery: file after the ext end")
-            elif seg.start <= end < seg.start + ext.file_size and nonzero_after(seg.path, end - seg.start):
-                self.act("zero_tail", seg.path, "ext recovery: bytes after the last ext unit zeroed",
-                         offset=end - seg.start)
 
     def _start_index(self, cp: Checkpoint, max_cq: int) -> tuple[int, str]:
         segs = self.cl_segments
@@ -349,6 +324,7 @@ class Planner:
         self.cl_kept = [s for s in segs if s.start <= cut]
         self.max_cq = max(self.max_cq, cut)  # §13.7 runs on every queue
         self._truncate_queues()
+        cut_exts_to_queues(self, f"belonged to consume-queue units cut at {cut}")
         self._index_past_end()
         check_derived(self)
         self._dispatch(cp)
