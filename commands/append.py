@@ -67,6 +67,9 @@ def append(
     cluster: Optional[str] = typer.Option(None, "--cluster", help="Broker cluster name: adds CLUSTER to sends."),
     from_: Optional[str] = typer.Option(None, "--from", help="JSON Lines of `dump commitlog --json` messages "
                                         "(or {\"batch\": [...]}); '-' = stdin."),
+    keep_store_times: bool = typer.Option(False, "--keep-store-times", help="--from: write every storeTimestamp as given, "
+                                          "even older than the log's newest (as a broker whose clock went back; verify "
+                                          "then reports CL_STORE_TIME). Without it such a message is refused (exit 3)."),
     fsync: str = typer.Option("end", "--fsync", help="always (after every put) | end."),
     quiet: bool = typer.Option(False, "--quiet", help="Print only a summary line."),
     enable_ext: Optional[bool] = typer.Option(None, "--enable-ext/--no-ext", help="enableConsumeQueueExt (new store)."),
@@ -103,7 +106,7 @@ def append(
     builder = MessageBuilder(cfg, cluster=cluster or conf.get("brokerClusterName"))
     out = Output(json_)
     rows: list = []
-    app = Appender(root, cfg, fsync_always=fsync == "always")
+    app = Appender(root, cfg, fsync_always=fsync == "always", keep_store_times=keep_store_times)
     count = 0
     failed: Optional[OSError] = None
 
@@ -143,7 +146,11 @@ def append(
                         raise UsageError(f"line {n}: {e}") from None
                     if not app.session.active:
                         app.open()
-                    emit(app.put(msgs))
+                    try:
+                        results = app.put(msgs)
+                    except InputError as e:  # refused before any write: the lines before it are kept
+                        raise UsageError(f"line {n}: {e}") from None
+                    emit(results)
             finally:
                 if stream is not sys.stdin:
                     stream.close()

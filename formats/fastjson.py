@@ -12,7 +12,9 @@ JSONSerializer.println; SortField is a default feature, MapSortField is not):
 tab indentation; a line break before every string key (bean fields and string-keyed maps alike) and
 before the closing brace of a non-empty object; non-string keys written bare with no line break; no
 space after ``:``; no trailing newline. Bean fields come out in the order of the dict given (fastjson
-sorts them alphabetically: build dicts in that order).
+sorts them alphabetically: build dicts in that order). A ``List`` (ListSerializer) puts each element on
+its own line; any other ``Collection`` (a ``Set``: CollectionCodec) is written on one line
+(``["a","b"]``): pass those as :class:`JavaSet`.
 
 No files, no printing: bytes/str in, values out (and back).
 """
@@ -22,7 +24,12 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
-__all__ = ["ObjectKey", "FastjsonError", "loads", "dumps", "position_of"]
+__all__ = ["ObjectKey", "JavaSet", "FastjsonError", "loads", "dumps", "position_of"]
+
+
+class JavaSet(list):
+    """A Java ``Set`` (any non-``List`` collection) to write: fastjson's CollectionCodec puts it on one line,
+    in the order given (the set's own iteration order)."""
 
 
 @dataclass(frozen=True)
@@ -338,6 +345,13 @@ def _write(v, indent: int, out: list) -> None:
         if v:
             out.append("\n" + "\t" * indent)
         out.append("}")
+    elif isinstance(v, JavaSet):
+        out.append("[")
+        for i, x in enumerate(v):
+            if i:
+                out.append(",")
+            _write(x, indent, out)
+        out.append("]")
     elif isinstance(v, (list, tuple)):
         if not v:
             out.append("[]")

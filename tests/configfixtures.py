@@ -39,6 +39,10 @@ def consumer_offsets_text(name: str, version: int) -> tuple[str, dict]:
     lines = ['{']
     if version >= 5:
         lines += ['\t"dataVersion":{', '\t\t"counter":12,', '\t\t"stateVersion":0,', '\t\t"timestamp":1763777608704', '\t},']
+        # getGroupTopicMap(): HashMap(128) by group (bins 52, 92, 95), HashSet(8) topics (bins 0, 4), written inline;
+        # "topic@group@broadcast" does not split into two parts and is left out
+        lines += ['\t"groupTopicMap":{', '\t\t"group_gone":["GoneTopic"],', f'\t\t"group_a":["{A}","{B}"],',
+                  f'\t\t"group_b":["{A}"]', '\t},']
     lines += [
         '\t"offsetTable":{',
         f'\t\t"{A}@group_a":{a},',

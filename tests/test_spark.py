@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import struct
 
@@ -99,7 +100,11 @@ def test_export_round_trips_through_parquet(spark, tmp_path, all_rows):
     expected.sort(key=key)
     cols = [c for c in expected[0].asDict() if c not in ("date",)]
     assert [[r[c] for c in cols] for r in back] == [[r[c] for c in cols] for r in expected]
-    assert {str(r["date"]) for r in back} == {r["storeTimestamp"].strftime("%Y-%m-%d") for r in expected}
+    # the date column is the store time's date in the session's zone (UTC); collect() gives naive local datetimes,
+    # so the expected dates are taken in UTC whatever the machine's zone
+    utc = datetime.timezone.utc
+    assert {str(r["date"]) for r in back} == {datetime.datetime.fromtimestamp(r["storeTimestamp"].timestamp(), utc)
+                                             .strftime("%Y-%m-%d") for r in expected}
     # The long and the '%' topic survive partition-directory escaping.
     assert {r["topic"] for r in back} >= {"oracle_topic-B%x"} | {t for t in (r["topic"] for r in expected) if len(t) >= 127}
 

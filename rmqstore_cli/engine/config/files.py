@@ -348,22 +348,32 @@ class WriteResult:
     steps: list = field(default_factory=list)
 
 
-def write_config_file(root: str, name: str, value, *, backup=None, keep_previous_as_bak: bool = True) -> WriteResult:
+def write_config_file(root: str, name: str, value, *, backup=None, keep_previous_as_bak: bool = True,
+                      keep_order: bool = False) -> WriteResult:
     """Persist ``value`` like ConfigManager.persist (MixAll.string2File): ``FILE.tmp`` written, the previous
     content kept as ``FILE.bak`` (only when it decodes, so a good ``.bak`` is never replaced by garbage; a
     ``.bak`` that does not decode gets the new content), then ``FILE.tmp`` renamed over ``FILE``; each step
     fsynced. Every file about to change is first saved
     into ``backup`` (an :class:`~rmqstore_cli.engine.repair.backup.Backup`), a file created is journaled so
-    ``restore`` removes it. The caller holds the store's lock."""
+    ``restore`` removes it. The caller holds the store's lock. ``consumerOffset.json`` is laid out as the
+    broker's ConsumerOffsetManager writes it (:mod:`.offsetdoc`); ``keep_order`` keeps its entries in the
+    order given (a copy the broker wrote, restored), else they take the order of the broker's maps."""
     d = config_dir(root)
     if not os.path.isdir(d):
         os.makedirs(d)
         _fsync_dir(root)
     path = os.path.join(d, name)
     tmp, bak = path + ".tmp", path + ".bak"
+    prev = read_copy(path)
+    if name == CONSUMER_OFFSETS and isinstance(value, dict):
+        from .offsetdoc import broker_consumer_offsets
+
+        # the broker's table came from the file it loaded: the main file, else the .bak
+        start = prev if prev.usable else read_copy(bak)
+        loaded = start.value.get("offsetTable") if start.usable and isinstance(start.value, dict) else None
+        value = broker_consumer_offsets(value, loaded, keep_order=keep_order)
     data = fastjson.dumps(value).encode("utf-8")
     res = WriteResult(path, False)
-    prev = read_copy(path)
     for p in (path, bak, tmp):
         if backup is not None:
             if os.path.isfile(p):

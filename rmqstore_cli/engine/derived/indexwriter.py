@@ -136,8 +136,10 @@ class _OpenIndex:
 
     def write_header(self) -> None:
         count = self.index_count if self.index_count > 1 else self.disk_count_raw
-        HEADER_STRUCT.pack_into(self.seg.mm, 0, self.begin_ts, self.end_ts, self.begin_phy, self.end_phy,
-                                self.slot_count, count)
+        header = HEADER_STRUCT.pack(self.begin_ts, self.end_ts, self.begin_phy, self.end_phy, self.slot_count, count)
+        if self.seg.mm[:HEADER_STRUCT.size] == header:
+            return  # unchanged: a file only resumed (or left behind full) is not written, its mtime stays
+        self.seg.mm[:HEADER_STRUCT.size] = header
         self.seg.dirty = True
 
     # --- one key (IndexFile.putKey) -------------------------------------------------------

@@ -12,6 +12,12 @@ process; ``close`` flushes everything, updates the checkpoint and removes ``abor
 An I/O failure (disk full, file too large, read-only, I/O error) anywhere in the session undoes
 it: every file is put back from the session's :class:`UndoJournal` and :class:`WriteFailed`
 says so.  Bad input (a bad DELAY, say) only stops the session: earlier puts are kept.
+
+Store times: a message without one gets the clock's time, raised to the newest store time in the log
+if the clock is behind it (times never go down along what we write).  A message that brings its own
+(a replay) is refused with :class:`StoreTimeBackwards` when it is older than the newest store time in
+the log, unless the session keeps store times as given (``keep_store_times``): a log whose times go
+down is what a broker whose clock went back writes, and verify reports it (``CL_STORE_TIME``).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from ..derived.dispatch import DispatchBatch, Dispatcher
 from ..errors import StoreCorruptError, UsageError
 from .lockfile import WriteSession
 from .mappedfile import SegmentQueueWriter, UndoJournal
-from .messages import OutMessage, header_struct, topic_length_piece
+from .messages import InputError, OutMessage, header_struct, topic_length_piece
 
 _BLANK = struct.Struct(">ii")
 _I16 = struct.Struct(">h")
@@ -59,6 +65,10 @@ class WriteFailed(UsageError):
     def __init__(self, message: str, rolled_back: bool):
         super().__init__(message)
         self.rolled_back = rolled_back
+
+
+class StoreTimeBackwards(InputError):
+    """A replayed message stored earlier than the newest record in the log (refused before any write)."""
 
 
 class AppendResult(tuple):
@@ -97,8 +107,9 @@ class Appender:
     """A write session on one store: ``open``, ``put``/``put_many``, ``close``."""
 
     def __init__(self, root: str, config: StoreConfig, *, index_namer: Callable[[int], str] | None = None,
-                 fsync_always: bool = False):
+                 fsync_always: bool = False, keep_store_times: bool = False):
         self.root = root
+        self.keep_store_times = keep_store_times
         self.config = config
         self.index_namer = index_namer
         self.fsync_always = fsync_always
@@ -106,7 +117,7 @@ class Appender:
         self.cl_dir = config.storePathCommitLog or os.path.join(root, "commitlog")
         self.file_size = config.mappedFileSizeCommitLog
         self.offset = 0  # next physical offset
-        self.last_store_ts = 0
+        self.last_store_ts = 0  # the newest store time in the log (of the files a restart checks) and of our puts
         self.table: dict[tuple[str, int], int] = {}
         # Puts accepted but not yet written: the messages and their results (offsets, store time).
         self._p_msgs: list[OutMessage] = []
@@ -156,7 +167,8 @@ class Appender:
             start = max(0, len(segs.segments) - 3)  # a clean restart checks the last three files
             last_ts = None
             for chunk in log.scan(start_index=start, check_crc=self.config.checkCRCOnRecover, result=res):
-                last_ts = int(chunk.headers.storeTimestamp[-1])
+                newest = int(chunk.headers.storeTimestamp.max())
+                last_ts = newest if last_ts is None else max(last_ts, newest)
             stop = res.stop
             if stop is None or not stop.clean:
                 where = stop.offset if stop else 0
@@ -190,6 +202,8 @@ class Appender:
             return self._put(msgs)
         except OSError as e:
             self._rollback(e)
+        except StoreTimeBackwards:
+            raise  # refused before any side effect: the session goes on (and closes clean)
         except BaseException:
             self._failed = True
             raise
@@ -200,7 +214,12 @@ class Appender:
         if ts is None:
             ts = int(_time() * 1000)
             if ts < self.last_store_ts:
-                ts = self.last_store_ts  # the broker's clock never goes back within a log
+                ts = self.last_store_ts  # our clock never takes a log's store time back
+        elif ts < self.last_store_ts and not self.keep_store_times:
+            raise StoreTimeBackwards(
+                f"storeTimestamp {ts} is older than the newest store time in the log ({self.last_store_ts}, "
+                f"{self.last_store_ts - ts} ms later); store times do not go down along a log unless the broker's "
+                "clock went back: give --keep-store-times to write it as given (verify then reports CL_STORE_TIME)")
         single = len(msgs) == 1
         need = first.total_size if single else sum(m.total_size for m in msgs)
         fs = self.file_size

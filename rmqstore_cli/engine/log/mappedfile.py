@@ -49,7 +49,7 @@ def reserve(fd: int, size: int, path: str) -> None:
 class WritableSegment:
     """One segment mapped read-write."""
 
-    __slots__ = ("path", "start", "size", "fd", "mm", "dirty", "journal", "lo", "hi")
+    __slots__ = ("path", "start", "size", "fd", "mm", "dirty", "journal", "lo", "hi", "created", "modified", "times")
 
     def __init__(self, path: str, start: int, size: int, *, create: bool, journal: "UndoJournal | None" = None):
         self.path = path
@@ -61,6 +61,11 @@ class WritableSegment:
             self.fd = os.open(path, flags, 0o644)
         except OSError as e:
             raise UsageError(f"cannot {'create' if create else 'open'} {path}: {e.strerror}") from None
+        self.created, self.modified = create, False
+        st = os.fstat(self.fd)
+        # reserving blocks (posix_fallocate) updates the modification time of a file nothing is written to
+        # in the end (a queue's last file, the last index file): it is put back when the file is closed
+        self.times = (st.st_atime_ns, st.st_mtime_ns)
         # [lo, hi): bytes whose pre-image is saved (or need none); a write outside goes through touch()
         if journal is None or create:
             self.lo, self.hi = 0, size
@@ -102,6 +107,7 @@ class WritableSegment:
             # dirtied through pwrite/pwritev (the appender writes records that way).
             self.mm.flush()
             self.dirty = False
+            self.modified = True
 
     def close(self, flush: bool = False) -> None:
         if self.mm is None:
@@ -112,6 +118,11 @@ class WritableSegment:
             self.mm.close()
         except BufferError:  # an exported view is still alive; the GC unmaps it later
             pass
+        if not (self.created or self.modified or self.dirty):
+            try:
+                os.utime(self.fd, ns=self.times)
+            except OSError:
+                pass  # only a time stamp
         os.close(self.fd)
         self.mm = None
 

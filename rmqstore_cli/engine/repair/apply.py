@@ -144,7 +144,8 @@ def _apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, 
     index_ts_before = _index_msg_timestamp(root)
     if dispatch is not None:
         res.dispatch = run_dispatch(root, config, backup, dispatch.extra["from"], dispatch.extra["to"],
-                                    plan.dispatch.get("queuesGaining", {}), index_namer,
+                                    plan.dispatch.get("queuesGaining", {}),
+                                    index_namer or reused_names(dispatch.extra.get("indexNames") or []),
                                     index_after=dispatch.extra.get("indexAfter"))
         res.steps.append(f"dispatched {res.dispatch['records']} records: {res.dispatch['cqUnits']} consume-queue units, "
                          f"{res.dispatch['indexEntries']} index entries")
@@ -176,6 +177,19 @@ def _apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, 
         res.steps.append("abort removed (clean shutdown)")
     fsync_path(root, True)
     return res
+
+
+def reused_names(names: list[str]):
+    """An index namer giving the files a re-dispatch creates the names of the files it rebuilds, in order (then the
+    broker's clock rule): a file rebuilt with the same records keeps its name, whose time is when the broker made it."""
+    from ..derived.indexwriter import wall_clock_namer
+
+    left = iter(sorted(names))
+
+    def namer(store_timestamp: int) -> str:
+        return next(left, None) or wall_clock_namer(store_timestamp)
+
+    return namer
 
 
 def _index_msg_timestamp(root: str) -> int | None:

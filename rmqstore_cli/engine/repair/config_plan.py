@@ -288,7 +288,8 @@ def apply_config_plan(root: str, plan: ConfigPlan, backup) -> list[str]:
     steps = []
     for ch in plan.changes:
         bad_main = ch.action in ("restore-from-bak", "restore-from-tmp", "rebuild")
-        res = write_config_file(root, ch.name, ch.value, backup=backup, keep_previous_as_bak=not bad_main)
+        res = write_config_file(root, ch.name, ch.value, backup=backup, keep_previous_as_bak=not bad_main,
+                                keep_order=ch.action in ("restore-from-bak", "restore-from-tmp"))
         steps += res.steps
     return steps
 

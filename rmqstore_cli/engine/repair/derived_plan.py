@@ -16,7 +16,11 @@ import numpy as np
 from formats.records import CQ_UNIT_SIZE
 
 from .derived import QueueVerdict, check_queue, record_table
-from .derived_windows import index_problems, windowed_verdicts
+from .derived_windows import windowed_verdicts
+from .extplan import cut_ext
+from .indexplan import check_index
+
+_REWRITTEN = "belong to rewritten consume-queue units; they are written again by the re-dispatch"
 
 
 def _queue_units(qs) -> tuple[np.ndarray, int]:
@@ -64,7 +68,7 @@ def check_derived(planner) -> None:
             qs = planner.queues.get(key)
             if qs is not None and qs.segments and v.refused:
                 _refuse(planner, key, v)
-    _check_index(planner, planner.record_table)
+    check_index(planner, planner.record_table)
 
 
 def _verify_along(planner) -> dict | None:
@@ -132,7 +136,7 @@ def _check_queues(planner) -> None:
             if v is not None:
                 planner.verdicts[key] = (v, start, -1)
                 if ext is not None and v.redispatch_phy is not None and not v.refused:
-                    _cut_ext(planner, key, 0)  # the queue lost every unit: its ext units are all written again
+                    cut_ext(planner, key, 0, _REWRITTEN)  # the queue lost every unit: its ext units are all written again
             continue
         units, first = _queue_units(qs)
         v = check_queue(table, t, q, units, first, qs.max_offset, ext)
@@ -152,77 +156,7 @@ def _check_queues(planner) -> None:
             qs.max_physic = v.last_kept_end
         if ext is not None and v.ext_cut is not None and v.redispatch_phy is not None:
             # the ext units of the units re-dispatched are written again, at the same addresses
-            _cut_ext(planner, key, v.ext_cut)
-
-
-def _cut_ext(planner, key, ext_end: int) -> None:
-    """The ext queue ends exactly after the ext unit of the last kept consume-queue unit. Replaces the
-    §8.5 cut, which follows the largest ext address among the broker-valid units: a lying unit can
-    name any address, earlier (cutting kept units) or later (keeping units that are rewritten)."""
-    ext, segs = planner.exts[key]
-    fs = ext.file_size
-    from .probes import nonzero_after
-
-    paths = {seg.path for seg in segs}
-    planner.plan.actions = [a for a in planner.plan.actions if a.path not in paths]
-    planner.moved -= paths
-    for seg in segs:
-        if seg.start > ext_end or (seg.start == ext_end and seg.start > 0):
-            planner.move_aside(seg.path, f"ext units from {ext_end} belong to rewritten consume-queue units")
-        elif seg.start <= ext_end < seg.start + fs and nonzero_after(seg.path, ext_end - seg.start):
-            planner.act("zero_tail", seg.path, f"ext units from {ext_end} belong to rewritten consume-queue units; "
-                        "they are written again by the re-dispatch", offset=ext_end - seg.start)
-
-
-def _check_index(planner, table) -> None:
-    if planner.index_rebuild_from is not None or not planner.index_files:
-        return
-    probs = index_problems(planner.store, table, planner.index_files)
-    if not probs:
-        return
-    import os
-
-    files = planner.index_files
-    bad = {f.path for f in probs}
-    first_bad = min(i for i, f in enumerate(files) if f.path in bad)
-    first = next(f for f in probs if f.path == files[first_bad].path)
-    j, after, held = _index_restart(files, first_bad, table)
-    planner.plan.notes.append(
-        f"index file {os.path.basename(first.path)} disagrees with the commitlog ({first.code}: {first.message}); "
-        f"the broker keeps it (lookups would return wrong or no messages); "
-        + (f"it and the {len(files) - j - 1} files after it are rebuilt from the commitlog, from the first record "
-           f"after {after}" if j else "every index file is rebuilt from the commitlog"))
-    for f in files[j:]:
-        planner.move_aside(f.path, "index rebuilt from the commitlog (entries disagree with the records)")
-        planner.plan.index_deleted.append(f.name)
-    planner.index_files = files[:j]
-    if j:
-        recs = table.recs
-        k = int(np.searchsorted(recs.phy, after, side="right"))
-        if held is not None:  # the record's remaining keys start the rebuilt file
-            k = int(np.searchsorted(recs.phy, after, side="left"))
-        planner.index_rebuild_from = int(recs.phy[k]) if k < len(recs) else table.end
-        planner.index_resume_after = (after, held)
-    else:
-        planner.index_rebuild_from = 0
-
-
-def _index_restart(files: list, j: int, table) -> tuple[int, int | None, int | None]:
-    """(first file to rebuild, the endPhyOffset of the file kept before it, how many keys of that record
-    the kept file holds when its keys straddle into the rebuilt file (None: all of them)). A kept file
-    whose last record the log does not hold is rebuilt too."""
-    recs = table.recs
-    while j > 0:
-        prev = files[j - 1]
-        h = prev.header()
-        end = h.endPhyOffset
-        ent = prev.entry_table(max(h.indexCount, 1))[1:]
-        held = int((ent["phyOffset"] == end).sum()) if len(ent) else 0
-        i, found = recs.lookup(np.asarray([end], np.int64))
-        if found[0] and held and held <= int(recs.c["keyCount"][i[0]]):
-            return j, end, (None if held == int(recs.c["keyCount"][i[0]]) else held)
-        j -= 1
-    return 0, None, None
+            cut_ext(planner, key, v.ext_cut, _REWRITTEN)
 
 
 def dispatch_starts(planner, broker_from: int) -> dict:

@@ -16,7 +16,6 @@ import os
 import numpy as np
 
 from formats import fast
-from formats.extaddr import is_ext_addr, undecorate
 from formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6
 
 from ..log.checkpoint import Checkpoint
@@ -26,8 +25,10 @@ from ..derived.dispatchpredict import DispatchPrediction
 from ..log.walk import LogTally, WalkStop, broker_walk, lenient_records, resync, rewalk
 from ..store import Store
 from .derived_plan import check_derived, dispatch_starts, queue_repairs
+from .extplan import cut_exts_to_queues, recover_ext
+from .indexplan import index_after_crash, index_past_end, load_index
 from .plan import Action, QueueState, RecoveryPlan, store_fingerprint
-from .probes import file_has_data, index_torn, nonzero_after, SegmentFrom, queue_file_units
+from .probes import file_has_data, nonzero_after, SegmentFrom, queue_file_units
 
 REFUSE = "the broker would refuse to start: "
 
@@ -104,14 +105,16 @@ class Planner:
         plan.checkpoint_before = cp.as_json(self.version)
         self.cl_segments = self._load_segments(st.commitlog.segments, "commitlog")
         self._load_queues()
-        self._load_index()
+        load_index(self)
         self._recover_queues()
         if self.cut_at is not None:
             return self._run_truncate(cp)
         self._recover_commitlog(cp)
         self._truncate_queues()
-        self._index_after_crash(cp)
-        self._index_past_end()
+        if not self.broker_only:
+            cut_exts_to_queues(self, "are referenced by no consume-queue unit (the broker's next start cuts them)")
+        index_after_crash(self, cp)
+        index_past_end(self)
         if self.broker_only:
             self.verdicts = {}
         else:
@@ -130,44 +133,11 @@ class Planner:
             kept = self._load_segments(cq.segments, f"consumequeue/{t}/{q}")
             self.queues[(t, q)] = QueueState(t, q, cq.directory, kept, cq.file_size)
         self.exts: dict[tuple[str, int], list] = {}
+        self.ext_walk_ends: dict[tuple[str, int], int] = {}
         if self.cfg.enableConsumeQueueExt:
             for t, q in self.store.ext_queues():
                 ext = ConsumeQueueExt(self.store.root, t, q, self.cfg)
                 self.exts[(t, q)] = (ext, self._load_segments(ext.segments, f"consumequeue_ext/{t}/{q}"))
-
-    def _load_index(self) -> None:
-        idx = self.store.index
-        self.index_rebuild_from: int | None = None
-        damaged = None
-        for f in idx.problems:
-            if f.code == "IDX_BAD_NAME":
-                self.plan.notes.append(f"index/{os.path.basename(f.path)} is not an index file name; the broker would "
-                                       f"load it as an index file anyway (and grow it to full size)")
-                self.move_aside(f.path, "stray file in index/")
-            elif f.code == "IDX_STRAY":
-                self.move_aside(f.path, "stray entry in index/")
-        files = list(idx.files)
-        torn = False
-        for k, f in enumerate(files):
-            if not f.complete or index_torn(f):
-                damaged, torn = k, f.complete
-                break
-        self.index_files = files
-        if damaged is not None:
-            bad = files[damaged]
-            what = (f"holds entries or slots past its indexCount (a put cut short by a crash): re-dispatching into it "
-                    f"would link new entries to stale ones" if torn else
-                    f"is {bad.size} bytes, not {bad.expected_size}: the broker would map it at full "
-                    f"size (growing it with zeros) and silently miss the lost entries")
-            self.plan.notes.append(
-                f"index file {bad.name} {what}; every index file is moved into "
-                f"the backup and the index is rebuilt from the commitlog (a partial rebuild would index the record "
-                f"at a file boundary twice, as the broker's re-dispatch does)")
-            for f in files:
-                self.move_aside(f.path, "index rebuilt from the commitlog (damaged index file)")
-                self.plan.index_deleted.append(f.name)
-            self.index_files = []
-            self.index_rebuild_from = 0
 
     def _recover_queues(self) -> None:
         """§13.2: last three files, valid-unit rule; then §13.6 on each queue; ext §8.5."""
@@ -196,7 +166,7 @@ class Planner:
                 qs.end = seg.start + pos
                 break
             self._cut_queue(qs, qs.end, "consume queue recovery (the broker's valid-unit rule)")
-            self._recover_ext(t, q, qs)
+            recover_ext(self, (t, q), qs)
 
     def _cut_queue(self, qs: QueueState, end: int, why: str) -> None:
         """truncateDirtyFiles(end) on a queue's files, plus our zeroed tail."""
@@ -212,34 +182,6 @@ class Planner:
                     self.act("zero_tail", seg.path, f"{why}: bytes after the last valid unit (queue offset "
                              f"{end // CQ_UNIT_SIZE}) zeroed so they cannot reappear", offset=pos)
         qs.segments = keep
-
-    def _recover_ext(self, t: str, q: int, qs: QueueState) -> None:
-        if (t, q) not in self.exts:
-            return
-        ext, segs = self.exts[(t, q)]
-        import struct
-
-        end = 0
-        for seg in segs:
-            buf = seg.buffer()
-            pos = 0
-            while pos + 2 <= seg.size:
-                (size,) = struct.unpack_from(">h", buf, pos)
-                if size <= 0:
-                    break
-                pos += size
-            end = seg.start + pos
-        if is_ext_addr(qs.max_ext):
-            addr = undecorate(qs.max_ext)
-            unit = ext.get(qs.max_ext)
-            if unit is not None and addr + unit["size"] < end:
-                end = addr + unit["size"]
-        for seg in segs:
-            if seg.start > end:
-                self.move_aside(seg.path, "ext recovery: file after the ext end")
-            elif seg.start <= end < seg.start + ext.file_size and nonzero_after(seg.path, end - seg.start):
-                self.act("zero_tail", seg.path, "ext recovery: bytes after the last ext unit zeroed",
-                         offset=end - seg.start)
 
     def _start_index(self, cp: Checkpoint, max_cq: int) -> tuple[int, str]:
         segs = self.cl_segments
@@ -349,7 +291,8 @@ class Planner:
         self.cl_kept = [s for s in segs if s.start <= cut]
         self.max_cq = max(self.max_cq, cut)  # §13.7 runs on every queue
         self._truncate_queues()
-        self._index_past_end()
+        cut_exts_to_queues(self, f"belonged to consume-queue units cut at {cut}")
+        index_past_end(self)
         check_derived(self)
         self._dispatch(cp)
         self.last_cq_ts = None
@@ -423,33 +366,6 @@ class Planner:
                 qs.truncated_units = (old_end - qs.end) // CQ_UNIT_SIZE
                 self._cut_queue(qs, qs.end, f"consume queue truncation at commitlog offset {end}")
 
-    def _index_after_crash(self, cp: Checkpoint) -> None:
-        if self.plan.last_exit_ok:
-            return
-        keep = []
-        for f in self.index_files:
-            h = f.header()
-            if h.endTimestamp > cp.indexMsgTimestamp:
-                self.move_aside(f.path, f"abnormal start: index file endTimestamp {h.endTimestamp} > checkpoint "
-                                f"indexMsgTimestamp {cp.indexMsgTimestamp} (the broker deletes it); its entries are re-indexed")
-                self.plan.index_deleted.append(f.name)
-            else:
-                keep.append(f)
-        self.index_files = keep
-
-    def _index_past_end(self) -> None:
-        """Index entries pointing at or past the recovered end: the broker keeps them (lookups
-        return offsets that no longer exist); we rebuild the index from the commitlog."""
-        if not any(f.header().endPhyOffset >= self.end for f in self.index_files):
-            return
-        self.plan.notes.append(f"index files hold entries at or past the recovered end {self.end}; the broker keeps "
-                               f"them; every index file is rebuilt from the commitlog instead")
-        for f in self.index_files:
-            self.move_aside(f.path, f"index entries point past the recovered end {self.end}; index rebuilt")
-            self.plan.index_deleted.append(f.name)
-        self.index_files = []
-        self.index_rebuild_from = 0
-
     def _dispatch(self, cp: Checkpoint) -> None:
         """Which records get dispatched again (recovery, or 4.9.3's reput at start), and ours."""
         end, plan = self.end, self.plan
@@ -501,7 +417,8 @@ class Planner:
         if count and (new_units or not plan.last_exit_ok or self.index_rebuild_from is not None or ours < broker_from):
             self.act("dispatch", None, f"dispatch commitlog records [{ours}, {end}) to consume queues and index "
                      f"({rule}; already-present units are skipped by the broker's put rules)",
-                     extra={"from": ours, "to": end, "indexAfter": getattr(self, "index_resume_after", None)})  # (phy, keys held)
+                     extra={"from": ours, "to": end, "indexAfter": getattr(self, "index_resume_after", None),  # (phy, keys held)
+                            "indexNames": sorted(set(plan.index_deleted))})  # the rebuilt files keep these names
         elif count:
             plan.notes.append(f"{count} records in [{ours}, {end}) would be dispatched again; every consume-queue unit and "
                               f"index entry is already present")

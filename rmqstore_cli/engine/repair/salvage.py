@@ -149,7 +149,7 @@ def to_store(store, version: int, new_root: str, index_namer=None) -> SalvageRep
     cfg = store.config.with_(version=version)
     rep = SalvageReport()
     builder = MessageBuilder(cfg)
-    app = Appender(new_root, cfg, index_namer=index_namer).open()
+    app = Appender(new_root, cfg, index_namer=index_namer, keep_store_times=True).open()  # the source's times, as they are
     try:
         for msg in records(store, version, rep):
             obj = render_body(msg, "hex")

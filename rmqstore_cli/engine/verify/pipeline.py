@@ -268,7 +268,9 @@ def _check_store_times(recs: _Records, findings: list) -> None:
 def add_store_time_finding(agg: _Agg, path: str, pos: int, ts: int, prev_ts: int, phy: int, count: int = 1) -> None:
     """CL_STORE_TIME for a record stored before its predecessor (``count`` such records when merging partial results)."""
     agg.add("", "CL_STORE_TIME", WARNING, path, pos, f"STORETIMESTAMP {ts} is earlier than the previous record's "
-            f"{prev_ts} (clock moved back, or records were copied in)", phyOffset=phy)
+            f"{prev_ts}: a broker whose clock went back writes exactly this, and so does `append --from --keep-store-times` "
+            "replaying older records; the broker reads such a log, but lookups by time (`--since`, `get --time`, the "
+            "broker's offset-by-time) assume store times do not go down and may land early or late", phyOffset=phy)
     agg.count[("", "CL_STORE_TIME")] += count - 1
 
 

@@ -9,7 +9,7 @@ from formats.extaddr import MAX_ADDR, undecorate
 from formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
 from ..findings import Finding
-from .records import ERROR, INFO, _Agg, _cq_loc, _Records, _RefClassifier
+from .records import ERROR, INFO, WARNING, _Agg, _cq_loc, _Records, _RefClassifier
 
 
 def check_queue(store, topic: str, qid: int, recs: _Records, refs: _RefClassifier) -> tuple[list, int, np.ndarray]:
@@ -60,6 +60,8 @@ def _check_consume_queues(store, recs: _Records, refs: _RefClassifier, findings:
         phys_parts = []
         for qofs, phy, size, tags in files:
             n_units += len(phy)
+            if scan.ext is not None:
+                scan.note_ext_refs(tags)
             phys_parts.append(_check_unit_block(cq, scan, qofs, phy, size, tags, recs, refs, marks))
         refs.lost_refs += sum(len(q) for q, _ in scan.pending_lost)
         if unit_phys is not None:
@@ -72,7 +74,7 @@ def _check_consume_queues(store, recs: _Records, refs: _RefClassifier, findings:
             findings.append(Finding("CQ_FILLER", INFO, path, pos, f"{scan.fillers} pre-blank filler units (queue starts at a non-zero offset)",
                                     {"count": scan.fillers}))
         if scan.ext is not None:
-            _check_ext_units(scan.ext, scan.agg, scan.group, findings)
+            _check_ext_units(scan.ext, scan.agg, scan.group, findings, scan.last_ext)
         findings += scan.agg.findings()
     summary["consumeQueues"] = {"queues": len(queues), "units": n_units}
     return marks
@@ -139,6 +141,13 @@ class _QueueScan:
         self.fillers = 0
         self.first_filler = 0
         self.pending_lost: list = []  # (queue offsets, phys) past the log's end not yet followed by a found unit
+        self.last_ext: int | None = None  # the largest ext address a valid unit holds
+
+    def note_ext_refs(self, tags: np.ndarray) -> None:
+        refs = tags[tags <= MAX_ADDR]
+        if len(refs):
+            top = int(refs.max())
+            self.last_ext = top if self.last_ext is None else max(self.last_ext, top)
 
 
 def _check_unit_block(cq, scan: _QueueScan, qofs, uphy, usize, utags, recs: _Records, refs: _RefClassifier,
@@ -284,14 +293,29 @@ def _check_ext_refs(ext, cq, ext_refs, recs: _Records, agg: _Agg, group) -> None
                     f"record's STORETIMESTAMP {int(recs.c['storeTimestamp'][r])}", queueOffset=qo, extOffset=unit["offset"], rank=qo)
 
 
-def _check_ext_units(ext, agg: _Agg, group, findings: list) -> None:
-    """The ext files' own problems and unit sizes."""
+def _check_ext_units(ext, agg: _Agg, group, findings: list, last_ext: int | None) -> None:
+    """The ext files' own problems, unit sizes, and units after the one the queue's last unit references."""
     findings += ext.segments.problems
+    if last_ext is None:
+        refs_end = 0
+    else:
+        ref = ext.get(last_ext)
+        refs_end = ref["offset"] + ref["size"] if ref is not None else None  # unreadable: EXT_UNREADABLE says so
     for unit in ext.units():
         if unit["size"] != 20 + unit["bitMapSize"] or unit["bitMapSize"] < 0:
             seg = ext.segments.find(unit["offset"])
             agg.add(group, "EXT_SIZE", ERROR, seg.path if seg else ext.directory, unit["offset"] - (seg.start if seg else 0),
                     f"ext unit size {unit['size']} does not equal 20 + bitMapSize {unit['bitMapSize']}")
+        if refs_end is not None and unit["offset"] >= refs_end:
+            seg = ext.segments.find(unit["offset"] - unit["offset"] % ext.file_size)
+            agg.add(group, "EXT_UNREFERENCED", WARNING, seg.path if seg else ext.directory,
+                    unit["offset"] - (seg.start if seg else 0),
+                    f"ext unit at {unit['offset']} lies after the last one the consume queue references "
+                    + (f"(which ends at {refs_end})" if last_ext is not None else "(it references none)")
+                    + ": left by a cut of the queue or a crash between the ext put and the unit's; "
+                    + ("the broker's next start cuts the ext there" if last_ext is not None else
+                       "the broker keeps it and writes new units after it"),
+                    topic=group[0], queueId=group[1], extOffset=unit["offset"])
 
 
 def _check_dispatch(store, recs: _Records, marks: DispatchMarks, findings: list) -> None:

@@ -109,6 +109,8 @@ class QueueWindows:
             self.units += n
             if not n:
                 continue
+            if scan.ext is not None:
+                scan.note_ext_refs(cq.file_units(seg)["tagsCode"][:n])
             fillers, first_filler, real, phy_max, (lo, hi), before, samples = checkkernel.queue_file(
                 self.files.unit_bytes(seg), n, windows.starts, _SAMPLE_STEP)
             # samples (units in log order, the normal case: each window's units are one run): every
@@ -133,7 +135,7 @@ class QueueWindows:
             findings.append(Finding("CQ_FILLER", INFO, path, pos, f"{scan.fillers} pre-blank filler units (queue starts at a "
                                     "non-zero offset)", {"count": scan.fillers}))
         if scan.ext is not None:
-            _check_ext_units(scan.ext, scan.agg, scan.group, findings)
+            _check_ext_units(scan.ext, scan.agg, scan.group, findings, scan.last_ext)
         self.reach.sort(key=lambda r: r[2])
         self._next = 0  # reach[:_next] became active (first window reached); _active: those not yet past
         self._active: list = []
