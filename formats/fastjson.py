@@ -436,3 +436,17 @@ def loads_partial(text: str):
         return inc.partial, False
     except FastjsonError:
         return None, False
+
+
+def as_long(v) -> int | None:
+    """A Java long as fastjson reads one (a number, or a numeric string)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v if -(1 << 63) <= v < (1 << 63) else None
+    if isinstance(v, str):
+        try:
+            return as_long(int(v.strip()))
+        except ValueError:
+            return None
+    return None

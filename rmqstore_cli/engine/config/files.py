@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 
 from formats import fastjson
+from formats.fastjson import as_long
 
 from ..errors import UsageError
 from ..findings import Finding
@@ -35,20 +36,6 @@ TOPIC_GROUP_SEPARATOR = "@"  # ConsumerOffsetManager.TOPIC_GROUP_SEPARATOR
 
 def config_dir(root: str) -> str:
     return os.path.join(root, "config")
-
-
-def as_long(v) -> int | None:
-    """A Java long as fastjson reads one (a number, or a numeric string)."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v if -(1 << 63) <= v < (1 << 63) else None
-    if isinstance(v, str):
-        try:
-            return as_long(int(v.strip()))
-        except ValueError:
-            return None
-    return None
 
 
 def shape_problem(name: str, value) -> str | None:

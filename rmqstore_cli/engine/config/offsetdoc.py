@@ -16,7 +16,7 @@ from formats.fastjson import JavaSet
 from formats.java_concurrent_map import concurrent_hashmap_order
 from formats.java_hashmap import hashmap_order
 
-from .files import as_long
+from formats.fastjson import as_long
 
 OFFSET_TABLE_CAPACITY = 512  # new ConcurrentHashMap<>(512) in ConsumerOffsetManager
 QUEUE_MAP_CAPACITY = 32  # new ConcurrentHashMap<>(32) in commitOffset, per topic@group
