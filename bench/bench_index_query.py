@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from formats.hashing import index_key_hash
+from rmqstore_cli.formats.hashing import index_key_hash
 from rmqstore_cli.engine.config.storeconfig import StoreConfig
 from rmqstore_cli.engine.derived.index import ENTRY_DTYPE, IndexService
 

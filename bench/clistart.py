@@ -23,7 +23,7 @@ def main() -> None:
     from rmqstore_cli.engine.store import Store  # noqa: F401  (what the command imports before reading)
 
     t1 = time.perf_counter()
-    import formats.kernel  # noqa: F401  (numba)
+    import rmqstore_cli.formats.kernel  # noqa: F401  (numba)
 
     t2 = time.perf_counter()
     _open_and_walk(sys.argv[1])  # loads the cached kernels it calls

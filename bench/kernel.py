@@ -14,7 +14,7 @@ import json
 import statistics
 import time
 
-from formats import fast
+from rmqstore_cli.formats import fast
 from rmqstore_cli.engine.log.commitlog import CHUNK_RECORDS
 from rmqstore_cli.engine.store import Store
 

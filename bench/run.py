@@ -341,7 +341,7 @@ def cli_start(runs: int = CLI_START_RUNS) -> dict:
            "version_s": median(cli + ["--version"]),
            "dump_limit1_s": median(cli + ["dump", "commitlog", FIXTURE, "--limit", "1", "--json"]),
            "import_app_s": median([py, "-c", "import rmqstore_cli.app"]),
-           "import_app_kernel_s": median([py, "-c", "import rmqstore_cli.app, formats.kernel"])}
+           "import_app_kernel_s": median([py, "-c", "import rmqstore_cli.app, rmqstore_cli.formats.kernel"])}
     inproc = []
     for _ in range(runs):
         p = subprocess.run([py, "-m", "bench.clistart", FIXTURE], capture_output=True, text=True, cwd=ROOT,

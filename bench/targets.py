@@ -180,7 +180,7 @@ def render_cli_start(c: dict) -> str:
     for key, label in (("version_s", "`rmqstore --version`"),
                        ("dump_limit1_s", "`rmqstore dump commitlog <4.9.3-clean> --limit 1 --json`"),
                        ("import_app_s", "`python -c 'import rmqstore_cli.app'`"),
-                       ("import_app_kernel_s", "`python -c 'import rmqstore_cli.app, formats.kernel'`"),
+                       ("import_app_kernel_s", "`python -c 'import rmqstore_cli.app, rmqstore_cli.formats.kernel'`"),
                        ("numba_import_s", "in process: import of formats.kernel (numba)"),
                        ("kernel_load_s", "in process: first record walk minus second (cached kernel load)"),
                        ("numba_added_s", "numba's share of a record-reading start (import + load)")):

@@ -9,9 +9,9 @@ from typing import Optional
 import numpy as np
 import typer
 
-from formats.fast import REASON_TEXT, STOP_BAD_MAGIC, STOP_BAD_SIZE, STOP_INVALID, STOP_TORN
-from formats.extaddr import decorate, is_ext_addr
-from formats.message import BODY_MODES, RecordError, render_body
+from rmqstore_cli.formats.fast import REASON_TEXT, STOP_BAD_MAGIC, STOP_BAD_SIZE, STOP_INVALID, STOP_TORN
+from rmqstore_cli.formats.extaddr import decorate, is_ext_addr
+from rmqstore_cli.formats.message import BODY_MODES, RecordError, render_body
 from rmqstore_cli.engine.derived.consumequeue import is_filler
 from rmqstore_cli.engine.query.rocksdbqueue import unit_rows
 from rmqstore_cli.engine.query.stats import rocksdb_summary

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from formats.message import render_body
+from rmqstore_cli.formats.message import render_body
 from rmqstore_cli.engine.errors import NotFoundError
 from rmqstore_cli.engine.query.lookup import get_by_msgid, get_by_offset, get_by_queue, get_by_uniq_key
 from rmqstore_cli.engine.query.timesearch import offset_by_time

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from formats.msgid import decode_offset_msgid, decode_uniq_key
+from rmqstore_cli.formats.msgid import decode_offset_msgid, decode_uniq_key
 from rmqstore_cli.engine.query.lookup import parse_time
 
 from .common import JsonOpt

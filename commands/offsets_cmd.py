@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from formats.fastjson import to_standard
+from rmqstore_cli.formats.fastjson import to_standard
 from rmqstore_cli.engine.config.files import CONFIG_FILES, config_findings, read_config
 from rmqstore_cli.engine.errors import EXIT_CLEAN, EXIT_FINDINGS, UsageError
 

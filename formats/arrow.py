@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from formats.fast import R_OK, Headers
-from formats.msgid import host_to_str
-from formats.properties import parse_properties
-from formats.records import TRANSACTION_NAMES
+from rmqstore_cli.formats.fast import R_OK, Headers
+from rmqstore_cli.formats.msgid import host_to_str
+from rmqstore_cli.formats.properties import parse_properties
+from rmqstore_cli.formats.records import TRANSACTION_NAMES
 
 # Spark column name -> Spark SQL type (DDL). RocketMQ's own field names, as in ``dump --json``.
 COLUMNS = [

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 
-from formats.hashing import java_hash
+from rmqstore_cli.formats.hashing import java_hash
 
 TREEIFY_THRESHOLD = 8
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from formats.hashing import java_hash
-from formats.properties import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, serialize_properties
+from rmqstore_cli.formats.hashing import java_hash
+from rmqstore_cli.formats.properties import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, serialize_properties
 
 MAXIMUM_CAPACITY = 1 << 30
 TREEIFY_THRESHOLD = 8  # a bin holding more than this many nodes is treeified (or the table grown)

@@ -1,5 +1,5 @@
 """Every compiled kernel compiled (or loaded from numba's cache) once, ahead of the first command:
-``python -m formats.warmup`` (the set-up script runs it), and before ``verify -j`` forks its workers.
+``python -m rmqstore_cli.formats.warmup`` (the set-up script runs it), and before ``verify -j`` forks its workers.
 
 It imports each kernel module; none of them imports this one (formats.kernel holds only the shared
 ``_jit`` helper and the commitlog kernels, so the kernels do not import one another in a circle).

@@ -100,7 +100,7 @@ def _root(
 
 def _register() -> None:
     for module, panel in COMMANDS:
-        importlib.import_module(f"commands.{module}").register(app, panel)
+        importlib.import_module(f"rmqstore_cli.commands.{module}").register(app, panel)
     app.info.epilog = "Examples:\n\n" + "\n\n".join(f"{panel}: [bold]{ex}[/bold]" for panel, ex in PANEL_EXAMPLES)
     groups = [("", app)] + [(g.name + " ", g.typer_instance) for g in app.registered_groups]
     for prefix, typer_app in groups:

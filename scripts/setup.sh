@@ -7,6 +7,6 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[spark,test,rocksdb]' 2>&1 | grep -v "is ignored: it is neither" || true
-.venv/bin/python -c "import rmqstore_cli, formats, commands" 
+.venv/bin/python -c "import rmqstore_cli.app, rmqstore_cli.formats, rmqstore_cli.commands"
 # Compile the numba read kernels once now (cached per environment) rather than in the first command.
-.venv/bin/python -m formats.warmup
+.venv/bin/python -m rmqstore_cli.formats.warmup

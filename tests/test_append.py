@@ -16,8 +16,8 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from formats.fast import check_property_crc
-from formats.hashing import java_hash
+from rmqstore_cli.formats.fast import check_property_crc
+from rmqstore_cli.formats.hashing import java_hash
 from rmqstore_cli.app import app
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.verify.pipeline import verify_store

@@ -15,8 +15,8 @@ import random
 
 import pytest
 
-from commands.append import _json_loads
-from formats.message import body_from_json
+from rmqstore_cli.commands.append import _json_loads
+from rmqstore_cli.formats.message import body_from_json
 from rmqstore_cli.engine.config.storeconfig import StoreConfig
 from rmqstore_cli.engine.log.messages import InputError, MessageBuilder
 
@@ -133,7 +133,7 @@ def _messages_outcome(fn, line):
 def test_typed_line_route_equals_the_plain_route():
     """_line_messages (msgspec typed record, body decoded by msgspec) against
     from_json_line(json.loads(line)) on dump lines and on lines built to leave the typed route."""
-    from commands.append import _line_messages
+    from rmqstore_cli.commands.append import _line_messages
 
     seed = int(os.environ.get("RMQSTORE_FUZZ_SEED", random.randrange(1 << 30)))
     print(f"seed {seed}")

@@ -22,9 +22,9 @@ import shutil
 import numpy as np
 import pytest
 
-from formats import checkkernel
-from formats.extaddr import MAX_ADDR
-from formats.records import CQ_FILLER, CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
+from rmqstore_cli.formats import checkkernel
+from rmqstore_cli.formats.extaddr import MAX_ADDR
+from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.verify import commitlog as verify_commitlog
 from rmqstore_cli.engine.verify.index import check_found_entries

@@ -133,7 +133,7 @@ def test_importing_the_cli_and_engine_does_not_import_numba():
     code = ("import sys, rmqstore_cli.app\n"
             "from rmqstore_cli.engine.verify import pipeline as verify; from rmqstore_cli.engine.repair import recovery, rebuild, apply as repair; from rmqstore_cli.engine.derived import dispatch; from rmqstore_cli.engine.query import stats, lookup\n"
             "from formats import propscan, indexchain, fast, checkkernel\n"
-            "print(sorted(m for m in ('numba', 'formats.kernel', 'formats.propkernel') if m in sys.modules))")
+            "print(sorted(m for m in ('numba', 'rmqstore_cli.formats.kernel', 'rmqstore_cli.formats.propkernel') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
 

@@ -13,8 +13,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from formats import fast
-from formats.msgid import encode_offset_msgid
+from rmqstore_cli.formats import fast
+from rmqstore_cli.formats.msgid import encode_offset_msgid
 from rmqstore_cli.engine.query import diff as diff_mod
 from rmqstore_cli.engine.query.explain import explain_msgid
 from rmqstore_cli.engine.store import Store

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from formats import fastjson
+from rmqstore_cli.formats import fastjson
 
 OFFSETS_4 = ('{\n\t"offsetTable":{\n\t\t"%RETRY%group_a@group_a":{0:0\n\t\t},\n'
              '\t\t"TopicTest@group_a":{0:123,1:456,2:250,3:250\n\t\t}\n\t}\n}')

@@ -13,9 +13,9 @@ import zlib
 import numpy as np
 import pytest
 
-from formats import fast
-from formats.message import encode_message
-from formats.records import MAGIC_BLANK, MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6
+from rmqstore_cli.formats import fast
+from rmqstore_cli.formats.message import encode_message
+from rmqstore_cli.formats.records import MAGIC_BLANK, MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6
 from rmqstore_cli.engine.store import Store
 
 from .conftest import CLEAN_STORES, STORE_NAMES, broker_read, shared_store
@@ -395,7 +395,7 @@ def test_rebuild_jobs_loads_the_scan_kernels_before_forking():
         from rmqstore_cli.engine.store import Store
         from rmqstore_cli.engine.derived.dispatch import Dispatcher
         from rmqstore_cli.engine.repair.rebuild import _warm_kernels
-        from formats import kernel, propkernel
+        from rmqstore_cli.formats import kernel, propkernel
         loaded = lambda: (len(kernel.scan_records.signatures), len(propkernel.find_props.signatures))
         assert loaded() == (0, 0), loaded()
         with Store.open({str(shared_store("4.9.3-clean"))!r}) as st:

@@ -7,12 +7,12 @@ import struct
 import numpy as np
 import pytest
 
-from formats import extaddr, fast, records
-from formats.hashing import crc31, crc_property_digits, index_key_hash, java_hash, parse_crc_property_digits
-from formats.message import decode_message, encode_message
-from formats.msgid import decode_offset_msgid, decode_uniq_key, encode_offset_msgid, host_to_str, parse_host
-from formats.properties import parse_properties, serialize_properties
-from formats.tags import tags_code
+from rmqstore_cli.formats import extaddr, fast, records
+from rmqstore_cli.formats.hashing import crc31, crc_property_digits, index_key_hash, java_hash, parse_crc_property_digits
+from rmqstore_cli.formats.message import decode_message, encode_message
+from rmqstore_cli.formats.msgid import decode_offset_msgid, decode_uniq_key, encode_offset_msgid, host_to_str, parse_host
+from rmqstore_cli.formats.properties import parse_properties, serialize_properties
+from rmqstore_cli.formats.tags import tags_code
 
 from .conftest import STORE_NAMES, broker_read, shared_store
 

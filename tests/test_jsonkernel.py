@@ -19,10 +19,10 @@ import random
 import numpy as np
 import pytest
 
-from formats import fast, jsonkernel
-from formats.jsonl import kernel_lines
-from formats.message import BODY_MODES, encode_message
-from formats.records import MAGIC_V1, MAGIC_V2, MESSAGE, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6
+from rmqstore_cli.formats import fast, jsonkernel
+from rmqstore_cli.formats.jsonl import kernel_lines
+from rmqstore_cli.formats.message import BODY_MODES, encode_message
+from rmqstore_cli.formats.records import MAGIC_V1, MAGIC_V2, MESSAGE, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6
 from rmqstore_cli.engine.store import Store
 
 from .conftest import STORE_NAMES, shared_store
@@ -206,7 +206,7 @@ def test_worst_case_line_fits_the_buffer_bound():
 
 def test_large_bodies_come_in_bounded_blocks(monkeypatch):
     """Records whose text would exceed BLOCK_BYTES are encoded in several kernel calls, same text."""
-    from formats import jsonl
+    from rmqstore_cli.formats import jsonl
 
     rng = random.Random(7)
     records = [encode_message(topic=b"T", queue_id=0, flag=0, queue_offset=i, physical_offset=i, sysflag=0,
@@ -226,7 +226,7 @@ def test_large_bodies_come_in_bounded_blocks(monkeypatch):
 
 
 def test_records_json_in_bounded_pieces_same_text_and_progress(monkeypatch):
-    from formats import jsonl
+    from rmqstore_cli.formats import jsonl
 
     with Store.open(str(shared_store("5.3.3-clean"))) as s:
         whole = list(s.commitlog.records_json(body="hex"))

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from commands.output import json_line
-from formats import fast
-from formats.jsonl import encode_records
-from formats.message import BODY_MODES, decode_message, encode_message, render_body
-from formats.records import MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6
+from rmqstore_cli.commands.output import json_line
+from rmqstore_cli.formats import fast
+from rmqstore_cli.formats.jsonl import encode_records
+from rmqstore_cli.formats.message import BODY_MODES, decode_message, encode_message, render_body
+from rmqstore_cli.formats.records import MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6
 from rmqstore_cli.engine.log.commitlog import ScanResult
 from rmqstore_cli.engine.store import Store
 

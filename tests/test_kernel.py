@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from construct import Struct, Tell
 
-from formats import fast, kernel, records
-from formats.hashing import parse_crc_property_digits
-from formats.message import encode_message
+from rmqstore_cli.formats import fast, kernel, records
+from rmqstore_cli.formats.hashing import parse_crc_property_digits
+from rmqstore_cli.formats.message import encode_message
 from rmqstore_cli.engine.store import Store
 
 from . import fuzzlib
@@ -386,7 +386,7 @@ def test_crc_symbol_and_fallback_equal_zlib():
 
 _PROBE = """
 import json, sys
-from formats import fast, kernel
+from rmqstore_cli.formats import fast, kernel
 fast.walk(bytes(64))
 s = kernel.walk_offsets.stats
 print(json.dumps({"hits": sum(s.cache_hits.values()), "misses": sum(s.cache_misses.values()),
@@ -430,7 +430,7 @@ def test_kernel_cache_without_a_writable_package_dir(tmp_path):
 _NO_ISAL = """
 import sys, zlib, json
 sys.modules["isal"] = None  # an isal build without the symbol: the kernels must fall back, same values
-from formats import fast, kernel
+from rmqstore_cli.formats import fast, kernel
 data = bytes(range(256)) * 40
 u8 = fast.kernel_view(data)
 print(json.dumps({"impl": kernel.CRC_IMPLEMENTATION,
@@ -479,7 +479,7 @@ def test_scan_body_crc_on_short_bodies(body_len):
 
 _LEAN = """
 import json, sys
-from formats import fast, jsonkernel, jsonl, kernel
+from rmqstore_cli.formats import fast, jsonkernel, jsonl, kernel
 data = open(sys.argv[1], 'rb').read()
 w = fast.walk(data)
 h = fast.decode_headers(data, w.offsets)

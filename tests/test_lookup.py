@@ -327,7 +327,7 @@ def test_msgid_decode_vectors():
 def test_msgid_decode_broker_ids():
     """Every offset msgId the broker reported decodes to the record's own offset and store host."""
     for name in ("4.9.3-clean", "5.3.3-v2topic"):
-        from commands.msgid import decode
+        from rmqstore_cli.commands.msgid import decode
         for c in broker_read(name)["clmsg"]:
             d = decode(c["msg"]["msgId"], "offset", 0)["asOffsetMsgId"]
             assert d["commitLogOffset"] == c["offset"]

@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 
-from formats import fastjson
+from rmqstore_cli.formats import fastjson
 from tests import fuzzlib
 from tests.configfixtures import A, B, queue_max, set_mtime, write_config
 from tests.conftest import broker_read, tree_digest

@@ -14,8 +14,8 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from formats import fastjson
-from formats.java_concurrent_map import concurrent_hashmap_order
+from rmqstore_cli.formats import fastjson
+from rmqstore_cli.formats.java_concurrent_map import concurrent_hashmap_order
 from rmqstore_cli.app import app
 
 from .conftest import SHARED

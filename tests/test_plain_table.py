@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from rich.console import Console
 from rich.table import Table
 
-from commands import output
-from commands.output import WIDE_COLUMNS, _cell, _plain_table
+from rmqstore_cli.commands import output
+from rmqstore_cli.commands.output import WIDE_COLUMNS, _cell, _plain_table
 
 from .conftest import REPO, shared_store
 
@@ -75,7 +75,7 @@ def _cli(*args) -> bytes:
 ])
 @pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-v2topic", "4.9.3-ext"])
 def test_cli_tables_are_what_rich_prints(name, args, columns, title, monkeypatch, capsys):
-    from commands import dump
+    from rmqstore_cli.commands import dump
 
     s = str(shared_store(name))
     args = [a.format(s=s) for a in args]
@@ -107,7 +107,7 @@ def test_wide_characters_emoji_and_ellipsis_equal_rich(rows, title):
 
 def test_cells_that_look_like_markup_are_printed_as_text(capsys):
     """Binary bodies rendered as text can contain "[/..." (once a MarkupError, exit 2)."""
-    from commands.output import Output
+    from rmqstore_cli.commands.output import Output
 
     rows = [{"a": "[/bold] closing tag", "b": "[red]x[/red]" + "\x07" * 3}]
     Output(False).table(rows, [("a", "a"), ("b", "b")], title="t")

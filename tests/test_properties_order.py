@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from formats.java_hashmap import (
+from rmqstore_cli.formats.java_hashmap import (
     JavaHashMapOrder,
     broker_batch_record_properties,
     broker_properties_string,
@@ -20,7 +20,7 @@ from formats.java_hashmap import (
     split_batch_record_properties,
     table_size_for,
 )
-from formats.properties import parse_properties
+from rmqstore_cli.formats.properties import parse_properties
 
 STORES = Path(__file__).resolve().parents[1].parent / "shared" / "stores"
 STORE_NAMES = ["4.9.3-clean", "4.9.3-crash", "4.9.3-ext", "5.3.3-clean", "5.3.3-v2topic"]

@@ -7,10 +7,10 @@ import random
 import numpy as np
 import pytest
 
-from formats import fast, propscan
-from formats.hashing import index_key_hash, java_hash
-from formats.message import decode_utf8
-from formats.properties import parse_properties
+from rmqstore_cli.formats import fast, propscan
+from rmqstore_cli.formats.hashing import index_key_hash, java_hash
+from rmqstore_cli.formats.message import decode_utf8
+from rmqstore_cli.formats.properties import parse_properties
 from tests.conftest import STORE_NAMES, shared_store
 
 

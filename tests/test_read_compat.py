@@ -21,7 +21,7 @@ import sys
 import pytest
 
 from tests.conftest import STORE_NAMES, broker_read, shared_store
-from formats.tags import tags_code
+from rmqstore_cli.formats.tags import tags_code
 from rmqstore_cli.engine.log.commitlog import ScanResult
 from rmqstore_cli.engine.store import Store
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from formats.java_hashmap import parse_properties_lossless
-from formats.properties import PROPERTY_SEPARATOR
+from rmqstore_cli.formats.java_hashmap import parse_properties_lossless
+from rmqstore_cli.formats.properties import PROPERTY_SEPARATOR
 from rmqstore_cli.app import app
 from rmqstore_cli.engine.log.commitlog import CommitLog
 from rmqstore_cli.engine.config.storeconfig import StoreConfig, apply_settings

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from formats import rocksdbcq as fmt
+from rmqstore_cli.formats import rocksdbcq as fmt
 from rmqstore_cli.app import app
 from rmqstore_cli.engine.errors import UsageError
 from rmqstore_cli.engine.query.lookup import get_by_queue

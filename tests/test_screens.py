@@ -15,8 +15,8 @@ from datetime import datetime
 import pytest
 from rich.console import Console
 
-from commands import output
-from commands.output import prose, relative
+from rmqstore_cli.commands import output
+from rmqstore_cli.commands.output import prose, relative
 
 from .conftest import STORES, broker_read
 
@@ -120,7 +120,7 @@ def assert_all_visible(text: str, title_word: str, columns: list[tuple[str, str]
 
 @pytest.mark.parametrize("width", [80, 120])
 def test_recover_plan_fits(width, store_copy, monkeypatch, utc):
-    from commands.recover import ACTION_COLUMNS
+    from rmqstore_cli.commands.recover import ACTION_COLUMNS
     from rmqstore_cli.engine.repair.recovery import plan_recovery
     from rmqstore_cli.engine.store import Store
 
@@ -143,7 +143,7 @@ def test_recover_plan_fits(width, store_copy, monkeypatch, utc):
 
 @pytest.mark.parametrize("width", [80, 120])
 def test_truncate_plan_fits(width, store_copy, monkeypatch):
-    from commands.recover import ACTION_COLUMNS
+    from rmqstore_cli.commands.recover import ACTION_COLUMNS
     from rmqstore_cli.engine.repair.recovery import plan_truncate
     from rmqstore_cli.engine.store import Store
 
@@ -173,7 +173,7 @@ def garbage_unit(root: str) -> str:
 
 @pytest.mark.parametrize("width", [80, 120])
 def test_verify_findings_fit(width, store_copy, monkeypatch):
-    from commands.verify import COLUMNS
+    from rmqstore_cli.commands.verify import COLUMNS
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.engine.verify.pipeline import verify_store
 
@@ -237,7 +237,7 @@ def test_fitting_table_piped_is_what_rich_prints(monkeypatch):
 @pytest.mark.parametrize("width", [80, 120])
 def test_offsets_table_fits(width, store_copy, monkeypatch):
     """A table without wrapping columns (dump offsets): every column at its full width, or a list."""
-    from commands.offsets_cmd import OFFSET_COLUMNS
+    from rmqstore_cli.commands.offsets_cmd import OFFSET_COLUMNS
 
     root = store_copy("4.9.3-clean")
     (root / "config").mkdir(exist_ok=True)

@@ -67,7 +67,7 @@ def test_dataframe_equals_reader_and_broker(all_rows, name):
 
 
 def test_ranges_are_message_aligned_and_splitting_changes_nothing(spark):
-    from formats import fast
+    from rmqstore_cli.formats import fast
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.spark.datasource import plan_segment
 
@@ -110,7 +110,7 @@ def test_export_round_trips_through_parquet(spark, tmp_path, all_rows):
 
 
 def _first_record(store_root, seg_index=2, k=3):
-    from formats import fast
+    from rmqstore_cli.formats import fast
 
     seg_path = sorted((store_root / "commitlog").iterdir())[seg_index]
     data = seg_path.read_bytes()
@@ -338,8 +338,8 @@ def test_vectorised_property_columns_follow_the_broker_parser():
     import numpy as np
     import pyarrow as pa
 
-    from formats.properties import parse_properties
-    from formats.arrow import _property_columns, _property_columns_python
+    from rmqstore_cli.formats.properties import parse_properties
+    from rmqstore_cli.formats.arrow import _property_columns, _property_columns_python
 
     texts = ["", "TAGS\x01a\x02KEYS\x01k1  k2 \x02UNIQ_KEY\x01U1", "KEYS\x01\x02TAGS\x01\x01x\x02\x01v\x02ab",
              "a\x01b\x01c\x02\x02\x02TAGS\x01τ-ß\x02", "KEYS\x01 \x02UNIQ_KEY\x01\x02", "x\x01y\x02"]

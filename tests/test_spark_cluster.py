@@ -162,7 +162,7 @@ def test_export_on_cluster(spark, tmp_path):
 
 
 def test_verify_on_cluster(spark, tmp_path):
-    from formats import fast
+    from rmqstore_cli.formats import fast
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.engine.verify.pipeline import verify_store
     from rmqstore_cli.spark import jobs

@@ -58,7 +58,7 @@ def test_arrow_writer_writes_what_spark_writes_and_the_broker_read(spark, tmp_pa
 
 
 def _corrupt(root):
-    from formats import fast
+    from rmqstore_cli.formats import fast
 
     segs = sorted((root / "commitlog").iterdir())
     data = segs[2].read_bytes()
@@ -98,7 +98,7 @@ def _task_for(root, dest, job):
     """The executor side of one export task over the whole of ``root``, as the job would launch it."""
     import functools
 
-    from formats.arrow import arrow_schema
+    from rmqstore_cli.formats.arrow import arrow_schema
     from rmqstore_cli.spark import arrow_export, datasource
 
     groups = datasource.group_ranges(datasource.plan([str(root)], {}), 1 << 40)
@@ -235,7 +235,7 @@ def test_unwalked_segments_report_the_same_tails_as_planned_ranges(spark, store_
 def test_spark_schema_built_in_python_equals_the_parsed_ddl(spark, body):
     from pyspark.sql.types import _parse_datatype_string
 
-    from formats.arrow import ddl
+    from rmqstore_cli.formats.arrow import ddl
     from rmqstore_cli.spark.arrow_export import spark_schema
 
     assert spark_schema(body) == _parse_datatype_string(ddl(body))

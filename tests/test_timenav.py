@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from formats import fast
+from rmqstore_cli.formats import fast
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.log.storetime import commitlog_offset_at
 from rmqstore_cli.engine.query.timesearch import offset_by_time

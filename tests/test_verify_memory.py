@@ -12,8 +12,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from formats.indexchain import chain_block, chain_block_reference
-from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
+from rmqstore_cli.formats.indexchain import chain_block, chain_block_reference
+from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 from rmqstore_cli.engine.verify import index as verify_index
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.verify.pipeline import verify_store

@@ -12,8 +12,8 @@ import struct
 import numpy as np
 import pytest
 
-from formats import fast
-from formats.records import MAGIC_BLANK
+from rmqstore_cli.formats import fast
+from rmqstore_cli.formats.records import MAGIC_BLANK
 from rmqstore_cli.engine.verify import commitlog as verify_commitlog
 from rmqstore_cli.engine.verify import windows as verify_windows
 from rmqstore_cli.engine.store import Store

@@ -116,7 +116,7 @@ def spark_schema(with_body: bool):
     JVM to parse the DDL would load Spark's SQL parser for this alone."""
     from pyspark.sql import types as T
 
-    from formats.arrow import BODY_COLUMN, COLUMNS
+    from rmqstore_cli.formats.arrow import BODY_COLUMN, COLUMNS
 
     simple = {"string": T.StringType(), "bigint": T.LongType(), "int": T.IntegerType(), "boolean": T.BooleanType(),
               "binary": T.BinaryType(), "timestamp": T.TimestampType(),
@@ -130,7 +130,7 @@ def export_parquet(spark, roots: list[str], dest: str, *, with_body: bool, overw
     """Write every record of ``roots`` to ``dest`` as Parquet; returns counts taken from the written batches."""
     from rmqstore_cli.engine.errors import UsageError
 
-    from formats.arrow import arrow_schema
+    from rmqstore_cli.formats.arrow import arrow_schema
 
     if os.path.lexists(dest) and not overwrite:
         raise UsageError(f"{dest} already exists (use --overwrite to replace it)")

@@ -6,7 +6,7 @@ walk stops map onto the codes it reports for the same damage (docs/findings.md).
 
 from __future__ import annotations
 
-from formats import fast
+from rmqstore_cli.formats import fast
 from rmqstore_cli.engine.findings import WALK_STOP_CODES
 from rmqstore_cli.engine.verify.pipeline import REASON_CODES as _VERIFY_REASONS
 

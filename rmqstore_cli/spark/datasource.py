@@ -23,14 +23,14 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from formats import fast
+from rmqstore_cli.formats import fast
 from rmqstore_cli.engine.log.commitlog import CommitLog
 from rmqstore_cli.engine.config.storeconfig import StoreConfig
 from rmqstore_cli.engine.log.segments import Segment
 from rmqstore_cli.engine.store import Store
 
 from . import codes
-from formats.arrow import build_batch, ddl, finding_batch
+from rmqstore_cli.formats.arrow import build_batch, ddl, finding_batch
 
 DEFAULT_SPLIT = 64 << 20
 DEFAULT_BATCH_ROWS = 65536

@@ -119,7 +119,7 @@ def _stats_task(groups):
     """Executor side: the engine's StatsAccumulator over the records of some planned ranges."""
     import numpy as np
 
-    from formats import fast
+    from rmqstore_cli.formats import fast
     from rmqstore_cli.engine.log.segments import Segment
     from rmqstore_cli.engine.query.stats import StatsAccumulator
 
@@ -150,7 +150,7 @@ def _stats_task(groups):
 
 
 def _select(h, idx):
-    from formats.fast import Headers
+    from rmqstore_cli.formats.fast import Headers
 
     out = Headers()
     for name in Headers.__slots__:
@@ -161,7 +161,7 @@ def _select(h, idx):
 def stats(spark, root: str, *, overrides: dict | None = None, config_file: str | None = None,
           split: int | None = None) -> dict:
     """The ``stats`` report of one store, its commitlog aggregated on the executors."""
-    from formats import fast
+    from rmqstore_cli.formats import fast
     from rmqstore_cli.engine.query.stats import StatsAccumulator, index_stats, queue_lag
     from rmqstore_cli.engine.store import Store
 

@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from formats import fast
+from rmqstore_cli.formats import fast
 from rmqstore_cli.engine.errors import UsageError
 
 from .common import read_records
@@ -56,8 +56,8 @@ def _write_queue_fn(out_root: str, cfg):
     def write(table):
         import pyarrow as pa
 
-        from formats.extaddr import is_ext_addr
-        from formats.tags import TagsCodeError, tags_code
+        from rmqstore_cli.formats.extaddr import is_ext_addr
+        from rmqstore_cli.formats.tags import TagsCodeError, tags_code
         from rmqstore_cli.engine.derived.cqwriter import ConsumeQueueExtWriter, ConsumeQueueWriter
 
         t = table.sort_by("commitLogOffset")
@@ -124,7 +124,7 @@ def _explode_keys(batches):
     """Per record: one (phy, ts, keyHash) row per index key, in the broker's key order."""
     import pyarrow as pa
 
-    from formats.hashing import index_key, index_key_hash
+    from rmqstore_cli.formats.hashing import index_key, index_key_hash
 
     for b in batches:
         phy, ts, hashes = [], [], []

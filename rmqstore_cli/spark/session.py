@@ -107,7 +107,7 @@ def job_progress(spark, description: str):
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from commands.output import stderr
+    from rmqstore_cli.commands.output import stderr
 
     tracker = spark.sparkContext.statusTracker()
     stop = threading.Event()

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from formats.records import CQ_FILLER
+from rmqstore_cli.formats.records import CQ_FILLER
 
 from .datasource import DEFAULT_BATCH_ROWS, DEFAULT_SPLIT, _flag, open_store_from_options, store_roots
 
@@ -269,7 +269,7 @@ class _EntriesReader(_StoreReader):
 
     def read_items(self, st, items):
         from rmqstore_cli.engine.log.mappedfile import drop_pages as _drop_pages
-        from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
+        from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
         for i, path in items:
             f = st.index.files[i]

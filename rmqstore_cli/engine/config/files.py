@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from formats import fastjson
-from formats.fastjson import as_long
+from rmqstore_cli.formats import fastjson
+from rmqstore_cli.formats.fastjson import as_long
 
 from ..errors import UsageError
 from ..findings import Finding

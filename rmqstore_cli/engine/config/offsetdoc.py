@@ -12,11 +12,11 @@ Checked byte for byte against ``../shared/stores/config-samples`` (both versions
 
 from __future__ import annotations
 
-from formats.fastjson import JavaSet
-from formats.java_concurrent_map import concurrent_hashmap_order
-from formats.java_hashmap import hashmap_order
+from rmqstore_cli.formats.fastjson import JavaSet
+from rmqstore_cli.formats.java_concurrent_map import concurrent_hashmap_order
+from rmqstore_cli.formats.java_hashmap import hashmap_order
 
-from formats.fastjson import as_long
+from rmqstore_cli.formats.fastjson import as_long
 
 OFFSET_TABLE_CAPACITY = 512  # new ConcurrentHashMap<>(512) in ConsumerOffsetManager
 QUEUE_MAP_CAPACITY = 32  # new ConcurrentHashMap<>(32) in commitOffset, per topic@group

@@ -12,8 +12,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 
-from formats.records import MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE
-from formats.tags import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from rmqstore_cli.formats.records import MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE
+from rmqstore_cli.formats.tags import DEFAULT_DELAY_LEVELS, parse_delay_levels
 
 from ..errors import UsageError
 
@@ -205,7 +205,7 @@ def _infer_version(root: str, cl_dir: str) -> tuple[int | None, str]:
 
     import numpy as np
 
-    from formats.fast import R_OK, decode_headers_reference
+    from rmqstore_cli.formats.fast import R_OK, decode_headers_reference
 
     for name in _listdir(cl_dir)[:3]:
         p = os.path.join(cl_dir, name)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from formats.extaddr import is_ext_addr, undecorate
-from formats.records import CQ_FILLER, CQ_UNIT_FIELDS, CQ_UNIT_SIZE, CQEXT_HEADER_FIELDS
+from rmqstore_cli.formats.extaddr import is_ext_addr, undecorate
+from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_FIELDS, CQ_UNIT_SIZE, CQEXT_HEADER_FIELDS
 
 from ..config.storeconfig import StoreConfig
 from ..log.segments import SegmentQueue

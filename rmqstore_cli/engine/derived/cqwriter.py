@@ -13,8 +13,8 @@ import struct
 
 import numpy as np
 
-from formats.extaddr import MAX_REAL_OFFSET, decorate
-from formats.records import CQ_FILLER, CQ_UNIT_SIZE, CQEXT_END_BLANK, CQEXT_MAX_UNIT_SIZE, CQEXT_MIN_UNIT_SIZE
+from rmqstore_cli.formats.extaddr import MAX_REAL_OFFSET, decorate
+from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, CQEXT_END_BLANK, CQEXT_MAX_UNIT_SIZE, CQEXT_MIN_UNIT_SIZE
 
 from ..config.storeconfig import StoreConfig
 from .consumequeue import CQ_DTYPE

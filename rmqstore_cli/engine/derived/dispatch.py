@@ -25,11 +25,11 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from formats import fast
-from formats.extaddr import is_ext_addr
-from formats.message import decode_utf8
-from formats.records import TRANSACTION_COMMIT, TRANSACTION_NOT
-from formats.tags import TagsCodeError, tags_code
+from rmqstore_cli.formats import fast
+from rmqstore_cli.formats.extaddr import is_ext_addr
+from rmqstore_cli.formats.message import decode_utf8
+from rmqstore_cli.formats.records import TRANSACTION_COMMIT, TRANSACTION_NOT
+from rmqstore_cli.formats.tags import TagsCodeError, tags_code
 
 from ..log.checkpointwriter import CheckpointWriter
 from ..config.storeconfig import StoreConfig

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from formats import propscan
-from formats.hashing import index_key, index_key_hash, java_hash
-from formats.message import decode_utf8
-from formats.properties import parse_properties
-from formats.tags import SCHEDULE_TOPIC, TagsCodeError, tags_code
+from rmqstore_cli.formats import propscan
+from rmqstore_cli.formats.hashing import index_key, index_key_hash, java_hash
+from rmqstore_cli.formats.message import decode_utf8
+from rmqstore_cli.formats.properties import parse_properties
+from rmqstore_cli.formats.tags import SCHEDULE_TOPIC, TagsCodeError, tags_code
 
 
 class TopicInterner:

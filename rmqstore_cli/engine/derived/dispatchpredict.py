@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from formats import fast
+from rmqstore_cli.formats import fast
 
 from ..log.walk import cq_dispatched
 from .dispatchcolumns import topic_ids

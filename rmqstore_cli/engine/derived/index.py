@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from formats.hashing import index_key, index_key_hash
-from formats.records import INDEX_ENTRY_FIELDS, INDEX_ENTRY_SIZE, INDEX_HEADER_FIELDS, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
+from rmqstore_cli.formats.hashing import index_key, index_key_hash
+from rmqstore_cli.formats.records import INDEX_ENTRY_FIELDS, INDEX_ENTRY_SIZE, INDEX_HEADER_FIELDS, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
 from ..config.storeconfig import StoreConfig
 from ..findings import Finding

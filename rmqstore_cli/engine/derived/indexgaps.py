@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from formats import propscan
-from formats.message import RecordError
-from formats.records import SYSFLAG_TRANSACTION_MASK, TRANSACTION_ROLLBACK
+from rmqstore_cli.formats import propscan
+from rmqstore_cli.formats.message import RecordError
+from rmqstore_cli.formats.records import SYSFLAG_TRANSACTION_MASK, TRANSACTION_ROLLBACK
 
 from ..store import Store
 

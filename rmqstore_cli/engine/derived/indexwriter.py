@@ -26,8 +26,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from formats.hashing import INT_MIN, index_key_hash, index_key_hash_many, java_hash
-from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_ROLLBACK
+from rmqstore_cli.formats.hashing import INT_MIN, index_key_hash, index_key_hash_many, java_hash
+from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_ROLLBACK
 
 from ..config.storeconfig import StoreConfig
 from .index import ENTRY_DTYPE, HEADER_STRUCT

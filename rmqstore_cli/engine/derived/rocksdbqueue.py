@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from formats import rocksdbcq as fmt
+from rmqstore_cli.formats import rocksdbcq as fmt
 
 from ..errors import StoreCorruptError, UsageError
 

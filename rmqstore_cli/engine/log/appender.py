@@ -31,12 +31,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from formats import fast
-from formats.hashing import crc32 as _crc32
-from formats.message import encode_message
-from formats.msgid import encode_offset_msgid
-from formats.records import MAGIC_BLANK, TRANSACTION_PREPARED, TRANSACTION_ROLLBACK
-from formats.tags import SCHEDULE_TOPIC, tags_code
+from rmqstore_cli.formats import fast
+from rmqstore_cli.formats.hashing import crc32 as _crc32
+from rmqstore_cli.formats.message import encode_message
+from rmqstore_cli.formats.msgid import encode_offset_msgid
+from rmqstore_cli.formats.records import MAGIC_BLANK, TRANSACTION_PREPARED, TRANSACTION_ROLLBACK
+from rmqstore_cli.formats.tags import SCHEDULE_TOPIC, tags_code
 
 from .checkpointwriter import CheckpointWriter
 from .commitlog import CommitLog

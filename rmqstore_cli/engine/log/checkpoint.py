@@ -6,7 +6,7 @@ import os
 import struct
 from dataclasses import asdict, dataclass
 
-from formats.records import CHECKPOINT, CHECKPOINT_FIELDS, CHECKPOINT_FILE_SIZE
+from rmqstore_cli.formats.records import CHECKPOINT, CHECKPOINT_FIELDS, CHECKPOINT_FILE_SIZE
 
 _FMT = struct.Struct(">" + "q" * len(CHECKPOINT_FIELDS))
 assert _FMT.size == CHECKPOINT.sizeof()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from formats.records import CHECKPOINT_FILE_SIZE
+from rmqstore_cli.formats.records import CHECKPOINT_FILE_SIZE
 
 from .checkpoint import Checkpoint, read_checkpoint
 

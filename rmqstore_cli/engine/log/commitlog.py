@@ -13,10 +13,10 @@ from typing import Iterator
 
 import numpy as np
 
-from formats import fast
-from formats.fast import Headers
-from formats.message import RecordError, decode_message
-from formats.records import MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE
+from rmqstore_cli.formats import fast
+from rmqstore_cli.formats.fast import Headers
+from rmqstore_cli.formats.message import RecordError, decode_message
+from rmqstore_cli.formats.records import MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE
 
 from ..config.storeconfig import StoreConfig
 from .segments import Segment, SegmentQueue
@@ -95,7 +95,7 @@ class RecordFilter:
         if self.until is not None:
             keep &= h.storeTimestamp <= self.until
         if self.topic is not None and keep.any():
-            from formats.jsonl import topic_mask
+            from rmqstore_cli.formats.jsonl import topic_mask
 
             keep &= topic_mask(chunk.buf, h, self.topic)
         idx = np.flatnonzero(keep)
@@ -275,7 +275,7 @@ class CommitLog:
         """The records :meth:`records` yields (same selection, same stop), already rendered as
         JSON Lines (UTF-8 bytes, ``--body`` mode ``body``) by :mod:`formats.jsonl`, a block at a
         time: yields (text, records in it, log bytes walked for it)."""
-        from formats.jsonl import encode_blocks
+        from rmqstore_cli.formats.jsonl import encode_blocks
 
         sel = RecordFilter(start=start, end=end, topic=topic, queue=queue, since=since, until=until, limit=limit)
         for chunk, idx, _ in self.selected(sel, result=result):

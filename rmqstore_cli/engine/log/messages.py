@@ -21,15 +21,15 @@ import struct
 import time
 from dataclasses import dataclass
 
-from formats.java_hashmap import broker_batch_record_properties, broker_properties_string
-from formats.message import body_from_json
-from formats.msgid import parse_host
-from formats.properties import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, parse_properties
-from formats.records import (CRC32_RESERVED_LEN, MAGIC_V1, MAGIC_V2, MAX_PROPERTIES_LENGTH, SYSFLAG_BORNHOST_V6,
+from rmqstore_cli.formats.java_hashmap import broker_batch_record_properties, broker_properties_string
+from rmqstore_cli.formats.message import body_from_json
+from rmqstore_cli.formats.msgid import parse_host
+from rmqstore_cli.formats.properties import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, parse_properties
+from rmqstore_cli.formats.records import (CRC32_RESERVED_LEN, MAGIC_V1, MAGIC_V2, MAX_PROPERTIES_LENGTH, SYSFLAG_BORNHOST_V6,
                              SYSFLAG_INNER_BATCH, SYSFLAG_NEED_UNWRAP, SYSFLAG_STOREHOST_V6, SYSFLAG_TRANSACTION_MASK,
                              TRANSACTION_COMMIT, TRANSACTION_NOT, TRANSACTION_PREPARED, TRANSACTION_ROLLBACK,
                              message_total_size)
-from formats.tags import SCHEDULE_TOPIC
+from rmqstore_cli.formats.tags import SCHEDULE_TOPIC
 
 from ..config.storeconfig import StoreConfig
 from ..errors import UsageError

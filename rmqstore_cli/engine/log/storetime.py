@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from formats import fast
+from rmqstore_cli.formats import fast
 
 
 def _first_time(seg) -> int | None:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from formats import fast
-from formats.records import MAGIC_V1, MAGIC_V2, SYSFLAG_TRANSACTION_MASK
+from rmqstore_cli.formats import fast
+from rmqstore_cli.formats.records import MAGIC_V1, MAGIC_V2, SYSFLAG_TRANSACTION_MASK
 
 from ..config.storeconfig import StoreConfig
 

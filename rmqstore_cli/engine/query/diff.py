@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from formats import fast
-from formats.message import RecordError, decode_message
+from rmqstore_cli.formats import fast
+from rmqstore_cli.formats.message import RecordError, decode_message
 
 WINDOW = 8 << 20
 IDENTICAL, PREFIX, DIVERGENT = "identical", "prefix", "divergent"

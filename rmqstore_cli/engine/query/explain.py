@@ -16,10 +16,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from formats.hashing import index_key, index_key_hash
-from formats.message import RecordError
-from formats.msgid import decode_offset_msgid
-from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
+from rmqstore_cli.formats.hashing import index_key, index_key_hash
+from rmqstore_cli.formats.message import RecordError
+from rmqstore_cli.formats.msgid import decode_offset_msgid
+from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
 from ..errors import UsageError
 from ..derived.indexgaps import Gap, gaps_and_scan  # noqa: F401 - Gap is part of this module's answer
@@ -340,7 +340,7 @@ def explain_msgid(store: Store, msg_id: str) -> dict:
     if seg is None:
         out.update(status="past-end", why=f"offset {mid.offset} is past the last commitlog file (ends at {last_end})")
         return out
-    from formats import fast
+    from rmqstore_cli.formats import fast
 
     # the records around the offset only, walked piecewise (a 1 GiB segment holds millions)
     n = fast.neighbours(seg.buffer(), mid.offset - seg.start, seg.size)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from formats import fast
+from rmqstore_cli.formats import fast
 
 from ..log.commitlog import RecordFilter, ScanResult
 from ..errors import UsageError
@@ -88,7 +88,7 @@ def _jsonl(store, tmp, res, *, body, topic, queue, start, end, since, until, lim
 
 
 def _arrow(store, tmp, res, fmt, *, body, topic, queue, start, end, since, until, limit, progress):
-    from formats.arrow import arrow_schema, build_batch, finding_batch
+    from rmqstore_cli.formats.arrow import arrow_schema, build_batch, finding_batch
 
     cl = store.commitlog
     with_body = body and fmt == "parquet"

@@ -17,8 +17,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from formats import fast
-from formats.message import decode_message
+from rmqstore_cli.formats import fast
+from rmqstore_cli.formats.message import decode_message
 
 from ..log.commitlog import Chunk, CommitLog, RecordFilter
 from ..log.segments import Segment, segment_name
@@ -102,7 +102,7 @@ class Follower:
 
     def records_json(self, sel: RecordFilter, body: str) -> Iterator[bytes]:
         """JSON Lines of new records, exactly as ``dump commitlog --json`` renders them."""
-        from formats.jsonl import encode_records
+        from rmqstore_cli.formats.jsonl import encode_records
 
         for chunk, idx in self.selected(sel):
             h = chunk.headers

@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from formats.message import RecordError
-from formats.msgid import decode_offset_msgid
+from rmqstore_cli.formats.message import RecordError
+from rmqstore_cli.formats.msgid import decode_offset_msgid
 
 from ..derived.consumequeue import is_filler
 from ..errors import NotFoundError, StoreCorruptError, UsageError

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from formats.fast import Headers
+from rmqstore_cli.formats.fast import Headers
 
 from ..derived.dispatchcolumns import topic_ids
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import struct
 
-from formats.records import CQ_UNIT_SIZE, SYSFLAG_BORNHOST_V6
+from rmqstore_cli.formats.records import CQ_UNIT_SIZE, SYSFLAG_BORNHOST_V6
 
 from ..errors import StoreCorruptError
 from ..config.offsets import queue_bounds

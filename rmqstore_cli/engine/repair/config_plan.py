@@ -12,8 +12,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from formats import fastjson
-from formats.message import RecordError
+from rmqstore_cli.formats import fastjson
+from rmqstore_cli.formats.message import RecordError
 
 from ..config.files import (CONFIG_FILES, CONSUMER_OFFSETS, DELAY_OFFSETS, TABLE, TOPICS, ConfigFile, FileCopy,
                             read_config, as_long, write_config_file)

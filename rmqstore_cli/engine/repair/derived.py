@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from formats.extaddr import MAX_ADDR, undecorate
-from formats.records import CQ_FILLER, TRANSACTION_COMMIT, TRANSACTION_NOT
+from rmqstore_cli.formats.extaddr import MAX_ADDR, undecorate
+from rmqstore_cli.formats.records import CQ_FILLER, TRANSACTION_COMMIT, TRANSACTION_NOT
 
 
 @dataclass

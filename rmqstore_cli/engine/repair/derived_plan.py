@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from formats.records import CQ_UNIT_SIZE
+from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
 from .derived import QueueVerdict, check_queue, record_table
 from .derived_windows import windowed_verdicts

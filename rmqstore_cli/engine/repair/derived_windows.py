@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
+from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
 from .derived import QueueVerdict, RecordTable, in_file_order, record_table, table_of_reports, tail_redispatch
 from ..verify.commitlog import first_windows, iter_segment_windows, window_starts

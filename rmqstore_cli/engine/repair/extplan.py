@@ -16,8 +16,8 @@ import struct
 
 import numpy as np
 
-from formats.extaddr import MAX_ADDR, is_ext_addr, undecorate
-from formats.records import CQ_UNIT_SIZE
+from rmqstore_cli.formats.extaddr import MAX_ADDR, is_ext_addr, undecorate
+from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
 from .probes import nonzero_after, queue_file_units
 

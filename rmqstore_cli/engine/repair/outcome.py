@@ -281,7 +281,7 @@ def _ends_with_blank(path: str) -> bool:
     read whole (it may be most of a 1 GiB segment)."""
     import mmap
 
-    from formats import fast
+    from rmqstore_cli.formats import fast
 
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size

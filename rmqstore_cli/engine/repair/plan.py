@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from formats.records import CQ_UNIT_SIZE
+from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
 from ..errors import EXIT_CLEAN, EXIT_CORRUPT, EXIT_FINDINGS
 

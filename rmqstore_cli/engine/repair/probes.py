@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from formats.records import CQ_UNIT_SIZE
+from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
 from ..derived.index import last_live_entry
 

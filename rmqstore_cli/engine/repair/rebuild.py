@@ -14,7 +14,7 @@ import shutil
 
 import numpy as np
 
-from formats.records import CQ_UNIT_SIZE
+from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
 from .backup import Backup, fsync_path
 from ..errors import UsageError
@@ -206,10 +206,10 @@ class _SegmentStrings:
         return {k: v for k, v in self.__dict__.items() if k != "store"} | {"store": None}
 
     def rows(self, rows: list) -> tuple[list, list, list]:
-        from formats import fast
+        from rmqstore_cli.formats import fast
 
         from ..derived.dispatch import _ChunkStrings
-        from formats.propscan import PropValues
+        from rmqstore_cli.formats.propscan import PropValues
 
         seg = self.store.commitlog.segments.segments[self.segment_index]
         pv = PropValues({k: _widen(v[0]) for k, v in self.spans.items()}, {k: _widen(v[1]) for k, v in self.spans.items()}, None)

@@ -15,8 +15,8 @@ import os
 
 import numpy as np
 
-from formats import fast
-from formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6
+from rmqstore_cli.formats import fast
+from rmqstore_cli.formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6
 
 from ..log.checkpoint import Checkpoint
 from .checkpointfix import correct_times

@@ -14,8 +14,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from formats import fast
-from formats.message import decode_message, render_body
+from rmqstore_cli.formats import fast
+from rmqstore_cli.formats.message import decode_message, render_body
 
 from ..log.walk import broker_walk, resync
 from .apply import last_nonzero

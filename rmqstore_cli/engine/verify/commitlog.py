@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from formats import fast
+from rmqstore_cli.formats import fast
 
 from ..log.commitlog import CommitLog, ScanResult
 from ..findings import Finding
@@ -151,7 +151,7 @@ def iter_segments_parallel(commitlog: CommitLog, jobs: int, *, check_crc: bool =
     if jobs <= 1 or len(segs) <= 1:
         return iter_windows(commitlog, check_crc=check_crc, progress=progress)
     firsts = first_windows(commitlog)
-    from formats.warmup import warm_up
+    from rmqstore_cli.formats.warmup import warm_up
 
     warm_up()  # numba imported and every kernel loaded once, before the fork, not in each worker
     return stream_segments(_segment_windows, len(segs), jobs, commitlog, firsts, check_crc,

@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
-from formats.indexchain import chain_block
-from formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_ROLLBACK
+from rmqstore_cli.formats.indexchain import chain_block
+from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_ROLLBACK
 
 from ..findings import Finding
 from ..derived.index import last_live_entry as _last_live_entry

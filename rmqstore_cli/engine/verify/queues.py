@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from formats.extaddr import MAX_ADDR, undecorate
-from formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
+from rmqstore_cli.formats.extaddr import MAX_ADDR, undecorate
+from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
 from ..findings import Finding
 from .records import ERROR, INFO, WARNING, _Agg, _cq_loc, _Records, _RefClassifier

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from formats import fast
-from formats.message import decode_utf8
-from formats.properties import parse_properties
-from formats.records import CQ_UNIT_SIZE
+from rmqstore_cli.formats import fast
+from rmqstore_cli.formats.message import decode_utf8
+from rmqstore_cli.formats.properties import parse_properties
+from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
 from ..findings import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding  # noqa: F401 (verify's modules take them from here)
 

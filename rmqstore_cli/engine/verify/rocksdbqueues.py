@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from formats import checkkernel
-from formats.extaddr import MAX_ADDR
-from formats.records import CQ_UNIT_FIELDS, TRANSACTION_COMMIT, TRANSACTION_NOT
+from rmqstore_cli.formats import checkkernel
+from rmqstore_cli.formats.extaddr import MAX_ADDR
+from rmqstore_cli.formats.records import CQ_UNIT_FIELDS, TRANSACTION_COMMIT, TRANSACTION_NOT
 
 from ..derived.consumequeue import CQ_DTYPE
 from ..findings import Finding

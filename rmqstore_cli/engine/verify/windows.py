@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from formats import checkkernel
-from formats.extaddr import MAX_ADDR
-from formats.indexchain import chain_block
-from formats.records import (CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_COMMIT,
+from rmqstore_cli.formats import checkkernel
+from rmqstore_cli.formats.extaddr import MAX_ADDR
+from rmqstore_cli.formats.indexchain import chain_block
+from rmqstore_cli.formats.records import (CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_COMMIT,
                              TRANSACTION_NOT)
 
 from ..findings import Finding
