@@ -139,6 +139,8 @@ def print_reclaim_plan(out: Output, plan, title: str) -> None:
         return
     say(f"  min offset {plan.min_before} -> {plan.min_after}; {s['commitlogFilesKept']} commitlog file(s) kept; "
         f"{plan.freed} bytes freed")
+    say("  freed space cannot be backed up in place: --yes deletes these files for good; --move-to DIR moves them "
+        "to another folder or disk instead (`rmqstore restore DIR` puts them back)")
     if s["queues"]:
         out.table(s["queues"], QUEUE_COLUMNS, title="consume queues whose min offset moves")
     lost = [r for r in s["consumerLoss"] if r["unconsumedLost"]]

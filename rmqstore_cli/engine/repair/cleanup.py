@@ -274,91 +274,123 @@ def _derived(kind, path, why, topic=None, qid=None) -> DerivedFile:
     return DerivedFile(kind, path, os.path.basename(path), st.st_size, st.st_blocks * 512, why, topic, qid)
 
 
-def queue_files_behind(directory: str, file_size: int, min_offset: int, gone: set) -> list[str]:
-    """deleteExpiredFileByOffset(min, 20): oldest first, never the last file, while the long at
-    ``fileSize - 20`` (the file's last unit's commitlog offset) is below ``min``."""
-    names = [n for n in _numbered(directory, 20) if os.path.join(directory, n) not in gone]
-    out = []
-    for n in names[:-1]:
-        p = os.path.join(directory, n)
-        if os.path.getsize(p) < file_size:
-            break  # not readable at fileSize - 20: the broker stops there too
-        last = _read_long(p, file_size - CQ_UNIT_SIZE)
-        if last is None or last >= min_offset:
-            break
-        out.append(p)
-    return out
+class _Queue:
+    """One queue's files as the cleaner walks them: names oldest first, how many are gone, and the commitlog
+    offset of the current first file's last unit (read once per file)."""
+
+    __slots__ = ("topic", "queue_id", "dir", "ext_dir", "names", "first", "last_phy", "ext_names", "ext_first", "ext_hit")
+
+    def __init__(self, root: str, topic: str, qid: int):
+        self.topic, self.queue_id = topic, qid
+        self.dir = os.path.join(root, "consumequeue", topic, str(qid))
+        self.ext_dir = os.path.join(root, "consumequeue_ext", topic, str(qid))
+        self.names = _numbered(self.dir, 20)
+        self.first = 0
+        self.last_phy: int | None = None
+        self.ext_names: list[str] | None = None
+        self.ext_first = 0
+        self.ext_hit: int | None = None
 
 
-def _first_unit_at_or_after(path: str, file_size: int, min_offset: int) -> tuple[int, int] | None:
-    """correctMinOffset's search in the first file: (position, tagsCode) of the first unit with phy >= min."""
+class DerivedCleaner:
+    """CleanConsumeQueueService, one call per new commitlog min offset (later calls remove what earlier ones
+    left): per queue ``deleteExpiredFileByOffset(min, 20)`` then ``correctMinOffset`` (ext files with
+    ``truncateByMinAddress``), then ``IndexService.deleteExpiredFile(min)``. File listings are read once; a
+    queue is read again only when the min offset passes its first file's last unit, so a round costs one
+    comparison per queue."""
+
+    def __init__(self, store):
+        cfg = store.config
+        self.root = store.root
+        self.cq_size = cfg.mappedFileSizeConsumeQueue
+        self.ext_size = cfg.mappedFileSizeConsumeQueueExt
+        self.ext = cfg.enableConsumeQueueExt
+        self.queues = [_Queue(store.root, t, q) for t, q in store.queues()]
+        self.index_dir = os.path.join(store.root, "index")
+        self.index_names = _numbered(self.index_dir, 17)
+        self.index_first = 0
+
+    def behind(self, min_offset: int) -> list[DerivedFile]:
+        out: list[DerivedFile] = []
+        if min_offset <= 0:
+            return out
+        for q in self.queues:
+            moved = self._queue(q, min_offset, out)
+            if self.ext and (moved or q.ext_hit is None or q.ext_hit < min_offset):
+                self._ext(q, min_offset, out)
+        while self.index_first < len(self.index_names) - 1:  # never the last index file
+            p = os.path.join(self.index_dir, self.index_names[self.index_first])
+            end = _read_long(p, 24)  # IndexHeader.endPhyOffset
+            if end is None or end >= min_offset:
+                break
+            out.append(_derived("index", p, f"endPhyOffset < {min_offset}"))
+            self.index_first += 1
+        return out
+
+    def _queue(self, q: _Queue, min_offset: int, out: list) -> bool:
+        """deleteExpiredFileByOffset: oldest first, never the last file, while the long at ``fileSize - 20`` (the
+        file's last unit's commitlog offset) is below ``min``."""
+        moved = False
+        while q.first < len(q.names) - 1:
+            if q.last_phy is None:
+                p = os.path.join(q.dir, q.names[q.first])
+                q.last_phy = _read_long(p, self.cq_size - CQ_UNIT_SIZE) if os.path.getsize(p) >= self.cq_size else None
+                if q.last_phy is None:
+                    q.last_phy = 1 << 63  # not readable at fileSize - 20: the broker stops there too
+            if q.last_phy >= min_offset:
+                break
+            out.append(_derived("consumequeue", os.path.join(q.dir, q.names[q.first]),
+                                f"last unit's commitlog offset < {min_offset}", q.topic, q.queue_id))
+            q.first += 1
+            q.last_phy = None
+            moved = True
+        return moved
+
+    def _ext(self, q: _Queue, min_offset: int, out: list) -> None:
+        """correctMinOffset then ConsumeQueueExt.truncateByMinAddress: ext files ending before the ext address of
+        the first unit at or past ``min`` in the queue's first file."""
+        if q.first >= len(q.names):
+            return
+        hit = _first_unit_at_or_after(os.path.join(q.dir, q.names[q.first]), self.cq_size, min_offset)
+        q.ext_hit = hit[1] if hit else 1 << 63  # the same unit is found until the min offset passes it
+        if hit is None or not is_ext_addr(hit[2]):
+            return
+        real = undecorate(hit[2])
+        if q.ext_names is None:
+            q.ext_names = _numbered(q.ext_dir, 20)
+        while q.ext_first < len(q.ext_names) and int(q.ext_names[q.ext_first]) + self.ext_size < real:
+            out.append(_derived("consumequeue_ext", os.path.join(q.ext_dir, q.ext_names[q.ext_first]),
+                                "ends before the ext unit of the queue's first unit kept", q.topic, q.queue_id))
+            q.ext_first += 1
+
+
+def _first_unit_at_or_after(path: str, file_size: int, min_offset: int) -> tuple[int, int, int] | None:
+    """correctMinOffset's search in the first file: (position, phyOffset, tagsCode) of the first unit with
+    phy >= min (4.9.3 scans, 5.3.3 searches; the same unit: a queue's units follow the commitlog)."""
+    import mmap
+
     import numpy as np
 
     from ..derived.consumequeue import CQ_DTYPE
 
-    with open(path, "rb") as f:
-        data = f.read(file_size)
-    units = np.frombuffer(data, dtype=CQ_DTYPE, count=len(data) // CQ_UNIT_SIZE)
-    valid = (units["phyOffset"] >= 0) & (units["size"] > 0)
-    bad = np.flatnonzero(~valid)
-    n = int(bad[0]) if len(bad) else len(units)
-    hit = np.flatnonzero(units["phyOffset"][:n] >= min_offset)
-    if not len(hit):
+    size = min(os.path.getsize(path), file_size)
+    size -= size % CQ_UNIT_SIZE
+    if size <= 0:
         return None
-    i = int(hit[0])
-    return i * CQ_UNIT_SIZE, int(units["tagsCode"][i])
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m:
+        units = np.frombuffer(m, dtype=CQ_DTYPE)
+        hit = np.flatnonzero(units["phyOffset"] >= min_offset)
+        result = None
+        if len(hit):
+            i = int(hit[0])
+            result = (i * CQ_UNIT_SIZE, int(units["phyOffset"][i]), int(units["tagsCode"][i]))
+        del units, hit
+    return result
 
 
-def ext_files_behind(cq_dir: str, ext_dir: str, cq_file_size: int, ext_file_size: int, min_offset: int,
-                     gone: set) -> list[str]:
-    """ConsumeQueueExt.truncateByMinAddress(the ext address of the queue's new first unit): ext files whose
-    end (start + file size) is below that address."""
-    names = [n for n in _numbered(cq_dir, 20) if os.path.join(cq_dir, n) not in gone]
-    if not names:
-        return []
-    hit = _first_unit_at_or_after(os.path.join(cq_dir, names[0]), cq_file_size, min_offset)
-    if hit is None or not is_ext_addr(hit[1]):
-        return []
-    real = undecorate(hit[1])
-    return [os.path.join(ext_dir, n) for n in _numbered(ext_dir, 20)
-            if os.path.join(ext_dir, n) not in gone and int(n) + ext_file_size < real]
-
-
-def index_files_behind(directory: str, min_offset: int, gone: set) -> list[str]:
-    """IndexService.deleteExpiredFile: oldest first, never the last file, while the header's endPhyOffset < min."""
-    names = [n for n in _numbered(directory, 17) if os.path.join(directory, n) not in gone]
-    out = []
-    for n in names[:-1]:
-        p = os.path.join(directory, n)
-        end = _read_long(p, 24)  # IndexHeader.endPhyOffset
-        if end is None or end >= min_offset:
-            break
-        out.append(p)
-    return out
-
-
-def derived_behind(store, min_offset: int, gone: set | None = None) -> list[DerivedFile]:
-    """CleanConsumeQueueService with the commitlog starting at ``min_offset``: every queue's files, their ext
-    files (when ext is on), then the index files. ``gone``: paths already deleted (earlier rounds)."""
-    gone = gone if gone is not None else set()
-    cfg = store.config
-    out: list[DerivedFile] = []
-    if min_offset <= 0:
-        return out
-    for topic, qid in store.queues():
-        d = os.path.join(store.root, "consumequeue", topic, str(qid))
-        cq = queue_files_behind(d, cfg.mappedFileSizeConsumeQueue, min_offset, gone)
-        for p in cq:
-            out.append(_derived("consumequeue", p, f"last unit's commitlog offset < {min_offset}", topic, qid))
-        if cfg.enableConsumeQueueExt:
-            ed = os.path.join(store.root, "consumequeue_ext", topic, str(qid))
-            for p in ext_files_behind(d, ed, cfg.mappedFileSizeConsumeQueue, cfg.mappedFileSizeConsumeQueueExt,
-                                      min_offset, gone | set(cq)):
-                out.append(_derived("consumequeue_ext", p, "ends before the ext unit of the queue's first unit kept",
-                                    topic, qid))
-    for p in index_files_behind(os.path.join(store.root, "index"), min_offset, gone):
-        out.append(_derived("index", p, f"endPhyOffset < {min_offset}"))
-    return out
+def derived_behind(store, min_offset: int) -> list[DerivedFile]:
+    """The derived files CleanConsumeQueueService removes once the commitlog starts at ``min_offset``."""
+    return DerivedCleaner(store).behind(min_offset)
 
 
 # --- the rounds ------------------------------------------------------------------------------------------
@@ -427,7 +459,7 @@ def predict_cleanup(store, settings: CleanupSettings, now_ms: int, disk: DiskUsa
     reserved_ms = settings.fileReservedTime * 3600 * 1000
     batch = settings.batch_max(version)
     hours = settings.delete_hours()
-    gone: set = set()
+    cleaner = DerivedCleaner(store)
     last_min = 0  # CleanConsumeQueueService.lastPhysicalMinOffset starts at 0
     limit = max_rounds if max_rounds is not None else len(files) + 2
     for k in range(limit):
@@ -449,9 +481,8 @@ def predict_cleanup(store, settings: CleanupSettings, now_ms: int, disk: DiskUsa
         derived = []
         if new_min > last_min:
             last_min = new_min
-            derived = derived_behind(store, new_min, gone)
+            derived = cleaner.behind(new_min)
             for d in derived:
-                gone.add(d.path)
                 disk.free("consumequeue", d.allocated)  # consumequeue/, consumequeue_ext/ and index/ are under the root
         pred.min_after = new_min
         pred.rounds.append(Round(k + 1, t, trigger, at_once, why or ("deleteWhen hour" if timeup else ""),

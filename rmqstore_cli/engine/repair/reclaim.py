@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from formats.records import CQ_UNIT_SIZE
+
 from .cleanup import CleanupPrediction, CleanupSettings, DerivedFile, DiskUsage, LogFile, derived_behind, predict_cleanup
 from ..errors import StoreCorruptError, UsageError
 
@@ -104,10 +106,31 @@ def readers(store) -> dict[tuple[str, int], list[tuple[str, int]]]:
     return out
 
 
-def _queue_min(units, min_phy: int) -> int:
-    """correctMinOffset: the queue offset of the first unit at or past the commitlog's min (else the end)."""
-    live = np.flatnonzero(units.phy >= min_phy)
-    return int(units.queue_offsets[live[0]]) if len(live) else int(units.end_offset)
+def queue_mins(cq, min_phys: tuple[int, ...]) -> tuple[list[int], int]:
+    """correctMinOffset for each commitlog min in ``min_phys`` (the queue offset of the first valid unit at or
+    past it, else the queue's end), and the queue's end (max offset), one file at a time (the units() rules:
+    the first invalid unit, a short file or a gap between files ends the queue)."""
+    found: list[int | None] = [None] * len(min_phys)
+    segs = cq.segments.segments
+    end = segs[0].start // CQ_UNIT_SIZE if segs else 0
+    for k, seg in enumerate(segs):
+        base = seg.start // CQ_UNIT_SIZE
+        if k and base != end:
+            break
+        arr = cq.file_units(seg)
+        phy = arr["phyOffset"]
+        bad = np.flatnonzero((phy < 0) | (arr["size"] <= 0))
+        n = int(bad[0]) if len(bad) else len(arr)
+        for j, m in enumerate(min_phys):
+            if found[j] is None and n:
+                hit = np.flatnonzero(phy[:n] >= m)
+                if len(hit):
+                    found[j] = base + int(hit[0])
+        end = base + n
+        del arr, phy
+        if n * CQ_UNIT_SIZE < cq.file_size:
+            break
+    return [end if f is None else f for f in found], end
 
 
 def queue_effects(store, min_before: int, min_after: int, who: dict) -> tuple[list, list]:
@@ -116,8 +139,7 @@ def queue_effects(store, min_before: int, min_after: int, who: dict) -> tuple[li
     if min_after <= min_before:
         return queues, loss
     for t, q in store.queues():
-        u = store.queue(t, q).units()
-        lo_b, lo_a, hi = _queue_min(u, min_before), _queue_min(u, min_after), int(u.end_offset)
+        (lo_b, lo_a), hi = queue_mins(store.queue(t, q), (min_before, min_after))
         if lo_a == lo_b:
             continue
         queues.append({"topic": t, "queueId": q, "minOffsetBefore": lo_b, "minOffsetAfter": lo_a, "maxOffset": hi,
@@ -132,28 +154,28 @@ def queue_effects(store, min_before: int, min_after: int, who: dict) -> tuple[li
 
 def first_unconsumed_phy(store, who: dict, ignore_unread: bool, min_phy: int) -> tuple[int | None, str]:
     """The lowest commitlog offset of a message some reader has not consumed (None: every message is consumed),
-    and which queue holds it."""
+    and which queue holds it. A queue's units follow the commitlog, so it is the unit at the lowest committed
+    offset (or at the queue's min)."""
     best, where = None, ""
     for t, q in store.queues():
-        u = store.queue(t, q).units()
-        if not len(u.queue_offsets):
-            continue
+        cq = store.queue(t, q)
         rs = who.get((t, q))
-        if not rs:
-            if ignore_unread:
-                continue
-            from_offset = _queue_min(u, min_phy)
-            label = f"{t}/{q} (no group reads it)"
-        else:
-            g, from_offset = min(rs, key=lambda r: r[1])
-            from_offset = max(from_offset, _queue_min(u, min_phy))
-            label = f"{t}/{q} ({g} at {from_offset})"
-        i = from_offset - int(u.queue_offsets[0])
-        if i >= len(u.phy):
+        if not rs and ignore_unread:
             continue
-        phy = int(u.phy[max(i, 0):].min())
-        if best is None or phy < best:
-            best, where = phy, label
+        (lo,), hi = queue_mins(cq, (min_phy,))
+        if not rs:
+            start, label = lo, f"{t}/{q} (no group reads it)"
+        else:
+            g, committed = min(rs, key=lambda r: r[1])
+            start = max(committed, lo)
+            label = f"{t}/{q} ({g} at {committed})"
+        if start >= hi:
+            continue
+        unit = cq.unit_at(start)
+        if unit is None:
+            continue
+        if best is None or unit[0] < best:
+            best, where = unit[0], label
     return best, where
 
 
