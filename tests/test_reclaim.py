@@ -353,3 +353,35 @@ def test_dry_run_and_the_predictions_in_dump_store_and_stats_change_nothing(stor
     assert st["minPhyOffsetAfter"] == plan["minPhyOffsetAfter"] == int(commitlog_names(root)[7])
     assert "broker's next cleanup" in run("dump", "store", root).stdout
     assert tree_digest(root) == before
+
+
+def test_ext_files_follow_the_first_unit_kept(tmp_path):
+    """ConsumeQueueExt.truncateByMinAddress, on files made here: 10-unit queue files whose units point at ext
+    units 25 bytes apart in 100-byte ext files. Commitlog min 1050: the first queue file (last unit at 900) goes;
+    the first unit kept (phy 1100) has its ext unit at 275, so the ext files ending at 100 and 200 go, not the
+    one ending at 300."""
+    import struct
+    from types import SimpleNamespace
+
+    from formats.extaddr import decorate
+    from rmqstore_cli.engine.config.storeconfig import StoreConfig
+    from rmqstore_cli.engine.repair.cleanup import DerivedCleaner
+
+    root = tmp_path / "s"
+    cq = root / "consumequeue" / "T" / "0"
+    ext = root / "consumequeue_ext" / "T" / "0"
+    cq.mkdir(parents=True)
+    ext.mkdir(parents=True)
+    for f in range(2):
+        units = b"".join(struct.pack(">qiq", 100 * i, 100, decorate(25 * i)) for i in range(10 * f, 10 * f + 10))
+        (cq / ("%020d" % (200 * f))).write_bytes(units)
+    for f in range(5):
+        (ext / ("%020d" % (100 * f))).write_bytes(bytes(100))
+    cfg = StoreConfig(mappedFileSizeConsumeQueue=200, mappedFileSizeConsumeQueueExt=100, enableConsumeQueueExt=True)
+    store = SimpleNamespace(root=str(root), config=cfg, queues=lambda: [("T", 0)])
+    got = DerivedCleaner(store).behind(1050)
+    assert [(d.kind, d.name) for d in got] == [("consumequeue", "%020d" % 0), ("consumequeue_ext", "%020d" % 0),
+                                               ("consumequeue_ext", "%020d" % 100)]
+    # a min inside the first file: no queue file goes, the ext files before the unit at 575 do
+    got = DerivedCleaner(store).behind(650)
+    assert [(d.kind, d.name) for d in got] == [("consumequeue_ext", "%020d" % 0)]
