@@ -183,6 +183,17 @@ def test_consumers_lose_what_they_had_not_consumed(store_copy, name, version):
         new_qmin = next((o for o, p in u if p >= new_min), len(u))
         assert lost[(group, "OracleTopicA", q)] == max(0, new_qmin - committed), (group, q)
     assert plan["unconsumedLost"] == sum(lost.values()) > 0
+    # applied as the broker would: dump offsets shows each group's new position and what it skips
+    r = run("reclaim", "--as-broker", "--at", now, "--assume-disk", "10%/100G", "--yes", root)
+    assert r.exit_code == 0, r.stderr
+    rows = [json.loads(x) for x in run("dump", "offsets", "--json", root).stdout.splitlines() if x.startswith("{")]
+    rows = {(x["group"], x["queueId"]): x for x in rows if x.get("type") == "offset"}
+    for (group, _, q), n in lost.items():
+        if (group, q) in rows:  # the committed ones (the lost counts above also cover queues without an offset)
+            x = rows[(group, q)]
+            u = sorted(units[("OracleTopicA", q)])
+            assert x["minOffset"] == next((o for o, p in u if p >= new_min), len(u))
+            assert x["skipped"] == n and x["nextOffset"] == max(x["committed"], x["minOffset"]), x
 
 
 # --- policies ----------------------------------------------------------------------------------------------------
