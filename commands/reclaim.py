@@ -182,7 +182,7 @@ def reclaim(
     Deleted files cannot be backed up in place: --yes deletes, --move-to DIR moves them out (undo with
     `rmqstore restore DIR`). Exit 4 if a broker holds the lock.
     """
-    from rmqstore_cli.engine.repair.reclaim import apply_reclaim, plan_reclaim
+    from rmqstore_cli.engine.repair.reclaim import apply_reclaim, plan_reclaim, same_filesystem
 
     chosen = [n for n, v in (("as-broker", as_broker), ("consumed", consumed), ("before", before is not None),
                              ("keep-files", keep_files is not None), ("free", free is not None)) if v]
@@ -222,6 +222,9 @@ def reclaim(
                      "place; pass --yes to delete them, or --move-to DIR to move them to another folder or disk "
                      "(`rmqstore restore DIR` puts them back)", markup=False, highlight=False)
         raise typer.Exit(2)
+    if move_to and same_filesystem(plan.root, move_to):
+        stderr.print(f"rmqstore: warning: {move_to} is on the store's filesystem: moving the files there frees no "
+                     "space on it (choose a folder on another disk to free space)", markup=False, highlight=False)
     res = apply_reclaim(plan, move_to=move_to, delete=yes)
     for line in res.steps[:20]:
         stderr.print(f"  {line}", markup=False, highlight=False)

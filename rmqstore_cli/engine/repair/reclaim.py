@@ -258,6 +258,17 @@ def plan_reclaim(store, policy: str, *, settings: CleanupSettings | None = None,
 # --- applying -------------------------------------------------------------------------------------------------
 
 
+def same_filesystem(store_root: str, folder: str) -> bool:
+    """Is ``folder`` (or its nearest existing parent) on the store's filesystem? Moving there frees nothing."""
+    probe = os.path.abspath(folder)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        return os.stat(probe).st_dev == os.stat(store_root).st_dev
+    except OSError:
+        return False
+
+
 @dataclass
 class ReclaimResult:
     steps: list
@@ -295,7 +306,14 @@ def apply_reclaim(plan: ReclaimPlan, *, move_to: str | None = None, delete: bool
                                                         "minPhyOffsetBefore": plan.min_before,
                                                         "minPhyOffsetAfter": plan.min_after})
         save_lock_file(root, backup)
-    lock = take_lock(root, False)
+    try:
+        lock = take_lock(root, False)
+    except BaseException:
+        if backup is not None:  # nothing moved: no journal to leave behind
+            import shutil
+
+            shutil.rmtree(backup.dir, ignore_errors=True)
+        raise
     steps = []
     try:
         _check_unchanged(plan)
