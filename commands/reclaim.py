@@ -126,6 +126,10 @@ def print_reclaim_plan(out: Output, plan, title: str) -> None:
             say(f"  round {r.number} at {iso_ms(r.time_ms)} ({', '.join(r.trigger) or 'min offset moved'}"
                 f"{'; ' + r.why if r.why else ''}): {len(r.commitlog)} commitlog file(s), {len(r.derived)} derived file(s); "
                 f"min offset -> {r.min_offset}")
+        if p.commitlog or p.derived:
+            a = p.disk_after
+            say(f"  after the cleanup: commitlog disk {a['commitlogRatio'] * 100:.1f} % used, consume queue "
+                f"{a['consumeQueueRatio'] * 100:.1f} % used")
     for n in plan.notes:
         say(f"  note: {n}")
     rows = [{"name": x["name"], "size": x["size"], "mtime": iso_ms(x["mtime"]), "reason": x["reason"]}

@@ -348,6 +348,13 @@ def test_dledger_and_other_layouts_are_refused(tmp_path):
         r = run("reclaim", *args, root)
         assert r.exit_code == 3 and "DLedger" in r.stderr, r.stderr
     assert tree_digest(root) == before
+    for name, what in (("lmq-5.3.3", "LMQ"), ("timer-5.3.3", "timer"), ("batchcq-5.3.3", "batch"),
+                       ("rocksdbcq-5.3.3", "RocksDB")):
+        root = copy_store(name, tmp_path / name)
+        before = tree_digest(root)
+        r = run("reclaim", "--keep-files", "1", "--yes", root)
+        assert r.exit_code == 3 and what in r.stderr, (name, r.stderr)
+        assert tree_digest(root) == before
 
 
 def test_dry_run_and_the_predictions_in_dump_store_and_stats_change_nothing(store_copy, monkeypatch):

@@ -425,6 +425,7 @@ class CleanupPrediction:
     rounds: list = field(default_factory=list)
     min_before: int = 0
     min_after: int = 0
+    disk_after: dict = field(default_factory=dict)  # usage once every round is done
 
     @property
     def commitlog(self) -> list:
@@ -440,7 +441,7 @@ class CleanupPrediction:
 
     def as_json(self) -> dict:
         return {"type": "cleanup-prediction", "version": self.version, "settings": self.settings.as_json(self.version),
-                "brokerStart": self.start_ms, "disk": self.disk, "rounds": [r.as_json() for r in self.rounds if r.commitlog or r.derived],
+                "brokerStart": self.start_ms, "disk": self.disk, "diskAfter": self.disk_after, "rounds": [r.as_json() for r in self.rounds if r.commitlog or r.derived],
                 "minPhyOffsetBefore": self.min_before, "minPhyOffsetAfter": self.min_after,
                 "commitlogFilesDeleted": len(self.commitlog), "derivedFilesDeleted": len(self.derived),
                 "freedBytes": self.freed}
@@ -489,4 +490,5 @@ def predict_cleanup(store, settings: CleanupSettings, now_ms: int, disk: DiskUsa
                                  disk_before, deleted, derived, new_min))
         if not deleted and not derived:
             break
+    pred.disk_after = disk.as_json()
     return pred
