@@ -403,3 +403,26 @@ def test_ext_files_follow_the_first_unit_kept(tmp_path):
     # a min inside the first file: no queue file goes, the ext files before the unit at 575 do
     got = DerivedCleaner(store).behind(650)
     assert [(d.kind, d.name) for d in got] == [("consumequeue_ext", "%020d" % 0)]
+    # the first file goes only once its last unit (phy 900) is below the min, not at it
+    assert [d.name for d in DerivedCleaner(store).behind(900) if d.kind == "consumequeue"] == []
+    assert [d.name for d in DerivedCleaner(store).behind(901) if d.kind == "consumequeue"] == ["%020d" % 0]
+    # never the last queue file, whatever the min
+    assert [d.name for d in DerivedCleaner(store).behind(1 << 40) if d.kind == "consumequeue"] == ["%020d" % 0]
+
+
+def test_index_files_go_while_their_end_offset_is_below_the_min_never_the_last(tmp_path):
+    """IndexService.deleteExpiredFile on index files made here (only the header's endPhyOffset is read)."""
+    import struct
+    from types import SimpleNamespace
+
+    from rmqstore_cli.engine.config.storeconfig import StoreConfig
+    from rmqstore_cli.engine.repair.cleanup import DerivedCleaner
+
+    idx = tmp_path / "s" / "index"
+    idx.mkdir(parents=True)
+    names = ["20261124010000000", "20261124020000000", "20261124030000000"]
+    for n, end in zip(names, (100, 200, 300)):
+        (idx / n).write_bytes(struct.pack(">qqqqii", 1, 2, end - 100, end, 1, 1) + bytes(64))
+    store = SimpleNamespace(root=str(tmp_path / "s"), config=StoreConfig(), queues=lambda: [])
+    assert [d.name for d in DerivedCleaner(store).behind(200)] == names[:1]  # 200 is not below 200
+    assert [d.name for d in DerivedCleaner(store).behind(10_000)] == names[:2]  # the last stays

@@ -106,31 +106,35 @@ def readers(store) -> dict[tuple[str, int], list[tuple[str, int]]]:
     return out
 
 
+def _valid_units(cq, seg) -> int:
+    arr = cq.file_units(seg)
+    bad = np.flatnonzero((arr["phyOffset"] < 0) | (arr["size"] <= 0))
+    return int(bad[0]) if len(bad) else len(arr)
+
+
 def queue_mins(cq, min_phys: tuple[int, ...]) -> tuple[list[int], int]:
     """correctMinOffset for each commitlog min in ``min_phys`` (the queue offset of the first valid unit at or
-    past it, else the queue's end), and the queue's end (max offset), one file at a time (the units() rules:
-    the first invalid unit, a short file or a gap between files ends the queue)."""
-    found: list[int | None] = [None] * len(min_phys)
+    past it, else the queue's end), and the queue's end as a pull sees it (getMaxOffsetInQueue: the last file's
+    start plus its valid units). Files are read oldest first only until every min is found."""
     segs = cq.segments.segments
-    end = segs[0].start // CQ_UNIT_SIZE if segs else 0
-    for k, seg in enumerate(segs):
-        base = seg.start // CQ_UNIT_SIZE
-        if k and base != end:
+    if not segs:
+        return [0] * len(min_phys), 0
+    last = segs[-1]
+    end = last.start // CQ_UNIT_SIZE + _valid_units(cq, last)
+    found: list[int | None] = [None] * len(min_phys)
+    for seg in segs:
+        if all(f is not None for f in found):
             break
         arr = cq.file_units(seg)
         phy = arr["phyOffset"]
-        bad = np.flatnonzero((phy < 0) | (arr["size"] <= 0))
-        n = int(bad[0]) if len(bad) else len(arr)
+        n = _valid_units(cq, seg)
         for j, m in enumerate(min_phys):
             if found[j] is None and n:
                 hit = np.flatnonzero(phy[:n] >= m)
                 if len(hit):
-                    found[j] = base + int(hit[0])
-        end = base + n
+                    found[j] = seg.start // CQ_UNIT_SIZE + int(hit[0])
         del arr, phy
-        if n * CQ_UNIT_SIZE < cq.file_size:
-            break
-    return [end if f is None else f for f in found], end
+    return [end if f is None else min(f, end) for f in found], end
 
 
 def queue_effects(store, min_before: int, min_after: int, who: dict) -> tuple[list, list]:
