@@ -428,3 +428,15 @@ def test_index_files_go_while_their_end_offset_is_below_the_min_never_the_last(t
     store = SimpleNamespace(root=str(tmp_path / "s"), config=StoreConfig(), queues=lambda: [])
     assert [d.name for d in DerivedCleaner(store).behind(200)] == names[:1]  # 200 is not below 200
     assert [d.name for d in DerivedCleaner(store).behind(10_000)] == names[:2]  # the last stays
+
+
+def test_bad_options_are_one_line_and_change_nothing(store_copy):
+    root = store_copy("4.9.3-clean")
+    before = tree_digest(root)
+    for args in (["--assume-disk", "foo", "--dry-run"], ["--free", "abc", "--yes"], ["--keep-files", "0", "--yes"],
+                 ["--before", "garbage", "--yes"], ["--keep-files", "2", "--move-to", root / "inside"],
+                 ["--keep-files", "2", "--yes", "--move-to", root.parent / "x"], ["--consumed", "--free", "1G"], []):
+        r = run("reclaim", *args, root)
+        assert r.exit_code == 3, (args, r.stderr)
+        assert "Traceback" not in r.stderr and r.stderr.strip().splitlines()[-1].startswith("rmqstore: "), r.stderr
+    assert tree_digest(root) == before and not (root / "inside").exists()
