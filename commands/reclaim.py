@@ -38,17 +38,26 @@ def parse_size(text: str, name: str) -> int:
 
 
 def parse_disk(text: str, name: str):
-    """USED/TOTAL (sizes) or PERCENT% of a total: the disk as the cleaner would measure it."""
+    """USED/TOTAL (sizes, or PERCENT%/TOTAL): the disk as the cleaner would measure it; a second one after a
+    comma is the consume queue's partition when it is another disk."""
+
+    def one(part: str) -> tuple[int, int]:
+        used, sep, total = part.partition("/")
+        if not sep:
+            raise UsageError(f"{name}: give USED/TOTAL, e.g. 920G/1T (then ,USED/TOTAL for the consume queue's disk)")
+        t = parse_size(total, name)
+        u = float(used.strip()[:-1]) / 100 * t if used.strip().endswith("%") else parse_size(used, name)
+        if t <= 0 or u > t:
+            raise UsageError(f"{name}: used must be at most the total, and the total positive")
+        return int(u), t
+
     from rmqstore_cli.engine.repair.cleanup import assumed_disk
 
-    used, sep, total = str(text).partition("/")
-    if not sep:
-        raise UsageError(f"{name}: give USED/TOTAL, e.g. 920G/1T")
-    t = parse_size(total, name)
-    u = float(used.strip()[:-1]) / 100 * t if used.strip().endswith("%") else parse_size(used, name)
-    if t <= 0 or u > t:
-        raise UsageError(f"{name}: used must be at most the total, and the total positive")
-    return assumed_disk(int(u), t)
+    parts = str(text).split(",")
+    if len(parts) > 2:
+        raise UsageError(f"{name}: at most two disks (commitlog, consume queue)")
+    cl = one(parts[0])
+    return assumed_disk(*cl, cq=one(parts[1]) if len(parts) == 2 else None)
 
 
 def cleanup_inputs(st, geometry: Geometry, at: Optional[str] = None, assume_disk: Optional[str] = None):
@@ -176,7 +185,8 @@ def reclaim(
                                           "store; another disk) instead of deleting; `rmqstore restore DIR` puts them back."),
     at: Optional[str] = typer.Option(None, "--at", help="The broker's start time for --as-broker (default: now)."),
     assume_disk: Optional[str] = typer.Option(None, "--assume-disk", help="Disk usage for --as-broker as USED/TOTAL "
-                                              "(e.g. 900G/1T or 91%/1T) instead of statvfs of the store's partitions."),
+                                              "(e.g. 900G/1T or 91%/1T; add ,USED/TOTAL when the consume queues are on "
+                                              "another disk) instead of statvfs of the store's partitions."),
     json_: bool = JsonOpt,
     geometry: Geometry = None,
 ):

@@ -165,6 +165,19 @@ def test_the_batch_setting_and_the_ratio_clamps_are_5_3_3s(store_copy):
 
 
 @pytest.mark.parametrize("name,version", VERSIONED)
+def test_a_full_consume_queue_disk_forces_only_on_5_3_3(store_copy, name, version):
+    """Commitlog disk at 80 % (above diskMaxUsedSpaceRatio), consume-queue disk at 87 % (above the forced ratio):
+    4.9.3 returns from the commitlog check before looking at the consume queue's disk, so nothing is forced;
+    5.3.3 checks both forced ratios first."""
+    root = store_copy(name)
+    now = local_ms(10)
+    age_files(root, now, [100, 100])
+    plan = dry_run(root, now, "80%/100G,87%/100G")
+    expect = commitlog_names(root)[:2] if version < 5 else commitlog_names(root)[:-1]
+    assert deleted_names(plan) == expect
+
+
+@pytest.mark.parametrize("name,version", VERSIONED)
 def test_consumers_lose_what_they_had_not_consumed(store_copy, name, version):
     root = store_copy(name)
     write_offsets(root, version, {"OracleTopicA@GroupA": {0: 100, 1: 57, 3: 0}, "OracleTopicA@GroupB": {0: 831}})

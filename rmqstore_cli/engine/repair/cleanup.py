@@ -155,10 +155,11 @@ def measure_disk(commitlog_dir: str, cq_dir: str) -> DiskUsage:
     return DiskUsage(cl, cl if same else _statvfs_partition(cq_dir))
 
 
-def assumed_disk(used: int, total: int) -> DiskUsage:
-    """A disk given instead of measured (one partition for both folders)."""
+def assumed_disk(used: int, total: int, cq: tuple[int, int] | None = None) -> DiskUsage:
+    """A disk given instead of measured: one partition for both folders, or the consume queue's own
+    (``cq`` = (used, total))."""
     p = Partition(total, used)
-    return DiskUsage(p, p, source="given")
+    return DiskUsage(p, Partition(cq[1], cq[0]) if cq else p, source="given")
 
 
 def space_check(version: int, s: CleanupSettings, disk: DiskUsage) -> tuple[bool, bool, str]:
