@@ -301,6 +301,19 @@ def test_move_to_then_restore_gives_back_the_store_byte_for_byte(store_copy, tmp
     # the broker would load the kept files: min offset = the first kept file's
     s = json.loads(run("dump", "store", "--json", root).stdout)
     assert s["minPhyOffset"] == int(kept[0])
+    # the broker's next start (recover's plan): the log from the first kept file, every queue from its first unit
+    # at or past it, nothing to repair (a 5.3.3 start only writes confirmPhyOffset, housekeeping)
+    rec = [json.loads(x) for x in run("recover", "--dry-run", "--json", root).stdout.splitlines() if x.startswith("{")]
+    plan = next(o for o in rec if "actions" in o)
+    assert all(a.get("housekeeping") for a in plan["actions"]) and not plan.get("queueRepairs"), plan
+    summary = next(o for o in rec if o.get("type") == "recover")
+    assert summary["minPhyOffset"] == int(kept[0])
+    units: dict = {}
+    for e in broker_read(name)["cqe"]:
+        units.setdefault((e["topic"], e["queueId"]), []).append((e["queueOffset"], e["phyOffset"]))
+    for q in summary["queues"]:
+        u = sorted(units[(q["topic"], q["queueId"])])
+        assert q["minOffset"] == next((o for o, p in u if p >= int(kept[0])), len(u)), q
     r = run("restore", dest)
     assert r.exit_code == 0, r.stderr
     assert _digest(root) == before
