@@ -424,12 +424,15 @@ def dump_store(
         obj = _store_summary(st, res)
         # the start-up plan follows file consume queues; a RocksDB store shows its checkpoint instead
         obj["startupCost"] = _startup_cost(st) if st.rocksdb is None else {}
+        from .reclaim import cleanup_lines, next_cleanup
+
+        obj["nextCleanup"] = next_cleanup(st, geometry)
         out = Output(json_)
         if json_:
             out.line(obj)
             return
         flat = {k: v for k, v in obj.items() if k not in ("queues", "indexFiles", "geometry", "commitlogFiles",
-                                                           "startupCost")}
+                                                           "startupCost", "nextCleanup")}
         flat["commitlogFiles"] = f"{len(obj['commitlogFiles'])} ({obj['commitlogFiles'][0]} .. {obj['commitlogFiles'][-1]})" \
             if obj["commitlogFiles"] else "none"
         for k, g in obj["geometry"].items():
@@ -440,7 +443,7 @@ def dump_store(
         out.table(obj["indexFiles"], INDEX_COLUMNS, title="index files")
         from .explain_view import startup_lines
 
-        for line in startup_lines(obj["startupCost"]):
+        for line in startup_lines(obj["startupCost"]) + cleanup_lines(obj["nextCleanup"]):
             stdout.print(line, markup=False, highlight=False, soft_wrap=True)
 
 

@@ -276,11 +276,13 @@ def recover(
 
 @handle_errors
 def restore(
-    backup: str = typer.Argument(..., help="A backup folder written by recover/truncate/rebuild."),
+    backup: str = typer.Argument(..., help="A backup folder written by recover/truncate/rebuild, or the folder "
+                                            "`reclaim --move-to` moved files into."),
     store: Optional[str] = typer.Option(None, "--store", help="Store root (default: the one the journal names)."),
     json_: bool = JsonOpt,
 ):
-    """Put back every byte a recover/truncate/rebuild removed or overwrote (journal played in reverse)."""
+    """Put back every byte a recover/truncate/rebuild removed or overwrote, and every file `reclaim --move-to`
+    moved out (journal played in reverse)."""
     import os
 
     from rmqstore_cli.engine.repair.backup import read_manifest, restore as do_restore

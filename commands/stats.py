@@ -53,6 +53,9 @@ def stats(
     with st:
         s = compute_stats(st, since_ms, until_ms)
         offsets = offsets_for_stats(st)  # consumer offsets audit
+        from .reclaim import cleanup_lines, next_cleanup
+
+        s["nextCleanup"] = next_cleanup(st, geometry)
     s.update(offsets)
     out = Output(json_)
     if json_:
@@ -85,6 +88,8 @@ def stats(
     print_offsets_audit(out, offsets)
     _histogram(s["sizeHistogram"])
     _timeline(s["timeline"])
+    for line in cleanup_lines(s["nextCleanup"]):
+        stdout.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _bars(labels: list[str], counts: list[int], title: str) -> None:

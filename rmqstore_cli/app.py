@@ -34,6 +34,7 @@ COMMANDS = [
     ("truncate", "Repair"),
     ("rebuild", "Repair"),
     ("salvage", "Repair"),
+    ("reclaim", "Repair"),
     ("offsets_cmd", "Repair"),
     ("spark_cmd", "Spark"),
 ]
@@ -58,6 +59,7 @@ EXAMPLES = {
     "restore": "rmqstore restore /data/store.rmqstore-backup-20261124T030000",
     "truncate": "rmqstore truncate /data/store --offset 1073741824 --dry-run",
     "rebuild": "rmqstore rebuild all /data/store --yes",
+    "reclaim": "rmqstore reclaim /data/store --consumed --move-to /mnt/other/reclaimed",
     "salvage": "rmqstore salvage /data/store --jsonl rescued.jsonl",
     "dump offsets": "rmqstore dump offsets /data/store --group GID_orders",
     "dump config": "rmqstore dump config /data/store --json",

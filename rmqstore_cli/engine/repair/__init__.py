@@ -7,5 +7,7 @@
 - apply: carrying a plan out (backup first, journal, fsync, resumable); backup: backup folders and undo
 - checkpointfix: the checkpoint a repair leaves; outcome: the repair commands' exit-code contract
 - rebuild: consume queues / index from the commitlog (reput into a fresh folder); salvage: reading past corruption
+- cleanup: what the running broker's expired-file cleaner deletes (predicted); reclaim: freeing space offline
+  under a policy (delete, or move out into a backup folder)
 - config_plan: ``config/*.json`` restored or rebuilt, committed offsets set (ConfigManager's persist)
 """

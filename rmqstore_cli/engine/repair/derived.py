@@ -136,6 +136,10 @@ def check_queue(table: RecordTable, topic: str, qid: int, units: np.ndarray, fir
         first_real = int(np.argmax(real))
         real[first_real:] = True
         filler[first_real:] = False
+    idx, found = recs.lookup(phy)
+    # Units behind the commitlog's first file point at records the cleaner deleted (FORMAT 13.10): the broker
+    # keeps them and its correctMinOffset starts the queue after them; they are neither checked nor lying.
+    real &= ~(~found & (phy >= 0) & (phy < recs.store.commitlog.min_offset))
     bad = np.zeros(n, dtype=bool)
     why = np.zeros(n, dtype=np.int8)
     codes = ["", "CQ_NO_RECORD", "CQ_SIZE", "CQ_TOPIC", "CQ_QUEUE_ID", "CQ_QUEUE_OFFSET", "CQ_TRAN_TYPE", "CQ_TAGS",
@@ -146,7 +150,6 @@ def check_queue(table: RecordTable, topic: str, qid: int, units: np.ndarray, fir
         why[new] = codes.index(code)
         bad[:] |= new
 
-    idx, found = recs.lookup(phy)
     mark(real & ~found, "CQ_NO_RECORD")
     if not len(recs.phy):  # no record left (e.g. the log's files are gone): every real unit is already bad;
         c = {k: np.zeros(1, v.dtype) for k, v in c.items()}  # one dummy row keeps the gathers below valid

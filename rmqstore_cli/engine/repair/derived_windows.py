@@ -114,6 +114,8 @@ class WindowedCheck:
                     if len(nf):
                         first_real = first + int(nf[0])
                 real = phy[first + np.arange(len(phy)) >= first_real] if first_real is not None else phy[:0]
+                if len(bounds):
+                    real = real[real >= bounds[0]]  # behind the commitlog's first file: deleted by the cleaner
                 w = np.searchsorted(bounds, real, side="right") - 1
                 inside = (w >= 0) & (real < limits[np.maximum(w, 0)]) if len(bounds) else np.zeros(len(real), bool)
                 if not inside.all():
