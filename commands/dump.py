@@ -424,7 +424,7 @@ def dump_store(
         obj = _store_summary(st, res)
         # the start-up plan follows file consume queues; a RocksDB store shows its checkpoint instead
         obj["startupCost"] = _startup_cost(st) if st.rocksdb is None else {}
-        from .reclaim import cleanup_lines, next_cleanup
+        from .cleanup_view import cleanup_lines, next_cleanup
 
         obj["nextCleanup"] = next_cleanup(st, geometry)
         out = Output(json_)

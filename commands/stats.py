@@ -53,7 +53,7 @@ def stats(
     with st:
         s = compute_stats(st, since_ms, until_ms)
         offsets = offsets_for_stats(st)  # consumer offsets audit
-        from .reclaim import cleanup_lines, next_cleanup
+        from .cleanup_view import cleanup_lines, next_cleanup
 
         s["nextCleanup"] = next_cleanup(st, geometry)
     s.update(offsets)
