@@ -44,7 +44,7 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
                  WRITE: set()},
     # Reads of LMQ stores are right (the units are checked against their records); writes would
     # take the LMQ queues apart.
-    "lmq": {READ: {"*"}, WRITE: {"append", "offsets set", "repair config"}},
+    "lmq": {READ: {"*"}, WRITE: {"append", "offsets set", "repair config", "rebuild", "recover", "truncate"}},
     # Reads ignore the timer store (they do not misreport the rest); writes that cut or re-dispatch
     # the commitlog would leave timer units pointing at nothing.
     "timer": {READ: {"*"}, WRITE: {"append", "rebuild index", "offsets set", "repair config"}},

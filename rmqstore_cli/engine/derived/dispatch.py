@@ -14,8 +14,10 @@ Used by ``append`` (requests built from what it just wrote) and by rebuild/recov
 (``dispatch_chunk`` on chunks from ``CommitLog.scan``).  Writers resume from what is on
 disk, so dispatching into an existing store continues its files.
 
-Not covered: LMQ multi-dispatch (``INNER_MULTI_DISPATCH``), BatchConsumeQueue topics and
-filter bitmaps (``enableCalcFilterBitMap``): ext units are written without a bitmap.
+After a record's own unit, multi-dispatch writes its LMQ units (§14.3, :mod:`.lmq`).
+
+Not covered: BatchConsumeQueue topics and filter bitmaps (``enableCalcFilterBitMap``): ext units
+are written without a bitmap.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from .cqwriter import ConsumeQueueExtWriter, ConsumeQueueWriter
 from ..findings import Finding
 from .indexwriter import IndexWriter
 from .dispatchcolumns import TopicInterner, dispatch_columns
+from .lmq import LmqTargets, MultiDispatchRule, chunk_targets
 
 
 @dataclass(slots=True)
@@ -54,6 +57,7 @@ class DispatchRequest:
     uniq_key: str | None = None
     keys: str | None = None
     bitmap: bytes = b""
+    lmq: tuple = ()  # (queue name, queue id, queue offset) of each multi-dispatch unit (.lmq)
 
 
 _NUMBERS = ("phy", "size", "queue_id", "queue_offset", "sysflag", "store_timestamp", "tags_code")
@@ -95,12 +99,13 @@ class DispatchBatch(Sequence):
     strings are decoded only if someone reads them."""
 
     __slots__ = _NUMBERS + ("_topic", "_uniq", "_keys", "bitmap", "topic_ids", "topic_names", "key_count", "key_hashes",
-                            "_strings", "_rows")
+                            "_strings", "_rows", "lmq")
 
     def __init__(self, phy, size, topic, queue_id, queue_offset, sysflag, store_timestamp, tags_code,
                  uniq_key, keys, bitmap=None, *, topic_ids=None, topic_names=None, key_count=None, key_hashes=None,
-                 strings: _ChunkStrings | None = None, rows=None):
+                 strings: _ChunkStrings | None = None, rows=None, lmq: LmqTargets | None = None):
         i64 = np.int64
+        self.lmq = lmq  # the records' multi-dispatch units (None: none)
         self.phy = np.asarray(phy, dtype=i64)
         self.size = np.asarray(size, dtype=i64)
         self.queue_id = np.asarray(queue_id, dtype=i64)
@@ -155,10 +160,12 @@ class DispatchBatch(Sequence):
         if isinstance(reqs, DispatchBatch):
             return reqs
         bitmaps = [r.bitmap for r in reqs]
+        lmq = [(i, r.lmq) for i, r in enumerate(reqs) if r.lmq]
         return cls([r.phy for r in reqs], [r.size for r in reqs], [r.topic for r in reqs],
                    [r.queue_id for r in reqs], [r.queue_offset for r in reqs], [r.sysflag for r in reqs],
                    [r.store_timestamp for r in reqs], [r.tags_code for r in reqs], [r.uniq_key for r in reqs],
-                   [r.keys for r in reqs], bitmaps if any(bitmaps) else None)
+                   [r.keys for r in reqs], bitmaps if any(bitmaps) else None,
+                   lmq=LmqTargets.from_lists(lmq) if lmq else None)
 
     def __len__(self) -> int:
         return len(self.phy)
@@ -193,6 +200,7 @@ class DispatchBatch(Sequence):
         il = idx.tolist()
         pick = lambda col: None if col is None else [col[i] for i in il]  # noqa: E731
         columns = dict(topic_names=self.topic_names, strings=self._strings,
+                       lmq=None if self.lmq is None else self.lmq.take_rows(idx),
                        topic_ids=None if self.topic_ids is None else self.topic_ids[idx],
                        rows=None if self._rows is None else self._rows[idx])
         if self.key_hashes is not None:
@@ -213,6 +221,7 @@ class DispatchStats:
     ext_units: int = 0
     index_entries: int = 0
     unsafe_topics: int = 0
+    lmq_units: int = 0  # multi-dispatch units (also counted in cq_units)
 
 
 def unsafe_topic_dir(topic: str) -> bool:
@@ -252,6 +261,7 @@ class Dispatcher:
         self.delay_table = config.delay_table
         self.last_dispatched_end = -1  # phy + size of the last record dispatched
         self._interner = TopicInterner()
+        self.multi_dispatch = MultiDispatchRule(config)
 
     def index_continues_after(self, phy: int, keys_held: int | None = None) -> None:
         """The index holds every key of the records before ``phy`` and the first ``keys_held`` keys of the
@@ -301,6 +311,7 @@ class Dispatcher:
             return
         b = DispatchBatch.from_requests(reqs)
         logics_ts = self._dispatch_cq(b)
+        self._dispatch_lmq(b)
         stats = self.stats
         if self.index is not None:
             before = self.index.entries_written
@@ -382,6 +393,35 @@ class Dispatcher:
                     stats.cq_skipped += 1
         return int(b.store_timestamp[sel[-1]])
 
+    def _dispatch_lmq(self, b: DispatchBatch) -> None:
+        """multiDispatchLmqQueue: after the records' own units, each record's multi-dispatch units, with its
+        plain tagsCode (no ext), by the same put rules; per queue in log order. The broker writes them
+        whatever its own put did (a unit skipped as already present still returns true)."""
+        lt = b.lmq
+        if lt is None or not len(lt):
+            return
+        t = b.sysflag[lt.row] & 0xC
+        ok = (t == TRANSACTION_NOT) | (t == TRANSACTION_COMMIT)
+        if not ok.all():
+            lt = LmqTargets(lt.row[ok], lt.name[ok], lt.queue_id[ok], lt.queue_offset[ok], lt.names)
+        key = (lt.name << 32) | (lt.queue_id & 0xFFFFFFFF)
+        order = np.argsort(key, kind="stable")
+        ks = key[order]
+        cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+        stats = self.stats
+        for g in np.split(order, cuts):
+            if not len(g):
+                continue
+            name, q = lt.names[int(lt.name[g[0]])], int(lt.queue_id[g[0]])
+            if unsafe_topic_dir(name):
+                continue
+            rows = lt.row[g]
+            cq = self._queues.get((name, q)) or self.queue(name, q)
+            done = cq.put_many(b.phy[rows], b.size[rows], b.tags_code[rows], lt.queue_offset[g])
+            stats.cq_units += done
+            stats.lmq_units += done
+            stats.cq_skipped += len(g) - done
+
     def requests_from_chunk(self, chunk) -> DispatchBatch:
         """DispatchRequests for the records of a :class:`commitlog.Chunk` (reput's parse, §13.3),
         as a :class:`DispatchBatch` of columns: topic ids, tagsCode and index key hashes come from
@@ -394,10 +434,11 @@ class Dispatcher:
         tids = interner.intern_chunk(u8, chunk.buf, h)
         codes, tags_bad, counts, kh, pv, slow = dispatch_columns(u8, h, tids, interner, self.delay_table, details=True)
         names = interner.topics()
+        lmq = chunk_targets(self.multi_dispatch, u8, h, lambda i: names[int(tids[i])])
         batch = DispatchBatch(h.offsets + chunk.segment.start, h.totalSize, None, h.queueId, h.queueOffset, h.sysFlag,
                               h.storeTimestamp, codes, None, None, topic_ids=tids, topic_names=names, key_count=counts,
                               key_hashes=kh, strings=_ChunkStrings(u8, names, tids, pv, slow),
-                              rows=np.arange(n, dtype=np.int64))
+                              rows=np.arange(n, dtype=np.int64), lmq=lmq if len(lmq) else None)
         if tags_bad.any():
             # checkMessageAndReturnSize fails on such a record; reput skips it by its size
             for i in np.flatnonzero(tags_bad).tolist():

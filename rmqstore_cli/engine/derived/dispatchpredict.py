@@ -16,6 +16,7 @@ from formats import fast
 
 from ..log.walk import cq_dispatched
 from .dispatchcolumns import topic_ids
+from .lmq import chunk_targets
 
 BATCH = 1 << 18  # records buffered before the per-queue rules run (bounded, a few MB)
 
@@ -24,8 +25,9 @@ class DispatchPrediction:
     """Walk sink. ``state``: {(topic, queueId): [next offset, maxPhysicOffset, first offset written
     into an empty queue, queue has no file]}, updated in place."""
 
-    def __init__(self, state: dict):
+    def __init__(self, state: dict, multi_dispatch=None):
         self.state = state
+        self.multi_dispatch = multi_dispatch  # a lmq.MultiDispatchRule: the records' LMQ units are predicted too
         self.topics: dict[str, int] = {}
         self.count = 0  # records re-dispatched (every transaction type)
         self.new_units: dict = {}
@@ -38,7 +40,15 @@ class DispatchPrediction:
         if not keep.any():
             return
         h = h.select(keep) if not keep.all() else h
-        self.add(h.offsets + seg_start, h.totalSize, topic_ids(buf, h, self.topics), h.queueId, h.queueOffset)
+        tid = topic_ids(buf, h, self.topics)
+        phy = h.offsets + seg_start
+        self.add(phy, h.totalSize, tid, h.queueId, h.queueOffset)
+        if self.multi_dispatch is not None and self.multi_dispatch.enabled:
+            names = {v: k for k, v in self.topics.items()}
+            lt = chunk_targets(self.multi_dispatch, fast.kernel_view(buf), h, lambda i: names[int(tid[i])])
+            if len(lt):  # multi-dispatch units (§14.3): queues of their own, so after the records' units is right
+                ids = np.asarray([self.topics.setdefault(n, len(self.topics)) for n in lt.names], np.int64)
+                self.add(phy[lt.row], h.totalSize[lt.row], ids[lt.name], lt.queue_id, lt.queue_offset)
 
     def add(self, phy, size, tid, qid, qo) -> None:
         """Consume-queue records in log order (``tid``: ids in ``self.topics``)."""

@@ -15,6 +15,7 @@ import numpy as np
 
 from formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
+from ..derived.lmq import MultiDispatchRule, is_lmq, record_targets
 from .derived import QueueVerdict, in_file_order, record_table, table_of_reports, tail_redispatch
 from ..verify.commitlog import first_windows, iter_segment_windows, window_starts
 
@@ -86,12 +87,13 @@ class WindowedCheck:
         self.count, self.newest, self.newest_cq = 0, None, 0
         self.lied = False
         self.invalid_seen = False  # a fed report held an invalid record before the recovered end
+        self.multi_dispatch = MultiDispatchRule(planner.cfg)
 
     @classmethod
     def start(cls, planner) -> "WindowedCheck | None":
         store, end = planner.store, planner.end
-        if planner.cfg.enableConsumeQueueExt:
-            return None
+        if planner.cfg.enableConsumeQueueExt or any(is_lmq(t) for t, _ in planner.queues):
+            return None  # ext units and multi-dispatch queues: the whole table decides
         cl = store.commitlog
         segs = [s for s in cl.segments.segments if s.start < end]
         if any(a.start + a.size > b.start for a, b in zip(segs, segs[1:])):
@@ -156,6 +158,9 @@ class WindowedCheck:
         if disp.any():
             self.newest_cq = max(self.newest_cq, int(c["storeTimestamp"][disp].max()))
         _collect_tails(t, disp, self.queues, self.tails)
+        if self.multi_dispatch.enabled and n and len(record_targets(self.planner.store, t, self.multi_dispatch)):
+            self.lied = True  # records multi-dispatch (§14.3): the whole table decides
+            return False
         try:
             for key, (qs, files, first_real, touched) in self.queues.items():
                 for (first, units), segs_hit in zip(files, touched):

@@ -99,10 +99,19 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
                        index_namer=index_namer)
         try:
             def handle(reqs) -> None:
+                keep = np.ones(len(reqs), dtype=bool)
                 if start:
-                    reqs = [r for r in reqs if r.phy >= start]
+                    keep &= reqs.phy >= start
                 if topic is not None:
-                    reqs = [r for r in reqs if r.topic == topic]
+                    # the queue's own records, and (an LMQ queue) the records multi-dispatched to it; the other
+                    # queues they also reach are written in the scratch folder only
+                    mine = np.fromiter((t == topic for t in reqs.topic), dtype=bool, count=len(reqs))
+                    lt = reqs.lmq
+                    if lt is not None and topic in lt.names:
+                        mine[lt.row[lt.name == lt.names.index(topic)]] = True
+                    keep &= mine
+                if not keep.all():
+                    reqs = reqs.take(np.flatnonzero(keep))
                 d.dispatch_many(reqs)
 
             if jobs > 1:

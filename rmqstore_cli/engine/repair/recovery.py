@@ -23,6 +23,7 @@ from ..log.checkpoint import Checkpoint
 from .checkpointfix import correct_times
 from ..derived.consumequeue import ConsumeQueue, ConsumeQueueExt
 from ..derived.dispatchpredict import DispatchPrediction
+from ..derived.lmq import MultiDispatchRule
 from ..log.walk import LogTally, WalkStop, broker_walk, lenient_records, resync, rewalk
 from ..store import Store
 from .derived_plan import check_derived, dispatch_starts, queue_repairs
@@ -290,7 +291,7 @@ class Planner:
             # in this walk, from the queues as they are now; _dispatch uses it when its range and the
             # queues turn out the same (else it walks the log again for them).
             qstate = self._queue_state()
-            pred = DispatchPrediction(qstate)
+            pred = DispatchPrediction(qstate, MultiDispatchRule(self.cfg))
             self.early_prediction = (pred, {k: list(v) for k, v in qstate.items()})
 
             def sink(seg_start, buf, h, tally=tally, pred=pred):
@@ -484,7 +485,7 @@ class Planner:
             qstate = pred.state
             pred.flush()
         else:
-            pred = DispatchPrediction(qstate)
+            pred = DispatchPrediction(qstate, MultiDispatchRule(self.cfg))
             if ours < end:
                 rewalk(self.cl_segments, self.lenient_upto, self.version, ours, end, pred)
                 pred.flush()
