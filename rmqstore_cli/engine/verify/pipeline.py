@@ -25,6 +25,7 @@ from .commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_para
                         as_windows, first_windows, iter_windows, verify_segments, verify_segments_parallel,
                         whole_segments, window_report)
 from .index import _check_checkpoint, _check_index, _check_root
+from .lmq import LmqDispatchCheck, after_furthest_unit, check_lmq_dispatch
 from .queues import _check_consume_queues, _check_dispatch
 from .records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier,  # noqa: F401
                       map_large_allocations)
@@ -82,6 +83,7 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     index_files = [IndexWindows(f, windows) for f in svc.files if f.complete]
     phy_maxes = [q.phy_max for q in queues if q.phy_max is not None]
     dispatch = DispatchWindows(max(phy_maxes) if phy_maxes else None)
+    lmq = LmqDispatchCheck(store, after_furthest_unit(max(phy_maxes) if phy_maxes else None))
     dispatch.reread_with(lambda w: _Records(store, [window_report(cl, w, check_crc=check_crc)]))
     times = _Agg()
     prev_ts = None
@@ -112,6 +114,7 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
             if end is not None:
                 found_end = end if found_end is None else max(found_end, end)
         dispatch.window(recs, marks, found_end, w)
+        lmq.window(recs)
         for ix in index_files:
             ix.window(w, windows, recs)
         del recs, marks
@@ -127,6 +130,7 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     for q in queues:
         q.finish(refs, findings)
     dispatch.finish(cl, findings)
+    lmq.finish(findings)
     summary["consumeQueues"] = {"queues": len(queues), "units": sum(q.units for q in queues)}
     for ix in index_files:
         ix.finish(refs, findings)
@@ -184,6 +188,7 @@ def _verify_whole_log(store, *, check_crc: bool = True, reports: list[SegmentRep
     refs = _RefClassifier(recs, reports, cl, data_end)
     marks = cross_checks.consume_queues(store, recs, refs, findings, summary)
     _check_dispatch(store, recs, marks, findings)
+    check_lmq_dispatch(store, recs, marks.phy_max, findings)
     cross_checks.index(store, recs, refs, findings, summary)
     if refs.lost_refs:
         findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))
