@@ -178,7 +178,7 @@ def _stop_text(stop) -> str:
 
 
 CQ_COLUMNS = [("topic", "topic"), ("queueId", "q"), ("queueOffset", "qoff"), ("phyOffset", "phyOffset"), ("size", "size"),
-              ("tagsCode", "tagsCode"), ("ext", "ext")]
+              ("tagsCode", "tagsCode"), ("ext", "ext"), ("batchSize", "batch")]
 
 
 @dump_app.command("consumequeue")
@@ -198,7 +198,8 @@ def dump_consumequeue(
     json_: bool = JsonOpt,
     geometry: Geometry = None,
 ):
-    """Consume queue units (phyOffset, size, tagsCode; the ext unit when tagsCode is an ext address)."""
+    """Consume queue units (phyOffset, size, tagsCode; the ext unit when tagsCode is an ext address), then the
+    batch consume queues' units (batchconsumequeue/: queueOffset = msgBaseOffset, batchSize, storeTime)."""
     _check_body(body)
     since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
     st = open_store(store, geometry, command="dump consumequeue")
@@ -213,12 +214,42 @@ def dump_consumequeue(
         Output(json_).table(rows, cols, title=f"consume queues of {st.root}")
 
 
-def _queues(st, topic, queue, dirname="consumequeue"):
+def _queues(st, topic, queue, dirname="consumequeue", also_batch: bool = False):
     queues = st.queues() if dirname == "consumequeue" else st.ext_queues()
     sel = [(t, q) for t, q in queues if (topic is None or t == topic) and (queue is None or q == queue)]
-    if not sel and (topic is not None or queue is not None):
+    batch = [(t, q) for t, q in st.batch_queues() if (topic is None or t == topic) and (queue is None or q == queue)] \
+        if also_batch else []
+    if not sel and not batch and (topic is not None or queue is not None):
         raise NotFoundError(f"no {dirname} directory for topic {topic!r} queue {queue}")
-    return sel
+    return (sel, batch) if also_batch else sel
+
+
+def _bcq_rows(st, queues, from_, to, with_msg: bool, body: str, since=None, until=None):
+    """Batch consume queue units (§9): queueOffset is the unit's msgBaseOffset; the unit covers batchSize offsets."""
+    for t, q in queues:
+        u = st.batch_queue(t, q).units()
+        keep = np.ones(len(u), dtype=bool)
+        end = u["msgBaseOffset"].astype(np.int64) + u["batchSize"]
+        if from_ is not None:
+            keep &= end > from_
+        if to is not None:
+            keep &= u["msgBaseOffset"] < to
+        if since is not None:
+            keep &= u["storeTime"] >= since
+        if until is not None:
+            keep &= u["storeTime"] <= until
+        for r in u[keep].tolist():
+            phy, size, tags, store_time, base, batch, compacted, reserved = r
+            row = {"topic": t, "queueId": q, "queueOffset": base, "phyOffset": phy, "size": size, "tagsCode": tags,
+                   "queueType": "BatchCQ", "batchSize": batch, "storeTime": store_time, "compactedOffset": compacted,
+                   "reserved": reserved}
+            if with_msg:
+                try:
+                    row["msg"] = render_body(st.commitlog.read(phy, with_body=body != "none"), body)
+                except RecordError as e:
+                    row["msg"] = None
+                    row["msgError"] = str(e)
+            yield row
 
 
 def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None, until=None):
@@ -228,7 +259,8 @@ def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None,
     if timed:
         res = st.commitlog.find_end(check_crc=False)
         max_phy = res.stop.offset if res.stop else 0
-    for t, q in _queues(st, topic, queue):
+    queues, batch = _queues(st, topic, queue, also_batch=True)
+    for t, q in queues:
         u = st.queue(t, q).units()
         lo = 0 if from_ is None else int(np.searchsorted(u.queue_offsets, from_))
         hi = len(u.queue_offsets) if to is None else int(np.searchsorted(u.queue_offsets, to))
@@ -251,6 +283,7 @@ def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None,
                     row["msg"] = None
                     row["msgError"] = str(e)
             yield row
+    yield from _bcq_rows(st, batch, from_, to, with_msg, body, since, until)
 
 
 EXT_FIELDS = ("size", "tagsCode", "msgStoreTime", "bitMapSize", "filterBitMapHex")

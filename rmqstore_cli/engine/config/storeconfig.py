@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from formats.records import MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE
+from formats.records import BCQ_UNIT_SIZE, DEFAULT_BCQ_FILE_SIZE, MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE
 from formats.tags import DEFAULT_DELAY_LEVELS, parse_delay_levels
 
 from ..errors import UsageError
@@ -33,6 +33,7 @@ class StoreConfig:
     mappedFileSizeCommitLog: int = DEFAULT_COMMITLOG_SIZE
     mappedFileSizeConsumeQueue: int = DEFAULT_CQ_SIZE
     mappedFileSizeConsumeQueueExt: int = DEFAULT_EXT_SIZE
+    mapperFileSizeBatchConsumeQueue: int = DEFAULT_BCQ_FILE_SIZE  # (the broker's spelling)
     enableConsumeQueueExt: bool = False
     maxHashSlotNum: int = DEFAULT_HASH_SLOTS
     maxIndexNum: int = DEFAULT_INDEX_NUM
@@ -163,6 +164,16 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
         if ext_sizes:
             cfg.mappedFileSizeConsumeQueueExt = max(ext_sizes)
             cfg.inferred["mappedFileSizeConsumeQueueExt"] = "size of the ext files"
+    bcq_root = os.path.join(root, "batchconsumequeue")
+    if "mapperFileSizeBatchConsumeQueue" not in cfg.explicit and os.path.isdir(bcq_root):
+        bcq_sizes: set[int] = set()
+        for topic in _listdir(bcq_root):
+            for qid in _listdir(os.path.join(bcq_root, topic)):
+                bcq_sizes |= _file_sizes(os.path.join(bcq_root, topic, qid))
+        bcq_sizes = {s for s in bcq_sizes if s % BCQ_UNIT_SIZE == 0}
+        if bcq_sizes:
+            cfg.mapperFileSizeBatchConsumeQueue = max(bcq_sizes)
+            cfg.inferred["mapperFileSizeBatchConsumeQueue"] = "size of the batch consume queue files"
     idx_dir = os.path.join(root, "index")
     if not ({"maxHashSlotNum", "maxIndexNum"} & cfg.explicit):
         got = infer_index_geometry(idx_dir)
