@@ -39,7 +39,7 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
                "dump config", "diff"},
         WRITE: set(),
     },
-    "batch-cq": {READ: {"dump commitlog", "dump index", "dump checkpoint", "index query", "dump consumequeue", "get",
+    "batch-cq": {READ: {"dump commitlog", "dump index", "dump checkpoint", "index query", "dump consumequeue", "get", "verify", "stats",
                         "dump config", "diff"},
                  WRITE: set()},
     # Reads of LMQ stores are right (the units are checked against their records); writes would

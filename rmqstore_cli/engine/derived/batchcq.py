@@ -128,6 +128,43 @@ def _java_long(text: str) -> int:
     return v
 
 
+def record_batch_fields(store, recs, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(msgBaseOffset, batchSize, unparsable) dispatch gives the records ``rows`` of a verify record table
+    (``verify.records._Records``): the two properties are located for each segment's records at once
+    (compiled scan) and only records carrying both are parsed."""
+    from formats import fast, propscan
+    from formats.message import decode_utf8
+    from formats.properties import parse_properties
+
+    rows = np.asarray(rows, np.int64)
+    base = recs.c["queueOffset"][rows].astype(np.int64)
+    num = np.ones(len(rows), np.int64)
+    bad = np.zeros(len(rows), bool)
+    if not len(rows):
+        return base, num, bad
+    segs = store.commitlog.segments.segments
+    seg_of = recs.seg[rows]
+    for k in np.unique(seg_of).tolist():
+        at = np.flatnonzero(seg_of == k)
+        seg = segs[k]
+        buf = seg.buffer()
+        u8 = fast.kernel_view(buf)
+        h = fast.decode_headers(buf, recs.phy[rows[at]] - seg.start)
+        pv = propscan.scan(u8, h.propsStart, h.propsLength, names=(INNER_NUM, INNER_BASE))
+        has = (pv.start[INNER_NUM] >= 0) & (pv.start[INNER_BASE] >= 0)
+        for j in np.flatnonzero(has | ~pv.ascii).tolist():
+            if pv.ascii[j]:
+                props = {n: bytes(u8[int(pv.start[n][j]):int(pv.end[n][j])]).decode("ascii") for n in (INNER_NUM, INNER_BASE)}
+            else:
+                s, n = int(h.propsStart[j]), int(h.propsLength[j])
+                props = parse_properties(decode_utf8(bytes(u8[s:s + n])))
+            try:
+                base[at[j]], num[at[j]] = batch_fields(props, int(base[at[j]]))
+            except ValueError:
+                bad[at[j]] = True
+    return base, num, bad
+
+
 def unit_dict(u, position: int | None = None) -> dict:
     out = {n: int(u[n]) for n, _ in BCQ_UNIT_FIELDS}
     if position is not None:

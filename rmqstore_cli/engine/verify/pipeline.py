@@ -24,6 +24,7 @@ from ..findings import Finding
 from .commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_parallel,  # noqa: F401 (public API)
                         as_windows, first_windows, iter_windows, verify_segments, verify_segments_parallel,
                         whole_segments, window_report)
+from .batchqueues import BatchQueueCheck
 from .index import _check_checkpoint, _check_index, _check_root
 from .lmq import LmqDispatchCheck, after_furthest_unit, check_lmq_dispatch
 from .queues import _check_consume_queues, _check_dispatch
@@ -78,10 +79,11 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     findings += cl.segments.problems
     windows = Windows(cl)
     queues = [QueueWindows(store, topic, qid, windows, findings) for topic, qid in store.queues()]
+    batch = [BatchQueueCheck(store, topic, qid, findings) for topic, qid in store.batch_queues()]
     svc = store.index
     findings += svc.problems
     index_files = [IndexWindows(f, windows) for f in svc.files if f.complete]
-    phy_maxes = [q.phy_max for q in queues if q.phy_max is not None]
+    phy_maxes = [q.phy_max for q in queues + batch if q.phy_max is not None]
     dispatch = DispatchWindows(max(phy_maxes) if phy_maxes else None)
     lmq = LmqDispatchCheck(store, after_furthest_unit(max(phy_maxes) if phy_maxes else None))
     dispatch.reread_with(lambda w: _Records(store, [window_report(cl, w, check_crc=check_crc)]))
@@ -113,6 +115,10 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
             end = q.window(w, windows, recs, marks)
             if end is not None:
                 found_end = end if found_end is None else max(found_end, end)
+        for b in batch:
+            end = b.window(*windows.bounds(w), recs, marks)
+            if end is not None:
+                found_end = end if found_end is None else max(found_end, end)
         dispatch.window(recs, marks, found_end, w)
         lmq.window(recs)
         for ix in index_files:
@@ -127,11 +133,13 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     no_records = _Records(store, [])
     no_records.invalid = np.asarray(sorted(o for r in kept for o in r.invalid), dtype=np.int64)
     refs = _RefClassifier(no_records, kept, cl, data_end)  # for the references no window found a record for
-    for q in queues:
+    for q in queues + batch:
         q.finish(refs, findings)
     dispatch.finish(cl, findings)
     lmq.finish(findings)
     summary["consumeQueues"] = {"queues": len(queues), "units": sum(q.units for q in queues)}
+    if batch:
+        summary["batchConsumeQueues"] = {"queues": len(batch), "units": sum(b.units for b in batch)}
     for ix in index_files:
         ix.finish(refs, findings)
     summary["index"] = {"files": len(svc.files), "entries": sum(ix.entries for ix in index_files)}
@@ -187,6 +195,12 @@ def _verify_whole_log(store, *, check_crc: bool = True, reports: list[SegmentRep
     _check_delay_properties(recs, findings)
     refs = _RefClassifier(recs, reports, cl, data_end)
     marks = cross_checks.consume_queues(store, recs, refs, findings, summary)
+    for topic, qid in store.batch_queues():
+        b = BatchQueueCheck(store, topic, qid, findings)
+        b.window(0, (1 << 63) - 1, recs, marks.has_unit)
+        b.finish(refs, findings)
+        if b.phy_max is not None:
+            marks.phy_max = max(marks.phy_max if marks.phy_max is not None else b.phy_max, b.phy_max)
     _check_dispatch(store, recs, marks, findings)
     check_lmq_dispatch(store, recs, marks.phy_max, findings)
     cross_checks.index(store, recs, refs, findings, summary)
