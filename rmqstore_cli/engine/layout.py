@@ -39,11 +39,12 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
                "dump config", "diff"},
         WRITE: set(),
     },
-    "batch-cq": {READ: {"dump commitlog", "dump index", "dump checkpoint", "index query", "dump consumequeue", "get", "verify", "stats",
-                        "dump config", "diff"},
-                 WRITE: set()},
-    # Reads of LMQ stores are right (the units are checked against their records); writes would
-    # take the LMQ queues apart.
+    # Batch consume queues (§9) are read, checked and rebuilt; appends (INNER_BASE assignment) are not written.
+    "batch-cq": {READ: {"dump commitlog", "dump index", "dump checkpoint", "index query", "dump consumequeue", "get",
+                        "verify", "stats", "dump config", "diff"},
+                 WRITE: {"rebuild", "recover", "truncate"}},
+    # LMQ queues (§14.3): units checked against the records naming them, written by dispatch, kept by
+    # recovery and truncation.
     "lmq": {READ: {"*"}, WRITE: {"append", "offsets set", "repair config", "rebuild", "recover", "truncate"}},
     # Reads ignore the timer store (they do not misreport the rest); writes that cut or re-dispatch
     # the commitlog would leave timer units pointing at nothing.

@@ -128,40 +128,51 @@ def _java_long(text: str) -> int:
     return v
 
 
-def record_batch_fields(store, recs, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(msgBaseOffset, batchSize, unparsable) dispatch gives the records ``rows`` of a verify record table
-    (``verify.records._Records``): the two properties are located for each segment's records at once
-    (compiled scan) and only records carrying both are parsed."""
-    from formats import fast, propscan
+def chunk_batch_fields(u8, h, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(msgBaseOffset, batchSize, unparsable) of the records ``rows`` of decoded headers ``h`` over ``u8``
+    (:func:`batch_fields`; the two properties located for all of them at once by the compiled scan)."""
+    from formats import propscan
     from formats.message import decode_utf8
     from formats.properties import parse_properties
+
+    rows = np.asarray(rows, np.int64)
+    base = np.asarray(h.queueOffset, np.int64)[rows].copy()
+    num = np.ones(len(rows), np.int64)
+    bad = np.zeros(len(rows), bool)
+    if not len(rows):
+        return base, num, bad
+    pv = propscan.scan(u8, np.asarray(h.propsStart)[rows], np.asarray(h.propsLength)[rows], names=(INNER_NUM, INNER_BASE))
+    for k in np.flatnonzero(((pv.start[INNER_NUM] >= 0) & (pv.start[INNER_BASE] >= 0)) | ~pv.ascii).tolist():
+        i = int(rows[k])
+        if pv.ascii[k]:
+            props = {n: bytes(u8[int(pv.start[n][k]):int(pv.end[n][k])]).decode("ascii") for n in (INNER_NUM, INNER_BASE)}
+        else:
+            s, ln = int(h.propsStart[i]), int(h.propsLength[i])
+            props = parse_properties(decode_utf8(bytes(u8[s:s + ln])))
+        try:
+            base[k], num[k] = batch_fields(props, int(base[k]))
+        except ValueError:
+            bad[k] = True
+    return base, num, bad
+
+
+def record_batch_fields(store, recs, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`chunk_batch_fields` of the records ``rows`` of a verify record table (``verify.records._Records``),
+    each segment's records decoded again (headers only)."""
+    from formats import fast
 
     rows = np.asarray(rows, np.int64)
     base = recs.c["queueOffset"][rows].astype(np.int64)
     num = np.ones(len(rows), np.int64)
     bad = np.zeros(len(rows), bool)
-    if not len(rows):
-        return base, num, bad
     segs = store.commitlog.segments.segments
     seg_of = recs.seg[rows]
     for k in np.unique(seg_of).tolist():
         at = np.flatnonzero(seg_of == k)
         seg = segs[k]
         buf = seg.buffer()
-        u8 = fast.kernel_view(buf)
         h = fast.decode_headers(buf, recs.phy[rows[at]] - seg.start)
-        pv = propscan.scan(u8, h.propsStart, h.propsLength, names=(INNER_NUM, INNER_BASE))
-        has = (pv.start[INNER_NUM] >= 0) & (pv.start[INNER_BASE] >= 0)
-        for j in np.flatnonzero(has | ~pv.ascii).tolist():
-            if pv.ascii[j]:
-                props = {n: bytes(u8[int(pv.start[n][j]):int(pv.end[n][j])]).decode("ascii") for n in (INNER_NUM, INNER_BASE)}
-            else:
-                s, n = int(h.propsStart[j]), int(h.propsLength[j])
-                props = parse_properties(decode_utf8(bytes(u8[s:s + n])))
-            try:
-                base[at[j]], num[at[j]] = batch_fields(props, int(base[at[j]]))
-            except ValueError:
-                bad[at[j]] = True
+        base[at], num[at], bad[at] = chunk_batch_fields(fast.kernel_view(buf), h, np.arange(len(at)))
     return base, num, bad
 
 
@@ -177,12 +188,22 @@ def list_batch_queues(root: str) -> list[tuple[str, int]]:
 
 
 def batch_topics(store) -> set[str]:
+    """:func:`batch_topics_at` of a :class:`~..store.Store`."""
+    return batch_topics_at(store.root, store.read_config_json)
+
+
+def batch_topics_at(root: str, read_config_json=None) -> set[str]:
     """Topics whose queues are batch consume queues: every topic with a folder under batchconsumequeue/ (the
     broker loads those as BatchCQ whatever its topic table says) and every topic ``config/topics.json`` gives
     the attribute ``queue.type=BatchCQ`` (QueueTypeUtils.getCQType)."""
-    out = {t for t, _ in list_batch_queues(store.root)}
+    out = {t for t, _ in list_batch_queues(root)}
+    if read_config_json is None:
+        from ..store import Store
+        from ..config.storeconfig import StoreConfig
+
+        read_config_json = Store(root, StoreConfig()).read_config_json
     try:
-        table = (store.read_config_json("topics.json") or {}).get("topicConfigTable") or {}
+        table = (read_config_json("topics.json") or {}).get("topicConfigTable") or {}
     except Exception:  # an unreadable topics.json is reported by `dump config`; the folders still decide
         table = {}
     if isinstance(table, dict):

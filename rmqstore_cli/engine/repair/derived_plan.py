@@ -119,6 +119,8 @@ def _check_queues(planner) -> None:
         for tid, q in pairs.tolist():
             keys.add((recs.topics[tid], int(q)))
         keys |= table.lmq_queues()
+    batch = planner.store.batch_topics()
+    keys = {k for k in keys if k[0] not in batch or k in planner.queues}  # batch topics: batchrecovery.py
     for key in sorted(keys):
         t, q = key
         qs = planner.queues.get(key)

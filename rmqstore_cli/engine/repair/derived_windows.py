@@ -92,8 +92,9 @@ class WindowedCheck:
     @classmethod
     def start(cls, planner) -> "WindowedCheck | None":
         store, end = planner.store, planner.end
-        if planner.cfg.enableConsumeQueueExt or any(is_lmq(t) for t, _ in planner.queues):
-            return None  # ext units and multi-dispatch queues: the whole table decides
+        if planner.cfg.enableConsumeQueueExt or any(is_lmq(t) for t, _ in planner.queues) or getattr(planner, "bqueues", None) \
+                or store.batch_topics():
+            return None  # ext units, multi-dispatch and batch queues: the whole table decides
         cl = store.commitlog
         segs = [s for s in cl.segments.segments if s.start < end]
         if any(a.start + a.size > b.start for a, b in zip(segs, segs[1:])):

@@ -255,7 +255,7 @@ def sort_rebuild_findings(root: str, parts: list, topic: str | None, findings) -
         bits = rel.split(os.sep)
         top = bits[0]
         in_topic = topic is None or (len(bits) > 1 and bits[1] == topic) or e.get("topic") == topic
-        if top in ("consumequeue", "consumequeue_ext") and top in parts and in_topic:
+        if top in ("consumequeue", "consumequeue_ext", "batchconsumequeue") and top in parts and in_topic:
             verdict, why = "fixed", f"{top} is regenerated from the commitlog"
         elif top == "index" and idx:
             verdict, why = "fixed", "index is regenerated from the commitlog"
