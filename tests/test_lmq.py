@@ -200,3 +200,33 @@ def test_truncate_cuts_lmq_queues_like_the_broker(store_copy, tmp_path):
     want = sorted((u["topic"], u["queueOffset"], u["phyOffset"]) for u in lmq_units() if u["phyOffset"] < cut)
     assert got == want
     assert run("verify", root, "--config", CONF).exit_code == 0
+
+
+def _put_lines() -> list[str]:
+    """The 600 puts as `append --from` lines: what the harness sent (properties string before the store's additions),
+    with the record's own times, hosts and flags as the broker stored them (clmsg raw)."""
+    from .conftest import broker_puts
+
+    raw = {m["offset"]: m["raw"] for m in broker_read(NAME)["clmsg"]}
+    lines = []
+    for p in broker_puts(NAME):
+        r = raw[p["result"]["wroteOffset"]]
+        lines.append(json.dumps({
+            "topic": p["topic"], "queueId": p["queueId"], "bodyHex": p["bodyHex"], "propertiesRaw": p["propertiesStringSent"],
+            "flag": r["flag"], "sysFlag": r["sysFlag"], "bornTimestamp": r["bornTimestamp"],
+            "storeTimestamp": r["storeTimestamp"], "bornHost": f"127.0.0.1:{40000 + p['i'] % 1000}",
+            "storeHost": "127.0.0.1:10911"}))
+    return lines
+
+
+def test_append_assigns_lmq_offsets_like_the_broker(tmp_path):
+    """The broker's append (LmqDispatch.wrapLmqDispatch + handlePropertiesForLmqMsg) stores INNER_MULTI_QUEUE_OFFSET
+    with the properties re-serialised; dispatch writes the LMQ units: the whole store comes out byte for byte."""
+    src = tmp_path / "puts.jsonl"
+    src.write_text("\n".join(_put_lines()) + "\n")
+    dst = tmp_path / "replay"
+    r = run("append", dst, "--from", src, "--config", CONF, "--broker-version", 5, "--quiet")
+    assert r.exit_code == 0, r.output
+    broker = STORES / NAME / "store"
+    for sub in ("commitlog", "consumequeue"):
+        assert files_of(dst, sub) == files_of(broker, sub), sub

@@ -152,6 +152,11 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
         if sizes:
             cfg.mappedFileSizeConsumeQueue = max(sizes)
             cfg.inferred["mappedFileSizeConsumeQueue"] = "size of the consume queue files"
+    if os.path.isdir(cq_root) and any(t.startswith("%LMQ%") for t in _listdir(cq_root)):
+        for key in ("enableLmq", "enableMultiDispatch"):  # the broker that wrote LMQ queues had both on
+            if key not in cfg.explicit:
+                setattr(cfg, key, True)
+                cfg.inferred[key] = "consumequeue/ holds %LMQ% queues"
     ext_root = os.path.join(root, "consumequeue_ext")
     if "enableConsumeQueueExt" not in cfg.explicit and os.path.isdir(ext_root) and _listdir(ext_root):
         cfg.enableConsumeQueueExt = True

@@ -186,6 +186,42 @@ def record_targets(store, recs, rule: MultiDispatchRule | None = None) -> LmqTar
     return LmqTargets.from_lists(per_record)
 
 
+def append_side_on(config) -> bool:
+    """Does the broker's append assign LMQ offsets (5.x: ``enableLmq``)? Given or inferred from the store's
+    LMQ queues; off by default, as in the broker."""
+    return bool(config.enableLmq) if ("enableLmq" in config.explicit or "enableLmq" in config.inferred) else False
+
+
+def wraps_lmq(topic: str, props: dict) -> bool:
+    """MessageExtBrokerInner.needDispatchLMQ: a non-blank INNER_MULTI_DISPATCH on a topic that allows LMQ."""
+    names = props.get(DISPATCH_PROP)
+    return bool(names and names.strip()) and MultiDispatchRule.topic_takes_part(topic)
+
+
+def lmq_names(props: dict) -> list[str]:
+    return _java_split(props.get(DISPATCH_PROP, ""))
+
+
+def wrapped_properties(props_str: str, offsets: list[int | None]) -> str:
+    """The properties string the 5.x append stores for an LMQ message (LmqDispatch.wrapLmqDispatch, then
+    CommitLog.handlePropertiesForLmqMsg): the message's map (the send's string parsed into a HashMap of
+    capacity 128, in string order) gets ``INNER_MULTI_QUEUE_OFFSET`` = the offsets joined by ``,`` (empty for a
+    non-LMQ name), ``WAIT`` is removed and put back (so it moves to the end of its bucket, and stays), and the
+    map is serialised again in HashMap order. Checked against every LMQ put of stores/lmq-5.3.3."""
+    from formats.java_hashmap import hashmap_order
+    from formats.properties import serialize_properties
+
+    props = parse_properties(props_str)
+    keys = list(props)
+    if OFFSET_PROP not in props:
+        keys.append(OFFSET_PROP)
+    props[OFFSET_PROP] = ",".join("" if o is None else str(o) for o in offsets)
+    if "WAIT" in props:
+        keys.remove("WAIT")
+        keys.append("WAIT")
+    return serialize_properties([(k, props[k]) for k in hashmap_order(keys, 128)], 5)
+
+
 def lmq_queue_names(root: str, dirname: str = "consumequeue") -> list[str]:
     """The ``%LMQ%`` queue directories of a store."""
     import os
