@@ -230,3 +230,19 @@ def test_append_assigns_lmq_offsets_like_the_broker(tmp_path):
     broker = STORES / NAME / "store"
     for sub in ("commitlog", "consumequeue"):
         assert files_of(dst, sub) == files_of(broker, sub), sub
+
+
+def test_lmq_group_offsets_audited(store_copy):
+    """lmqConsumerOffset.json (LmqConsumerOffsetManager: lmqOffsetTable {"queue@group": offset}, queue 0) against the
+    LMQ queues' bounds (the broker's offset table after reopen)."""
+    root = store_copy(NAME)
+    os.makedirs(root / "config")
+    (root / "config" / "lmqConsumerOffset.json").write_text(
+        '{\n\t"lmqOffsetTable":{\n\t\t"%LMQ%room1@%LMQ%g1":40,\n\t\t"%LMQ%room2@%LMQ%g1":50\n\t},\n\t"offsetTable":{}\n}')
+    table = next(t for t in broker_read(NAME)["offsetTable"] if t["table"] == "topicQueueTable")["entries"]
+    r = run("dump", "offsets", root, "--json")
+    rows = {o["topic"]: o for o in json_lines(r.stdout) if o.get("type") == "offset"}
+    assert set(rows) == {"%LMQ%room1", "%LMQ%room2"} and all(o["lmq"] and o["group"] == "%LMQ%g1" for o in rows.values())
+    a, b = rows["%LMQ%room1"], rows["%LMQ%room2"]
+    assert (a["maxOffset"], a["lagMessages"], a["code"]) == (table["%LMQ%room1-0"], table["%LMQ%room1-0"] - 40, None)
+    assert (b["maxOffset"], b["code"], b["skipped"]) == (table["%LMQ%room2-0"], "CO_ABOVE_MAX", 50 - table["%LMQ%room2-0"])
