@@ -457,6 +457,11 @@ def _store_summary(st, res) -> dict:
         u = cq.units()
         queues.append({"topic": t, "queueId": q, "minOffset": u.min_offset, "maxOffset": u.end_offset,
                        "maxPhysicOffset": int(u.phy[-1] + u.size[-1]) if len(u.phy) else -1, "files": len(cq.segments)})
+    for t, q in st.batch_queues():
+        bcq = st.batch_queue(t, q)
+        lo, hi, last_phy = bcq.bounds()  # offsets in messages; the broker keeps the last record's start
+        queues.append({"topic": t, "queueId": q, "queueType": "BatchCQ", "minOffset": lo, "maxOffset": hi,
+                       "maxPhysicOffset": last_phy, "files": len(bcq.segments)})
     stop = res.stop
     lock = st.lock_state()
     return {

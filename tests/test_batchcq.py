@@ -255,3 +255,18 @@ def test_truncate_cuts_batch_queues(store_copy, tmp_path):
     got = sorted((o["queueId"], o["phyOffset"]) for o in rows if o.get("queueType") == "BatchCQ")
     assert got == sorted((int(u["file"].split("/")[2]), u["phyOffset"]) for u in bcq_raw() if u["phyOffset"] < cut)
     assert run("verify", root).exit_code == 0
+
+
+def test_batch_topic_offsets_against_batch_queues(store_copy):
+    """A group's committed offsets of a batch topic count messages: they are checked against the batch queues."""
+    root = store_copy(NAME)
+    os.makedirs(root / "config")
+    (root / "config" / "consumerOffset.json").write_text(
+        '{\n\t"offsetTable":{\n\t\t"BatchTopicX@g1":{0:230,1:400\n\t\t}\n\t}\n}')
+    tables = offset_tables()
+    rows = {o["queueId"]: o for o in json_lines(run("dump", "offsets", root, "--json").stdout) if o.get("type") == "offset"}
+    assert (rows[0]["maxOffset"], rows[0]["lagMessages"], rows[0]["code"]) == (tables[f"{TOPIC}-0"], tables[f"{TOPIC}-0"] - 230, None)
+    assert (rows[1]["maxOffset"], rows[1]["code"]) == (tables[f"{TOPIC}-1"], "CO_ABOVE_MAX")
+    s = json.loads(run("dump", "store", root, "--json").stdout.splitlines()[0])
+    assert {(q["topic"], q["queueId"]): q["maxOffset"] for q in s["queues"]} == {
+        tuple(k.rsplit("-", 1)[:1]) + (int(k.rsplit("-", 1)[1]),): v for k, v in tables.items()}

@@ -41,7 +41,7 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
     },
     # Batch consume queues (§9) are read, checked and rebuilt; appends (INNER_BASE assignment) are not written.
     "batch-cq": {READ: {"dump commitlog", "dump index", "dump checkpoint", "index query", "dump consumequeue", "get",
-                        "verify", "stats", "dump config", "diff"},
+                        "verify", "stats", "dump config", "diff", "dump offsets", "dump store"},
                  WRITE: {"rebuild", "recover", "truncate"}},
     # LMQ queues (§14.3): units checked against the records naming them, written by dispatch, kept by
     # recovery and truncation.

@@ -161,10 +161,10 @@ def _per_record(rule, u8, h, topic_of_row, pv, has) -> list:
     return per_record
 
 
-def record_targets(store, recs, rule: MultiDispatchRule | None = None) -> LmqTargets:
-    """The extra units of every record of a verify record table (``verify.records._Records``): ``row`` is
-    the record's index there. Each segment's records are decoded again (headers only, then the two
-    properties located by the compiled scan)."""
+def record_targets(store, recs, rule: MultiDispatchRule | None = None, only: np.ndarray | None = None) -> LmqTargets:
+    """The extra units of every record of a verify record table (``verify.records._Records``; ``only``: of those
+    record indexes): ``row`` is the record's index there. Each segment's records are decoded again (headers
+    only, then the two properties located by the compiled scan)."""
     from formats import fast
 
     rule = rule or MultiDispatchRule(store.config)
@@ -172,8 +172,9 @@ def record_targets(store, recs, rule: MultiDispatchRule | None = None) -> LmqTar
         return LmqTargets.empty()
     segs = store.commitlog.segments.segments
     per_record = []
-    for k in np.unique(recs.seg).tolist():
-        rows = np.flatnonzero(recs.seg == k)
+    pick = np.arange(len(recs), dtype=np.int64) if only is None else np.unique(np.asarray(only, np.int64))
+    for k in np.unique(recs.seg[pick]).tolist():
+        rows = pick[recs.seg[pick] == k]
         seg = segs[k]
         buf = seg.buffer()
         u8 = fast.kernel_view(buf)

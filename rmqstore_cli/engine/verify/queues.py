@@ -8,6 +8,7 @@ import numpy as np
 from formats.extaddr import MAX_ADDR, undecorate
 from formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
+from ..derived.lmq import record_targets
 from ..findings import Finding
 from .records import ERROR, INFO, _Agg, _cq_loc, _Records, _RefClassifier
 
@@ -193,7 +194,7 @@ def check_found_units(cq, scan: _QueueScan, qofs, uphy, usize, utags, ri, recs: 
     for code, mask, text in checks:
         mask = mask & ~bad
         if code in ("CQ_TOPIC", "CQ_QUEUE_ID", "CQ_QUEUE_OFFSET") and mask.any():
-            mask = mask & ~_lmq_match(recs, ri, qofs, topic, mask)
+            mask = mask & ~_lmq_match(recs, ri, qofs, topic, qid, mask)
         for j in np.flatnonzero(mask).tolist():
             r = int(ri[j])
             qo = int(qofs[j])
@@ -232,15 +233,20 @@ def _no_record(agg: _Agg, cq, group, qo: int, phy: int) -> None:
             topic=group[0], queueId=group[1], queueOffset=qo, rank=qo)
 
 
-def _lmq_match(recs: _Records, ri, queue_offsets, topic: str, mask) -> np.ndarray:
-    """Units of a multi-dispatch (LMQ) queue point at other topics' records (§14.3)."""
+def _lmq_match(recs: _Records, ri, queue_offsets, topic: str, qid: int, mask) -> np.ndarray:
+    """Units of a multi-dispatch (LMQ) queue point at other topics' records (§14.3): a unit agrees when its record
+    multi-dispatches to this queue at this offset (derived.lmq's rules; the records' properties decoded once)."""
     out = np.zeros(len(ri), dtype=bool)
-    for k in np.flatnonzero(mask).tolist():
-        p = recs.props(int(ri[k]))
-        names = p.get("INNER_MULTI_DISPATCH", "").split(",")
-        offs = p.get("INNER_MULTI_QUEUE_OFFSET", "").split(",")
-        if topic in names and len(names) == len(offs):
-            out[k] = offs[names.index(topic)] == str(int(queue_offsets[k]))
+    at = np.flatnonzero(mask)
+    if not len(at):
+        return out
+    lt = record_targets(recs.store, recs, None, ri[at])
+    if not len(lt) or topic not in lt.names:
+        return out
+    m = (lt.name == lt.names.index(topic)) & (lt.queue_id == qid)
+    named = set(zip(lt.row[m].tolist(), lt.queue_offset[m].tolist()))
+    for k in at.tolist():
+        out[k] = (int(ri[k]), int(queue_offsets[k])) in named
     return out
 
 
