@@ -50,6 +50,14 @@ class MultiDispatchRule:
         self.lmq_queue_zero = bool(config.enableLmq) if "enableLmq" in explicit else True
 
     @staticmethod
+    def checked(config) -> bool:
+        """Whether checks look for multi-dispatch in every record (verify, recovery's derived check): the setting
+        given, or inferred from %LMQ% queues on disk. Dispatch itself also follows records carrying the offsets
+        when nothing is given; a check that walked every record's properties on every store would cost each
+        classic store a second property scan."""
+        return bool(config.enableMultiDispatch)
+
+    @staticmethod
     def topic_takes_part(topic: str) -> bool:
         """isNeedHandleMultiDispatch's topic exclusions."""
         return not (topic.startswith(RETRY_PREFIX) or topic.startswith(SYSTEM_PREFIX) or topic == SCHEDULE_TOPIC)

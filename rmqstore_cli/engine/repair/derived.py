@@ -96,9 +96,10 @@ class RecordTable:
     def lmq(self):
         """Every record's multi-dispatch units (§14.3), ``row`` = record index."""
         if self._lmq is None:
-            from ..derived.lmq import record_targets
+            from ..derived.lmq import LmqTargets, MultiDispatchRule, record_targets
 
-            self._lmq = record_targets(self.recs.store, self.recs)
+            cfg = self.recs.store.config
+            self._lmq = record_targets(self.recs.store, self.recs) if MultiDispatchRule.checked(cfg) else LmqTargets.empty()
         return self._lmq
 
     def lmq_entries(self, topic: str, qid: int) -> tuple[np.ndarray, np.ndarray]:

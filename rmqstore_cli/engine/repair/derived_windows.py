@@ -88,6 +88,7 @@ class WindowedCheck:
         self.lied = False
         self.invalid_seen = False  # a fed report held an invalid record before the recovered end
         self.multi_dispatch = MultiDispatchRule(planner.cfg)
+        self.lmq_checked = self.multi_dispatch.enabled and MultiDispatchRule.checked(planner.cfg)
 
     @classmethod
     def start(cls, planner) -> "WindowedCheck | None":
@@ -159,7 +160,7 @@ class WindowedCheck:
         if disp.any():
             self.newest_cq = max(self.newest_cq, int(c["storeTimestamp"][disp].max()))
         _collect_tails(t, disp, self.queues, self.tails)
-        if self.multi_dispatch.enabled and n and len(record_targets(self.planner.store, t, self.multi_dispatch)):
+        if self.lmq_checked and n and len(record_targets(self.planner.store, t, self.multi_dispatch)):
             self.lied = True  # records multi-dispatch (§14.3): the whole table decides
             return False
         try:

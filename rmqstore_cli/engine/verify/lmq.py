@@ -5,6 +5,7 @@ whose record names the queue at that offset agrees). This is the other direction
 ``(name, offset)`` a dispatchable record names must have its unit, unless the queue's files were cleaned
 before it (offset below the queue's first file). A missing unit before the consume queues' high-water
 mark is never written again by the broker (its re-dispatch starts after that mark): LMQ_NOT_DISPATCHED.
+Active when multi-dispatch is on (given, or inferred from %LMQ% queues on disk).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class LmqDispatchCheck:
 
     @property
     def active(self) -> bool:
-        return self.rule.enabled
+        return self.rule.enabled and MultiDispatchRule.checked(self.store.config)
 
     def _bounds(self, key):
         got = self.bounds.get(key, False)
@@ -49,7 +50,7 @@ class LmqDispatchCheck:
         return self._disk
 
     def window(self, recs) -> None:
-        if not self.rule.enabled or not len(recs):
+        if not self.active or not len(recs):
             return
         lt = record_targets(self.store, recs, self.rule)
         if not len(lt):
