@@ -270,3 +270,22 @@ def test_batch_topic_offsets_against_batch_queues(store_copy):
     s = json.loads(run("dump", "store", root, "--json").stdout.splitlines()[0])
     assert {(q["topic"], q["queueId"]): q["maxOffset"] for q in s["queues"]} == {
         tuple(k.rsplit("-", 1)[:1]) + (int(k.rsplit("-", 1)[1]),): v for k, v in tables.items()}
+
+
+def test_append_refused_on_batch_store(store_copy):
+    """Appends would need inner batches (INNER_BASE assignment): refused, nothing written."""
+    root = store_copy(NAME)
+    before = tree_digest(root)
+    r = run("append", root, "--topic", TOPIC, "--body", "x")
+    assert r.exit_code == 3 and "batch consume queues" in r.output
+    assert tree_digest(root) == before
+
+
+def test_deleted_batch_queue_recreated_by_recover(store_copy, tmp_path):
+    root = store_copy(NAME)
+    want = derived(root)
+    shutil.rmtree(root / "batchconsumequeue" / TOPIC / "1")
+    plan = plan_of(run("recover", root, "--dry-run", "--json").stdout)
+    assert plan["refusedQueues"] == [] and plan["dataLoss"] == []
+    assert run("recover", root, "--backup-dir", tmp_path / "bk").exit_code == 0
+    assert derived(root) == want

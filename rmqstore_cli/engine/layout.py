@@ -39,7 +39,8 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
                "dump config", "diff"},
         WRITE: set(),
     },
-    # Batch consume queues (§9) are read, checked and rebuilt; appends (INNER_BASE assignment) are not written.
+    # Batch consume queues (§9) are read, checked, rebuilt, recovered and truncated; appends are refused (inner
+    # batches and their INNER_BASE assignment are not written).
     "batch-cq": {READ: {"dump commitlog", "dump index", "dump checkpoint", "index query", "dump consumequeue", "get",
                         "verify", "stats", "dump config", "diff", "dump offsets", "dump store"},
                  WRITE: {"rebuild", "recover", "truncate"}},

@@ -171,7 +171,9 @@ def _check_one(planner, table, bs: BatchQueueState) -> None:
     n = len(units)
     phy = units["phyOffset"].astype(np.int64)
     idx, found = recs.lookup(phy)
-    bad = ~found
+    # units of records in commitlog files already cleaned (before the log's first file) are the broker's, kept
+    expired = ~found & (phy < planner.store.commitlog.min_offset)
+    bad = ~found & ~expired
     code = np.where(bad, "CQ_NO_RECORD", "").astype(object)
     if n and len(recs):
         base, num, unparsable = record_batch_fields(planner.store, recs, np.where(found, idx, 0))
@@ -188,7 +190,7 @@ def _check_one(planner, table, bs: BatchQueueState) -> None:
                 ("CQ_TAGS", ~c["tagsBad"][idx] & (units["tagsCode"] != c["tagsCode"][idx])),
                 ("BCQ_STORE_TIME", units["storeTime"] != c["storeTimestamp"][idx]),
                 ("BCQ_OFFSET_GAP", units["msgBaseOffset"] != prev_end)):
-            new = np.asarray(mask, bool) & ~bad
+            new = np.asarray(mask, bool) & ~bad & (found | (name == "BCQ_OFFSET_GAP"))
             code[new] = name
             bad |= new
     k = int(np.argmax(bad)) if bad.any() else n
