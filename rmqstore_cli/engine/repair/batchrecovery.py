@@ -97,8 +97,8 @@ def cut_batch_queue(planner, bs: BatchQueueState, end: int, why: str) -> None:
     """truncateDirtyFiles(end) on a batch queue's files, plus our zeroed tail."""
     keep = []
     for seg in bs.segments:
-        if seg.start > end or (seg.start == end and seg.start > 0):
-            planner.move_aside(seg.path, f"{why}: file starts at or after the queue's end")
+        if seg.start > end:
+            planner.move_aside(seg.path, f"{why}: file starts after the queue's end")
             continue
         keep.append(seg)
         if seg.start <= end < seg.start + bs.file_size and nonzero_after(seg.path, end - seg.start):
