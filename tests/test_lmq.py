@@ -246,3 +246,20 @@ def test_lmq_group_offsets_audited(store_copy):
     a, b = rows["%LMQ%room1"], rows["%LMQ%room2"]
     assert (a["maxOffset"], a["lagMessages"], a["code"]) == (table["%LMQ%room1-0"], table["%LMQ%room1-0"] - 40, None)
     assert (b["maxOffset"], b["code"], b["skipped"]) == (table["%LMQ%room2-0"], "CO_ABOVE_MAX", 50 - table["%LMQ%room2-0"])
+
+
+def test_own_queue_loss_not_hidden_by_lmq_units(store_copy, tmp_path):
+    """A record that lost its own unit is missing from its queue even when its LMQ units are there."""
+    root = store_copy(NAME)
+    want = files_of(root)
+    _zero_from(root / "consumequeue" / "LmqTopicA" / "0" / ("%020d" % 0), 40)
+    units = broker_read(NAME)["cqUnit"]
+    lost = [u for u in units if (u["topic"], u["queueId"]) == ("LmqTopicA", 0) and u["queueOffset"] >= 40]
+    kept = [u for u in units if not any(u is x for x in lost)]
+    high = max(u["phyOffset"] + u["size"] for u in kept)  # from there the broker re-dispatches at start (lag)
+    r = run("verify", root, "--json", "--config", CONF)
+    (f,) = [o for o in json_lines(r.stdout) if o.get("severity") == "error"]
+    assert (f["code"], f["topic"], f["queueOffset"], f["count"]) == (
+        "CQ_NOT_DISPATCHED", "LmqTopicA", 40, sum(u["phyOffset"] < high for u in lost))
+    assert run("recover", root, "--config", CONF, "--backup-dir", tmp_path / "bk").exit_code == 0
+    assert files_of(root) == want

@@ -24,6 +24,7 @@ from ..findings import Finding
 from .commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_parallel,  # noqa: F401 (public API)
                         as_windows, first_windows, iter_windows, verify_segments, verify_segments_parallel,
                         whole_segments, window_report)
+from ..derived.lmq import is_lmq
 from .batchqueues import BatchQueueCheck
 from .index import _check_checkpoint, _check_index, _check_root
 from .lmq import LmqDispatchCheck, after_furthest_unit, check_lmq_dispatch
@@ -110,9 +111,10 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
             newest = int(ts.max()) if newest is None else max(newest, int(ts.max()))
             _check_delay_properties(recs, findings)
         marks = np.zeros(len(recs), dtype=bool)
+        others = np.zeros(len(recs), dtype=bool)  # found by LMQ units: the records' own units are checked apart
         found_end = None
         for q in queues:
-            end = q.window(w, windows, recs, marks)
+            end = q.window(w, windows, recs, others if is_lmq(q.scan.topic) else marks)
             if end is not None:
                 found_end = end if found_end is None else max(found_end, end)
         for b in batch:

@@ -8,7 +8,7 @@ import numpy as np
 from formats.extaddr import MAX_ADDR, undecorate
 from formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
-from ..derived.lmq import record_targets
+from ..derived.lmq import is_lmq, record_targets
 from ..findings import Finding
 from .records import ERROR, INFO, _Agg, _cq_loc, _Records, _RefClassifier
 
@@ -32,12 +32,14 @@ class DispatchMarks:
         self.found_end_max: int | None = None  # end of the furthest record a unit points at
         self.phy_max: int | None = None  # the furthest unit's offset
 
-    def add(self, phys: np.ndarray, idx: np.ndarray, found: np.ndarray, sizes: np.ndarray) -> None:
-        """One queue's non-filler units: their offsets, record indexes and whether the record was found."""
+    def add(self, phys: np.ndarray, idx: np.ndarray, found: np.ndarray, sizes: np.ndarray, own: bool = True) -> None:
+        """One queue's non-filler units: their offsets, record indexes and whether the record was found. ``own``:
+        the units are their records' own (not an LMQ queue's, which would hide a record's missing own unit)."""
         if not len(phys):
             return
         ri = idx[found]
-        self.has_unit[ri] = True
+        if own:
+            self.has_unit[ri] = True
         self.phy_max = max(self.phy_max if self.phy_max is not None else int(phys[0]), int(phys.max()))
         if len(ri):
             end = int((phys[found] + sizes[ri]).max())
@@ -166,7 +168,7 @@ def _check_unit_block(cq, scan: _QueueScan, qofs, uphy, usize, utags, recs: _Rec
     lost = np.flatnonzero(status == refs.LOST)
     if len(lost):
         scan.pending_lost.append((qofs[real[lost]], phys[lost]))
-    marks.add(phys, idx, status == refs.FOUND, recs.c["size"])
+    marks.add(phys, idx, status == refs.FOUND, recs.c["size"], own=not is_lmq(scan.topic))
     for j in np.flatnonzero(status == refs.MISSING).tolist():
         _no_record(agg, cq, group, int(qofs[real[j]]), int(phys[j]))
     ok = np.flatnonzero(status == refs.FOUND)
