@@ -263,3 +263,16 @@ def test_own_queue_loss_not_hidden_by_lmq_units(store_copy, tmp_path):
         "CQ_NOT_DISPATCHED", "LmqTopicA", 40, sum(u["phyOffset"] < high for u in lost))
     assert run("recover", root, "--config", CONF, "--backup-dir", tmp_path / "bk").exit_code == 0
     assert files_of(root) == want
+
+
+def test_settings_inferred_from_lmq_queues(tmp_path):
+    from rmqstore_cli.engine.config.storeconfig import infer_geometry
+
+    for qid, lmq_on in (("0", True), ("3", False)):  # without enableLmq, LMQ queues keep the record's queue id
+        root = tmp_path / qid
+        os.makedirs(root / "consumequeue" / "%LMQ%x" / qid)
+        cfg = infer_geometry(StoreConfig(version=5), str(root))
+        assert (cfg.enableMultiDispatch, cfg.enableLmq) == (True, lmq_on)
+        assert MultiDispatchRule(cfg).targets("T", 3, "%LMQ%x", "7") == [("%LMQ%x", 0 if lmq_on else 3, 7)]
+    cfg = infer_geometry(StoreConfig(version=5), str(tmp_path / "none"))
+    assert (cfg.enableMultiDispatch, cfg.enableLmq) == (False, False)

@@ -152,11 +152,15 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
         if sizes:
             cfg.mappedFileSizeConsumeQueue = max(sizes)
             cfg.inferred["mappedFileSizeConsumeQueue"] = "size of the consume queue files"
-    if os.path.isdir(cq_root) and any(t.startswith("%LMQ%") for t in _listdir(cq_root)):
-        for key in ("enableLmq", "enableMultiDispatch"):  # the broker that wrote LMQ queues had both on
+    lmq = [t for t in _listdir(cq_root) if t.startswith("%LMQ%")] if os.path.isdir(cq_root) else []
+    if lmq:
+        # the broker that wrote LMQ queues multi-dispatched; with enableLmq every LMQ queue is queue 0, without it
+        # they take the record's own queue id
+        qids = {q for t in lmq for q in _listdir(os.path.join(cq_root, t))}
+        for key, value in (("enableMultiDispatch", True), ("enableLmq", qids <= {"0"})):
             if key not in cfg.explicit:
-                setattr(cfg, key, True)
-                cfg.inferred[key] = "consumequeue/ holds %LMQ% queues"
+                setattr(cfg, key, value)
+                cfg.inferred[key] = "consumequeue/ holds %LMQ% queues" + ("" if value else " outside queue 0")
     ext_root = os.path.join(root, "consumequeue_ext")
     if "enableConsumeQueueExt" not in cfg.explicit and os.path.isdir(ext_root) and _listdir(ext_root):
         cfg.enableConsumeQueueExt = True

@@ -47,7 +47,8 @@ class MultiDispatchRule:
     def __init__(self, config):
         explicit = getattr(config, "explicit", set())
         self.enabled = bool(config.enableMultiDispatch) if "enableMultiDispatch" in explicit else True
-        self.lmq_queue_zero = bool(config.enableLmq) if "enableLmq" in explicit else True
+        known = explicit | set(getattr(config, "inferred", {}))
+        self.lmq_queue_zero = bool(config.enableLmq) if "enableLmq" in known else True
 
     @staticmethod
     def checked(config) -> bool:
