@@ -45,8 +45,10 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
                         "verify", "stats", "dump config", "diff", "dump offsets", "dump store"},
                  WRITE: {"rebuild", "recover", "truncate"}},
     # LMQ queues (§14.3): units checked against the records naming them, written by dispatch, kept by
-    # recovery and truncation.
-    "lmq": {READ: {"*"}, WRITE: {"append", "offsets set", "repair config", "rebuild", "recover", "truncate"}},
+    # recovery and truncation. The Spark jobs join units to records without the multi-dispatch rules.
+    "lmq": {READ: {"dump commitlog", "dump consumequeue", "dump cqext", "dump index", "dump checkpoint", "dump store",
+                   "dump offsets", "dump config", "index query", "get", "verify", "stats", "diff"},
+            WRITE: {"append", "offsets set", "repair config", "rebuild", "recover", "truncate"}},
     # Reads ignore the timer store (they do not misreport the rest); writes that cut or re-dispatch
     # the commitlog would leave timer units pointing at nothing.
     "timer": {READ: {"*"}, WRITE: {"append", "rebuild index", "offsets set", "repair config"}},
