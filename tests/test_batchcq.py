@@ -289,3 +289,43 @@ def test_deleted_batch_queue_recreated_by_recover(store_copy, tmp_path):
     assert plan["refusedQueues"] == [] and plan["dataLoss"] == []
     assert run("recover", root, "--backup-dir", tmp_path / "bk").exit_code == 0
     assert derived(root) == want
+
+
+@pytest.mark.parametrize("damage", ["tail", "deleted", "abort", "lost_log_tail", "none"])
+def test_windowed_batch_check_plans_as_the_whole_table(store_copy, damage, monkeypatch):
+    """The batch queues' check window by window gives the plan the whole-record-table check gives."""
+    from rmqstore_cli.engine.repair import batchrecovery
+    from rmqstore_cli.engine.repair.recovery import plan_recovery
+    from rmqstore_cli.engine.store import Store
+
+    root = store_copy(NAME)
+    if damage in ("tail", "abort"):
+        p = _unit_path(root, 1)
+        d = bytearray(p.read_bytes())
+        d[20 * 46:] = bytes(len(d) - 20 * 46)
+        p.write_bytes(bytes(d))
+        os.remove(_unit_path(root, 1, 2300))
+        if damage == "abort":
+            (root / "abort").write_bytes(b"")
+    elif damage == "deleted":
+        shutil.rmtree(root / "batchconsumequeue" / TOPIC / "0")
+    elif damage == "lost_log_tail":
+        cut = sorted(m["offset"] for m in broker_read(NAME)["clmsg"])[-3]
+        seg = max(int(n) for n in os.listdir(root / "commitlog"))
+        p = root / "commitlog" / ("%020d" % seg)
+        d = bytearray(p.read_bytes())
+        d[cut - seg:] = bytes(len(d) - (cut - seg))
+        p.write_bytes(bytes(d))
+
+    def plan():
+        with Store.open(str(root)) as st:
+            p = plan_recovery(st)
+            return [a.__dict__ for a in p.actions], p.notes, p.dispatch, p.summary, p.refused_queues
+
+    used = []
+    windowed = batchrecovery._windowed
+    monkeypatch.setattr(batchrecovery, "_windowed", lambda planner: used.append(windowed(planner)) or used[-1])
+    first = plan()
+    assert used == [True]  # the windowed check decided
+    monkeypatch.setattr(batchrecovery, "_windowed", lambda planner: False)
+    assert plan() == first

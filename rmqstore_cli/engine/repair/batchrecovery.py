@@ -142,8 +142,11 @@ def _position_of(bs: BatchQueueState, k: int) -> int:
 
 
 def check_batch_queues(planner) -> None:
-    """Every batch queue's kept units against the records of the recovered log; cut at the first that disagrees."""
+    """Every batch queue's kept units against the records of the recovered log; cut at the first that disagrees.
+    Window by window while every unit agrees (the usual case); the whole record table decides otherwise."""
     if not planner.bqueues and not planner.store.batch_topics():
+        return
+    if _windowed(planner):
         return
     table = planner.record_table
     recs = table.recs
@@ -164,19 +167,17 @@ def check_batch_queues(planner) -> None:
         _check_one(planner, table, bs)
 
 
-def _check_one(planner, table, bs: BatchQueueState) -> None:
-    recs = table.recs
+def _unit_codes(store, recs, bs: BatchQueueState, units: np.ndarray, idx: np.ndarray, found: np.ndarray) -> tuple:
+    """(bad, code) per unit: verify's checks of each unit against the record it points at (``idx``, ``found``:
+    recs.lookup of its phyOffset) and against the unit before it. Units of records in commitlog files already
+    cleaned (before the log's first file) are the broker's and kept."""
     c = recs.c
-    units, _ = bs.units()
-    n = len(units)
     phy = units["phyOffset"].astype(np.int64)
-    idx, found = recs.lookup(phy)
-    # units of records in commitlog files already cleaned (before the log's first file) are the broker's, kept
-    expired = ~found & (phy < planner.store.commitlog.min_offset)
+    expired = ~found & (phy < store.commitlog.min_offset)
     bad = ~found & ~expired
     code = np.where(bad, "CQ_NO_RECORD", "").astype(object)
-    if n and len(recs):
-        base, num, unparsable = record_batch_fields(planner.store, recs, np.where(found, idx, 0))
+    if len(units) and len(recs):
+        base, num, unparsable = record_batch_fields(store, recs, np.where(found, idx, 0))
         tran = c["sysFlag"][idx] & 0xC
         prev_end = np.concatenate([[units["msgBaseOffset"][0]], (units["msgBaseOffset"] + units["batchSize"])[:-1]])
         for name, mask in (
@@ -193,20 +194,41 @@ def _check_one(planner, table, bs: BatchQueueState) -> None:
             new = np.asarray(mask, bool) & ~bad & (found | (name == "BCQ_OFFSET_GAP"))
             code[new] = name
             bad |= new
-    k = int(np.argmax(bad)) if bad.any() else n
-    cut_offset = (int(units["msgBaseOffset"][k - 1]) + int(units["batchSize"][k - 1])) if k else None
-    # the queue's records in log order with the queue offsets they cover
+    return bad, code
+
+
+def _queue_records(store, recs, bs: BatchQueueState) -> tuple:
+    """(phy, msgBaseOffset, batchSize) in log order of the queue's dispatchable records whose batch fields parse."""
+    c = recs.c
     tid = recs.topic_ids.get(bs.topic, -2)
     tran = c["sysFlag"] & 0xC
     mine = np.flatnonzero((c["topic"] == tid) & (c["queueId"] == bs.queue_id)
                           & ((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)))
-    rbase, rnum, rbad = record_batch_fields(planner.store, recs, mine)
-    mine, rbase, rnum = mine[~rbad], rbase[~rbad], rnum[~rbad]
+    rbase, rnum, rbad = record_batch_fields(store, recs, mine)
+    return recs.phy[mine][~rbad], rbase[~rbad], rnum[~rbad]
+
+
+def _check_one(planner, table, bs: BatchQueueState) -> None:
+    recs = table.recs
+    units, _ = bs.units()
+    idx, found = recs.lookup(units["phyOffset"].astype(np.int64))
+    bad, code = _unit_codes(planner.store, recs, bs, units, idx, found)
+    _decide(planner, bs, units, bad, code, *_queue_records(planner.store, recs, bs))
+
+
+def _decide(planner, bs: BatchQueueState, units, bad, code, rphy, rbase, rnum) -> None:
+    """The queue's verdict from its units' checks (``bad``, ``code``) and its records (log order; at least those
+    covering offsets from the queue's end on): where it is cut, from which record it is re-dispatched."""
+    n = len(units)
+    phy = units["phyOffset"].astype(np.int64)
+    k = int(np.argmax(bad)) if bad.any() else n
+    cut_offset = (int(units["msgBaseOffset"][k - 1]) + int(units["batchSize"][k - 1])) if k else None
     if cut_offset is None:  # nothing kept: the queue starts at its first unit's offset, or its first record's
         cut_offset = int(units["msgBaseOffset"][0]) if n and not bad[0] else (int(rbase.min()) if len(rbase) else 0)
     last_phy = int(phy[k - 1]) if k else -1
     after = rbase >= cut_offset
-    mine, rbase, rnum = mine[after], rbase[after], rnum[after]
+    rphy, rbase, rnum = rphy[after], rbase[after], rnum[after]
+    mine = rphy
     if k == n and not len(mine):
         return
     # what a strict re-dispatch writes: from the record continuing the queue, each next one that continues it
@@ -214,9 +236,9 @@ def _check_one(planner, table, bs: BatchQueueState) -> None:
     redispatch, until = None, cut_offset
     if len(at):
         j = int(at[0])
-        redispatch = int(recs.phy[mine[j]])
+        redispatch = int(rphy[j])
         expect = cut_offset
-        for b, m, p in zip(rbase[j:].tolist(), rnum[j:].tolist(), recs.phy[mine[j:]].tolist()):
+        for b, m, p in zip(rbase[j:].tolist(), rnum[j:].tolist(), rphy[j:].tolist()):
             if b != expect or p <= last_phy:
                 break
             expect = b + m
@@ -282,3 +304,66 @@ def batch_summary(planner, bstate: dict) -> list:
 def _file_units(seg, file_size: int) -> np.ndarray:
     n = min(seg.size, file_size) // BCQ_UNIT_SIZE
     return np.frombuffer(seg.buffer(), dtype=BCQ_DTYPE, count=n) if n > 0 else np.zeros(0, BCQ_DTYPE)
+
+
+def _windowed(planner) -> bool:
+    """:func:`check_batch_queues` one commitlog window at a time (verify's windows, CRC not checked, as the record
+    table reads them): each window's units checked against its records, and of each queue only its records from its
+    end on kept. False (nothing decided) as soon as a unit disagrees or points outside the log: then the whole table
+    says where to cut."""
+    from .derived_windows import _window_bounds, _window_tables
+
+    store, end = planner.store, planner.end
+    cl = store.commitlog
+    segs = [seg for seg in cl.segments.segments if seg.start < end]
+    if any(a.start + a.size > b.start for a, b in zip(segs, segs[1:])):
+        return False
+    states = {}
+    for key, bs in planner.bqueues.items():
+        units, _ = bs.units()
+        phy = units["phyOffset"].astype(np.int64)
+        if len(units) > 1 and (units["msgBaseOffset"][1:] != (units["msgBaseOffset"] + units["batchSize"])[:-1]).any():
+            return False  # BCQ_OFFSET_GAP
+        states[key] = (bs, units, phy, phy < cl.min_offset)  # last: unit accounted for (found, or its file cleaned)
+    batch_topics = store.batch_topics()
+    tails: dict = {}  # key -> [(phy, msgBaseOffset, batchSize) arrays] of records from the queue's end on
+    limits = np.asarray([min(seg.start + seg.size, end) for seg in segs], np.int64)
+    for _, lo, hi, t in _window_tables(store, segs, _window_bounds(cl, segs), limits, end):
+        for key, (bs, units, phy, seen) in states.items():
+            sel = np.flatnonzero((phy >= lo) & (phy < hi) & ~seen)
+            if not len(sel):
+                continue
+            idx, found = t.lookup(phy[sel])
+            if not found.all():
+                return False
+            bad, code = _unit_codes(store, t, bs, units[sel], idx, found)
+            if (bad & (code != "BCQ_OFFSET_GAP")).any():  # continuity was checked on the whole queue above
+                return False
+            seen[sel] = True
+        c = t.c
+        tran = c["sysFlag"] & 0xC
+        ids = [i for name, i in t.topic_ids.items() if name in batch_topics]
+        rows = np.flatnonzero(np.isin(c["topic"], ids) & ((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)))
+        if not len(rows):
+            continue
+        base, num, unparsable = record_batch_fields(store, t, rows)
+        rows, base, num = rows[~unparsable], base[~unparsable], num[~unparsable]
+        key_of = [(t.topics[int(c["topic"][r])], int(c["queueId"][r])) for r in rows.tolist()]
+        for key in set(key_of):
+            m = np.asarray([k == key for k in key_of])
+            st = states.get(key)
+            if st is not None and st[0].max_offset is not None:
+                m &= base >= st[0].max_offset
+            if m.any():
+                tails.setdefault(key, []).append((t.phy[rows[m]], base[m], num[m]))
+    if any(not st[3].all() for st in states.values()):
+        return False  # a unit points past the records of the recovered log
+    for key in sorted(set(states) | set(tails)):
+        st = states.get(key)
+        bs = st[0] if st is not None else planner.bqueues.setdefault(
+            key, BatchQueueState(key[0], key[1], [], planner.cfg.mapperFileSizeBatchConsumeQueue))
+        units = st[1] if st is not None else np.zeros(0, BCQ_DTYPE)
+        parts = tails.get(key, [])
+        cat = (lambda j: np.concatenate([p[j] for p in parts]) if parts else np.zeros(0, np.int64))  # noqa: E731
+        _decide(planner, bs, units, np.zeros(len(units), bool), np.zeros(len(units), object), cat(0), cat(1), cat(2))
+    return True

@@ -93,8 +93,8 @@ class WindowedCheck:
     @classmethod
     def start(cls, planner) -> "WindowedCheck | None":
         store, end = planner.store, planner.end
-        if planner.cfg.enableConsumeQueueExt or getattr(planner, "bqueues", None) or store.batch_topics():
-            return None  # ext units and batch queues: the whole table decides
+        if planner.cfg.enableConsumeQueueExt:
+            return None  # ext units: the whole table decides
         cl = store.commitlog
         segs = [s for s in cl.segments.segments if s.start < end]
         if any(a.start + a.size > b.start for a, b in zip(segs, segs[1:])):
@@ -266,8 +266,11 @@ def _collect_lmq_tails(t, disp: np.ndarray, lt, queues: dict, tails: dict) -> di
 def _verdicts(planner, queues: dict, tails: dict) -> dict:
     out = {}
     cat = lambda parts, j: np.concatenate([p[j] for p in parts]) if parts else np.zeros(0, np.int64)  # noqa: E731
+    batch = planner.store.batch_topics()
     for key in sorted(set(planner.queues) | set(tails)):
         t, q = key
+        if t in batch and key not in planner.queues:
+            continue  # a batch queue's records: batchrecovery.py
         parts = tails.get(key, [])
         phy, size, qo = cat(parts, 0), cat(parts, 1), cat(parts, 2)
         if len(phy) > 1 and (np.diff(phy) < 0).any():  # a queue fed by its own records and by multi-dispatch
