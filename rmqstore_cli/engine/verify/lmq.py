@@ -10,8 +10,6 @@ Active when multi-dispatch is on (given, or inferred from %LMQ% queues on disk).
 
 from __future__ import annotations
 
-import numpy as np
-
 from formats.records import TRANSACTION_COMMIT, TRANSACTION_NOT
 
 from ..derived.lmq import LmqTargets, MultiDispatchRule, record_targets
