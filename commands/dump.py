@@ -181,7 +181,7 @@ def _stop_text(stop) -> str:
 
 
 CQ_COLUMNS = [("topic", "topic"), ("queueId", "q"), ("queueOffset", "qoff"), ("phyOffset", "phyOffset"), ("size", "size"),
-              ("tagsCode", "tagsCode"), ("ext", "ext")]
+              ("tagsCode", "tagsCode"), ("ext", "ext"), ("batchSize", "batch")]
 
 
 @dump_app.command("consumequeue")
@@ -204,7 +204,8 @@ def dump_consumequeue(
     json_: bool = JsonOpt,
     geometry: Geometry = None,
 ):
-    """Consume queue units (phyOffset, size, tagsCode; the ext unit when tagsCode is an ext address)."""
+    """Consume queue units (phyOffset, size, tagsCode; the ext unit when tagsCode is an ext address), then the
+    batch consume queues' units (batchconsumequeue/: queueOffset = msgBaseOffset, batchSize, storeTime)."""
     _check_body(body)
     since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
     st = open_store(store, geometry, command="dump consumequeue")
@@ -238,12 +239,42 @@ def _backlog_starts(st, group: str, topic, queue) -> dict[tuple[str, int], int]:
     return starts
 
 
-def _queues(st, topic, queue, dirname="consumequeue"):
+def _queues(st, topic, queue, dirname="consumequeue", also_batch: bool = False):
     queues = st.queues() if dirname == "consumequeue" else st.ext_queues()
     sel = [(t, q) for t, q in queues if (topic is None or t == topic) and (queue is None or q == queue)]
-    if not sel and (topic is not None or queue is not None):
+    batch = [(t, q) for t, q in st.batch_queues() if (topic is None or t == topic) and (queue is None or q == queue)] \
+        if also_batch else []
+    if not sel and not batch and (topic is not None or queue is not None):
         raise NotFoundError(f"no {dirname} directory for topic {topic!r} queue {queue}")
-    return sel
+    return (sel, batch) if also_batch else sel
+
+
+def _bcq_rows(st, queues, from_, to, with_msg: bool, body: str, since=None, until=None):
+    """Batch consume queue units (§9): queueOffset is the unit's msgBaseOffset; the unit covers batchSize offsets."""
+    for t, q in queues:
+        u = st.batch_queue(t, q).units()
+        keep = np.ones(len(u), dtype=bool)
+        end = u["msgBaseOffset"].astype(np.int64) + u["batchSize"]
+        if from_ is not None:
+            keep &= end > from_
+        if to is not None:
+            keep &= u["msgBaseOffset"] < to
+        if since is not None:
+            keep &= u["storeTime"] >= since
+        if until is not None:
+            keep &= u["storeTime"] <= until
+        for r in u[keep].tolist():
+            phy, size, tags, store_time, base, batch, compacted, reserved = r
+            row = {"topic": t, "queueId": q, "queueOffset": base, "phyOffset": phy, "size": size, "tagsCode": tags,
+                   "queueType": "BatchCQ", "batchSize": batch, "storeTime": store_time, "compactedOffset": compacted,
+                   "reserved": reserved}
+            if with_msg:
+                try:
+                    row["msg"] = render_body(st.commitlog.read(phy, with_body=body != "none"), body)
+                except RecordError as e:
+                    row["msg"] = None
+                    row["msgError"] = str(e)
+            yield row
 
 
 def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None, until=None, starts=None):
@@ -258,7 +289,11 @@ def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None,
     if timed:
         res = st.commitlog.find_end(check_crc=False)
         max_phy = res.stop.offset if res.stop else 0
-    for t, q in _queues(st, topic, queue) if starts is None else sorted(starts):
+    if starts is None:
+        queues, batch = _queues(st, topic, queue, also_batch=True)
+    else:  # a group's backlog: the file queues it has committed offsets for
+        queues, batch = sorted(starts), []
+    for t, q in queues:
         u = st.queue(t, q).units()
         first = from_ if starts is None else max(starts[(t, q)], from_ or 0)
         lo = 0 if first is None else int(np.searchsorted(u.queue_offsets, first))
@@ -282,6 +317,7 @@ def _cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None,
                     row["msg"] = None
                     row["msgError"] = str(e)
             yield row
+    yield from _bcq_rows(st, batch, from_, to, with_msg, body, since, until)
 
 
 def _rocksdb_cq_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None, until=None, starts=None):
@@ -478,6 +514,11 @@ def _store_summary(st, res) -> dict:
         u = cq.units()
         queues.append({"topic": t, "queueId": q, "minOffset": u.min_offset, "maxOffset": u.end_offset,
                        "maxPhysicOffset": int(u.phy[-1] + u.size[-1]) if len(u.phy) else -1, "files": len(cq.segments)})
+    for t, q in st.batch_queues():
+        bcq = st.batch_queue(t, q)
+        lo, hi, last_phy = bcq.bounds()  # offsets in messages; the broker keeps the last record's start
+        queues.append({"topic": t, "queueId": q, "queueType": "BatchCQ", "minOffset": lo, "maxOffset": hi,
+                       "maxPhysicOffset": last_phy, "files": len(bcq.segments)})
     stop = res.stop
     lock = st.lock_state()
     extra = {}

@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 
 from rmqstore_cli.formats.fastjson import to_standard
-from rmqstore_cli.engine.config.files import CONFIG_FILES, config_findings, read_config
+from rmqstore_cli.engine.config.files import (CONFIG_FILES, LMQ_CONSUMER_OFFSETS, config_findings, read_config,
+                                             read_config_file)
 from rmqstore_cli.engine.errors import EXIT_CLEAN, EXIT_FINDINGS, UsageError
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
@@ -54,7 +55,8 @@ def dump_offsets(
     json_: bool = JsonOpt,
     geometry: Geometry = None,
 ):
-    """Committed offsets (consumerOffset.json) and delay offsets (delayOffset.json) against the consume queues.
+    """Committed offsets (consumerOffset.json, and lmqConsumerOffset.json for LMQ groups) and delay offsets
+    (delayOffset.json) against the consume queues (batch queues in messages).
 
     Per group/topic/queue: the offset, the queue's min/max, lag in messages and bytes, and what the group's
     next pull does (nothing / move to min / move to max / reset to 0). Exit 1 if a config file is damaged.
@@ -64,6 +66,7 @@ def dump_offsets(
     st = open_store(store, geometry, command="dump offsets")
     with st:
         files = read_config(st.root)
+        files[LMQ_CONSUMER_OFFSETS] = read_config_file(st.root, LMQ_CONSUMER_OFFSETS)
         audit = audit_offsets(st, files)
     found = config_findings(files)
     rows = [r for r in audit.rows if (group is None or r["group"] == group) and (topic is None or r["topic"] == topic)]

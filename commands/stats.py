@@ -15,7 +15,8 @@ from .output import Output, handle_errors, iso_ms, stdout
 from .offsets_cmd import print_offsets_audit
 
 QUEUE_COLUMNS = [
-    ("topic", "topic"), ("queueId", "q"), ("count", "msgs"), ("bytes", "bytes"), ("minQueueOffset", "min qoff"),
+    ("topic", "topic"), ("queueId", "q"), ("count", "records"), ("messages", "msgs"), ("bytes", "bytes"),
+    ("minQueueOffset", "min qoff"),
     ("maxQueueOffset", "max qoff"), ("first", "first store time"), ("last", "last store time"),
     ("retry%", "retry%"), ("dlq%", "dlq%"), ("scheduled%", "sched%"), ("transactional%", "tx%"),
 ]
@@ -23,6 +24,8 @@ INDEX_COLUMNS = [("name", "index file"), ("entries", "entries"), ("fullness%", "
                  ("slot%", "slot%"), ("begin", "begin"), ("end", "end")]
 LAG_COLUMNS = [("topic", "topic"), ("queueId", "q"), ("cqMaxOffset", "cq max"),
                ("commitlogMaxQueueOffset", "commitlog max"), ("lagMessages", "lag")]
+LMQ_COLUMNS = [("topic", "LMQ queue"), ("queueId", "q"), ("cqMinOffset", "min"), ("cqMaxOffset", "max"),
+               ("cqMaxPhysicOffset", "max physic offset")]
 BAR = 40
 
 
@@ -63,7 +66,8 @@ def stats(
         return
     cl = s["commitlog"]
     out.kv({
-        "records": s["records"], "bytes": s["bytes"], "topics": s["topics"], "queues": len(s["queues"]),
+        "records": s["records"], "messages (inner batches counted whole)": s["messages"], "bytes": s["bytes"],
+        "topics": s["topics"], "queues": len(s["queues"]), "LMQ queues": len(s.get("lmqQueues", [])),
         "first store time": _ts(s["firstStoreTimestamp"]), "last store time": _ts(s["lastStoreTimestamp"]),
         "commitlog": f"{cl['files']} files of {cl['fileSize']} B, offsets {cl['minOffset']}..{cl['maxOffset']} "
                      f"(ends: {cl['stop']})",
@@ -76,6 +80,8 @@ def stats(
     out.table([dict(r, **{"fullness%": _pct(r["fullness"]), "slot%": _pct(r["slotFullness"]),
                           "begin": _ts(r["beginTimestamp"]), "end": _ts(r["endTimestamp"])}) for r in s["index"]],
               INDEX_COLUMNS, title="index files")
+    if s.get("lmqQueues"):
+        out.table(s["lmqQueues"], LMQ_COLUMNS, title="LMQ queues (multi-dispatch: units of other topics' records)")
     lagging = [r for r in s["consumeQueueLag"] if r["lagMessages"]]
     if lagging:
         out.table(lagging, LAG_COLUMNS, title="consume queues behind the commitlog")

@@ -98,6 +98,23 @@ CQ_UNIT = Struct(*[name / ctype for name, ctype in CQ_UNIT_FIELDS])
 CQ_UNIT_SIZE = CQ_UNIT.sizeof()  # 20
 CQ_FILLER = (0, 0x7FFFFFFF, 0)  # pre-blank filling unit (§7.3)
 
+# --- batch consume queue unit (§9.2) -------------------------------------------
+
+BCQ_UNIT_FIELDS = (
+    ("phyOffset", Int64sb),
+    ("size", Int32sb),
+    ("tagsCode", Int64sb),
+    ("storeTime", Int64sb),
+    ("msgBaseOffset", Int64sb),
+    ("batchSize", Int16sb),
+    ("compactedOffset", Int32sb),  # written as INVALID_POS (-1)
+    ("reserved", Int32sb),  # written as 0
+)
+BCQ_UNIT = Struct(*[name / ctype for name, ctype in BCQ_UNIT_FIELDS])
+BCQ_UNIT_SIZE = BCQ_UNIT.sizeof()  # 46
+BCQ_INVALID_POS = -1
+DEFAULT_BCQ_FILE_SIZE = 300_000 * BCQ_UNIT_SIZE  # mapperFileSizeBatchConsumeQueue
+
 # --- consume queue ext unit (§8.1) ---------------------------------------------
 
 CQEXT_HEADER_FIELDS = (

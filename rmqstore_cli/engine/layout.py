@@ -46,12 +46,16 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
                "dump consumequeue", "get", "dump offsets", "stats", "verify", "dump store", "salvage --jsonl"},
         WRITE: set(),
     },
-    "batch-cq": {READ: {"dump commitlog", "dump index", "dump checkpoint", "index query",
-                        "dump config", "diff"},
-                 WRITE: set()},
-    # Reads of LMQ stores are right (the units are checked against their records); writes would
-    # take the LMQ queues apart.
-    "lmq": {READ: {"*"}, WRITE: {"append", "offsets set", "repair config"}},
+    # Batch consume queues (§9) are read, checked, rebuilt, recovered and truncated; appends are refused (inner
+    # batches and their INNER_BASE assignment are not written).
+    "batch-cq": {READ: {"dump commitlog", "dump index", "dump checkpoint", "index query", "dump consumequeue", "get",
+                        "verify", "stats", "dump config", "diff", "dump offsets", "dump store"},
+                 WRITE: {"rebuild", "recover", "truncate"}},
+    # LMQ queues (§14.3): units checked against the records naming them, written by dispatch, kept by
+    # recovery and truncation. The Spark jobs join units to records without the multi-dispatch rules.
+    "lmq": {READ: {"dump commitlog", "dump consumequeue", "dump cqext", "dump index", "dump checkpoint", "dump store",
+                   "dump offsets", "dump config", "index query", "get", "verify", "stats", "diff"},
+            WRITE: {"append", "offsets set", "repair config", "rebuild", "recover", "truncate"}},
     # Reads ignore the timer store (they do not misreport the rest); writes that cut or re-dispatch
     # the commitlog would leave timer units pointing at nothing.
     "timer": {READ: {"*"}, WRITE: {"append", "rebuild index", "offsets set", "repair config"}},

@@ -76,6 +76,8 @@ class Store:
         self._index: IndexService | None = None
         self._queues: dict[tuple[str, int], ConsumeQueue | RocksDBConsumeQueue] = {}
         self._exts: dict[tuple[str, int], ConsumeQueueExt] = {}
+        self._bcqs: dict = {}
+        self._batch_topics: set | None = None
         self._layout: Layout | None = None
         self._rocksdb: RocksDBConsumeQueueStore | None = None
 
@@ -162,6 +164,29 @@ class Store:
         if key not in self._exts:
             self._exts[key] = ConsumeQueueExt(self.root, topic, queue_id, self.config)
         return self._exts[key]
+
+    def batch_queues(self) -> list[tuple[str, int]]:
+        """(topic, queueId) of every ``batchconsumequeue/`` queue (§9)."""
+        from .derived.batchcq import list_batch_queues
+
+        return list_batch_queues(self.root)
+
+    def batch_queue(self, topic: str, queue_id: int):
+        from .derived.batchcq import BatchConsumeQueue
+
+        key = (topic, queue_id)
+        got = self._bcqs.get(key)
+        if got is None:
+            got = self._bcqs[key] = BatchConsumeQueue(self.root, topic, queue_id, self.config)
+        return got
+
+    def batch_topics(self) -> set[str]:
+        """Topics dispatched into batch consume queues (folders under batchconsumequeue/, topics.json)."""
+        if self._batch_topics is None:
+            from .derived.batchcq import batch_topics
+
+            self._batch_topics = batch_topics(self)
+        return self._batch_topics
 
     def ext_queues(self) -> list[tuple[str, int]]:
         return list_queues(self.root, "consumequeue_ext")

@@ -162,7 +162,7 @@ def stats(spark, root: str, *, overrides: dict | None = None, config_file: str |
           split: int | None = None) -> dict:
     """The ``stats`` report of one store, its commitlog aggregated on the executors."""
     from rmqstore_cli.formats import fast
-    from rmqstore_cli.engine.query.stats import StatsAccumulator, index_stats, queue_lag
+    from rmqstore_cli.engine.query.stats import StatsAccumulator, index_stats, lmq_queues, queue_lag
     from rmqstore_cli.engine.store import Store
 
     from .datasource import DEFAULT_SPLIT, group_ranges, plan_segment
@@ -197,6 +197,7 @@ def stats(spark, root: str, *, overrides: dict | None = None, config_file: str |
         }
         out["index"] = index_stats(st)
         out["consumeQueueLag"] = queue_lag(st, out["queues"])
+        out["lmqQueues"] = lmq_queues(st)
         return out
     finally:
         st.close()

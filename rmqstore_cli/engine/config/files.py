@@ -24,13 +24,17 @@ CONSUMER_OFFSETS = "consumerOffset.json"
 DELAY_OFFSETS = "delayOffset.json"
 TOPICS = "topics.json"
 GROUPS = "subscriptionGroup.json"
+# LmqConsumerOffsetManager (5.x, LMQ groups): lmqOffsetTable {"<lmq queue>@<lmq group>": offset} (queue id 0);
+# read by the offsets audit, not (yet) repaired by `repair config`
+LMQ_CONSUMER_OFFSETS = "lmqConsumerOffset.json"
 CONFIG_FILES = (CONSUMER_OFFSETS, DELAY_OFFSETS, TOPICS, GROUPS)
 MANAGER = {CONSUMER_OFFSETS: "ConsumerOffsetManager", DELAY_OFFSETS: "ScheduleMessageService",
-           TOPICS: "TopicConfigManager", GROUPS: "SubscriptionGroupManager"}
+           TOPICS: "TopicConfigManager", GROUPS: "SubscriptionGroupManager", LMQ_CONSUMER_OFFSETS: "LmqConsumerOffsetManager"}
 TABLE = {CONSUMER_OFFSETS: "offsetTable", DELAY_OFFSETS: "offsetTable", TOPICS: "topicConfigTable",
-         GROUPS: "subscriptionGroupTable"}
+         GROUPS: "subscriptionGroupTable", LMQ_CONSUMER_OFFSETS: "lmqOffsetTable"}
 WHAT = {CONSUMER_OFFSETS: "every consumer group's committed offsets", DELAY_OFFSETS: "the delay levels' progress",
-        TOPICS: "the topic table", GROUPS: "the subscription groups"}
+        TOPICS: "the topic table", GROUPS: "the subscription groups",
+        LMQ_CONSUMER_OFFSETS: "the LMQ groups' committed offsets"}
 TOPIC_GROUP_SEPARATOR = "@"  # ConsumerOffsetManager.TOPIC_GROUP_SEPARATOR
 
 
@@ -54,6 +58,9 @@ def shape_problem(name: str, value) -> str | None:
             for q, off in v.items():
                 if as_long(q) is None or as_long(off) is None and off is not None:
                     return f"{TABLE[name]}[{k!r}] has a non-numeric queue id or offset ({q!r}: {off!r})"
+        elif name == LMQ_CONSUMER_OFFSETS:
+            if not isinstance(k, str) or (as_long(v) is None and v is not None):
+                return f"lmqOffsetTable has a non-numeric offset ({k!r}: {v!r})"
         elif name == DELAY_OFFSETS:
             if as_long(k) is None or (as_long(v) is None and v is not None):
                 return f"offsetTable has a non-numeric delay level or offset ({k!r}: {v!r})"
@@ -286,6 +293,19 @@ def consumer_offsets(cf: ConfigFile) -> list[OffsetEntry]:
                 continue
             out.append(OffsetEntry(key, topic, group, suffix, qi, oi))
     out.sort(key=lambda e: (e.group, e.topic, e.suffix, e.queue_id))
+    return out
+
+
+def lmq_consumer_offsets(cf: ConfigFile) -> list[OffsetEntry]:
+    """``lmqOffsetTable["topic@group"]``: an LMQ group's committed offset in queue 0 of an LMQ queue."""
+    out = []
+    for key, off in cf.table().items():
+        oi = as_long(off)
+        if not isinstance(key, str) or oi is None:
+            continue
+        topic, _, group = key.partition(TOPIC_GROUP_SEPARATOR)
+        out.append(OffsetEntry(key, topic, group, "", 0, oi))
+    out.sort(key=lambda e: (e.group, e.topic))
     return out
 
 

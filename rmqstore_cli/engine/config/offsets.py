@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .files import (CONSUMER_OFFSETS, DELAY_OFFSETS, TOPICS, ConfigFile, OffsetEntry, consumer_offsets,
-                    delay_offsets, read_config, topic_queue_count, topic_table)
-from ..errors import NotFoundError
+from .files import (CONSUMER_OFFSETS, DELAY_OFFSETS, LMQ_CONSUMER_OFFSETS, TOPICS, ConfigFile, OffsetEntry,
+                    consumer_offsets, delay_offsets, lmq_consumer_offsets, read_config, read_config_file,
+                    topic_queue_count, topic_table)
 from ..findings import SEVERITY_ORDER, Finding
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
@@ -52,8 +52,16 @@ def queue_bounds(store, topic: str, queue_id: int) -> QueueBounds:
     return QueueBounds(lo, hi, int(u.queue_offsets[0]), u.size)
 
 
+def batch_queue_bounds(store, topic: str, queue_id: int) -> QueueBounds:
+    """A batch consume queue (§9): its offsets count messages, min/max from its first and last unit."""
+    lo, hi, _ = store.batch_queue(topic, queue_id).bounds()
+    return QueueBounds(lo, hi, lo, None)
+
+
 def all_bounds(store) -> dict[tuple[str, int], QueueBounds]:
-    return {(t, q): queue_bounds(store, t, q) for t, q in store.queues()}
+    out = {(t, q): queue_bounds(store, t, q) for t, q in store.queues()}
+    out.update({(t, q): batch_queue_bounds(store, t, q) for t, q in store.batch_queues()})
+    return out
 
 
 def next_pull(offset: int, lo: int, hi: int, version: int) -> dict:
@@ -113,17 +121,21 @@ def audit_offsets(store, files: dict | None = None, bounds: dict | None = None) 
     co: ConfigFile = files[CONSUMER_OFFSETS]
     tcf: ConfigFile = files[TOPICS]
     topics = topic_table(tcf) if tcf.source else None
+    lmq_cf = files.get(LMQ_CONSUMER_OFFSETS) or read_config_file(store.root, LMQ_CONSUMER_OFFSETS)
     if bounds is None:  # consume queues are read only when there are offsets to check
-        bounds = all_bounds(store) if (co.source or files[DELAY_OFFSETS].source) else {}
-    on_disk = store.queues()
+        bounds = all_bounds(store) if (co.source or files[DELAY_OFFSETS].source or lmq_cf.source) else {}
+    on_disk = store.queues() + store.batch_queues()
     disk_topics = {t for t, _ in on_disk}
     rows, findings = [], []
     src = co.main.path if co.source == "main" else co.bak.path if co.source == "bak" else None
     for e in consumer_offsets(co):
         rows.append(_row(e, bounds, topics, disk_topics, version))
+    lsrc = lmq_cf.main.path if lmq_cf.source == "main" else lmq_cf.bak.path if lmq_cf.source == "bak" else None
+    for e in lmq_consumer_offsets(lmq_cf):  # LMQ groups: their own file, queue 0 of an LMQ queue (§14.3)
+        rows.append(dict(_row(e, bounds, topics, disk_topics, version), lmq=True))
     for r in rows:
         if r["code"]:
-            findings.append(Finding(r["code"], SEVERITY[r["code"]], src, None, _explain(r),
+            findings.append(Finding(r["code"], SEVERITY[r["code"]], lsrc if r.get("lmq") else src, None, _explain(r),
                                     {k: r[k] for k in ("group", "topic", "queueId", "committed", "minOffset", "maxOffset",
                                                        "nextOffset", "skipped", "redelivered")}))
     delay_rows = []
@@ -230,6 +242,8 @@ def plan_consumer_impact(store, plan, files: dict | None = None, before: dict | 
     files = files if files is not None else read_config(store.root)
     co = files[CONSUMER_OFFSETS]
     entries = consumer_offsets(co)
+    lmq_cf = files.get(LMQ_CONSUMER_OFFSETS) or read_config_file(store.root, LMQ_CONSUMER_OFFSETS)
+    entries += lmq_consumer_offsets(lmq_cf)  # LMQ groups (lmqConsumerOffset.json): LMQ queues are cut and rebuilt too
     if not entries:
         return {"type": "consumer-impact", "offsetsFile": None if co.source is None else co.name, "groups": []}
     before = before if before is not None else all_bounds(store)

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 
-from rmqstore_cli.formats.records import MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE
+import numpy as np
+
+from rmqstore_cli.formats.records import BCQ_UNIT_SIZE, DEFAULT_BCQ_FILE_SIZE, MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE
 from rmqstore_cli.formats.tags import DEFAULT_DELAY_LEVELS, parse_delay_levels
 
 from ..errors import UsageError
@@ -30,6 +33,7 @@ class StoreConfig:
     mappedFileSizeCommitLog: int = DEFAULT_COMMITLOG_SIZE
     mappedFileSizeConsumeQueue: int = DEFAULT_CQ_SIZE
     mappedFileSizeConsumeQueueExt: int = DEFAULT_EXT_SIZE
+    mapperFileSizeBatchConsumeQueue: int = DEFAULT_BCQ_FILE_SIZE  # (the broker's spelling)
     enableConsumeQueueExt: bool = False
     maxHashSlotNum: int = DEFAULT_HASH_SLOTS
     maxIndexNum: int = DEFAULT_INDEX_NUM
@@ -148,6 +152,15 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
         if sizes:
             cfg.mappedFileSizeConsumeQueue = max(sizes)
             cfg.inferred["mappedFileSizeConsumeQueue"] = "size of the consume queue files"
+    lmq = [t for t in _listdir(cq_root) if t.startswith("%LMQ%")] if os.path.isdir(cq_root) else []
+    if lmq:
+        # the broker that wrote LMQ queues multi-dispatched; with enableLmq every LMQ queue is queue 0, without it
+        # they take the record's own queue id
+        qids = {q for t in lmq for q in _listdir(os.path.join(cq_root, t))}
+        for key, value in (("enableMultiDispatch", True), ("enableLmq", qids <= {"0"})):
+            if key not in cfg.explicit:
+                setattr(cfg, key, value)
+                cfg.inferred[key] = "consumequeue/ holds %LMQ% queues" + ("" if value else " outside queue 0")
     ext_root = os.path.join(root, "consumequeue_ext")
     if "enableConsumeQueueExt" not in cfg.explicit and os.path.isdir(ext_root) and _listdir(ext_root):
         cfg.enableConsumeQueueExt = True
@@ -160,22 +173,75 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
         if ext_sizes:
             cfg.mappedFileSizeConsumeQueueExt = max(ext_sizes)
             cfg.inferred["mappedFileSizeConsumeQueueExt"] = "size of the ext files"
+    bcq_root = os.path.join(root, "batchconsumequeue")
+    if "mapperFileSizeBatchConsumeQueue" not in cfg.explicit and os.path.isdir(bcq_root):
+        bcq_sizes: set[int] = set()
+        for topic in _listdir(bcq_root):
+            for qid in _listdir(os.path.join(bcq_root, topic)):
+                bcq_sizes |= _file_sizes(os.path.join(bcq_root, topic, qid))
+        bcq_sizes = {s for s in bcq_sizes if s % BCQ_UNIT_SIZE == 0}
+        if bcq_sizes:
+            cfg.mapperFileSizeBatchConsumeQueue = max(bcq_sizes)
+            cfg.inferred["mapperFileSizeBatchConsumeQueue"] = "size of the batch consume queue files"
     idx_dir = os.path.join(root, "index")
     if not ({"maxHashSlotNum", "maxIndexNum"} & cfg.explicit):
-        sizes = _file_sizes(idx_dir)
-        if sizes:
-            size = max(sizes)
-            # Header gives no geometry (§10.1); assume the default 1:4 slot:entry ratio.
-            if (size - 40) % 84 == 0 and size > 40:
-                slots = (size - 40) // 84
-                cfg.maxHashSlotNum, cfg.maxIndexNum = slots, slots * 4
-                cfg.inferred["maxHashSlotNum/maxIndexNum"] = f"index file size {size} with the default 1:4 ratio"
+        got = infer_index_geometry(idx_dir)
+        if got is not None:
+            cfg.maxHashSlotNum, cfg.maxIndexNum, why = got
+            cfg.inferred["maxHashSlotNum/maxIndexNum"] = why
     if "version" not in cfg.explicit:
         v, why = _infer_version(root, cl_dir)
         if v:
             cfg.version = v
             cfg.inferred["version"] = why
     return cfg
+
+
+_INDEX_HEAD = struct.Struct(">qqqqii")  # formats.records.INDEX_HEADER_FIELDS (tested equal)
+
+
+def infer_index_geometry(idx_dir: str) -> tuple[int, int, str] | None:
+    """(maxHashSlotNum, maxIndexNum, how) from the index files: size = 40 + 4 * slots + 20 * entries (§10.1).
+
+    A file that is not the last one was left behind full: its indexCount is maxIndexNum, which fixes both.
+    Otherwise the default 1:4 ratio when the size allows it, else the first of a few common ratios under
+    which the file's slots and entries are consistent (every slot names an entry below indexCount, every
+    entry after the last one is zero)."""
+    names = sorted(n for n in _listdir(idx_dir) if n.isdigit() and os.path.isfile(os.path.join(idx_dir, n)))
+    sizes = Counter(os.path.getsize(os.path.join(idx_dir, n)) for n in names)
+    sizes = {s: c for s, c in sizes.items() if s > 40}
+    if not sizes:
+        return None
+    size = max(sizes, key=lambda s: (sizes[s], s))
+    area = size - 40
+    for n in names[:-1]:
+        p = os.path.join(idx_dir, n)
+        if os.path.getsize(p) != size:
+            continue
+        with open(p, "rb") as f:
+            head = f.read(40)
+        count = _INDEX_HEAD.unpack(head)[5] if len(head) == 40 else 0
+        if 1 < count and area - 20 * count > 0 and (area - 20 * count) % 4 == 0:
+            return (area - 20 * count) // 4, count, f"index file {n} (left behind full: indexCount {count}), {size} bytes"
+    if area % 84 == 0:
+        return area // 84, area // 84 * 4, f"index file size {size} with the default 1:4 ratio"
+    last = os.path.join(idx_dir, names[-1]) if names else None
+    if last is None or os.path.getsize(last) != size:
+        return None
+    with open(last, "rb") as f:
+        data = f.read()
+    count = _INDEX_HEAD.unpack_from(data, 0)[5]
+    for ratio in (2, 1, 3, 5, 8, 10, 16, 20, 32, 64):
+        if area % (4 + 20 * ratio):
+            continue
+        slots = area // (4 + 20 * ratio)
+        if count > slots * ratio:
+            continue
+        table = np.frombuffer(data, ">i4", count=slots, offset=40)
+        tail = np.frombuffer(data, np.uint8, offset=40 + 4 * slots + 20 * max(count, 1))
+        if ((table >= 0) & (table < max(count, 1))).all() and not tail.any():
+            return slots, slots * ratio, f"index file size {size}: slots and entries consistent with a 1:{ratio} ratio"
+    return None
 
 
 def _listdir(p: str) -> list[str]:

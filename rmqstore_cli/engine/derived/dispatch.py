@@ -14,20 +14,21 @@ Used by ``append`` (requests built from what it just wrote) and by rebuild/recov
 (``dispatch_chunk`` on chunks from ``CommitLog.scan``).  Writers resume from what is on
 disk, so dispatching into an existing store continues its files.
 
-Not covered: LMQ multi-dispatch (``INNER_MULTI_DISPATCH``), BatchConsumeQueue topics and
-filter bitmaps (``enableCalcFilterBitMap``): ext units are written without a bitmap.
+After a record's own unit, multi-dispatch writes its LMQ units (§14.3, :mod:`.lmq`).
+
+Not covered: BatchConsumeQueue topics and filter bitmaps (``enableCalcFilterBitMap``): ext units
+are written without a bitmap.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from rmqstore_cli.formats import fast
 from rmqstore_cli.formats.extaddr import is_ext_addr
-from rmqstore_cli.formats.message import decode_utf8
 from rmqstore_cli.formats.records import TRANSACTION_COMMIT, TRANSACTION_NOT
 from rmqstore_cli.formats.tags import TagsCodeError, tags_code
 
@@ -37,172 +38,10 @@ from .cqwriter import ConsumeQueueExtWriter, ConsumeQueueWriter
 from ..findings import Finding
 from .indexwriter import IndexWriter
 from .dispatchcolumns import TopicInterner, dispatch_columns
-
-
-@dataclass(slots=True)
-class DispatchRequest:
-    """What the broker's DispatchRequest carries for the CQ and index dispatchers."""
-
-    phy: int
-    size: int
-    topic: str
-    queue_id: int
-    queue_offset: int
-    sysflag: int
-    store_timestamp: int
-    tags_code: int
-    uniq_key: str | None = None
-    keys: str | None = None
-    bitmap: bytes = b""
-
-
-_NUMBERS = ("phy", "size", "queue_id", "queue_offset", "sysflag", "store_timestamp", "tags_code")
-
-
-class _ChunkStrings:
-    """Topic, UNIQ_KEY and KEYS strings of a scanned chunk's records, decoded only when a caller reads
-    the batch as requests (the bulk dispatch works on topic ids and key hashes and never asks)."""
-
-    def __init__(self, u8, topic_names: list[str], tids, pv, slow: dict):
-        self.u8, self.topic_names, self.tids, self.pv, self.slow = u8, topic_names, tids, pv, slow
-
-    def _span(self, name: str, i: int) -> str | None:
-        s = int(self.pv.start[name][i])
-        return None if s < 0 else decode_utf8(bytes(self.u8[s:int(self.pv.end[name][i])]))
-
-    def rows(self, rows: list[int]) -> tuple[list, list, list]:
-        topics = [self.topic_names[t] for t in self.tids[rows].tolist()] if rows else []
-        uniqs, keyss = [], []
-        for i in rows:
-            props = self.slow.get(i)
-            if props is None:
-                uniqs.append(self._span("UNIQ_KEY", i))
-                keyss.append(self._span("KEYS", i))
-            else:
-                uniqs.append(props.get("UNIQ_KEY") or None)
-                keyss.append(props.get("KEYS") or None)
-        return topics, uniqs, keyss
-
-
-class DispatchBatch(Sequence):
-    """Many DispatchRequests as columns (commitlog order): int64 arrays for the numbers, lists
-    for topics, keys and bitmaps.  Reads like a list of :class:`DispatchRequest` (index, slice,
-    iterate); the Dispatcher works on the columns without making a request object per record.
-
-    A batch scanned from the commitlog (:meth:`Dispatcher.requests_from_chunk`) also carries what
-    dispatch computes per record as columns: ``topic_ids`` into ``topic_names``, and each record's
-    index key hashes (``key_count`` per record, ``key_hashes`` in record order); its topic and key
-    strings are decoded only if someone reads them."""
-
-    __slots__ = _NUMBERS + ("_topic", "_uniq", "_keys", "bitmap", "topic_ids", "topic_names", "key_count", "key_hashes",
-                            "_strings", "_rows")
-
-    def __init__(self, phy, size, topic, queue_id, queue_offset, sysflag, store_timestamp, tags_code,
-                 uniq_key, keys, bitmap=None, *, topic_ids=None, topic_names=None, key_count=None, key_hashes=None,
-                 strings: _ChunkStrings | None = None, rows=None):
-        i64 = np.int64
-        self.phy = np.asarray(phy, dtype=i64)
-        self.size = np.asarray(size, dtype=i64)
-        self.queue_id = np.asarray(queue_id, dtype=i64)
-        self.queue_offset = np.asarray(queue_offset, dtype=i64)
-        self.sysflag = np.asarray(sysflag, dtype=i64)
-        self.store_timestamp = np.asarray(store_timestamp, dtype=i64)
-        self.tags_code = np.asarray(tags_code, dtype=i64)
-        self._topic, self._uniq, self._keys = topic, uniq_key, keys
-        self.bitmap = bitmap  # None: no record has a bitmap
-        self.topic_ids, self.topic_names = topic_ids, topic_names
-        self.key_count, self.key_hashes = key_count, key_hashes
-        self._strings, self._rows = strings, rows
-
-    def __getstate__(self):
-        # A batch sent between processes (rebuild -j) must not carry its chunk's buffer: its strings are
-        # decoded here, once, and the reference to the mapped segment is dropped.
-        if self._strings is not None:
-            if self._uniq is None or self._keys is None or self._topic is None:
-                self._decode_strings()
-        return {k: (None if k in ("_strings", "_rows") else getattr(self, k)) for k in self.__slots__}
-
-    def __setstate__(self, state) -> None:
-        for k, v in state.items():
-            setattr(self, k, v)
-
-    def _decode_strings(self) -> None:
-        self._topic, self._uniq, self._keys = self._strings.rows(self._rows.tolist())
-
-    @property
-    def topic(self) -> list:
-        if self._topic is None:
-            if self._strings is None:
-                self._topic = [self.topic_names[t] for t in self.topic_ids.tolist()]
-            else:
-                self._decode_strings()
-        return self._topic
-
-    @property
-    def uniq_key(self) -> list:
-        if self._uniq is None:
-            self._decode_strings()
-        return self._uniq
-
-    @property
-    def keys(self) -> list:
-        if self._keys is None:
-            self._decode_strings()
-        return self._keys
-
-    @classmethod
-    def from_requests(cls, reqs: Sequence[DispatchRequest]) -> "DispatchBatch":
-        if isinstance(reqs, DispatchBatch):
-            return reqs
-        bitmaps = [r.bitmap for r in reqs]
-        return cls([r.phy for r in reqs], [r.size for r in reqs], [r.topic for r in reqs],
-                   [r.queue_id for r in reqs], [r.queue_offset for r in reqs], [r.sysflag for r in reqs],
-                   [r.store_timestamp for r in reqs], [r.tags_code for r in reqs], [r.uniq_key for r in reqs],
-                   [r.keys for r in reqs], bitmaps if any(bitmaps) else None)
-
-    def __len__(self) -> int:
-        return len(self.phy)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return self.take(np.arange(len(self.phy))[i])
-        n = len(self.phy)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("DispatchBatch index out of range")
-        return DispatchRequest(int(self.phy[i]), int(self.size[i]), self.topic[i], int(self.queue_id[i]),
-                               int(self.queue_offset[i]), int(self.sysflag[i]), int(self.store_timestamp[i]),
-                               int(self.tags_code[i]), self.uniq_key[i], self.keys[i],
-                               b"" if self.bitmap is None else self.bitmap[i])
-
-    def __iter__(self):
-        cols = (self.phy.tolist(), self.size.tolist(), self.topic, self.queue_id.tolist(),
-                self.queue_offset.tolist(), self.sysflag.tolist(), self.store_timestamp.tolist(),
-                self.tags_code.tolist(), self.uniq_key, self.keys)
-        if self.bitmap is None:
-            for row in zip(*cols):
-                yield DispatchRequest(*row)
-        else:
-            for row, bm in zip(zip(*cols), self.bitmap):
-                yield DispatchRequest(*row, bm)
-
-    def take(self, idx: np.ndarray) -> "DispatchBatch":
-        """The records at the (sorted) positions ``idx``."""
-        idx = np.asarray(idx, dtype=np.int64)
-        il = idx.tolist()
-        pick = lambda col: None if col is None else [col[i] for i in il]  # noqa: E731
-        columns = dict(topic_names=self.topic_names, strings=self._strings,
-                       topic_ids=None if self.topic_ids is None else self.topic_ids[idx],
-                       rows=None if self._rows is None else self._rows[idx])
-        if self.key_hashes is not None:
-            counts = self.key_count.astype(np.int64)
-            keep = np.zeros(len(self.phy), dtype=bool)
-            keep[idx] = True
-            columns.update(key_count=self.key_count[idx], key_hashes=self.key_hashes[np.repeat(keep, counts)])
-        return DispatchBatch(self.phy[idx], self.size[idx], pick(self._topic), self.queue_id[idx], self.queue_offset[idx],
-                             self.sysflag[idx], self.store_timestamp[idx], self.tags_code[idx], pick(self._uniq),
-                             pick(self._keys), pick(self.bitmap), **columns)
+from .lmq import LmqTargets, MultiDispatchRule, chunk_targets
+from .batchcq import batch_topics_at, chunk_batch_fields
+from .bcqwriter import BatchConsumeQueueWriter
+from .dispatchbatch import DispatchBatch, DispatchRequest, _ChunkStrings  # noqa: F401 (public API: append, rebuild)
 
 
 @dataclass
@@ -213,6 +52,8 @@ class DispatchStats:
     ext_units: int = 0
     index_entries: int = 0
     unsafe_topics: int = 0
+    lmq_units: int = 0  # multi-dispatch units (also counted in cq_units)
+    bcq_units: int = 0  # batch consume queue units (also counted in cq_units)
 
 
 def unsafe_topic_dir(topic: str) -> bool:
@@ -229,8 +70,12 @@ class Dispatcher:
     """
 
     def __init__(self, store_root: str, config: StoreConfig, *, index_namer: Callable[[int], str] | None = None,
-                 checkpoint: CheckpointWriter | None = None, journal=None, repair: bool = False):
+                 checkpoint: CheckpointWriter | None = None, journal=None, repair: bool = False,
+                 batch_topics: set | None = None):
         self.root = store_root
+        # topics dispatched into batch consume queues (§9; default: as the store at ``store_root`` declares them)
+        self.batch_topics = batch_topics if batch_topics is not None else batch_topics_at(store_root)
+        self._bcqs: dict[tuple[str, int], BatchConsumeQueueWriter] = {}
         # repair (recover/truncate re-dispatch): units only at their record's QUEUEOFFSET, and the
         # record the last index file ends with is not indexed a second time (the broker's '<' test does)
         self.repair = repair
@@ -252,6 +97,7 @@ class Dispatcher:
         self.delay_table = config.delay_table
         self.last_dispatched_end = -1  # phy + size of the last record dispatched
         self._interner = TopicInterner()
+        self.multi_dispatch = MultiDispatchRule(config)
 
     def index_continues_after(self, phy: int, keys_held: int | None = None) -> None:
         """The index holds every key of the records before ``phy`` and the first ``keys_held`` keys of the
@@ -282,8 +128,18 @@ class Dispatcher:
                                                          journal=self.journal)
         return w
 
+    def bcq(self, topic: str, queue_id: int) -> BatchConsumeQueueWriter:
+        key = (topic, queue_id)
+        w = self._bcqs.get(key)
+        if w is None:
+            w = self._bcqs[key] = BatchConsumeQueueWriter(self.root, topic, queue_id, self.config, journal=self.journal,
+                                                          strict_offsets=self.repair)
+        return w
+
     def next_queue_offset(self, topic: str, queue_id: int) -> int:
         """The broker's topicQueueTable entry for this queue (§13.8): its consume queue's max offset."""
+        if topic in self.batch_topics:
+            return self.bcq(topic, queue_id).next_offset
         return self.queue(topic, queue_id).next_offset
 
     # --- dispatch ------------------------------------------------------------------------------
@@ -301,6 +157,7 @@ class Dispatcher:
             return
         b = DispatchBatch.from_requests(reqs)
         logics_ts = self._dispatch_cq(b)
+        self._dispatch_lmq(b)
         stats = self.stats
         if self.index is not None:
             before = self.index.entries_written
@@ -356,6 +213,14 @@ class Dispatcher:
         ext_on = self.config.enableConsumeQueueExt
         for g, t in groups:
             topic, q = names[t], int(b.queue_id[g[0]])
+            if topic in self.batch_topics:  # BatchConsumeQueue.putMessagePositionInfoWrapper (§9.3)
+                base = b.queue_offset[g] if b.msg_base is None else b.msg_base[g]
+                count = np.ones(len(g), np.int64) if b.batch_size is None else b.batch_size[g]
+                done = self.bcq(topic, q).put_many(b.phy[g], b.size[g], b.tags_code[g], b.store_timestamp[g], base, count)
+                stats.cq_units += done
+                stats.bcq_units += done
+                stats.cq_skipped += len(g) - done
+                continue
             cq = self._queues.get((topic, q)) or self.queue(topic, q)
             phy, size, tags, qo = b.phy[g], b.size[g], b.tags_code[g], b.queue_offset[g]
             if not ext_on:
@@ -382,6 +247,35 @@ class Dispatcher:
                     stats.cq_skipped += 1
         return int(b.store_timestamp[sel[-1]])
 
+    def _dispatch_lmq(self, b: DispatchBatch) -> None:
+        """multiDispatchLmqQueue: after the records' own units, each record's multi-dispatch units, with its
+        plain tagsCode (no ext), by the same put rules; per queue in log order. The broker writes them
+        whatever its own put did (a unit skipped as already present still returns true)."""
+        lt = b.lmq
+        if lt is None or not len(lt):
+            return
+        t = b.sysflag[lt.row] & 0xC
+        ok = (t == TRANSACTION_NOT) | (t == TRANSACTION_COMMIT)
+        if not ok.all():
+            lt = LmqTargets(lt.row[ok], lt.name[ok], lt.queue_id[ok], lt.queue_offset[ok], lt.names)
+        key = (lt.name << 32) | (lt.queue_id & 0xFFFFFFFF)
+        order = np.argsort(key, kind="stable")
+        ks = key[order]
+        cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+        stats = self.stats
+        for g in np.split(order, cuts):
+            if not len(g):
+                continue
+            name, q = lt.names[int(lt.name[g[0]])], int(lt.queue_id[g[0]])
+            if unsafe_topic_dir(name):
+                continue
+            rows = lt.row[g]
+            cq = self._queues.get((name, q)) or self.queue(name, q)
+            done = cq.put_many(b.phy[rows], b.size[rows], b.tags_code[rows], lt.queue_offset[g])
+            stats.cq_units += done
+            stats.lmq_units += done
+            stats.cq_skipped += len(g) - done
+
     def requests_from_chunk(self, chunk) -> DispatchBatch:
         """DispatchRequests for the records of a :class:`commitlog.Chunk` (reput's parse, §13.3),
         as a :class:`DispatchBatch` of columns: topic ids, tagsCode and index key hashes come from
@@ -394,19 +288,46 @@ class Dispatcher:
         tids = interner.intern_chunk(u8, chunk.buf, h)
         codes, tags_bad, counts, kh, pv, slow = dispatch_columns(u8, h, tids, interner, self.delay_table, details=True)
         names = interner.topics()
+        lmq = chunk_targets(self.multi_dispatch, u8, h, lambda i: names[int(tids[i])])
         batch = DispatchBatch(h.offsets + chunk.segment.start, h.totalSize, None, h.queueId, h.queueOffset, h.sysFlag,
                               h.storeTimestamp, codes, None, None, topic_ids=tids, topic_names=names, key_count=counts,
                               key_hashes=kh, strings=_ChunkStrings(u8, names, tids, pv, slow),
-                              rows=np.arange(n, dtype=np.int64))
+                              rows=np.arange(n, dtype=np.int64), lmq=lmq if len(lmq) else None)
+        if self.batch_topics:
+            bad = self._batch_columns(batch, u8, h, tids, names)
+            tags_bad = tags_bad | bad
         if tags_bad.any():
             # checkMessageAndReturnSize fails on such a record; reput skips it by its size
             for i in np.flatnonzero(tags_bad).tolist():
+                if i not in slow:
+                    continue  # its batch fields do not parse (reported by _batch_columns)
                 try:
                     tags_code(names[int(tids[i])], slow[i], int(h.storeTimestamp[i]), self.delay_table)
                 except TagsCodeError as e:
                     self.problems.append(Finding("DISPATCH_BAD_DELAY", "error", None, int(batch.phy[i]), str(e)))
             batch = batch.take(np.flatnonzero(~tags_bad))
         return batch
+
+    def _batch_columns(self, batch: DispatchBatch, u8, h, tids, names) -> np.ndarray:
+        """msgBaseOffset/batchSize of the chunk's records of batch topics (CommitLog.setBatchSizeIfNeeded): INNER_BASE
+        and INNER_NUM when a record carries both, else QUEUEOFFSET and 1. Returns the records whose values Java
+        cannot parse (its check fails on them: not dispatched)."""
+        bad = np.zeros(len(h), dtype=bool)
+        ids = [k for k, n in enumerate(names) if n in self.batch_topics]
+        if not ids:
+            return bad
+        rows = np.flatnonzero(np.isin(tids, ids))
+        if not len(rows):
+            return bad
+        base = np.asarray(h.queueOffset, np.int64).copy()
+        num = np.ones(len(h), np.int64)
+        base[rows], num[rows], unparsable = chunk_batch_fields(u8, h, rows)
+        for i in rows[unparsable].tolist():
+            bad[i] = True
+            self.problems.append(Finding("DISPATCH_BAD_BATCH", "error", None, int(batch.phy[i]),
+                                         "INNER_BASE/INNER_NUM of the record do not parse; not dispatched"))
+        batch.msg_base, batch.batch_size = base, num
+        return bad
 
     def dispatch_chunk(self, chunk) -> int:
         """Dispatch every record of a commitlog scan chunk; returns how many were dispatched."""
@@ -429,6 +350,8 @@ class Dispatcher:
             w.flush()
         for w in self._exts.values():
             w.flush()
+        for w in self._bcqs.values():
+            w.flush()
         if self.index is not None:
             self.index.flush()
         if checkpoint:
@@ -441,7 +364,10 @@ class Dispatcher:
             w.close(flush=False)
         for w in self._exts.values():
             w.close(flush=False)
+        for w in self._bcqs.values():
+            w.close(flush=False)
         if self.index is not None:
             self.index.close(flush=False)
+        self._bcqs.clear()
         self._queues.clear()
         self._exts.clear()

@@ -16,6 +16,8 @@ from rmqstore_cli.formats import fast
 
 from ..log.walk import cq_dispatched
 from .dispatchcolumns import topic_ids
+from .batchcq import chunk_batch_fields
+from .lmq import chunk_targets
 
 BATCH = 1 << 18  # records buffered before the per-queue rules run (bounded, a few MB)
 
@@ -24,8 +26,12 @@ class DispatchPrediction:
     """Walk sink. ``state``: {(topic, queueId): [next offset, maxPhysicOffset, first offset written
     into an empty queue, queue has no file]}, updated in place."""
 
-    def __init__(self, state: dict):
+    def __init__(self, state: dict, multi_dispatch=None, batch_state: dict | None = None, batch_topics=()):
         self.state = state
+        self.multi_dispatch = multi_dispatch  # a lmq.MultiDispatchRule: the records' LMQ units are predicted too
+        # batch consume queues (§9.3): {(topic, queueId): [max offset or None, maxMsgPhyOffset]}, updated in place
+        self.batch_state = batch_state if batch_state is not None else {}
+        self.batch_topics = set(batch_topics)
         self.topics: dict[str, int] = {}
         self.count = 0  # records re-dispatched (every transaction type)
         self.new_units: dict = {}
@@ -38,7 +44,41 @@ class DispatchPrediction:
         if not keep.any():
             return
         h = h.select(keep) if not keep.all() else h
-        self.add(h.offsets + seg_start, h.totalSize, topic_ids(buf, h, self.topics), h.queueId, h.queueOffset)
+        tid = topic_ids(buf, h, self.topics)
+        phy = h.offsets + seg_start
+        if self.batch_topics:
+            ids = [v for k, v in self.topics.items() if k in self.batch_topics]
+            batch = np.isin(tid, ids) if ids else np.zeros(len(h), bool)
+            if batch.any():
+                self._batch(fast.kernel_view(buf), h, np.flatnonzero(batch), phy, tid)
+                plain = np.flatnonzero(~batch)
+                self.add(phy[plain], h.totalSize[plain], tid[plain], h.queueId[plain], h.queueOffset[plain])
+            else:
+                self.add(phy, h.totalSize, tid, h.queueId, h.queueOffset)
+        else:
+            self.add(phy, h.totalSize, tid, h.queueId, h.queueOffset)
+        if self.multi_dispatch is not None and self.multi_dispatch.enabled:
+            names = {v: k for k, v in self.topics.items()}
+            lt = chunk_targets(self.multi_dispatch, fast.kernel_view(buf), h, lambda i: names[int(tid[i])])
+            if len(lt):  # multi-dispatch units (§14.3): queues of their own, so after the records' units is right
+                ids = np.asarray([self.topics.setdefault(n, len(self.topics)) for n in lt.names], np.int64)
+                self.add(phy[lt.row], h.totalSize[lt.row], ids[lt.name], lt.queue_id, lt.queue_offset)
+
+    def _batch(self, u8, h, rows: np.ndarray, phy: np.ndarray, tid: np.ndarray) -> None:
+        """The batch queue puts of the records ``rows`` (log order), as the repair's strict writer does them:
+        skipped when the record starts at or before the last unit's, refused unless it continues the queue."""
+        base, num, bad = chunk_batch_fields(u8, h, rows)
+        names = {v: k for k, v in self.topics.items()}
+        for r, b, n, unparsable in zip(rows.tolist(), base.tolist(), num.tolist(), bad.tolist()):
+            if unparsable:
+                continue
+            key = (names[int(tid[r])], int(h.queueId[r]))
+            st = self.batch_state.setdefault(key, [None, -1])
+            p = int(phy[r])
+            if p <= st[1] or (st[0] is not None and b != st[0]):
+                continue
+            st[0], st[1] = b + n, p
+            self.new_units[key] = self.new_units.get(key, 0) + 1
 
     def add(self, phy, size, tid, qid, qo) -> None:
         """Consume-queue records in log order (``tid``: ids in ``self.topics``)."""

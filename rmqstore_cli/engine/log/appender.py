@@ -45,7 +45,9 @@ from ..derived.dispatch import DispatchBatch, Dispatcher
 from ..errors import StoreCorruptError, UsageError
 from .lockfile import WriteSession
 from .mappedfile import SegmentQueueWriter, UndoJournal
-from .messages import InputError, OutMessage, header_struct, topic_length_piece
+from ..derived.lmq import (DISPATCH_PROP, LMQ_QUEUE_ID, OFFSET_PROP, LmqTargets, MultiDispatchRule, append_side_on,
+                           is_lmq, lmq_names, wrapped_properties, wraps_lmq)
+from .messages import InputError, OutMessage, header_struct, topic_length_piece, with_properties
 
 _BLANK = struct.Struct(">ii")
 _I16 = struct.Struct(">h")
@@ -131,6 +133,8 @@ class Appender:
         self.journal: UndoJournal | None = None
         self._failed = False
         self.rolled_back = False
+        self.lmq_append = config.version >= 5 and append_side_on(config)
+        self.multi_dispatch = MultiDispatchRule(config)
 
     # --- open: the state a clean restart would rebuild ----------------------------------------
 
@@ -208,7 +212,21 @@ class Appender:
             self._failed = True
             raise
 
+    def _wrap_lmq(self, m: OutMessage) -> OutMessage:
+        """The 5.x append of a message to LMQ queues (LmqDispatch.wrapLmqDispatch): each ``%LMQ%`` name gets its
+        queue's next offset in INNER_MULTI_QUEUE_OFFSET (a non-LMQ name an empty one), the properties are stored
+        re-serialised, and each LMQ queue's offset goes up by one (updateLmqOffsets)."""
+        names = lmq_names(m.props_map)
+        offsets = [self.next_queue_offset(n, LMQ_QUEUE_ID) if is_lmq(n) else None for n in names]
+        m = with_properties(m, wrapped_properties(m.props_b.decode("utf-8", "replace"), offsets), self.config)
+        for n in names:
+            if is_lmq(n):
+                self.table[(n, LMQ_QUEUE_ID)] = self.next_queue_offset(n, LMQ_QUEUE_ID) + 1
+        return m
+
     def _put(self, msgs: Sequence[OutMessage]) -> list[AppendResult]:
+        if self.lmq_append and len(msgs) == 1 and wraps_lmq(msgs[0].topic, msgs[0].props_map):
+            msgs = [self._wrap_lmq(msgs[0])]
         first = msgs[0]
         ts = first.store_timestamp
         if ts is None:
@@ -350,9 +368,13 @@ class Appender:
             pos += want
         seg.dirty = True
         phy, size, qo, topics, qids, tss, _ = zip(*res)
+        rule = self.multi_dispatch
+        lmq = [(i, t) for i, m in enumerate(msgs) if OFFSET_PROP in m.props_map
+               for t in (rule.targets(m.topic, m.queue_id, m.props_map.get(DISPATCH_PROP), m.props_map[OFFSET_PROP]),) if t]
         self.dispatcher.dispatch_many(DispatchBatch(
             phy, size, list(topics), qids, qo, [m.sysflag for m in msgs], tss, codes,
-            [m.props_map.get("UNIQ_KEY") for m in msgs], [m.props_map.get("KEYS") for m in msgs]))
+            [m.props_map.get("UNIQ_KEY") for m in msgs], [m.props_map.get("KEYS") for m in msgs],
+            lmq=LmqTargets.from_lists(lmq) if lmq else None))
 
     def _dispatch(self) -> None:
         self._write()

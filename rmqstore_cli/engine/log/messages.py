@@ -13,6 +13,7 @@ when ``enabledAppendPropCRC`` is on (an existing ``__CRC32#`` entry is always re
 from __future__ import annotations
 
 import binascii
+import dataclasses
 import datetime as _dt
 import itertools
 import os
@@ -99,6 +100,19 @@ class OutMessage:
     store_timestamp: int | None
     props_map: dict  # what the broker's decoder sees (dispatch: TAGS, KEYS, UNIQ_KEY, DELAY)
     total_size: int
+
+
+def with_properties(m: OutMessage, props_str: str, config: StoreConfig) -> OutMessage:
+    """``m`` with another stored properties string (the broker re-serialised them at append), size re-checked."""
+    props_b = props_str.encode("utf-8", "replace")
+    plen = len(props_b) + (CRC32_RESERVED_LEN if m.crc_prop else 0)
+    if plen > MAX_PROPERTIES_LENGTH:
+        raise InputError(f"properties are {plen} bytes; at most {MAX_PROPERTIES_LENGTH} allowed")
+    total = message_total_size(m.sysflag, m.magic, len(m.body), len(m.topic_b), plen)
+    if total + 8 > config.mappedFileSizeCommitLog:
+        raise InputError(f"message is {total} bytes; it cannot fit in a {config.mappedFileSizeCommitLog}-byte "
+                         "commitlog file")
+    return dataclasses.replace(m, props_b=props_b, props_map=parse_properties(props_str), total_size=total)
 
 
 def now_ms() -> int:

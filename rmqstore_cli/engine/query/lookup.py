@@ -16,6 +16,8 @@ from rmqstore_cli.formats.msgid import decode_offset_msgid
 
 from ..derived.consumequeue import is_filler
 from ..errors import NotFoundError, StoreCorruptError, UsageError
+from ..derived.batchcq import batch_fields
+from ..derived.lmq import DISPATCH_PROP, OFFSET_PROP, MultiDispatchRule
 from ..store import Store
 
 TIME_MAX = (1 << 63) - 1
@@ -235,6 +237,8 @@ def get_by_queue(store: Store, topic: str, queue_id: int, queue_offset: int, wit
     """Consume queue unit -> record, checking the unit against the record (§7)."""
     if queue_offset < 0:
         raise UsageError("--queue-offset must be >= 0")
+    if (topic, queue_id) in store.batch_queues():
+        return _get_by_batch_queue(store, topic, queue_id, queue_offset, with_body)
     cq = store.queue(topic, queue_id)
     if store.rocksdb is not None:
         unit = _rocksdb_unit(store, cq, topic, queue_id, queue_offset)
@@ -256,9 +260,14 @@ def get_by_queue(store: Store, topic: str, queue_id: int, queue_offset: int, wit
     wrong = []
     if msg["storeSize"] != size:
         wrong.append(f"size {size} != record size {msg['storeSize']}")
-    if msg["topic"] != topic or msg["queueId"] != queue_id:
+    props = msg.get("properties") or {}
+    lmq = MultiDispatchRule(store.config).targets(msg["topic"], msg["queueId"], props.get(DISPATCH_PROP),
+                                                  props.get(OFFSET_PROP))
+    if (topic, queue_id, queue_offset) in lmq:
+        msg["multiDispatch"] = True  # a unit of the LMQ queue the record names (§14.3): its topic is its own
+    elif msg["topic"] != topic or msg["queueId"] != queue_id:
         wrong.append(f"record belongs to {msg['topic']}/{msg['queueId']}")
-    if msg["queueOffset"] != queue_offset:
+    elif msg["queueOffset"] != queue_offset:
         wrong.append(f"record's QUEUEOFFSET is {msg['queueOffset']}")
     if wrong:
         raise StoreCorruptError(f"unit {queue_offset} of {topic}/{queue_id} -> offset {phy} does not match the "
@@ -288,3 +297,38 @@ def _index_topics(store: Store) -> list[str]:
 
 def _hp(ip: str, port: int) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def _get_by_batch_queue(store: Store, topic: str, queue_id: int, queue_offset: int, with_body: bool) -> dict:
+    """Batch consume queue: the unit covering the offset (msgBaseOffset <= offset < msgBaseOffset + batchSize)
+    -> its whole record, as the broker's getMessage returns it (messageCount = batchSize, next offset =
+    msgBaseOffset + batchSize), the unit checked against the record (§9)."""
+    bcq = store.batch_queue(topic, queue_id)
+    lo, hi, _ = bcq.bounds()
+    unit = bcq.unit_at(queue_offset) if lo <= queue_offset < hi else None
+    if unit is None:
+        raise NotFoundError(f"queue offset {queue_offset} is outside batch consume queue {topic}/{queue_id} "
+                            f"(offsets {lo} .. {hi - 1})" if hi > lo else
+                            f"batch consume queue {topic}/{queue_id} holds no unit")
+    phy, size = unit["phyOffset"], unit["size"]
+    try:
+        msg = get_by_offset(store, phy, with_body)
+    except NotFoundError as e:
+        raise StoreCorruptError(f"the unit of offset {queue_offset} of {topic}/{queue_id} points to {phy}: {e}") from None
+    props = msg.get("properties") or {}
+    base, count = unit["msgBaseOffset"], unit["batchSize"]
+    want_base, want_count = batch_fields(props, msg["queueOffset"])
+    wrong = []
+    if msg["storeSize"] != size:
+        wrong.append(f"size {size} != record size {msg['storeSize']}")
+    if msg["topic"] != topic or msg["queueId"] != queue_id:
+        wrong.append(f"record belongs to {msg['topic']}/{msg['queueId']}")
+    if (base, count) != (want_base, want_count):
+        wrong.append(f"unit covers {base} + {count}, the record {want_base} + {want_count}")
+    if wrong:
+        raise StoreCorruptError(f"the unit of offset {queue_offset} of {topic}/{queue_id} -> offset {phy} does not "
+                                f"match the record: {'; '.join(wrong)}")
+    msg["bcqUnit"] = unit
+    msg["messageCount"] = count
+    msg["nextBeginOffset"] = base + count
+    return msg

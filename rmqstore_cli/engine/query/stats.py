@@ -23,6 +23,7 @@ import numpy as np
 from rmqstore_cli.formats.fast import Headers
 
 from ..derived.dispatchcolumns import topic_ids
+from ..derived.lmq import LMQ_PREFIX
 
 SIZE_BINS = 32  # bin k counts records with 2**k <= size < 2**(k+1)
 TIMELINE_BINS = 60
@@ -34,7 +35,8 @@ TX_PREPARED, TX_COMMIT = 0x04, 0x08
 I64_MAX = np.iinfo(np.int64).max
 I64_MIN = np.iinfo(np.int64).min
 _QUEUE_FIELDS = ("count", "bytes", "minQueueOffset", "maxQueueOffset", "firstStoreTimestamp", "lastStoreTimestamp",
-                 "retry", "dlq", "scheduled", "transactional")
+                 "retry", "dlq", "scheduled", "transactional", "messages")
+INNER_BATCH = 0x80  # SYSFLAG_INNER_BATCH: one record holds INNER_NUM messages (§2.8)
 
 
 @dataclass
@@ -50,9 +52,11 @@ class StatsAccumulator:
     def add_chunk(self, buf, h: Headers) -> None:
         if len(h):
             self.add_columns(topic_ids(buf, h, self.topics), h.queueId, h.queueOffset, h.totalSize,
-                             h.storeTimestamp, h.sysFlag, h.reconsumeTimes)
+                             h.storeTimestamp, h.sysFlag, h.reconsumeTimes, inner_messages(buf, h))
 
-    def add_columns(self, tid, queue_id, queue_offset, size, store_ts, sysflag, reconsume) -> None:
+    def add_columns(self, tid, queue_id, queue_offset, size, store_ts, sysflag, reconsume, messages=None) -> None:
+        """``messages``: how many messages each record holds (INNER_NUM of an inner batch; default 1): a batch
+        queue's offsets count messages, so its queue offsets run to QUEUEOFFSET + messages - 1."""
         tid = np.asarray(tid, np.int64)
         qid = np.asarray(queue_id, np.int64)
         size = np.asarray(size, np.int64)
@@ -68,6 +72,7 @@ class StatsAccumulator:
         retry = is_retry_t[tid] | (np.asarray(reconsume) > 0)
         transactional = is_trans_t[tid] | (tx != 0)
         qoff = np.asarray(queue_offset, np.int64)
+        msgs = np.ones(len(tid), np.int64) if messages is None else np.asarray(messages, np.int64)
         key = (tid << 32) | (qid & 0xFFFFFFFF)
         groups, inv = np.unique(key, return_inverse=True)
         inv = inv.reshape(-1)
@@ -77,7 +82,8 @@ class StatsAccumulator:
         count = np.bincount(inv, minlength=g)
         nbytes = np.bincount(inv, weights=size, minlength=g)
         qmin = np.minimum.reduceat(np.where(dispatched, qoff, I64_MAX)[order], starts)
-        qmax = np.maximum.reduceat(np.where(dispatched, qoff, I64_MIN)[order], starts)
+        qmax = np.maximum.reduceat(np.where(dispatched, qoff + msgs - 1, I64_MIN)[order], starts)
+        nmsg = np.bincount(inv, weights=msgs, minlength=g)
         tmin = np.minimum.reduceat(ts[order], starts)
         tmax = np.maximum.reduceat(ts[order], starts)
         cnt = {name: np.bincount(inv, weights=arr.astype(np.int64), minlength=g)
@@ -85,7 +91,8 @@ class StatsAccumulator:
                                  ("transactional", transactional))}
         for j, k in enumerate(groups.tolist()):
             part = [int(count[j]), int(nbytes[j]), int(qmin[j]), int(qmax[j]), int(tmin[j]), int(tmax[j]),
-                    int(cnt["retry"][j]), int(cnt["dlq"][j]), int(cnt["scheduled"][j]), int(cnt["transactional"][j])]
+                    int(cnt["retry"][j]), int(cnt["dlq"][j]), int(cnt["scheduled"][j]), int(cnt["transactional"][j]),
+                    int(nmsg[j])]
             self._merge_queue((k >> 32, k & 0xFFFFFFFF), part)
         bins = np.clip(np.floor(np.log2(np.maximum(size, 1))).astype(np.int64), 0, SIZE_BINS - 1)
         self.size_hist += np.bincount(bins, minlength=SIZE_BINS)
@@ -142,6 +149,7 @@ class StatsAccumulator:
         total = sum(r["count"] for r in rows)
         return {
             "records": total,
+            "messages": sum(r["messages"] for r in rows),  # an inner batch record counts its INNER_NUM messages
             "bytes": sum(r["bytes"] for r in rows),
             "firstStoreTimestamp": min((r["firstStoreTimestamp"] for r in rows), default=None),
             "lastStoreTimestamp": max((r["lastStoreTimestamp"] for r in rows), default=None),
@@ -150,6 +158,24 @@ class StatsAccumulator:
             "sizeHistogram": {"binsLog2": list(range(SIZE_BINS)), "counts": self.size_hist.tolist()},
             "timeline": timeline(self.seconds, self.time_unit_ms),
         }
+
+
+def inner_messages(buf, h: Headers) -> np.ndarray | None:
+    """Messages per record: INNER_NUM for inner-batch records carrying INNER_NUM and INNER_BASE (what the broker
+    counts in a batch queue, CommitLog.getMessageNum), 1 for the rest; None when the chunk has no inner batch."""
+    batch = np.flatnonzero(np.asarray(h.sysFlag) & INNER_BATCH)
+    if not len(batch):
+        return None
+    from rmqstore_cli.formats import fast, propscan
+
+    u8 = fast.kernel_view(buf)
+    out = np.ones(len(h), np.int64)
+    pv = propscan.scan(u8, h.propsStart[batch], h.propsLength[batch], names=("INNER_NUM", "INNER_BASE"))
+    for k in np.flatnonzero((pv.start["INNER_NUM"] >= 0) & (pv.start["INNER_BASE"] >= 0)).tolist():
+        text = bytes(u8[int(pv.start["INNER_NUM"][k]):int(pv.end["INNER_NUM"][k])])
+        if text.isdigit() and 0 < int(text) < 1 << 15:
+            out[batch[k]] = int(text)
+    return out
 
 
 def timeline(buckets: dict[int, int], unit_ms: int, bins: int = TIMELINE_BINS) -> dict:
@@ -201,6 +227,7 @@ def compute_stats(store, since: int | None = None, until: int | None = None) -> 
     out["consumeQueueLag"] = [] if timed else queue_lag(store, out["queues"])
     if store.rocksdb is not None and not timed:
         out["rocksdbConsumeQueue"] = rocksdb_summary(store, out["commitlog"]["maxOffset"])
+    out["lmqQueues"] = lmq_queues(store)
     if timed:
         out["timeRange"] = {"since": since, "until": until}
     return out
@@ -259,19 +286,39 @@ def rocksdb_summary(store, log_end: int) -> dict:
 
 
 def queue_lag(store, queue_rows: list[dict]) -> list[dict]:
-    """Consume queue end vs the commitlog: messages the reput would still have to dispatch."""
+    """Consume queue end vs the commitlog: messages the reput would still have to dispatch. Batch consume queues
+    are compared in messages (their offsets count messages); LMQ queues are left to :func:`lmq_queues`."""
     cl_next = {(r["topic"], r["queueId"]): (None if r["maxQueueOffset"] is None else r["maxQueueOffset"] + 1)
                for r in queue_rows}
-    on_disk = set(store.queues())
+    on_disk = {k for k in store.queues() if not k[0].startswith(LMQ_PREFIX)}
+    batch = set(store.batch_queues())
     rows = []
-    for topic, qid in sorted(on_disk | {k for k, v in cl_next.items() if v is not None}):
+    for topic, qid in sorted(on_disk | batch | {k for k, v in cl_next.items() if v is not None}):
         cq_end = cq_min = cq_phy_end = None
-        if (topic, qid) in on_disk:
+        if (topic, qid) in batch:
+            cq_min, cq_end, last_phy = store.batch_queue(topic, qid).bounds()
+            cq_phy_end = last_phy if last_phy >= 0 else None  # the broker keeps the last record's start here
+        elif (topic, qid) in on_disk:
             cq_min, cq_end, cq_phy_end = store.queue(topic, qid).bounds()
         nxt = cl_next.get((topic, qid))
-        rows.append({
+        row = {
             "topic": topic, "queueId": qid, "cqMinOffset": cq_min, "cqMaxOffset": cq_end, "cqMaxPhysicOffset": cq_phy_end,
             "commitlogMaxQueueOffset": nxt,
             "lagMessages": None if nxt is None else nxt - (cq_end or 0),
-        })
+        }
+        if (topic, qid) in batch:
+            row["queueType"] = "BatchCQ"
+        rows.append(row)
+    return rows
+
+
+def lmq_queues(store) -> list[dict]:
+    """The LMQ queues (multi-dispatch, §14.3) apart: they hold no records of their own, only units of other
+    topics' records, so they have no commitlog side to lag behind."""
+    rows = []
+    for topic, qid in store.queues():
+        if topic.startswith(LMQ_PREFIX):
+            cq_min, cq_end, cq_phy_end = store.queue(topic, qid).bounds()
+            rows.append({"topic": topic, "queueId": qid, "cqMinOffset": cq_min, "cqMaxOffset": cq_end,
+                         "cqMaxPhysicOffset": cq_phy_end})
     return rows

@@ -68,6 +68,8 @@ class RecordTable:
     reports: list
     end: int
     _by_queue: dict = field(default_factory=dict)
+    _lmq: object = None  # derived.lmq.LmqTargets of the records (row = record index), built on first use
+    _lmq_by_queue: dict = field(default_factory=dict)
 
     def times(self) -> tuple[int, int | None, int]:
         """(records, newest store time, newest store time of a record a consume queue takes (0: none))."""
@@ -89,6 +91,55 @@ class RecordTable:
             ok = (c["topic"] == tid) & (c["queueId"] == qid) & ((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT))
             got = self._by_queue[key] = np.flatnonzero(ok)
         return got
+
+
+    def lmq(self):
+        """Every record's multi-dispatch units (§14.3), ``row`` = record index."""
+        if self._lmq is None:
+            from ..derived.lmq import LmqTargets, MultiDispatchRule, record_targets
+
+            cfg = self.recs.store.config
+            self._lmq = record_targets(self.recs.store, self.recs) if MultiDispatchRule.checked(cfg) else LmqTargets.empty()
+        return self._lmq
+
+    def lmq_entries(self, topic: str, qid: int) -> tuple[np.ndarray, np.ndarray]:
+        """(record indexes in log order, the queue offsets they name) of the multi-dispatch units of one queue:
+        records of NOT/COMMIT type whose properties name it."""
+        key = (topic, qid)
+        got = self._lmq_by_queue.get(key)
+        if got is None:
+            lt = self.lmq()
+            if not len(lt) or topic not in lt.names:
+                got = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+            else:
+                m = (lt.name == lt.names.index(topic)) & (lt.queue_id == qid)
+                rows, qo = lt.row[m], lt.queue_offset[m]
+                tran = self.recs.c["sysFlag"][rows] & 0xC
+                ok = (tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)
+                got = (rows[ok], qo[ok])
+            self._lmq_by_queue[key] = got
+        return got
+
+    def lmq_queues(self) -> set:
+        """(name, queue id) of every queue some record multi-dispatches to."""
+        lt = self.lmq()
+        if not len(lt):
+            return set()
+        pairs = np.unique(np.stack([lt.name, lt.queue_id], 1), axis=0)
+        return {(lt.names[int(n)], int(q)) for n, q in pairs.tolist()}
+
+    def queue_entries(self, topic: str, qid: int) -> tuple[np.ndarray, np.ndarray]:
+        """(record indexes in log order, queue offset each is due at) of every unit the queue should hold:
+        its own records' units and the multi-dispatch units naming it."""
+        mine = self.queue_records(topic, qid)
+        qo = self.recs.c["queueOffset"][mine].astype(np.int64)
+        lrows, lqo = self.lmq_entries(topic, qid)
+        if not len(lrows):
+            return mine, qo
+        rows = np.concatenate([mine, lrows])
+        qo = np.concatenate([qo, lqo])
+        order = np.argsort(rows, kind="stable")
+        return rows[order], qo[order]
 
 
 def record_table(store, end: int) -> RecordTable:
@@ -156,10 +207,13 @@ def check_queue(table: RecordTable, topic: str, qid: int, units: np.ndarray, fir
         idx = np.zeros(n, dtype=np.int64)
     tran = c["sysFlag"][idx] & 0xC
     want_tid = recs.topic_ids.get(topic, -2)
+    lrows, lqo = table.lmq_entries(topic, qid)
+    # a multi-dispatch unit: its record names this queue, at this offset (§14.3); its topic is the record's own
+    via_lmq = _names_at(lrows, lqo, idx, pos) if len(lrows) else np.zeros(n, dtype=bool)
     mark(real & (c["size"][idx] != size), "CQ_SIZE")
-    mark(real & (c["topic"][idx] != want_tid), "CQ_TOPIC")
-    mark(real & (c["queueId"][idx] != qid), "CQ_QUEUE_ID")
-    mark(real & (c["queueOffset"][idx] != pos), "CQ_QUEUE_OFFSET")
+    mark(real & ~via_lmq & (c["topic"][idx] != want_tid), "CQ_TOPIC")
+    mark(real & ~via_lmq & (c["queueId"][idx] != qid), "CQ_QUEUE_ID")
+    mark(real & ~via_lmq & (c["queueOffset"][idx] != pos), "CQ_QUEUE_OFFSET")
     mark(real & (tran != TRANSACTION_NOT) & (tran != TRANSACTION_COMMIT), "CQ_TRAN_TYPE")
     checkable = real & ~bad & ~c["tagsBad"][idx]
     expected = c["tagsCode"][idx]
@@ -187,15 +241,14 @@ def check_queue(table: RecordTable, topic: str, qid: int, units: np.ndarray, fir
             last_addr = u["offset"]
     cut = int(pos[np.argmax(bad)]) if bad.any() else end_offset
     # The records that belong at [cut, ...): their QUEUEOFFSETs must follow on from cut.
-    mine = table.queue_records(topic, qid)
-    qo = c["queueOffset"][mine]
-    after = mine[qo >= cut]
+    mine, qo = table.queue_entries(topic, qid)
+    after, qa = mine[qo >= cut], qo[qo >= cut]
     if not bad.any() and not len(after):
         return None
     k = int(np.argmax(bad)) if bad.any() else n
     kept_real = np.flatnonzero(real[:k])
     last_end = int(phy[kept_real[-1]] + size[kept_real[-1]]) if len(kept_real) else -1
-    redispatch, contiguous = tail_redispatch(c["queueOffset"][after], recs.phy[after], c["size"][after], cut, last_end)
+    redispatch, contiguous = tail_redispatch(qa, recs.phy[after], c["size"][after].astype(np.int64), cut, last_end)
     code = codes[int(why[k])] if bad.any() else None
     detail = ""
     if code:
@@ -231,6 +284,19 @@ def tail_redispatch(qa: np.ndarray, phy: np.ndarray, size: np.ndarray, cut: int,
             # (§7.5, phy + size <= maxPhysicOffset: already present) would skip it
             contiguous = cut
     return redispatch, contiguous
+
+
+def _names_at(lrows: np.ndarray, lqo: np.ndarray, idx: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """For each unit (record ``idx``, queue offset ``pos``): does the record multi-dispatch to this queue at that
+    offset (``lrows``/``lqo``: the queue's multi-dispatch entries, record indexes ascending)."""
+    out = np.zeros(len(idx), dtype=bool)
+    at = np.searchsorted(lrows, idx, side="left")
+    for _ in range(2):  # a record may name the queue twice
+        ok = at < len(lrows)
+        j = np.minimum(at, len(lrows) - 1)
+        out |= ok & (lrows[j] == idx) & (lqo[j] == pos)
+        at = at + 1
+    return out
 
 
 def _one(n: int, j: int) -> np.ndarray:

@@ -122,13 +122,16 @@ def _check_queues(planner) -> None:
         pairs = np.unique(np.stack([c["topic"][disp].astype(np.int64), c["queueId"][disp].astype(np.int64)], 1), axis=0)
         for tid, q in pairs.tolist():
             keys.add((recs.topics[tid], int(q)))
+        keys |= table.lmq_queues()
+    batch = planner.store.batch_topics()
+    keys = {k for k in keys if k[0] not in batch or k in planner.queues}  # batch topics: batchrecovery.py
     for key in sorted(keys):
         t, q = key
         qs = planner.queues.get(key)
         ext = planner.exts[key][0] if ext_on and key in planner.exts else None
         if qs is None or not qs.segments:
-            mine = table.queue_records(t, q)
-            start = int(c["queueOffset"][mine].min()) if len(mine) else 0
+            _, due = table.queue_entries(t, q)
+            start = int(due.min()) if len(due) else 0
             if qs is not None:
                 start = max(start, qs.end // CQ_UNIT_SIZE) if qs.end else start
             v = check_queue(table, t, q, np.zeros(0, dtype=[("phyOffset", ">i8"), ("size", ">i4"), ("tagsCode", ">i8")]),
@@ -172,14 +175,14 @@ def broker_outcome(planner, key, v: QueueVerdict, broker_end: int, broker_max_ph
     """The broker's put rules (§7.5) from its own reput start on the queue as its recovery leaves it."""
     table = planner.record_table
     c = table.recs.c
-    mine = table.queue_records(*key)
+    mine, due = table.queue_entries(*key)
     end, maxp = broker_end, broker_max_physic
     right = 0
-    for i in mine.tolist():
+    for i, qo in zip(mine.tolist(), due.tolist()):
         p = int(table.recs.phy[i])
         if p < broker_from:
             continue
-        s, qo = int(c["size"][i]), int(c["queueOffset"][i])
+        s = int(c["size"][i])
         if p + s <= maxp or (qo != 0 and qo < end):
             continue
         right += qo == end

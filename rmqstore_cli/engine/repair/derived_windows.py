@@ -15,6 +15,7 @@ import numpy as np
 
 from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
+from ..derived.lmq import MultiDispatchRule, record_targets
 from .derived import QueueVerdict, RecordTable, in_file_order, record_table, table_of_reports, tail_redispatch
 from ..verify.commitlog import first_windows, iter_segment_windows, window_starts
 
@@ -86,12 +87,14 @@ class WindowedCheck:
         self.count, self.newest, self.newest_cq = 0, None, 0
         self.lied = False
         self.invalid_seen = False  # a fed report held an invalid record before the recovered end
+        self.multi_dispatch = MultiDispatchRule(planner.cfg)
+        self.lmq_checked = self.multi_dispatch.enabled and MultiDispatchRule.checked(planner.cfg)
 
     @classmethod
     def start(cls, planner) -> "WindowedCheck | None":
         store, end = planner.store, planner.end
         if planner.cfg.enableConsumeQueueExt:
-            return None
+            return None  # ext units: the whole table decides
         cl = store.commitlog
         segs = [s for s in cl.segments.segments if s.start < end]
         if any(a.start + a.size > b.start for a, b in zip(segs, segs[1:])):
@@ -158,11 +161,16 @@ class WindowedCheck:
         if disp.any():
             self.newest_cq = max(self.newest_cq, int(c["storeTimestamp"][disp].max()))
         _collect_tails(t, disp, self.queues, self.tails)
+        named = {}  # (queue) -> {(record, queue offset)} of the window's multi-dispatch units (§14.3)
+        if self.lmq_checked and n:
+            lt = record_targets(self.planner.store, t, self.multi_dispatch)
+            if len(lt):
+                named = _collect_lmq_tails(t, disp, lt, self.queues, self.tails)
         try:
             for key, (qs, files, first_real, touched) in self.queues.items():
                 for (first, units), segs_hit in zip(files, touched):
                     if k in segs_hit:
-                        _check_units(t, key, first, units, first_real, lo, hi)
+                        _check_units(t, key, first, units, first_real, lo, hi, named.get(key))
         except _Lie:
             self.lied = True
             return False
@@ -197,9 +205,10 @@ def _window_tables(store, segs: list, wbounds: np.ndarray, limits: np.ndarray, e
             del t, rep
 
 
-def _check_units(t, key, first: int, units: np.ndarray, first_real, lo: int, hi: int) -> None:
+def _check_units(t, key, first: int, units: np.ndarray, first_real, lo: int, hi: int, named: set | None = None) -> None:
     """derived.check_queue's unit tests (record at phyOffset; size, topic, queue, QUEUEOFFSET, transaction
-    type, tagsCode) on the real units of one file that point into [lo, hi); raises _Lie on the first miss."""
+    type, tagsCode) on the real units of one file that point into [lo, hi); raises _Lie on the first miss.
+    ``named``: (record, queue offset) of the multi-dispatch units the window's records give this queue."""
     phy = units["phyOffset"].astype(np.int64)
     pos = first + np.arange(len(phy), dtype=np.int64)
     sel = np.flatnonzero((pos >= first_real) & (phy >= lo) & (phy < hi))
@@ -213,8 +222,10 @@ def _check_units(t, key, first: int, units: np.ndarray, first_real, lo: int, hi:
         raise _Lie
     c = t.c
     tran = c["sysFlag"][idx] & 0xC
-    ok = ((c["size"][idx] == size) & (c["topic"][idx] == t.topic_ids.get(key[0], -2)) & (c["queueId"][idx] == key[1])
-          & (c["queueOffset"][idx] == pos) & ((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT))
+    own = (c["topic"][idx] == t.topic_ids.get(key[0], -2)) & (c["queueId"][idx] == key[1]) & (c["queueOffset"][idx] == pos)
+    if named:
+        own |= np.fromiter(((i, p) in named for i, p in zip(idx.tolist(), pos.tolist())), dtype=bool, count=len(idx))
+    ok = ((c["size"][idx] == size) & own & ((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT))
           & (c["tagsBad"][idx] | (c["tagsCode"][idx] == tags)))
     if not ok.all():
         raise _Lie
@@ -240,13 +251,33 @@ def _collect_tails(t, disp: np.ndarray, queues: dict, tails: dict) -> None:
             lst.append((t.phy[r], c["size"][r].astype(np.int64), c["queueOffset"][r].astype(np.int64)))
 
 
+def _collect_lmq_tails(t, disp: np.ndarray, lt, queues: dict, tails: dict) -> dict:
+    """The multi-dispatch units of the window's dispatchable records (``lt``): those at or past their queue's end
+    join its tail (what a re-dispatch writes); returns {queue: {(record, queue offset)}} for the unit checks."""
+    ok = disp[lt.row]
+    named: dict = {}
+    for r, nm, q, qo in zip(lt.row[ok].tolist(), lt.name[ok].tolist(), lt.queue_id[ok].tolist(), lt.queue_offset[ok].tolist()):
+        key = (lt.names[nm], q)
+        named.setdefault(key, set()).add((r, qo))
+        if key in queues and qo < queues[key][0].max_offset:
+            continue
+        tails.setdefault(key, []).append((t.phy[[r]], t.c["size"][[r]].astype(np.int64), np.asarray([qo], np.int64)))
+    return named
+
+
 def _verdicts(planner, queues: dict, tails: dict) -> dict:
     out = {}
     cat = lambda parts, j: np.concatenate([p[j] for p in parts]) if parts else np.zeros(0, np.int64)  # noqa: E731
+    batch = planner.store.batch_topics()
     for key in sorted(set(planner.queues) | set(tails)):
         t, q = key
+        if t in batch and key not in planner.queues:
+            continue  # a batch queue's records: batchrecovery.py
         parts = tails.get(key, [])
         phy, size, qo = cat(parts, 0), cat(parts, 1), cat(parts, 2)
+        if len(phy) > 1 and (np.diff(phy) < 0).any():  # a queue fed by its own records and by multi-dispatch
+            order = np.argsort(phy, kind="stable")
+            phy, size, qo = phy[order], size[order], qo[order]
         qs = planner.queues.get(key)
         if key in queues:
             _, files, first_real, _ = queues[key]

@@ -104,7 +104,7 @@ class PlanScope:
             rel = f.get("path") or ""
             name = os.path.basename(rel)
             phy = (int(name) if name.isdigit() else 0) + (f.get("offset") or 0)
-        if code == "CQ_NOT_DISPATCHED":
+        if code in ("CQ_NOT_DISPATCHED", "LMQ_NOT_DISPATCHED"):
             if phy >= self.end:
                 return "fixed", "the record is cut"
             qend = self.queue_ends.get((f.get("topic"), f.get("queueId")))
@@ -255,11 +255,11 @@ def sort_rebuild_findings(root: str, parts: list, topic: str | None, findings) -
         bits = rel.split(os.sep)
         top = bits[0]
         in_topic = topic is None or (len(bits) > 1 and bits[1] == topic) or e.get("topic") == topic
-        if top in ("consumequeue", "consumequeue_ext") and top in parts and in_topic:
+        if top in ("consumequeue", "consumequeue_ext", "batchconsumequeue") and top in parts and in_topic:
             verdict, why = "fixed", f"{top} is regenerated from the commitlog"
         elif top == "index" and idx:
             verdict, why = "fixed", "index is regenerated from the commitlog"
-        elif e.get("code") == "CQ_NOT_DISPATCHED" and cq and in_topic:
+        elif e.get("code") in ("CQ_NOT_DISPATCHED", "LMQ_NOT_DISPATCHED") and cq and in_topic:
             verdict, why = "fixed", "the record is dispatched into the rebuilt consume queue"
         elif e.get("code") == "CL_LOST_TAIL" and cq and idx and topic is None:
             verdict, why = "fixed", "units and entries past the log end are not rebuilt"

@@ -14,10 +14,11 @@ import shutil
 
 import numpy as np
 
-from rmqstore_cli.formats.records import CQ_UNIT_SIZE
+from rmqstore_cli.formats.records import BCQ_UNIT_SIZE, CQ_UNIT_SIZE
 
 from .backup import Backup, fsync_path
 from ..errors import UsageError
+from ..derived.batchcq import BCQ_DIR
 from ..derived.indexwriter import store_time_namer
 
 PARTS = {"consumequeue": ["consumequeue"], "cqext": ["consumequeue", "consumequeue_ext"], "index": ["index"],
@@ -25,9 +26,13 @@ PARTS = {"consumequeue": ["consumequeue"], "cqext": ["consumequeue", "consumeque
 
 
 def rebuilt_parts(store, what: str) -> list:
-    """The folders ``rebuild WHAT`` regenerates on this store."""
+    """The folders ``rebuild WHAT`` regenerates on this store (batchconsumequeue/ with the consume queues when
+    the store has batch topics)."""
     ext = store.config.enableConsumeQueueExt or what == "cqext"
-    return [p for p in PARTS[what] if p != "consumequeue_ext" or ext]
+    parts = [p for p in PARTS[what] if p != "consumequeue_ext" or ext]
+    if "consumequeue" in parts and store.batch_topics():
+        parts.insert(parts.index("consumequeue") + 1, BCQ_DIR)
+    return parts
 
 
 def _cut_queue_dir(d: str, file_size: int, phy: int) -> None:
@@ -52,6 +57,29 @@ def _cut_queue_dir(d: str, file_size: int, phy: int) -> None:
                 os.unlink(p)
 
 
+def cut_batch_queue_dir(d: str, _cq_file_size: int, phy: int) -> None:
+    """§9.3 truncation in a scratch copy: keep the units of records starting before ``phy`` (valid units only)."""
+    from ..derived.batchcq import BCQ_DTYPE, valid_units
+
+    names = sorted(n for n in os.listdir(d) if n.isdigit())
+    cut = False
+    for n in names:
+        p = os.path.join(d, n)
+        if cut:
+            os.unlink(p)
+            continue
+        arr = np.fromfile(p, dtype=BCQ_DTYPE)
+        bad = np.flatnonzero(~(valid_units(arr) & (arr["phyOffset"] < phy)))
+        if len(bad):
+            k = int(bad[0]) * BCQ_UNIT_SIZE
+            with open(p, "r+b") as f:
+                f.seek(k)
+                f.write(bytes(os.path.getsize(p) - k))
+            cut = True
+            if k == 0 and n != names[0]:
+                os.unlink(p)
+
+
 def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | None = None,
             backup: Backup | None = None, index_namer=store_time_namer, jobs: int = 1) -> dict:
     from ..derived.dispatch import Dispatcher
@@ -64,6 +92,8 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
     if what == "cqext" and not cfg.enableConsumeQueueExt:
         cfg = cfg.with_(enableConsumeQueueExt=True)
     parts = [p for p in PARTS[what] if p != "consumequeue_ext" or cfg.enableConsumeQueueExt]
+    if "consumequeue" in parts and store.batch_topics():
+        parts.insert(parts.index("consumequeue") + 1, BCQ_DIR)
     root = store.root
     tmp = os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.rebuild-{os.getpid()}")
     if os.path.exists(tmp):
@@ -77,12 +107,13 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
                 src = os.path.join(root, part)
                 if os.path.isdir(src):
                     shutil.copytree(src, os.path.join(tmp, part))
-            for part in ("consumequeue", "consumequeue_ext"):
+            for part in ("consumequeue", "consumequeue_ext", BCQ_DIR):
                 base = os.path.join(tmp, part)
-                if part == "consumequeue" and os.path.isdir(base):
+                if part in ("consumequeue", BCQ_DIR) and os.path.isdir(base):
+                    cut = _cut_queue_dir if part == "consumequeue" else cut_batch_queue_dir
                     for t in os.listdir(base):
                         for q in os.listdir(os.path.join(base, t)):
-                            _cut_queue_dir(os.path.join(base, t, q), cfg.mappedFileSizeConsumeQueue, from_offset)
+                            cut(os.path.join(base, t, q), cfg.mappedFileSizeConsumeQueue, from_offset)
             idx = os.path.join(tmp, "index")
             if os.path.isdir(idx):
                 from ..derived.index import IndexFile
@@ -96,13 +127,22 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
                     else:
                         start = min(start, end)
         d = Dispatcher(tmp, cfg.with_(messageIndexEnable=cfg.messageIndexEnable and "index" in parts),
-                       index_namer=index_namer)
+                       index_namer=index_namer, batch_topics=store.batch_topics())
         try:
             def handle(reqs) -> None:
+                keep = np.ones(len(reqs), dtype=bool)
                 if start:
-                    reqs = [r for r in reqs if r.phy >= start]
+                    keep &= reqs.phy >= start
                 if topic is not None:
-                    reqs = [r for r in reqs if r.topic == topic]
+                    # the queue's own records, and (an LMQ queue) the records multi-dispatched to it; the other
+                    # queues they also reach are written in the scratch folder only
+                    mine = np.fromiter((t == topic for t in reqs.topic), dtype=bool, count=len(reqs))
+                    lt = reqs.lmq
+                    if lt is not None and topic in lt.names:
+                        mine[lt.row[lt.name == lt.names.index(topic)]] = True
+                    keep &= mine
+                if not keep.all():
+                    reqs = reqs.take(np.flatnonzero(keep))
                 d.dispatch_many(reqs)
 
             if jobs > 1:

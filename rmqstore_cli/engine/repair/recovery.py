@@ -22,8 +22,11 @@ from ..log.checkpoint import Checkpoint
 from .checkpointfix import correct_times
 from ..derived.consumequeue import ConsumeQueue, ConsumeQueueExt
 from ..derived.dispatchpredict import DispatchPrediction
+from ..derived.lmq import MultiDispatchRule
 from ..log.walk import LogTally, WalkStop, broker_walk, lenient_records, resync, rewalk
 from ..store import Store
+from .batchrecovery import (batch_dispatch_starts, batch_max_physic, batch_queue_state, batch_summary,
+                            check_batch_queues, load_batch_queues, recover_batch_queues, truncate_batch_queues)
 from .derived_plan import check_derived, dispatch_starts, queue_repairs
 from .extplan import cut_exts_to_queues, recover_ext
 from .indexplan import index_after_crash, index_past_end, load_index
@@ -105,8 +108,10 @@ class Planner:
         plan.checkpoint_before = cp.as_json(self.version)
         self.cl_segments = self._load_segments(st.commitlog.segments, "commitlog")
         self._load_queues()
+        load_batch_queues(self)
         load_index(self)
         self._recover_queues()
+        recover_batch_queues(self)
         if self.cut_at is not None:
             return self._run_truncate(cp)
         self._recover_commitlog(cp)
@@ -119,6 +124,8 @@ class Planner:
             self.verdicts = {}
         else:
             check_derived(self)
+            if self.cl_kept:
+                check_batch_queues(self)
         self._dispatch(cp)
         self._checkpoint_and_abort(cp)
         self._summary()
@@ -218,7 +225,7 @@ class Planner:
 
     def _recover_commitlog(self, cp: Checkpoint) -> None:
         plan = self.plan
-        self.max_cq = max([qs.max_physic for qs in self.queues.values()] + [-1])
+        self.max_cq = max([qs.max_physic for qs in self.queues.values()] + batch_max_physic(self) + [-1])
         segs = self.cl_segments
         tally = LogTally()
         start, why = self._start_index(cp, self.max_cq) if segs else (0, "no commitlog files")
@@ -232,8 +239,9 @@ class Planner:
             # in this walk, from the queues as they are now; _dispatch uses it when its range and the
             # queues turn out the same (else it walks the log again for them).
             qstate = self._queue_state()
-            pred = DispatchPrediction(qstate)
-            self.early_prediction = (pred, {k: list(v) for k, v in qstate.items()})
+            pred = DispatchPrediction(qstate, MultiDispatchRule(self.cfg), batch_queue_state(self), self.store.batch_topics())
+            self.early_prediction = (pred, {k: list(v) for k, v in qstate.items()},
+                                     {k: list(v) for k, v in pred.batch_state.items()})
 
             def sink(seg_start, buf, h, tally=tally, pred=pred):
                 tally(seg_start, buf, h)
@@ -277,7 +285,7 @@ class Planner:
         segs = self.cl_segments
         tally = LogTally(limit=cut)
         lenient_records(segs, len(segs), tally)
-        self.max_cq = max([qs.max_physic for qs in self.queues.values()] + [-1])
+        self.max_cq = max([qs.max_physic for qs in self.queues.values()] + batch_max_physic(self) + [-1])
         self.tally, self.start_index, self.end, self.lenient_upto = tally, 0, cut, len(segs)
         self.stop = WalkStop(cut, 0, 0, "cut", "truncate --offset")
         plan.commitlog = {"startFile": segs[0].name if segs else None, "startReason": "truncate", "stopOffset": cut,
@@ -294,6 +302,8 @@ class Planner:
         cut_exts_to_queues(self, f"belonged to consume-queue units cut at {cut}")
         index_past_end(self)
         check_derived(self)
+        if self.cl_kept:
+            check_batch_queues(self)
         self._dispatch(cp)
         self.last_cq_ts = None
         self._checkpoint_and_abort(cp)  # consistent with the cut log (engine/repair/checkpointfix.py)
@@ -340,6 +350,7 @@ class Planner:
                     self.move_aside(seg.path, "no commitlog files left: the broker destroys every consume queue")
                 qs.segments, qs.end, qs.max_physic = [], 0, -1
             return
+        truncate_batch_queues(self)
         if self.max_cq < end:
             return
         for qs in self.queues.values():
@@ -383,7 +394,7 @@ class Planner:
         # Ours: also every record a queue is missing or holds a lying unit for (the broker never
         # rebuilds those: derived_plan) and every record whose index entries were moved out.
         missing = dispatch_starts(self, broker_from)
-        ours = min([broker_from] + list(missing.values()))
+        ours = min([broker_from] + list(missing.values()) + batch_dispatch_starts(self, broker_from))
         if self.index_rebuild_from is not None:
             ours = min(ours, self.index_rebuild_from)
         for (t, q), p in missing.items():
@@ -395,12 +406,12 @@ class Planner:
         # [next offset, maxPhysicOffset, first offset written into an empty queue, queue has no file]
         qstate = self._queue_state()
         early = getattr(self, "early_prediction", None)
-        if early is not None and ours == walk_start and early[1] == qstate:
+        if early is not None and ours == walk_start and early[1] == qstate and early[2] == batch_queue_state(self):
             pred = early[0]  # the records of [walk start, end) are the ones the walk handed it
             qstate = pred.state
             pred.flush()
         else:
-            pred = DispatchPrediction(qstate)
+            pred = DispatchPrediction(qstate, MultiDispatchRule(self.cfg), batch_queue_state(self), self.store.batch_topics())
             if ours < end:
                 rewalk(self.cl_segments, self.lenient_upto, self.version, ours, end, pred)
                 pred.flush()
@@ -408,6 +419,7 @@ class Planner:
         new_units, count = pred.new_units, pred.count
         t = self.tally
         self.qstate = qstate
+        self.bstate = pred.batch_state
         self.last_record_start = t.last_start
         # the last record a consume queue takes, if the re-dispatch reaches it
         self.last_cq_ts = t.last_cq_ts if t.last_cq_phy is not None and t.last_cq_phy >= ours else None
@@ -471,6 +483,7 @@ class Planner:
                     min_off = qs.segments[0].start // CQ_UNIT_SIZE + int(hit[0])
             queues.append({"topic": t, "queueId": q, "minOffset": min_off, "maxOffset": max_off,
                            "maxPhysicOffset": max_phys})
+        queues += batch_summary(self, getattr(self, "bstate", {}))
         plan.summary = {"type": "recover", "version": "4.9.3" if self.version < 5 else "5.3.3",
                         "lastExitOK": plan.last_exit_ok, "maxPhyOffset": self.end if self.cl_kept else 0,
                         "minPhyOffset": min_phy, "queues": queues}

@@ -25,7 +25,10 @@ from ..findings import Finding
 from .commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_parallel,  # noqa: F401 (public API)
                         as_windows, first_windows, iter_windows, verify_segments, verify_segments_parallel,
                         whole_segments, window_report)
+from ..derived.lmq import is_lmq
+from .batchqueues import BatchQueueCheck
 from .index import _check_checkpoint, _check_index, _check_root
+from .lmq import LmqDispatchCheck, after_furthest_unit, check_lmq_dispatch
 from .queues import _check_consume_queues, _check_dispatch
 from .records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier,  # noqa: F401
                       map_large_allocations)
@@ -85,14 +88,16 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     rocksdb = store.rocksdb
     queue_windows = QueueWindows if rocksdb is None else RocksQueueWindows
     queues = [queue_windows(store, topic, qid, windows, findings) for topic, qid in store.queues()]
+    batch = [BatchQueueCheck(store, topic, qid, findings) for topic, qid in store.batch_queues()]
     svc = store.index
     findings += svc.problems
     index_files = [IndexWindows(f, windows) for f in svc.files if f.complete]
-    phy_maxes = [q.phy_max for q in queues if q.phy_max is not None]
+    phy_maxes = [q.phy_max for q in queues + batch if q.phy_max is not None]
     if rocksdb is None:
         dispatch = DispatchWindows(max(phy_maxes) if phy_maxes else None)
     else:  # the database's checkpoint is where the broker's next start dispatches from
         dispatch = CheckpointDispatch(rocksdb.checkpoint)
+    lmq = LmqDispatchCheck(store, after_furthest_unit(max(phy_maxes) if phy_maxes else None))
     dispatch.reread_with(lambda w: _Records(store, [window_report(cl, w, check_crc=check_crc)]))
     times = _Agg()
     prev_ts = None
@@ -117,12 +122,18 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
             newest = int(ts.max()) if newest is None else max(newest, int(ts.max()))
             _check_delay_properties(recs, findings)
         marks = np.zeros(len(recs), dtype=bool)
+        others = np.zeros(len(recs), dtype=bool)  # found by LMQ units: the records' own units are checked apart
         found_end = None
         for q in queues:
-            end = q.window(w, windows, recs, marks)
+            end = q.window(w, windows, recs, others if is_lmq(q.scan.topic) else marks)
+            if end is not None:
+                found_end = end if found_end is None else max(found_end, end)
+        for b in batch:
+            end = b.window(*windows.bounds(w), recs, marks)
             if end is not None:
                 found_end = end if found_end is None else max(found_end, end)
         dispatch.window(recs, marks, found_end, w)
+        lmq.window(recs)
         for ix in index_files:
             ix.window(w, windows, recs)
         del recs, marks
@@ -135,12 +146,15 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     no_records = _Records(store, [])
     no_records.invalid = np.asarray(sorted(o for r in kept for o in r.invalid), dtype=np.int64)
     refs = _RefClassifier(no_records, kept, cl, data_end)  # for the references no window found a record for
-    for q in queues:
+    for q in queues + batch:
         q.finish(refs, findings)
     dispatch.finish(cl, findings)
+    lmq.finish(findings)
     summary["consumeQueues"] = {"queues": len(queues), "units": sum(q.units for q in queues)}
     if rocksdb is not None:
         summary["consumeQueues"].update(check_database(store, queues, data_end, findings))
+    if batch:
+        summary["batchConsumeQueues"] = {"queues": len(batch), "units": sum(b.units for b in batch)}
     for ix in index_files:
         ix.finish(refs, findings)
     summary["index"] = {"files": len(svc.files), "entries": sum(ix.entries for ix in index_files)}
@@ -196,7 +210,14 @@ def _verify_whole_log(store, *, check_crc: bool = True, reports: list[SegmentRep
     _check_delay_properties(recs, findings)
     refs = _RefClassifier(recs, reports, cl, data_end)
     marks = cross_checks.consume_queues(store, recs, refs, findings, summary)
+    for topic, qid in store.batch_queues():
+        b = BatchQueueCheck(store, topic, qid, findings)
+        b.window(0, (1 << 63) - 1, recs, marks.has_unit)
+        b.finish(refs, findings)
+        if b.phy_max is not None:
+            marks.phy_max = max(marks.phy_max if marks.phy_max is not None else b.phy_max, b.phy_max)
     _check_dispatch(store, recs, marks, findings)
+    check_lmq_dispatch(store, recs, marks.phy_max, findings)
     cross_checks.index(store, recs, refs, findings, summary)
     if refs.lost_refs:
         findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))

@@ -8,6 +8,7 @@ import numpy as np
 from rmqstore_cli.formats.extaddr import MAX_ADDR, undecorate
 from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
+from ..derived.lmq import is_lmq, record_targets
 from ..findings import Finding
 from .records import ERROR, INFO, WARNING, _Agg, _cq_loc, _Records, _RefClassifier
 
@@ -31,12 +32,14 @@ class DispatchMarks:
         self.found_end_max: int | None = None  # end of the furthest record a unit points at
         self.phy_max: int | None = None  # the furthest unit's offset
 
-    def add(self, phys: np.ndarray, idx: np.ndarray, found: np.ndarray, sizes: np.ndarray) -> None:
-        """One queue's non-filler units: their offsets, record indexes and whether the record was found."""
+    def add(self, phys: np.ndarray, idx: np.ndarray, found: np.ndarray, sizes: np.ndarray, own: bool = True) -> None:
+        """One queue's non-filler units: their offsets, record indexes and whether the record was found. ``own``:
+        the units are their records' own (not an LMQ queue's, which would hide a record's missing own unit)."""
         if not len(phys):
             return
         ri = idx[found]
-        self.has_unit[ri] = True
+        if own:
+            self.has_unit[ri] = True
         self.phy_max = max(self.phy_max if self.phy_max is not None else int(phys[0]), int(phys.max()))
         if len(ri):
             end = int((phys[found] + sizes[ri]).max())
@@ -174,7 +177,7 @@ def _check_unit_block(cq, scan: _QueueScan, qofs, uphy, usize, utags, recs: _Rec
     lost = np.flatnonzero(status == refs.LOST)
     if len(lost):
         scan.pending_lost.append((qofs[real[lost]], phys[lost]))
-    marks.add(phys, idx, status == refs.FOUND, recs.c["size"])
+    marks.add(phys, idx, status == refs.FOUND, recs.c["size"], own=not is_lmq(scan.topic))
     for j in np.flatnonzero(status == refs.MISSING).tolist():
         _no_record(agg, cq, group, int(qofs[real[j]]), int(phys[j]))
     ok = np.flatnonzero(status == refs.FOUND)
@@ -202,7 +205,7 @@ def check_found_units(cq, scan: _QueueScan, qofs, uphy, usize, utags, ri, recs: 
     for code, mask, text in checks:
         mask = mask & ~bad
         if code in ("CQ_TOPIC", "CQ_QUEUE_ID", "CQ_QUEUE_OFFSET") and mask.any():
-            mask = mask & ~_lmq_match(recs, ri, qofs, topic, mask)
+            mask = mask & ~_lmq_match(recs, ri, qofs, topic, qid, mask)
         for j in np.flatnonzero(mask).tolist():
             r = int(ri[j])
             qo = int(qofs[j])
@@ -241,15 +244,20 @@ def _no_record(agg: _Agg, cq, group, qo: int, phy: int) -> None:
             topic=group[0], queueId=group[1], queueOffset=qo, rank=qo)
 
 
-def _lmq_match(recs: _Records, ri, queue_offsets, topic: str, mask) -> np.ndarray:
-    """Units of a multi-dispatch (LMQ) queue point at other topics' records (§14.3)."""
+def _lmq_match(recs: _Records, ri, queue_offsets, topic: str, qid: int, mask) -> np.ndarray:
+    """Units of a multi-dispatch (LMQ) queue point at other topics' records (§14.3): a unit agrees when its record
+    multi-dispatches to this queue at this offset (derived.lmq's rules; the records' properties decoded once)."""
     out = np.zeros(len(ri), dtype=bool)
-    for k in np.flatnonzero(mask).tolist():
-        p = recs.props(int(ri[k]))
-        names = p.get("INNER_MULTI_DISPATCH", "").split(",")
-        offs = p.get("INNER_MULTI_QUEUE_OFFSET", "").split(",")
-        if topic in names and len(names) == len(offs):
-            out[k] = offs[names.index(topic)] == str(int(queue_offsets[k]))
+    at = np.flatnonzero(mask)
+    if not len(at):
+        return out
+    lt = record_targets(recs.store, recs, None, ri[at])
+    if not len(lt) or topic not in lt.names:
+        return out
+    m = (lt.name == lt.names.index(topic)) & (lt.queue_id == qid)
+    named = set(zip(lt.row[m].tolist(), lt.queue_offset[m].tolist()))
+    for k in at.tolist():
+        out[k] = (int(ri[k]), int(queue_offsets[k])) in named
     return out
 
 

@@ -1,0 +1,242 @@
+"""Multi-dispatch / LMQ (FORMAT.md §14.3): which extra consume-queue units a record gets.
+
+Mirrors the broker's ``MultiDispatchUtils.checkMultiDispatchQueue`` (which records) and
+``ConsumeQueue.multiDispatchLmqQueue`` / ``doDispatchLmqQueue`` (which units): for a record of a
+topic that is not ``%RETRY%…``, ``rmq_sys_…`` or ``SCHEDULE_TOPIC_XXXX`` whose properties hold a
+non-blank ``INNER_MULTI_DISPATCH`` and ``INNER_MULTI_QUEUE_OFFSET``, both split on ``,`` (Java's
+``String.split``: trailing empty pieces dropped); lists of different lengths dispatch nothing; a name
+holding the path separator is skipped; each other name gets the unit ``(phy, TOTALSIZE, plain
+tagsCode)`` at the offset named at the same position, in queue 0 when ``enableLmq`` is on and the
+name starts with ``%LMQ%`` (else in the record's own queue id). An offset Java's ``Long.parseLong``
+rejects throws there, so the names after it get nothing.
+
+The settings: ``enableMultiDispatch`` gates dispatch, ``enableLmq`` the queue-0 rule. When the
+broker's settings are not given, the records decide: ``INNER_MULTI_QUEUE_OFFSET`` is only stored by
+a broker that assigned LMQ offsets, i.e. one with both settings on.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from rmqstore_cli.formats import propscan
+from rmqstore_cli.formats.message import decode_utf8
+from rmqstore_cli.formats.properties import parse_properties
+from rmqstore_cli.formats.tags import SCHEDULE_TOPIC
+
+LMQ_PREFIX = "%LMQ%"
+RETRY_PREFIX = "%RETRY%"
+SYSTEM_PREFIX = "rmq_sys_"
+DISPATCH_PROP = "INNER_MULTI_DISPATCH"
+OFFSET_PROP = "INNER_MULTI_QUEUE_OFFSET"
+LMQ_PROPS = (DISPATCH_PROP, OFFSET_PROP)
+LMQ_QUEUE_ID = 0
+_LONG = re.compile(r"[+-]?[0-9]+\Z")
+_LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def is_lmq(name: str) -> bool:
+    return name.startswith(LMQ_PREFIX)
+
+
+class MultiDispatchRule:
+    """The two settings, as the broker's dispatch reads them (see the module docstring)."""
+
+    def __init__(self, config):
+        explicit = getattr(config, "explicit", set())
+        self.enabled = bool(config.enableMultiDispatch) if "enableMultiDispatch" in explicit else True
+        known = explicit | set(getattr(config, "inferred", {}))
+        self.lmq_queue_zero = bool(config.enableLmq) if "enableLmq" in known else True
+
+    @staticmethod
+    def checked(config) -> bool:
+        """Whether checks look for multi-dispatch in every record (verify, recovery's derived check): the setting
+        given, or inferred from %LMQ% queues on disk. Dispatch itself also follows records carrying the offsets
+        when nothing is given; a check that walked every record's properties on every store would cost each
+        classic store a second property scan."""
+        return bool(config.enableMultiDispatch)
+
+    @staticmethod
+    def topic_takes_part(topic: str) -> bool:
+        """isNeedHandleMultiDispatch's topic exclusions."""
+        return not (topic.startswith(RETRY_PREFIX) or topic.startswith(SYSTEM_PREFIX) or topic == SCHEDULE_TOPIC)
+
+    def targets(self, topic: str, queue_id: int, names: str | None, offsets: str | None) -> list[tuple[str, int, int]]:
+        """(queue name, queue id, queue offset) of every extra unit the record gets, in property order."""
+        if not self.enabled or not names or not offsets or not names.strip() or not offsets.strip():
+            return []
+        if not self.topic_takes_part(topic):
+            return []
+        qs, os_ = _java_split(names), _java_split(offsets)
+        if len(qs) != len(os_):
+            return []
+        out = []
+        for name, off in zip(qs, os_):
+            if "/" in name:
+                continue
+            if not _LONG.match(off):
+                break  # NumberFormatException: the rest of the list is not dispatched
+            value = int(off)
+            if not _LONG_MIN <= value <= _LONG_MAX:
+                break
+            qid = LMQ_QUEUE_ID if (self.lmq_queue_zero and is_lmq(name)) else queue_id
+            out.append((name, qid, value))
+        return out
+
+
+def _java_split(text: str) -> list[str]:
+    """``String.split(",")``: trailing empty strings removed."""
+    parts = text.split(",")
+    while parts and parts[-1] == "":
+        parts.pop()
+    return parts
+
+
+class LmqTargets:
+    """The extra units of many records as columns: ``row`` (index of the record in its batch), ``name``
+    (index into ``names``), ``queue_id``, ``queue_offset``; rows in record order, each record's names in
+    property order."""
+
+    __slots__ = ("row", "name", "queue_id", "queue_offset", "names")
+
+    def __init__(self, row, name, queue_id, queue_offset, names):
+        self.row = np.asarray(row, np.int64)
+        self.name = np.asarray(name, np.int64)
+        self.queue_id = np.asarray(queue_id, np.int64)
+        self.queue_offset = np.asarray(queue_offset, np.int64)
+        self.names = names
+
+    def __len__(self) -> int:
+        return len(self.row)
+
+    @classmethod
+    def empty(cls) -> "LmqTargets":
+        return cls([], [], [], [], [])
+
+    @classmethod
+    def from_lists(cls, per_record: list[tuple[int, list]]) -> "LmqTargets":
+        """From [(row, [(name, qid, offset), ...]), ...]."""
+        ids: dict[str, int] = {}
+        row, name, qid, qo = [], [], [], []
+        for r, ts in per_record:
+            for n, q, o in ts:
+                row.append(r)
+                name.append(ids.setdefault(n, len(ids)))
+                qid.append(q)
+                qo.append(o)
+        return cls(row, name, qid, qo, list(ids))
+
+    def take_rows(self, keep_rows: np.ndarray) -> "LmqTargets":
+        """Only the targets of the records at positions ``keep_rows`` (sorted), renumbered to their new positions."""
+        keep_rows = np.asarray(keep_rows, np.int64)
+        pos = np.searchsorted(keep_rows, self.row)
+        hit = (pos < len(keep_rows)) & (keep_rows[np.minimum(pos, max(len(keep_rows) - 1, 0))] == self.row) \
+            if len(keep_rows) else np.zeros(len(self.row), bool)
+        return LmqTargets(pos[hit], self.name[hit], self.queue_id[hit], self.queue_offset[hit], self.names)
+
+
+def chunk_targets(rule: MultiDispatchRule, u8: np.ndarray, h, topic_of_row, rows: np.ndarray | None = None) -> LmqTargets:
+    """The extra units of the records of decoded headers ``h`` over buffer ``u8`` (``topic_of_row(i)``
+    gives record i's topic). ``rows``: only those records (default: all). The two properties are
+    located for the whole chunk at once (compiled scan); only records carrying both are decoded."""
+    if not rule.enabled or not len(h):
+        return LmqTargets.empty()
+    pv = propscan.scan(u8, h.propsStart, h.propsLength, names=LMQ_PROPS)
+    has = (pv.start[DISPATCH_PROP] >= 0) & (pv.start[OFFSET_PROP] >= 0)
+    if rows is not None:
+        sel = np.zeros(len(h), bool)
+        sel[np.asarray(rows, np.int64)] = True
+        has &= sel
+    if not has.any():
+        return LmqTargets.empty()
+    return LmqTargets.from_lists(_per_record(rule, u8, h, topic_of_row, pv, has))
+
+
+def _per_record(rule, u8, h, topic_of_row, pv, has) -> list:
+    per_record = []
+    for i in np.flatnonzero(has).tolist():
+        if pv.ascii[i]:
+            names = bytes(u8[int(pv.start[DISPATCH_PROP][i]):int(pv.end[DISPATCH_PROP][i])]).decode("ascii")
+            offs = bytes(u8[int(pv.start[OFFSET_PROP][i]):int(pv.end[OFFSET_PROP][i])]).decode("ascii")
+        else:
+            s, n = int(h.propsStart[i]), int(h.propsLength[i])
+            props = parse_properties(decode_utf8(bytes(u8[s:s + n])))
+            names, offs = props.get(DISPATCH_PROP), props.get(OFFSET_PROP)
+        ts = rule.targets(topic_of_row(i), int(h.queueId[i]), names, offs)
+        if ts:
+            per_record.append((i, ts))
+    return per_record
+
+
+def record_targets(store, recs, rule: MultiDispatchRule | None = None, only: np.ndarray | None = None) -> LmqTargets:
+    """The extra units of every record of a verify record table (``verify.records._Records``; ``only``: of those
+    record indexes): ``row`` is the record's index there. Each segment's records are decoded again (headers
+    only, then the two properties located by the compiled scan)."""
+    from rmqstore_cli.formats import fast
+
+    rule = rule or MultiDispatchRule(store.config)
+    if not rule.enabled or not len(recs):
+        return LmqTargets.empty()
+    segs = store.commitlog.segments.segments
+    per_record = []
+    pick = np.arange(len(recs), dtype=np.int64) if only is None else np.unique(np.asarray(only, np.int64))
+    for k in np.unique(recs.seg[pick]).tolist():
+        rows = pick[recs.seg[pick] == k]
+        seg = segs[k]
+        buf = seg.buffer()
+        u8 = fast.kernel_view(buf)
+        h = fast.decode_headers(buf, recs.phy[rows] - seg.start)
+        pv = propscan.scan(u8, h.propsStart, h.propsLength, names=LMQ_PROPS)
+        has = (pv.start[DISPATCH_PROP] >= 0) & (pv.start[OFFSET_PROP] >= 0)
+        if has.any():
+            found = _per_record(rule, u8, h, lambda i: recs.topic(int(rows[i])), pv, has)
+            per_record += [(int(rows[i]), ts) for i, ts in found]
+    return LmqTargets.from_lists(per_record)
+
+
+def append_side_on(config) -> bool:
+    """Does the broker's append assign LMQ offsets (5.x: ``enableLmq``)? Given or inferred from the store's
+    LMQ queues; off by default, as in the broker."""
+    return bool(config.enableLmq) if ("enableLmq" in config.explicit or "enableLmq" in config.inferred) else False
+
+
+def wraps_lmq(topic: str, props: dict) -> bool:
+    """MessageExtBrokerInner.needDispatchLMQ: a non-blank INNER_MULTI_DISPATCH on a topic that allows LMQ."""
+    names = props.get(DISPATCH_PROP)
+    return bool(names and names.strip()) and MultiDispatchRule.topic_takes_part(topic)
+
+
+def lmq_names(props: dict) -> list[str]:
+    return _java_split(props.get(DISPATCH_PROP, ""))
+
+
+def wrapped_properties(props_str: str, offsets: list[int | None]) -> str:
+    """The properties string the 5.x append stores for an LMQ message (LmqDispatch.wrapLmqDispatch, then
+    CommitLog.handlePropertiesForLmqMsg): the message's map (the send's string parsed into a HashMap of
+    capacity 128, in string order) gets ``INNER_MULTI_QUEUE_OFFSET`` = the offsets joined by ``,`` (empty for a
+    non-LMQ name), ``WAIT`` is removed and put back (so it moves to the end of its bucket, and stays), and the
+    map is serialised again in HashMap order. Checked against every LMQ put of stores/lmq-5.3.3."""
+    from rmqstore_cli.formats.java_hashmap import hashmap_order
+    from rmqstore_cli.formats.properties import serialize_properties
+
+    props = parse_properties(props_str)
+    keys = list(props)
+    if OFFSET_PROP not in props:
+        keys.append(OFFSET_PROP)
+    props[OFFSET_PROP] = ",".join("" if o is None else str(o) for o in offsets)
+    if "WAIT" in props:
+        keys.remove("WAIT")
+        keys.append("WAIT")
+    return serialize_properties([(k, props[k]) for k in hashmap_order(keys, 128)], 5)
+
+
+def lmq_queue_names(root: str, dirname: str = "consumequeue") -> list[str]:
+    """The ``%LMQ%`` queue directories of a store."""
+    import os
+
+    try:
+        return sorted(n for n in os.listdir(os.path.join(root, dirname)) if is_lmq(n))
+    except OSError:
+        return []

@@ -1,0 +1,309 @@
+"""LMQ / multi-dispatch (FORMAT.md §14.3) on the store the real 5.3.3 store code wrote (stores/lmq-5.3.3):
+reads against the broker's read-back, writes (rebuild, recover, truncate) against the broker's own files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from rmqstore_cli.app import app
+from rmqstore_cli.engine.config.storeconfig import StoreConfig
+from rmqstore_cli.engine.derived.lmq import MultiDispatchRule
+
+from .conftest import STORES, broker_read, tree_digest
+
+NAME = "lmq-5.3.3"
+CONF = STORES / NAME / "broker.conf"
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def json_lines(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def plan_of(out: str) -> dict:
+    return next(o for o in json_lines(out) if o.get("type") == "recover-plan")
+
+
+def files_of(root, sub="consumequeue") -> dict:
+    out = {}
+    base = os.path.join(root, sub)
+    for dp, _, fn in os.walk(base):
+        for f in fn:
+            p = os.path.join(dp, f)
+            out[os.path.relpath(p, base)] = open(p, "rb").read()
+    return out
+
+
+def lmq_units():
+    return [u for u in broker_read(NAME)["cqUnit"] if u["topic"].startswith("%LMQ%")]
+
+
+# --- the rules, against the 5.3.3 source's behaviour (MultiDispatchUtils / ConsumeQueue.multiDispatchLmqQueue) ---
+
+def _rule(**kw) -> MultiDispatchRule:
+    cfg = StoreConfig(version=5)
+    for k, v in kw.items():
+        setattr(cfg, k, v)
+        cfg.explicit.add(k)
+    return MultiDispatchRule(cfg)
+
+
+def test_rules():
+    r = _rule(enableMultiDispatch=True, enableLmq=True)
+    assert r.targets("T", 3, "%LMQ%a,%LMQ%b", "4,9") == [("%LMQ%a", 0, 4), ("%LMQ%b", 0, 9)]
+    assert r.targets("T", 3, "%LMQ%a,plain", "4,9") == [("%LMQ%a", 0, 4), ("plain", 3, 9)]  # only LMQ names go to 0
+    assert r.targets("T", 3, "%LMQ%a,%LMQ%b", "4") == []  # lists of different lengths: nothing
+    assert r.targets("T", 3, "%LMQ%a,%LMQ%b,", "4,9,") == [("%LMQ%a", 0, 4), ("%LMQ%b", 0, 9)]  # split drops trailing ""
+    assert r.targets("T", 3, "%LMQ%a/x,%LMQ%b", "4,9") == [("%LMQ%b", 0, 9)]  # path separator: skipped
+    assert r.targets("T", 3, "%LMQ%a,%LMQ%b,%LMQ%c", "4,x,5") == [("%LMQ%a", 0, 4)]  # parseLong throws: the rest is lost
+    assert r.targets("T", 3, " ", "1") == [] and r.targets("T", 3, "%LMQ%a", "") == []  # blank
+    for topic in ("%RETRY%g", "rmq_sys_x", "SCHEDULE_TOPIC_XXXX"):
+        assert r.targets(topic, 0, "%LMQ%a", "1") == []
+    assert _rule(enableMultiDispatch=False).targets("T", 0, "%LMQ%a", "1") == []
+    assert _rule(enableMultiDispatch=True, enableLmq=False).targets("T", 2, "%LMQ%a", "1") == [("%LMQ%a", 2, 1)]
+    assert MultiDispatchRule(StoreConfig(version=5)).targets("T", 2, "%LMQ%a", "1") == [("%LMQ%a", 0, 1)]  # unset: records decide
+
+
+# --- reads --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("with_conf", [True, False])
+def test_verify_and_dump_match_broker(with_conf):
+    root = STORES / NAME / "store"
+    before = tree_digest(root)
+    conf = ["--config", CONF] if with_conf else []  # without it the geometry comes from the files
+    r = run("verify", root, "--json", *conf)
+    assert r.exit_code == 0, r.output
+    assert [o for o in json_lines(r.stdout) if o.get("severity") in ("error", "warning")] == []
+    r = run("dump", "consumequeue", root, "--json", *conf)
+    assert r.exit_code == 0
+    got = sorted((o["topic"], o["queueId"], o["queueOffset"], o["phyOffset"], o["size"], o["tagsCode"])
+                 for o in json_lines(r.stdout))
+    want = sorted((u["topic"], u["queueId"], u["queueOffset"], u["phyOffset"], u["size"], u["tagsCode"])
+                  for u in broker_read(NAME)["cqUnit"])
+    assert got == want and len(want) == 981
+    assert tree_digest(root) == before
+
+
+def test_recover_dry_run_plans_nothing_on_the_lmq_queues():
+    root = STORES / NAME / "store"
+    before = tree_digest(root)
+    r = run("recover", root, "--dry-run", "--json", "--config", CONF)
+    plan = plan_of(r.stdout)
+    assert plan["dataLoss"] == [] and plan["refusals"] == [] and plan["queueRepairs"] == [], r.output
+    # the only action: the confirmPhyOffset the broker's next start writes (its reopen wrote 236594, README)
+    assert [(a["action"], a["fields"]["confirmPhyOffset"]) for a in plan["actions"]] == [("checkpoint", 236594)]
+    assert plan["expectedApplyExitCode"] == 0
+    summary = next(o for o in json_lines(r.stdout) if o.get("type") == "recover")
+    table = next(t for t in broker_read(NAME)["offsetTable"] if t["table"] == "topicQueueTable")["entries"]
+    assert {f"{q['topic']}-{q['queueId']}": q["maxOffset"] for q in summary["queues"]} == table
+    assert tree_digest(root) == before
+
+
+# --- writes ---------------------------------------------------------------------------------------------------
+
+def test_rebuild_gives_the_lmq_queues_back_byte_for_byte(store_copy, tmp_path):
+    root = store_copy(NAME)
+    want = files_of(root)
+    shutil.rmtree(root / "consumequeue")
+    r = run("rebuild", "consumequeue", root, "--config", CONF, "--backup-dir", tmp_path / "bk")
+    assert r.exit_code == 0, r.output
+    assert files_of(root) == want
+    # on the intact store: nothing moves
+    r = run("rebuild", "consumequeue", root, "--config", CONF, "--backup-dir", tmp_path / "bk2")
+    assert r.exit_code == 0, r.output
+    assert files_of(root) == want
+
+
+def test_rebuild_one_lmq_queue(store_copy, tmp_path):
+    root = store_copy(NAME)
+    want = files_of(root)
+    shutil.rmtree(root / "consumequeue" / "%LMQ%dev%7")
+    r = run("rebuild", "consumequeue", root, "--topic", "%LMQ%dev%7", "--config", CONF, "--backup-dir", tmp_path / "bk")
+    assert r.exit_code == 0, r.output
+    assert files_of(root) == want
+
+
+def _zero_from(path, unit: int) -> None:
+    d = bytearray(open(path, "rb").read())
+    d[unit * 20:] = bytes(len(d) - unit * 20)
+    open(path, "wb").write(d)
+
+
+def test_truncated_lmq_queue_found_and_repaired(store_copy, tmp_path):
+    root = store_copy(NAME)
+    want = files_of(root)
+    name = "%LMQ%room1"
+    _zero_from(root / "consumequeue" / name / "0" / ("%020d" % 0), 30)
+    r = run("verify", root, "--json", "--config", CONF)
+    assert r.exit_code == 1
+    (f,) = [o for o in json_lines(r.stdout) if o.get("severity") == "error"]
+    units = sorted((u for u in lmq_units() if u["topic"] == name), key=lambda u: u["queueOffset"])
+    assert (f["code"], f["topic"], f["queueOffset"], f["phyOffset"], f["count"]) == (
+        "LMQ_NOT_DISPATCHED", name, 30, units[30]["phyOffset"], len(units) - 30)
+    r = run("recover", root, "--dry-run", "--json", "--config", CONF)
+    plan = plan_of(r.stdout)
+    assert plan["dataLoss"] == [] and plan["expectedApplyExitCode"] == 0
+    (q,) = plan["queueRepairs"]
+    assert (q["topic"], q["firstBadOffset"], q["ours"]["maxOffset"]) == (name, 30, len(units))
+    r = run("recover", root, "--config", CONF, "--backup-dir", tmp_path / "bk")
+    assert r.exit_code == 0, r.output
+    assert files_of(root) == want
+    assert run("verify", root, "--config", CONF).exit_code == 0
+
+
+def test_lying_lmq_unit_cut_and_rewritten(store_copy, tmp_path):
+    root = store_copy(NAME)
+    want = files_of(root)
+    path = root / "consumequeue" / "%LMQ%chat%b" / "0" / ("%020d" % 0)
+    d = bytearray(open(path, "rb").read())
+    d[10 * 20 + 8:10 * 20 + 12] = (77).to_bytes(4, "big")  # unit 10: a size no record has
+    open(path, "wb").write(d)
+    r = run("verify", root, "--json", "--config", CONF)
+    assert r.exit_code == 1 and {o["code"] for o in json_lines(r.stdout) if o.get("severity") == "error"} == {"CQ_SIZE"}
+    r = run("recover", root, "--dry-run", "--json", "--config", CONF)
+    plan = plan_of(r.stdout)
+    assert plan["dataLoss"] == [] and [(q["topic"], q["firstBadOffset"], q["code"]) for q in plan["queueRepairs"]] == [
+        ("%LMQ%chat%b", 10, "CQ_SIZE")]
+    assert run("recover", root, "--config", CONF, "--backup-dir", tmp_path / "bk").exit_code == 0
+    assert files_of(root) == want
+
+
+def test_abnormal_start_keeps_every_lmq_unit(store_copy, tmp_path):
+    root = store_copy(NAME)
+    want = files_of(root)
+    (root / "abort").write_bytes(b"")
+    r = run("recover", root, "--dry-run", "--json", "--config", CONF)
+    plan = plan_of(r.stdout)
+    assert plan["dataLoss"] == [] and plan["queueRepairs"] == []
+    assert not [a for a in plan["actions"] if a["action"] in ("zero_tail", "move_aside") and "consumequeue" in a["path"]]
+    assert run("recover", root, "--config", CONF, "--backup-dir", tmp_path / "bk").exit_code == 0
+    assert files_of(root) == want
+
+
+def test_truncate_cuts_lmq_queues_like_the_broker(store_copy, tmp_path):
+    root = store_copy(NAME)
+    cut = sorted(m["offset"] for m in broker_read(NAME)["clmsg"])[450]
+    r = run("truncate", root, "--offset", cut, "--config", CONF, "--backup-dir", tmp_path / "bk")
+    assert r.exit_code == 0, r.output
+    r = run("dump", "consumequeue", root, "--json", "--config", CONF)
+    got = sorted((o["topic"], o["queueOffset"], o["phyOffset"]) for o in json_lines(r.stdout) if o["topic"].startswith("%LMQ%"))
+    # §13.7: every unit whose record starts before the cut stays, the rest goes
+    want = sorted((u["topic"], u["queueOffset"], u["phyOffset"]) for u in lmq_units() if u["phyOffset"] < cut)
+    assert got == want
+    assert run("verify", root, "--config", CONF).exit_code == 0
+
+
+def _put_lines() -> list[str]:
+    """The 600 puts as `append --from` lines: what the harness sent (properties string before the store's additions),
+    with the record's own times, hosts and flags as the broker stored them (clmsg raw)."""
+    from .conftest import broker_puts
+
+    raw = {m["offset"]: m["raw"] for m in broker_read(NAME)["clmsg"]}
+    lines = []
+    for p in broker_puts(NAME):
+        r = raw[p["result"]["wroteOffset"]]
+        lines.append(json.dumps({
+            "topic": p["topic"], "queueId": p["queueId"], "bodyHex": p["bodyHex"], "propertiesRaw": p["propertiesStringSent"],
+            "flag": r["flag"], "sysFlag": r["sysFlag"], "bornTimestamp": r["bornTimestamp"],
+            "storeTimestamp": r["storeTimestamp"], "bornHost": f"127.0.0.1:{40000 + p['i'] % 1000}",
+            "storeHost": "127.0.0.1:10911"}))
+    return lines
+
+
+def test_append_assigns_lmq_offsets_like_the_broker(tmp_path):
+    """The broker's append (LmqDispatch.wrapLmqDispatch + handlePropertiesForLmqMsg) stores INNER_MULTI_QUEUE_OFFSET
+    with the properties re-serialised; dispatch writes the LMQ units: the whole store comes out byte for byte."""
+    src = tmp_path / "puts.jsonl"
+    src.write_text("\n".join(_put_lines()) + "\n")
+    dst = tmp_path / "replay"
+    r = run("append", dst, "--from", src, "--config", CONF, "--broker-version", 5, "--quiet")
+    assert r.exit_code == 0, r.output
+    broker = STORES / NAME / "store"
+    for sub in ("commitlog", "consumequeue"):
+        assert files_of(dst, sub) == files_of(broker, sub), sub
+
+
+def test_lmq_group_offsets_audited(store_copy):
+    """lmqConsumerOffset.json (LmqConsumerOffsetManager: lmqOffsetTable {"queue@group": offset}, queue 0) against the
+    LMQ queues' bounds (the broker's offset table after reopen)."""
+    root = store_copy(NAME)
+    os.makedirs(root / "config")
+    (root / "config" / "lmqConsumerOffset.json").write_text(
+        '{\n\t"lmqOffsetTable":{\n\t\t"%LMQ%room1@%LMQ%g1":40,\n\t\t"%LMQ%room2@%LMQ%g1":50\n\t},\n\t"offsetTable":{}\n}')
+    table = next(t for t in broker_read(NAME)["offsetTable"] if t["table"] == "topicQueueTable")["entries"]
+    r = run("dump", "offsets", root, "--json")
+    rows = {o["topic"]: o for o in json_lines(r.stdout) if o.get("type") == "offset"}
+    assert set(rows) == {"%LMQ%room1", "%LMQ%room2"} and all(o["lmq"] and o["group"] == "%LMQ%g1" for o in rows.values())
+    a, b = rows["%LMQ%room1"], rows["%LMQ%room2"]
+    assert (a["maxOffset"], a["lagMessages"], a["code"]) == (table["%LMQ%room1-0"], table["%LMQ%room1-0"] - 40, None)
+    assert (b["maxOffset"], b["code"], b["skipped"]) == (table["%LMQ%room2-0"], "CO_ABOVE_MAX", 50 - table["%LMQ%room2-0"])
+
+
+def test_own_queue_loss_not_hidden_by_lmq_units(store_copy, tmp_path):
+    """A record that lost its own unit is missing from its queue even when its LMQ units are there."""
+    root = store_copy(NAME)
+    want = files_of(root)
+    _zero_from(root / "consumequeue" / "LmqTopicA" / "0" / ("%020d" % 0), 40)
+    units = broker_read(NAME)["cqUnit"]
+    lost = [u for u in units if (u["topic"], u["queueId"]) == ("LmqTopicA", 0) and u["queueOffset"] >= 40]
+    kept = [u for u in units if not any(u is x for x in lost)]
+    high = max(u["phyOffset"] + u["size"] for u in kept)  # from there the broker re-dispatches at start (lag)
+    r = run("verify", root, "--json", "--config", CONF)
+    (f,) = [o for o in json_lines(r.stdout) if o.get("severity") == "error"]
+    assert (f["code"], f["topic"], f["queueOffset"], f["count"]) == (
+        "CQ_NOT_DISPATCHED", "LmqTopicA", 40, sum(u["phyOffset"] < high for u in lost))
+    assert run("recover", root, "--config", CONF, "--backup-dir", tmp_path / "bk").exit_code == 0
+    assert files_of(root) == want
+
+
+def test_settings_inferred_from_lmq_queues(tmp_path):
+    from rmqstore_cli.engine.config.storeconfig import infer_geometry
+
+    for qid, lmq_on in (("0", True), ("3", False)):  # without enableLmq, LMQ queues keep the record's queue id
+        root = tmp_path / qid
+        os.makedirs(root / "consumequeue" / "%LMQ%x" / qid)
+        cfg = infer_geometry(StoreConfig(version=5), str(root))
+        assert (cfg.enableMultiDispatch, cfg.enableLmq) == (True, lmq_on)
+        assert MultiDispatchRule(cfg).targets("T", 3, "%LMQ%x", "7") == [("%LMQ%x", 0 if lmq_on else 3, 7)]
+    cfg = infer_geometry(StoreConfig(version=5), str(tmp_path / "none"))
+    assert (cfg.enableMultiDispatch, cfg.enableLmq) == (False, False)
+
+
+@pytest.mark.parametrize("damage", ["lmq_tail", "own_tail", "abort"])
+def test_windowed_check_plans_as_the_whole_table(store_copy, damage, monkeypatch):
+    """Recovery's derived check window by window (multi-dispatch units checked against their window's records) gives
+    the plan the whole-record-table check gives."""
+    from rmqstore_cli.engine.repair import derived_windows
+    from rmqstore_cli.engine.repair.recovery import plan_recovery
+    from rmqstore_cli.engine.store import Store
+
+    root = store_copy(NAME)
+    if damage == "lmq_tail":
+        _zero_from(root / "consumequeue" / "%LMQ%room1" / "0" / ("%020d" % 0), 30)
+    elif damage == "own_tail":
+        _zero_from(root / "consumequeue" / "LmqTopicA" / "0" / ("%020d" % 0), 40)
+    else:
+        (root / "abort").write_bytes(b"")
+        _zero_from(root / "consumequeue" / "%LMQ%dev%7" / "0" / ("%020d" % 0), 20)
+
+    def plan():
+        with Store.open(str(root)) as st:
+            p = plan_recovery(st)
+            return [a.__dict__ for a in p.actions], p.notes, p.dispatch, p.summary
+
+    answers = []
+    finish = derived_windows.WindowedCheck.finish
+    monkeypatch.setattr(derived_windows.WindowedCheck, "finish", lambda self: answers.append(finish(self)) or answers[-1])
+    windowed = plan()
+    assert answers and answers[0] is not None  # the windowed check gave the verdicts
+    monkeypatch.setattr(derived_windows.WindowedCheck, "start", classmethod(lambda cls, planner: None))
+    assert plan() == windowed
