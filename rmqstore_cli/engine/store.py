@@ -5,15 +5,13 @@
 
 from __future__ import annotations
 
-import errno
 import fcntl
-import json
 import os
-import re
 from dataclasses import dataclass
 
 from .log.checkpoint import Checkpoint, read_checkpoint, read_checkpoint_head
 from .log.commitlog import CommitLog
+from .config.files import parse_fastjson, read_store_config_json  # noqa: F401  (parse_fastjson: callers import it here)
 from .config.storeconfig import StoreConfig, apply_settings, infer_geometry, read_broker_conf
 from .derived.consumequeue import ConsumeQueue, ConsumeQueueExt, list_queues
 from .derived.rocksdbqueue import RocksDBConsumeQueue, RocksDBConsumeQueueStore
@@ -214,22 +212,7 @@ class Store:
 
     def read_config_json(self, name: str) -> dict | None:
         """A ``config/*.json`` file written by fastjson (bare integer keys), falling back to ``.bak``."""
-        for candidate in (name, name + ".bak"):
-            path = os.path.join(self.root, "config", candidate)
-            try:
-                with open(path, encoding="utf-8") as f:
-                    text = f.read()
-            except OSError as e:
-                if e.errno in (errno.ENOENT, errno.EISDIR):
-                    continue
-                raise UsageError(f"cannot read {path}: {e.strerror}") from None
-            if not text.strip():
-                continue
-            try:
-                return parse_fastjson(text)
-            except ValueError:
-                continue
-        return None
+        return read_store_config_json(self.root, name)
 
     def close(self) -> None:
         self.commitlog.close()
@@ -250,9 +233,3 @@ class Store:
         self.close()
 
 
-_BARE_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
-
-
-def parse_fastjson(text: str) -> dict:
-    """fastjson writes non-string map keys without quotes (``{0:250}``); quote them first."""
-    return json.loads(_BARE_KEY.sub(r'\1"\2"\3', text))

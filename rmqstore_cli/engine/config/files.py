@@ -11,7 +11,10 @@ sequence, made durable). Read-only unless a write function is called.
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import re
 from dataclasses import dataclass, field
 
 from rmqstore_cli.formats import fastjson
@@ -409,3 +412,31 @@ def check_writable_name(name: str) -> str:
     if base not in CONFIG_FILES:
         raise UsageError(f"unknown config file {name!r}; one of {', '.join(CONFIG_FILES)}")
     return base
+
+
+def read_store_config_json(root: str, name: str) -> dict | None:
+    """A ``config/*.json`` file written by fastjson (bare integer keys), falling back to ``.bak``."""
+    for candidate in (name, name + ".bak"):
+        path = os.path.join(root, "config", candidate)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.EISDIR):
+                continue
+            raise UsageError(f"cannot read {path}: {e.strerror}") from None
+        if not text.strip():
+            continue
+        try:
+            return parse_fastjson(text)
+        except ValueError:
+            continue
+    return None
+
+
+_BARE_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
+
+
+def parse_fastjson(text: str) -> dict:
+    """fastjson writes non-string map keys without quotes (``{0:250}``); quote them first."""
+    return json.loads(_BARE_KEY.sub(r'\1"\2"\3', text))

@@ -198,10 +198,10 @@ def batch_topics_at(root: str, read_config_json=None) -> set[str]:
     the attribute ``queue.type=BatchCQ`` (QueueTypeUtils.getCQType)."""
     out = {t for t, _ in list_batch_queues(root)}
     if read_config_json is None:
-        from ..store import Store
-        from ..config.storeconfig import StoreConfig
+        from ..config.files import read_store_config_json
 
-        read_config_json = Store(root, StoreConfig()).read_config_json
+        def read_config_json(name):
+            return read_store_config_json(root, name)
     try:
         table = (read_config_json("topics.json") or {}).get("topicConfigTable") or {}
     except Exception:  # an unreadable topics.json is reported by `dump config`; the folders still decide
