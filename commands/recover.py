@@ -16,7 +16,7 @@ from .output import Output, handle_errors, prose, say as say_line, stderr
 
 ACTION_COLUMNS = [("action", "action"), ("path", "file"), ("offset", "offset"), ("why", "why")]
 BackupOpt = typer.Option(None, "--backup-dir", help="Where removed/overwritten bytes go (default: STORE.rmqstore-backup/<time>-<command>/ beside the store; never inside it).")
-DryRunOpt = typer.Option(False, "--dry-run", help="Print the plan only; change nothing. Exit 0 empty plan (nothing to do, nothing damaged), 1 actions planned or damage found, 2 data would be lost without an explicit choice.")
+DryRunOpt = typer.Option(False, "--dry-run", help="Print the plan only; change nothing. Exit 0 nothing to repair (at most housekeeping the broker does at every start) and nothing damaged, 1 repairs planned or damage found, 2 data would be lost without an explicit choice.")
 ForceOpt = typer.Option(False, "--force", help="Go on even if the store's lock file is held (only when you are sure no broker runs); asks for confirmation.")
 YesOpt = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (with --force).")
 
@@ -65,6 +65,8 @@ def print_plan(out: Output, plan, title: str) -> None:
         rows = [dict(a.as_json(), why=prose(a.why, root)) for a in plan.actions]
         out.table(rows, ACTION_COLUMNS, title="actions (every byte is copied to the backup first)", root=root,
                   wrap=("path", "why"))
+        if plan.empty:
+            say("  nothing to repair: only what the broker's next start does itself at every start (housekeeping)")
     elif plan.empty:
         say("  nothing to do: the store is what the broker would have after its own recovery, and verify finds nothing")
     else:

@@ -1,7 +1,7 @@
 """The exit-code contract of recover / truncate / rebuild, on copies of the broker-written stores.
 
-* ``--dry-run`` exits 0 exactly when the plan is empty (no action, no refusal, nothing damaged), 1 when it
-  has actions or names damage, 2 when data would be lost without an explicit choice.
+* ``--dry-run`` exits 0 exactly when the plan is empty (no action but the housekeeping the broker does at every
+  start and that fixes nothing verify reports, no refusal, nothing damaged), 1 when it has actions or names damage, 2 when data would be lost without an explicit choice.
 * An applied repair exits 0 when verify is clean afterwards or only the findings the plan named
   beforehand as kept on purpose remain (and says which in one line), 1 otherwise; the plan predicts it
   (``expectedApplyExitCode``).
@@ -76,7 +76,9 @@ def dry_and_apply(root, v: int, *extra):
 def check_contract(dry_exit: int, plan: dict, applied) -> None:
     """The three rules every plan and apply must follow."""
     assert dry_exit == plan["exitCode"], plan
-    assert (dry_exit == 0) == (plan["empty"] and not plan["actions"] and not plan["refusals"] and not plan["dataLoss"]
+    housekeeping_only = all(a.get("housekeeping") for a in plan["actions"])
+    fixes = any(f.get("severity") in ("error", "warning") for f in plan["fixedFindings"])
+    assert (dry_exit == 0) == (plan["empty"] and housekeeping_only and not fixes and not plan["refusals"] and not plan["dataLoss"]
                                 and not plan["keptFindings"] and not plan["leftFindings"]), plan
     assert applied.exit_code == plan["expectedApplyExitCode"], (applied.output[-3000:], plan["leftFindings"])
 
@@ -286,7 +288,10 @@ def contract_case(tmp_path, label: str, name: str, damaged, dmg, fuzzlib) -> lis
         probs += fuzzlib.problems_of(a, {0, 1, 2, 3})
         if d.exit_code != plan["exitCode"]:
             probs.append(f"dry-run exit {d.exit_code} != plan exitCode {plan['exitCode']}")
-        empty = not (plan["actions"] or plan["refusals"] or plan["dataLoss"] or plan["keptFindings"] or plan["leftFindings"])
+        repairs = [a for a in plan["actions"] if not a.get("housekeeping")]
+        fixes = any(f.get("severity") in ("error", "warning") for f in plan["fixedFindings"])
+        empty = not (repairs or fixes or plan["refusals"] or plan["dataLoss"] or plan["keptFindings"]
+                     or plan["leftFindings"])
         if (d.exit_code == 0) != empty:
             probs.append(f"dry-run exit {d.exit_code} but plan empty={empty}")
         if a.exit_code != plan["expectedApplyExitCode"]:

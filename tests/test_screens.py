@@ -39,7 +39,7 @@ def screen(monkeypatch, width: int) -> io.StringIO:
     buf = io.StringIO()
     con = Console(file=buf, width=width, force_terminal=True, color_system=None, highlight=False)
     for name, mod in list(sys.modules.items()):
-        if name == "commands" or name.startswith("commands."):
+        if name == "rmqstore_cli.commands" or name.startswith("rmqstore_cli.commands."):
             for attr in ("stdout", "stderr"):
                 if isinstance(getattr(mod, attr, None), Console):
                     monkeypatch.setattr(mod, attr, con)

@@ -95,9 +95,12 @@ class RecoveryPlan:
 
     @property
     def empty(self) -> bool:
-        """Nothing to do and nothing damaged: the broker's next start changes nothing (housekeeping
-        included) and, once assessed, verify found nothing."""
-        return not (self.actions or self.refusals or self.data_loss or self.kept_findings or self.left_findings)
+        """Nothing to repair and nothing damaged: the broker's next start changes nothing but what it does at
+        every start anyway (housekeeping: 5.x's confirmPhyOffset, a zero-length or pre-allocated last file),
+        and, once assessed, verify found nothing (housekeeping that fixes something verify reports is work)."""
+        fixes = any(f.get("severity") in ("error", "warning") for f in self.fixed_findings)
+        return not (self.repairs or fixes or self.refusals or self.data_loss or self.kept_findings
+                    or self.left_findings)
 
     @property
     def exit_code(self) -> int:
