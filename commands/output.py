@@ -185,7 +185,7 @@ WIDE_COLUMNS = {"topic", "propertiesRaw", "properties", "msgId", "message", "pat
 TIME_FIELDS = {
     "storeTimestamp", "bornTimestamp", "beginTimestamp", "endTimestamp", "msgStoreTime", "physicMsgTimestamp",
     "logicsMsgTimestamp", "indexMsgTimestamp", "minTimestamp", "minTimestampIndex", "firstStoreTimestamp",
-    "lastStoreTimestamp",
+    "lastStoreTimestamp", "deliverTimeMs", "slotTimeMs", "lastReadTimeMs",
 }
 
 

@@ -22,6 +22,7 @@ DEFAULT_CQ_SIZE = 6_000_000
 DEFAULT_EXT_SIZE = 50331648
 DEFAULT_HASH_SLOTS = 5_000_000
 DEFAULT_INDEX_NUM = 20_000_000
+DEFAULT_TIMERLOG_SIZE = 100 * 1024 * 1024
 
 
 @dataclass
@@ -49,6 +50,10 @@ class StoreConfig:
     storeType: str = "default"  # 5.3: "defaultRocksDB" keeps consume queues in a RocksDB database
     enableLmq: bool = False
     enableMultiDispatch: bool = False
+    # 5.x timer store (FORMAT.md appendix C)
+    timerPrecisionMs: int = 1000
+    mappedFileSizeTimerLog: int = DEFAULT_TIMERLOG_SIZE
+    timerRollWindowSlot: int = 3600 * 24 * 2
     inferred: dict = field(default_factory=dict)  # setting -> how it was inferred
     explicit: set = field(default_factory=set)  # settings given by the user or broker.conf
 
@@ -160,6 +165,11 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
         if ext_sizes:
             cfg.mappedFileSizeConsumeQueueExt = max(ext_sizes)
             cfg.inferred["mappedFileSizeConsumeQueueExt"] = "size of the ext files"
+    if "mappedFileSizeTimerLog" not in cfg.explicit:
+        sizes = _file_sizes(os.path.join(root, "timerlog"))
+        if sizes:
+            cfg.mappedFileSizeTimerLog = max(sizes)  # a wrong-size stray is reported by verify
+            cfg.inferred["mappedFileSizeTimerLog"] = "size of the timerlog files"
     idx_dir = os.path.join(root, "index")
     if not ({"maxHashSlotNum", "maxIndexNum"} & cfg.explicit):
         sizes = _file_sizes(idx_dir)

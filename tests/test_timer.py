@@ -1,0 +1,207 @@
+"""The 5.x timer store (FORMAT.md appendix C) read back like the broker reads it, and verify's TM_* checks.
+
+Expected values come from the broker's own read-back (broker-read.jsonl.gz: every timerlog unit with the
+message it points at, every wheel slot, timercheck, timermetrics) and from FORMAT.md's byte layouts
+(damage is written with struct at the documented offsets), never from the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import struct
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from formats.timer import (TIMER_CHECKPOINT, TIMER_CHECKPOINT_DTYPE, TIMER_SLOT, TIMER_SLOT_DTYPE, TIMER_UNIT,
+                           TIMER_UNIT_DTYPE, TIMER_UNIT_SIZE, WHEEL_FILE_SIZE, encode_unit)
+from rmqstore_cli.engine.store import Store
+from rmqstore_cli.engine.verify.pipeline import verify_store
+from tests.conftest import broker_read, shared_store, tree_digest
+
+RMQSTORE = [sys.executable, "-m", "rmqstore_cli"]
+SAMPLES = ("timer-5.3.3", "timer-5.3.3-crash")
+
+
+def run(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(RMQSTORE + [str(a) for a in args], capture_output=True, text=True, timeout=300)
+
+
+def jsonl(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+# --- format declarations ---------------------------------------------------------------------------
+
+def test_declared_layouts_match_appendix_c():
+    assert TIMER_UNIT.sizeof() == TIMER_UNIT_DTYPE.itemsize == 52
+    assert TIMER_SLOT.sizeof() == TIMER_SLOT_DTYPE.itemsize == 32
+    assert TIMER_CHECKPOINT.sizeof() == TIMER_CHECKPOINT_DTYPE.itemsize == 56
+    assert WHEEL_FILE_SIZE == 38707200
+    # byte offsets of appendix C's unit table
+    offsets = {name: TIMER_UNIT_DTYPE.fields[name][1] for name in TIMER_UNIT_DTYPE.names}
+    assert offsets == {"size": 0, "prevPos": 4, "magic": 12, "currWriteTime": 16, "delay": 24, "offsetPy": 28,
+                       "sizePy": 36, "realTopicHash": 40, "reserved": 44}
+    raw = struct.pack(">iqiqiqiiq", 52, 1040, 3, 1795656724000, 30000, 2981, 505, -1336785090, 0)
+    assert encode_unit(size=52, prevPos=1040, magic=3, currWriteTime=1795656724000, delay=30000, offsetPy=2981,
+                       sizePy=505, realTopicHash=-1336785090) == raw
+    import numpy as np
+
+    rec = np.frombuffer(raw, TIMER_UNIT_DTYPE)[0]
+    parsed = TIMER_UNIT.parse(raw)
+    assert {k: parsed[k] for k in TIMER_UNIT_DTYPE.names} == {k: int(rec[k]) for k in TIMER_UNIT_DTYPE.names}
+
+
+# --- dump timer against the broker's read-back -----------------------------------------------------
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_dump_timer_json_is_what_the_broker_read(name):
+    root = shared_store(name)
+    before = tree_digest(root)
+    truth = broker_read(name)
+    p = run("dump", "timer", root, "--json")
+    assert p.returncode == 0, p.stderr
+    rows = jsonl(p.stdout)
+    by_type: dict[str, list] = {}
+    for r in rows:
+        by_type.setdefault(r["type"], []).append(r)
+    units = by_type["timerlog_unit"]
+    assert len(units) == len(truth["timerlog_unit"])
+    for got, want in zip(units, truth["timerlog_unit"]):
+        assert (got["pos"], got["prevPos"], got["magic"], got["currWriteTime"], got["delayMs"], got["offsetPy"],
+                got["sizePy"], got["realTopicHash"]) == (want["pos"], want["prevPos"], want["magic"], want["currWriteTime"],
+                                                         want["delayTimeMs"], want["offsetPy"], want["sizePy"],
+                                                         want["realTopicHash"])
+        msg = want["message"]
+        assert got["realTopic"] == want["realTopic"] == msg["properties"]["REAL_TOPIC"]
+        assert got["realQueueId"] == int(msg["properties"]["REAL_QID"])
+        assert got["uniqKey"] == msg["uniqKey"] and got["keys"] == msg["keys"]
+        assert got["deliverTimeMs"] == int(msg["properties"]["TIMER_OUT_MS"])
+        assert got["magicText"] == {1: "default", 3: "default+roll"}[want["magic"]]
+    slots = by_type["timerwheel_slot"]
+    assert [(s["slotIndex"], s["timeMs"], s["firstPos"], s["lastPos"], s["num"]) for s in slots] == [
+        (s["slotIndex"], s["timeMs"], s["firstPos"], s["lastPos"], s["num"]) for s in truth["timerwheel_slot"]]
+    for s in slots:  # the chain ends at -1 and has num units, from lastPos back to firstPos
+        assert s["chainEnd"] == "-1" and len(s["chain"]) == s["num"]
+        assert s["chain"][0] == s["lastPos"] and s["chain"][-1] == s["firstPos"]
+    (cp,) = by_type["timercheck"]
+    want_cp = truth["timercheck"][0]
+    assert {k: cp[k] for k in ("lastReadTimeMs", "lastTimerLogFlushPos", "lastTimerQueueOffset",
+                               "masterTimerQueueOffset", "dataVersion")} == {k: want_cp[k] for k in (
+        "lastReadTimeMs", "lastTimerLogFlushPos", "lastTimerQueueOffset", "masterTimerQueueOffset", "dataVersion")}
+    (tm,) = by_type["timermetrics"]
+    assert tm["timingCount"] == truth["timermetrics"][0]["timingCount"]
+    assert tree_digest(root) == before
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_pending_per_topic_equals_the_broker_metrics(name):
+    root = shared_store(name)
+    truth = broker_read(name)
+    p = run("dump", "timer", root, "--pending", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = jsonl(p.stdout)
+    metrics = {t: v["count"] for t, v in truth["timermetrics"][0]["timingCount"].items()}
+    assert Counter(r["realTopic"] for r in rows) == metrics
+    assert len({r["uniqKey"] for r in rows}) == len(rows)  # a rolled message once
+    # each row's delivery time is its message's TIMER_OUT_MS as the broker read it
+    timer_out = {u["message"]["uniqKey"]: int(u["message"]["properties"]["TIMER_OUT_MS"]) for u in truth["timerlog_unit"]}
+    assert all(r["deliverTimeMs"] == timer_out[r["uniqKey"]] for r in rows)
+    # filters: --topic and --since/--until on the delivery time
+    topic = sorted(metrics)[0]
+    p = run("dump", "timer", root, "--pending", "--json", "--topic", topic)
+    assert len(jsonl(p.stdout)) == metrics[topic]
+    times = sorted(r["deliverTimeMs"] for r in rows)
+    mid = times[len(times) // 2]
+    p = run("dump", "timer", root, "--pending", "--json", "--since", mid)
+    assert len(jsonl(p.stdout)) == sum(t >= mid for t in times)
+    p = run("dump", "timer", root, "--pending", "--json", "--until", mid)
+    assert len(jsonl(p.stdout)) == sum(t <= mid for t in times)
+
+
+def test_pending_of_the_clean_sample_is_puts_minus_deliveries():
+    """Independent of the metrics file: timer puts minus messages the timer delivered back (clean stop)."""
+    from tests.conftest import broker_puts
+
+    name = "timer-5.3.3"
+    puts = Counter(x["realTopic"] for x in broker_puts(name) if x["storedTopic"] == "rmq_sys_wheel_timer")
+    delivered = Counter(u["topic"] for u in broker_read(name)["cq_unit"] if u["deliveredByTimer"])
+    rows = jsonl(run("dump", "timer", shared_store(name), "--pending", "--json").stdout)
+    assert Counter(r["realTopic"] for r in rows) == {t: puts[t] - delivered[t] for t in puts}
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_verify_is_clean_on_the_samples(name):
+    root = shared_store(name)
+    before = tree_digest(root)
+    p = run("verify", root, "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert not [f for f in jsonl(p.stdout) if f["code"].startswith("TM_")]
+    assert tree_digest(root) == before
+
+
+# --- seeded damage -----------------------------------------------------------------------------------
+
+def _unit_file(root, pos: int, file_size: int) -> tuple[str, int]:
+    start = pos - pos % file_size
+    return os.path.join(root, "timerlog", f"{start:020d}"), pos % file_size
+
+
+def _patch(path: str, at: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(data)
+
+
+def _timer_findings(root) -> list:
+    with Store.open(str(root)) as st:
+        return [f for f in verify_store(st).findings if f.code.startswith("TM_")]
+
+
+def damage(root, kind: str, rng: random.Random, name: str) -> dict:
+    """One documented kind of damage, written at FORMAT.md appendix C offsets; returns what was hit."""
+    truth = broker_read(name)
+    file_size = truth["timerlog_file"][0]["fileSize"]
+    units = truth["timerlog_unit"]
+    if kind == "slot_num":
+        s = rng.choice(truth["timerwheel_slot"])
+        _patch(os.path.join(root, "timerwheel"), s["slotIndex"] * 32 + 24, struct.pack(">i", s["num"] + 1))
+        return {"code": "TM_SLOT_NUM", "path": os.path.join(root, "timerwheel"), "offset": s["slotIndex"] * 32}
+    if kind == "prev_pos":
+        u = rng.choice(units)
+        other = rng.choice([v["pos"] for v in units if v["pos"] != u["prevPos"] and v["pos"] != u["pos"]])
+        path, at = _unit_file(root, u["pos"], file_size)
+        _patch(path, at + 4, struct.pack(">q", other))
+        return {"code": "TM_PREV_POS", "path": path, "offset": at, "pos": u["pos"]}
+    if kind == "offset_mid":
+        u = rng.choice(units)
+        path, at = _unit_file(root, u["pos"], file_size)
+        _patch(path, at + 28, struct.pack(">q", u["offsetPy"] + rng.randrange(1, u["sizePy"])))
+        return {"code": "TM_MSG_OFFSET", "path": path, "offset": at, "pos": u["pos"]}
+    if kind == "check_ahead":
+        cp = truth["timercheck"][0]
+        path = os.path.join(root, "config", "timercheck")
+        _patch(path, 8, struct.pack(">q", cp["lastTimerLogFlushPos"] + TIMER_UNIT_SIZE * rng.randrange(1, 50)))
+        return {"code": "TM_CHECK_AHEAD", "path": path, "offset": 8}
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["slot_num", "prev_pos", "offset_mid", "check_ahead"])
+@pytest.mark.parametrize("name", SAMPLES)
+def test_verify_finds_seeded_damage(store_copy, name, kind):
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    root = store_copy(name)
+    hit = damage(root, kind, rng, name)
+    found = _timer_findings(root)
+    codes = {f.code for f in found}
+    assert hit["code"] in codes, (seed, [f.as_json() for f in found])
+    f = next(f for f in found if f.code == hit["code"])
+    assert (f.path, f.offset) == (hit["path"], hit["offset"]), seed
+    p = run("verify", root)
+    assert p.returncode == 1
