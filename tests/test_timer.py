@@ -205,3 +205,31 @@ def test_verify_finds_seeded_damage(store_copy, name, kind):
     assert (f.path, f.offset) == (hit["path"], hit["offset"]), seed
     p = run("verify", root)
     assert p.returncode == 1
+
+
+# --- stats -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_stats_timer_section(name):
+    root = shared_store(name)
+    truth = broker_read(name)
+    p = run("stats", root, "--json")
+    assert p.returncode == 0, p.stderr
+    t = json.loads(p.stdout)["timer"]
+    metrics = {k: v["count"] for k, v in truth["timermetrics"][0]["timingCount"].items()}
+    assert t["pendingByTopic"] == metrics and t["pending"] == sum(metrics.values())
+    # due-time histogram, computed here from the broker's read-back: units whose slot the timer has not
+    # read (slot time >= lastReadTimeMs), delivered at their message's TIMER_OUT_MS
+    ref = truth["timercheck"][0]["lastReadTimeMs"]
+    due = Counter()
+    for u in truth["timerlog_unit"]:
+        if u["currWriteTime"] + u["delayTimeMs"] >= ref:
+            d = int(u["message"]["properties"]["TIMER_OUT_MS"]) - ref
+            due["overdue" if d < 0 else "nextMinute" if d < 60_000 else "nextHour" if d < 3_600_000
+                else "nextDay" if d < 86_400_000 else "later"] += 1
+    assert t["referenceTimeMs"] == ref
+    assert {k: v for k, v in t["dueIn"].items() if v} == dict(due)
+    assert t["timerQueue"]["records"] == next(s["maxOffset"] for s in truth["cq_summary"]
+                                              if s["topic"] == "rmq_sys_wheel_timer")
+    text = run("stats", root).stdout
+    assert "pending timer messages per real topic" in text and "next hour" in text

@@ -179,3 +179,23 @@ def _pending_columns(ts: TimerStore, names: dict):
                     names[k] = t
         deliver = np.where(m.timer_out[sel] >= 0, m.timer_out[sel], u.slot_time[sel])
         yield h, deliver
+
+
+def timer_stats(store) -> dict:
+    """``stats``' timer section ({} without a timer store): units, the timer queue, pending messages per
+    real topic and when they are due, and what timermetrics says."""
+    from .store import TIMER_TOPIC
+
+    ts = TimerStore(store)
+    try:
+        if not ts.present:
+            return {}
+        s = pending_summary(ts)
+        cq = ts.timer_queue()
+        records = int(len(cq.units().queue_offsets)) if cq is not None else 0
+        return {"precisionMs": ts.precision_ms, "timerlogFiles": len(ts.timerlog.segments),
+                "timerQueue": {"topic": TIMER_TOPIC, "records": records,
+                               "readOffset": ts.checkpoint.lastTimerQueueOffset if ts.checkpoint.exists else None},
+                **s, "metrics": dict(sorted(ts.metrics.counts.items()))}
+    finally:
+        ts.close()
