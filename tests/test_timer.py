@@ -233,3 +233,87 @@ def test_stats_timer_section(name):
                                               if s["topic"] == "rmq_sys_wheel_timer")
     text = run("stats", root).stdout
     assert "pending timer messages per real topic" in text and "next hour" in text
+
+
+# --- repairs -----------------------------------------------------------------------------------------
+
+def _pending_by_topic(root) -> Counter:
+    p = run("dump", "timer", root, "--pending", "--json")
+    assert p.returncode == 0, p.stderr
+    return Counter(r["realTopic"] for r in jsonl(p.stdout))
+
+
+@pytest.mark.parametrize("kind", ["slot_num", "prev_pos", "offset_mid", "check_ahead"])
+@pytest.mark.parametrize("name", SAMPLES)
+def test_recover_repairs_seeded_damage_without_losing_pending(store_copy, name, kind):
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    root = store_copy(name)
+    damage(root, kind, random.Random(seed), name)
+    p = run("recover", root, "--yes")
+    assert p.returncode == 0, (seed, p.stdout[-3000:], p.stderr[-3000:])
+    v = run("verify", root, "--json")
+    assert v.returncode == 0, (seed, v.stdout)
+    metrics = {t: c["count"] for t, c in broker_read(name)["timermetrics"][0]["timingCount"].items()}
+    assert _pending_by_topic(root) == metrics, seed
+    # the same units as the broker read, the damaged field restored
+    units = [r for r in jsonl(run("dump", "timer", root, "--json").stdout) if r["type"] == "timerlog_unit"]
+    assert [(u["pos"], u["prevPos"], u["offsetPy"]) for u in units] == [
+        (u["pos"], u["prevPos"], u["offsetPy"]) for u in broker_read(name)["timerlog_unit"]], seed
+
+
+@pytest.mark.parametrize("kind", ["slot_num", "missing"])
+def test_rebuild_timer_writes_the_broker_wheel(store_copy, kind):
+    name = "timer-5.3.3"
+    root = store_copy(name)
+    wheel = os.path.join(root, "timerwheel")
+    original = open(shared_store(name) / "timerwheel", "rb").read()
+    if kind == "missing":
+        os.unlink(wheel)
+    else:
+        damage(root, "slot_num", random.Random(1), name)
+    before = tree_digest(root)
+    p = run("rebuild", "timer", root, "--dry-run")
+    assert p.returncode == 1 and tree_digest(root) == before, p.stderr
+    p = run("rebuild", "timer", root)
+    assert p.returncode == 0, p.stderr
+    assert open(wheel, "rb").read() == original  # byte for byte the wheel the broker wrote
+    backup = p.stderr.split("rmqstore restore ")[1].split(")")[0].strip()
+    assert run("restore", backup).returncode == 0
+    assert os.path.exists(wheel) == (kind != "missing")
+
+
+def test_truncate_cuts_the_timer_units_past_the_new_end(store_copy):
+    name = "timer-5.3.3"
+    truth = broker_read(name)
+    units = truth["timerlog_unit"]
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    cut = random.Random(seed).choice(units[len(units) // 3:])["offsetPy"]  # a timer record's start
+    root = store_copy(name)
+    p = run("truncate", root, "--offset", cut, "--yes")
+    assert p.returncode == 0, (seed, p.stderr[-3000:])
+    assert run("verify", root).returncode == 0, seed
+    kept = [u for u in units if u["offsetPy"] + u["sizePy"] <= cut]
+    got = [r for r in jsonl(run("dump", "timer", root, "--json").stdout) if r["type"] == "timerlog_unit"]
+    assert [u["pos"] for u in got] == [u["pos"] for u in kept], seed
+    ref = truth["timercheck"][0]["lastReadTimeMs"]
+    want = Counter(u["realTopic"] for u in kept if u["currWriteTime"] + u["delayTimeMs"] >= ref)
+    assert _pending_by_topic(root) == want, seed
+    cp = jsonl(run("dump", "timer", root, "--json").stdout)[-2]
+    assert cp["type"] == "timercheck" and cp["lastTimerLogFlushPos"] <= (kept[-1]["pos"] + 52 if kept else 0)
+
+
+def test_recover_and_truncate_are_no_longer_refused_on_a_timer_store(store_copy):
+    """A consistent timer store: recover plans no timer change (its only action on the clean sample is the
+    checkpoint housekeeping every 5.3.3 start does), changes nothing with --dry-run; rebuild consumequeue
+    is still refused."""
+    root = store_copy("timer-5.3.3")
+    before = tree_digest(root)
+    for args in (("recover", root), ("truncate", root, "--offset", 305106)):
+        p = run(*args, "--dry-run", "--json")
+        assert p.returncode in (0, 1), p.stderr
+        plan = next(o for o in jsonl(p.stdout) if o["type"] in ("recover-plan", "truncate-plan", "plan"))
+        assert [a["action"] for a in plan["actions"]] == ["checkpoint"], plan["actions"]
+    assert tree_digest(root) == before
+    assert run("rebuild", "consumequeue", root).returncode == 3

@@ -27,6 +27,7 @@ from ..log.walk import LogTally, WalkStop, broker_walk, lenient_records, resync,
 from ..store import Store
 from .derived_plan import check_derived, dispatch_starts, queue_repairs
 from .plan import Action, QueueState, RecoveryPlan, store_fingerprint
+from .timerfix import plan_timer_for_recovery
 from .probes import file_has_data, index_torn, nonzero_after, SegmentFrom, queue_file_units
 
 REFUSE = "the broker would refuse to start: "
@@ -117,6 +118,7 @@ class Planner:
         else:
             check_derived(self)
         self._dispatch(cp)
+        plan_timer_for_recovery(self)
         self._checkpoint_and_abort(cp)
         self._summary()
         if not self.broker_only:
@@ -352,6 +354,7 @@ class Planner:
         self._index_past_end()
         check_derived(self)
         self._dispatch(cp)
+        plan_timer_for_recovery(self)
         self.last_cq_ts = None
         self._checkpoint_and_abort(cp)  # consistent with the cut log (engine/repair/checkpointfix.py)
         self._summary()

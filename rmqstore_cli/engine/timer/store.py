@@ -194,13 +194,19 @@ class TimerStore:
         """Where the timer restarts reading (the checkpoint's lastReadTimeMs; 0 without one)."""
         return self.checkpoint.lastReadTimeMs if self.checkpoint.exists else 0
 
-    def scan(self, walk: TimerLogWalk | None = None, wheel: Wheel | None = None, resolve: bool = True):
-        """Yield ScannedChunks in timerlog order with the replayed prevPos and (``resolve``) the records."""
+    def scan(self, walk: TimerLogWalk | None = None, wheel: Wheel | None = None, resolve: bool = True,
+             stop_at: int | None = None):
+        """Yield ScannedChunks in timerlog order with the replayed prevPos and (``resolve``) the records;
+        ``stop_at``: only the units before this timerlog position (what a cut keeps)."""
         from formats import timerkernel as k
 
         wheel = wheel if wheel is not None else Wheel.empty()
         floor = self.timerlog.min_offset
         for ch in self.timerlog.walk(walk):
+            if stop_at is not None:
+                ch = ch.select(ch.pos < stop_at)
+                if not len(ch):
+                    break
             slot_units = ch.slot_time // self.precision_ms
             exp = np.empty(len(ch), np.int64)
             k.replay_wheel(ch.pos, ch.prevPos, ch.magic, slot_units, floor, wheel.time, wheel.first, wheel.last,
