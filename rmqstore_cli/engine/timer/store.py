@@ -77,7 +77,11 @@ def resolve_messages(store, offset_py: np.ndarray, size_py: np.ndarray) -> Messa
         rel = offset_py[sel] - seg.start
         h = decode_headers(u8, rel, u8)
         magic_ok = np.isin(h.magicCode, np.asarray(MESSAGE_MAGICS, np.int32))
+        # gone: the whole span is zeros (a cut or zeroed tail); zeros inside a record are not enough
         zeros = (h.magicCode == 0) & (h.totalSize == 0)
+        for j in np.flatnonzero(zeros).tolist():
+            a = int(rel[j])
+            zeros[j] = not u8[a:a + max(int(size_py[sel[j]]), 1)].any()
         st = np.where(zeros, MSG_GONE, MSG_NOT_RECORD).astype(np.int8)
         good = magic_ok & (h.reason == R_OK) & (rel + h.totalSize <= seg.size)
         st[good & (h.totalSize != size_py[sel])] = MSG_WRONG_SIZE
