@@ -19,7 +19,7 @@ What the broker's ``TimerMessageStore.recover`` does at start, and what is plann
 Beyond the broker: a unit whose prevPos does not name the previous unit of its slot gets it back (the
 broker would walk into another slot's chain and lose the rest of this one); a unit whose offsetPy points
 into the record of its own size in the timer queue is pointed at that record's start; timermetrics is
-rewritten with the pending counts.
+rewritten with the pending counts when a cut drops pending messages.
 """
 
 from __future__ import annotations
@@ -236,11 +236,9 @@ def _plan_metrics(ts: TimerStore, rep: TimerRepair, cut_at: int | None) -> None:
     pending = pending_summary(ts, stop_at=cut_at)["pendingByTopic"]
     if cut_at is not None:
         rep.cut_pending = {t: n - pending.get(t, 0) for t, n in before.items() if n - pending.get(t, 0)}
-    if not ts.metrics.exists or ts.metrics.error:
-        return
-    counts = {t: c for t, c in ts.metrics.counts.items() if c}
-    if counts != {t: c for t, c in pending.items() if c}:
-        rep.metrics = pending
+    if not ts.metrics.exists or ts.metrics.error or not rep.cut_pending:
+        return  # counts that merely trail the timerlog are the broker's to revise (TM_METRICS is info)
+    rep.metrics = pending
 
 
 # verify's TM_* codes a timer repair removes whatever it touches; the unit codes only for the units
@@ -268,8 +266,6 @@ def timer_verdict(rep: "TimerRepair | None", f: dict, wheel_only: bool = False) 
         return "left", "a unit this plan cannot repair"
     if code in ("TM_CHECK_AHEAD", "TM_CHECK_QUEUE"):
         return "fixed", "timercheck is clamped to the timerlog and the timer queue"
-    if code == "TM_METRICS" and rep.metrics is not None:
-        return "fixed", "timermetrics is rewritten with the pending counts"
     return "left", "not repaired by this plan"
 
 

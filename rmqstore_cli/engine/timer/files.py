@@ -170,7 +170,10 @@ class TimerWheel:
 
     def close(self) -> None:
         if self._map is not None:
-            self._map.close()
+            try:
+                self._map.close()
+            except BufferError:  # a slot view a caller still holds: the mapping goes with the last one
+                pass
             self._map = None
 
 

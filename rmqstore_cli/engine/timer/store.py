@@ -180,17 +180,20 @@ class TimerStore:
         """timerPrecisionMs: given, else what a used wheel slot and its last unit imply, else the default."""
         if "timerPrecisionMs" in cfg.explicit:
             return cfg.timerPrecisionMs, "given"
-        for idx, recs in self.wheel.nonempty():
-            for i, rec in zip(idx.tolist(), recs):
-                t = int(rec["timeUnits"])
-                unit = self.timerlog.read_unit(int(rec["lastPos"]))
-                if t <= 0 or unit is None:
-                    continue
-                slot_ms = unit["currWriteTime"] + unit["delay"]
-                p = slot_ms // t
-                if p > 0 and slot_ms // p == t and (slot_ms // p) % WHEEL_SLOTS == i:
-                    return int(p), "inferred: a wheel slot's time and its last unit"
-            break
+        slices = self.wheel.nonempty()
+        try:
+            for idx, recs in slices:
+                for i, t, last in zip(idx.tolist(), recs["timeUnits"].tolist(), recs["lastPos"].tolist()):
+                    unit = self.timerlog.read_unit(int(last))
+                    if t <= 0 or unit is None:
+                        continue
+                    slot_ms = unit["currWriteTime"] + unit["delay"]
+                    p = slot_ms // t
+                    if p > 0 and slot_ms // p == t and (slot_ms // p) % WHEEL_SLOTS == i:
+                        return int(p), "inferred: a wheel slot's time and its last unit"
+                break
+        finally:
+            slices.close()
         return cfg.timerPrecisionMs, "default"
 
     @property
