@@ -16,7 +16,7 @@ from .output import Output, handle_errors, warn
 
 UNIT_COLUMNS = [("pos", "pos"), ("prevPos", "prevPos"), ("magicText", "magic"), ("slotTimeMs", "slot time"),
                 ("deliverTimeMs", "delivery"), ("offsetPy", "offsetPy"), ("sizePy", "sizePy"), ("realTopic", "real topic"),
-                ("realQueueId", "q"), ("keys", "keys"), ("uniqKey", "uniq key"), ("pending", "pending"), ("message", "msg")]
+                ("realQueueId", "q"), ("keys", "keys"), ("uniqKey", "uniq key"), ("pending", "pending")]
 SLOT_COLUMNS = [("slotIndex", "slot"), ("slotTimeMs", "time"), ("firstPos", "firstPos"), ("lastPos", "lastPos"),
                 ("num", "num"), ("chainText", "chain")]
 PENDING_COLUMNS = [("realTopic", "real topic"), ("realQueueId", "q"), ("keys", "keys"), ("uniqKey", "uniq key"),
