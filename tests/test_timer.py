@@ -352,3 +352,20 @@ def test_stale_timermetrics_are_information_not_damage(store_copy):
     assert [(f.severity, f.extra["topic"], f.extra["metricsCount"] - f.extra["pending"]) for f in found] == [
         ("info", topic, 3)]
     assert run("verify", root).returncode == 0
+
+
+def test_a_rolled_message_counts_once_when_the_read_clock_lags(store_copy):
+    """A crash after a roll unit's slot fired and its re-put was enqueued, before timercheck moved on:
+    lastReadTimeMs set back to the roll slots of the clean sample makes both units of 130 rolled
+    messages pending; each still counts once (the broker's metrics), in --pending and in stats."""
+    name = "timer-5.3.3"
+    truth = broker_read(name)
+    rolls = sorted({u["currWriteTime"] + u["delayTimeMs"] for u in truth["timerlog_unit"]
+                    if u["magic"] == 3 and u["currWriteTime"] + u["delayTimeMs"] < truth["timercheck"][0]["lastReadTimeMs"]})
+    root = store_copy(name)
+    _patch(os.path.join(root, "config", "timercheck"), 0, struct.pack(">q", rolls[0]))
+    metrics = {t: c["count"] for t, c in truth["timermetrics"][0]["timingCount"].items()}
+    rows = jsonl(run("dump", "timer", root, "--pending", "--json").stdout)
+    assert Counter(r["realTopic"] for r in rows) == metrics
+    assert len({r["uniqKey"] for r in rows}) == len(rows)
+    assert json.loads(run("stats", root, "--json").stdout)["timer"]["pendingByTopic"] == metrics

@@ -87,30 +87,24 @@ def walk_chain(ts: TimerStore, last_pos: int, slot_ms: int) -> tuple[list[int], 
 
 
 def pending_rows(ts: TimerStore, *, since=None, until=None, topic=None):
-    """One row per message not yet delivered: its pending unit (a rolled message counts once), then the
-    timer-queue records the timer has not read into the timerlog yet."""
-    seen: set[str] = set()
+    """One row per message not yet delivered: its pending unit (a rolled message counts once: see
+    TimerStore.superseded), then the timer-queue records the timer has not read into the timerlog yet."""
+    unread = _unread_queue(ts)
+    enqueued = np.zeros(len(unread[0]), bool) if unread is not None else None
     for sc in ts.scan():
         u, m = sc.units, sc.msgs
+        if unread is not None and len(unread[0]):
+            enqueued |= np.isin(unread[1], u.offsetPy)
         for i in np.flatnonzero(ts.pending_mask(sc)).tolist():
             row = {"source": "timerlog", "pos": int(u.pos[i]), "slotTimeMs": int(u.slot_time[i]),
                    "roll": bool(u.magic[i] & 2), "message": MSG_STATE_TEXT[int(m.state[i])]}
             if m.state[i] == MSG_OK:
                 row.update(_message_fields(ts, m, i))
             row["deliverTimeMs"] = row.get("timerOutMs") or int(u.slot_time[i])
-            if _selected(row, since, until, topic) and _first(row, seen):
+            if _selected(row, since, until, topic):
                 yield row
-    yield from _unread_queue_rows(ts, seen, since, until, topic)
-
-
-def _first(row, seen: set) -> bool:
-    key = row.get("uniqKey")
-    if key is None:
-        return True
-    if key in seen:
-        return False
-    seen.add(key)
-    return True
+    if unread is not None:
+        yield from _unread_queue_rows(ts, unread, enqueued, since, until, topic)
 
 
 def _selected(row, since, until, topic) -> bool:
@@ -119,24 +113,31 @@ def _selected(row, since, until, topic) -> bool:
                 or (topic is not None and row.get("realTopic") != topic))
 
 
-def _unread_queue_rows(ts: TimerStore, seen, since, until, topic):
-    from .store import resolve_messages
-
+def _unread_queue(ts: TimerStore):
+    """(queue offsets, phy, size) of the timer-queue units past the checkpoint's lastTimerQueueOffset."""
     cq = ts.timer_queue()
     if cq is None or not ts.checkpoint.exists:
-        return
+        return None
     u = cq.units()
     sel = np.flatnonzero(u.queue_offsets >= ts.checkpoint.lastTimerQueueOffset)
-    if not len(sel):
+    return u.queue_offsets[sel], u.phy[sel].astype(np.int64), u.size[sel].astype(np.int64)
+
+
+def _unread_queue_rows(ts: TimerStore, unread, enqueued, since, until, topic):
+    """The unread records no timerlog unit points at yet (after a crash the timer may have enqueued
+    records its checkpoint does not count)."""
+    from .store import resolve_messages
+
+    qoff, phy, size = (a[~enqueued] for a in unread)
+    if not len(qoff):
         return
-    m = resolve_messages(ts.store, u.phy[sel].astype(np.int64), u.size[sel].astype(np.int64))
-    for j, i in enumerate(sel.tolist()):
-        row = {"source": "timerQueue", "timerQueueOffset": int(u.queue_offsets[i]), "message": MSG_STATE_TEXT[int(m.state[j])]}
+    m = resolve_messages(ts.store, phy, size)
+    for j in range(len(qoff)):
         if m.state[j] != MSG_OK:
             continue
-        row.update(_message_fields(ts, m, j))
+        row = {"source": "timerQueue", "timerQueueOffset": int(qoff[j]), "message": "ok", **_message_fields(ts, m, j)}
         row["deliverTimeMs"] = row.get("timerOutMs") or 0
-        if _selected(row, since, until, topic) and _first(row, seen):
+        if _selected(row, since, until, topic):
             yield row
 
 

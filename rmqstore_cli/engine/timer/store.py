@@ -18,7 +18,7 @@ import numpy as np
 from formats import propscan
 from formats.fast import R_OK, decode_headers, kernel_view
 from formats.records import MESSAGE_MAGICS
-from formats.timer import MAGIC_DELETE, TIMER_TOPIC, WHEEL_SLOTS
+from formats.timer import MAGIC_DELETE, MAGIC_ROLL, TIMER_TOPIC, WHEEL_SLOTS
 
 from .files import TimerCheckpoint, TimerLog, TimerLogWalk, TimerMetrics, TimerWheel, UnitChunk
 
@@ -171,6 +171,7 @@ class TimerStore:
         self.checkpoint = TimerCheckpoint.read(store.root)
         self.metrics = TimerMetrics.read(store.root)
         self.precision_ms, self.precision_source = self._precision(cfg)
+        self._superseded: np.ndarray | None = None
 
     @property
     def present(self) -> bool:
@@ -222,8 +223,46 @@ class TimerStore:
             yield ScannedChunk(ch, exp, slot_units, msgs)
 
     def pending_mask(self, sc: ScannedChunk) -> np.ndarray:
-        """Units whose slot has not been read, that deliver (or re-roll) a message (not delete marks)."""
-        return (sc.units.slot_time >= self.read_time_ms) & ((sc.units.magic & MAGIC_DELETE) == 0)
+        """Units whose slot has not been read, that deliver (or re-roll) a message (not delete marks),
+        without the roll units a later unit of the same message supersedes."""
+        mask = (sc.units.slot_time >= self.read_time_ms) & ((sc.units.magic & MAGIC_DELETE) == 0)
+        sup = self.superseded()
+        if len(sup):
+            mask &= ~np.isin(sc.units.pos, sup)
+        return mask
+
+    def superseded(self) -> np.ndarray:
+        """Timerlog positions of pending roll units whose message already has a later unit: the broker
+        fired the roll's slot and enqueued the re-put, but its checkpoint (lastReadTimeMs) was not moved
+        past the slot before it stopped. Only units between the read clock and the write clock (the newest
+        currWriteTime) can be such a pair, so only those are resolved: memory stays small."""
+        if self._superseded is not None:
+            return self._superseded
+        read = self.read_time_ms
+        newest = -1
+        for ch in self.timerlog.walk():
+            newest = max(newest, int(ch.currWriteTime.max()))
+        olds: dict[str, list[int]] = {}
+        later: list[tuple[str, int]] = []
+        for ch in self.timerlog.walk():
+            pending = (ch.slot_time >= read) & ((ch.magic & MAGIC_DELETE) == 0)
+            old = pending & ((ch.magic & MAGIC_ROLL) != 0) & (ch.slot_time <= newest)
+            new = pending & ~old & (ch.currWriteTime >= read)
+            sel = np.flatnonzero(old | new)
+            if not len(sel) or not old.any() and not olds:
+                continue
+            m = resolve_messages(self.store, ch.offsetPy[sel], ch.sizePy[sel])
+            for j, i in enumerate(sel.tolist()):
+                key = m.text(self.store, j, "UNIQ_KEY")
+                if key is None:
+                    continue
+                if old[i]:
+                    olds.setdefault(key, []).append(int(ch.pos[i]))
+                else:
+                    later.append((key, int(ch.pos[i])))
+        out = [p for key, pos in later if key in olds for p in olds[key] if p < pos]
+        self._superseded = np.unique(np.asarray(out, np.int64))
+        return self._superseded
 
     def timer_queue(self):
         """The rmq_sys_wheel_timer queue 0, or None."""
