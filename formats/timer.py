@@ -7,6 +7,8 @@ Everything is big-endian and signed, as Java's ``ByteBuffer`` writes it.
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 from construct import Int32sb, Int64sb, Struct
 
@@ -73,6 +75,13 @@ TIMER_CHECKPOINT_FILE_SIZE = 4096
 def _dtype(fields) -> np.dtype:
     return np.dtype([(name, f">i{ctype.sizeof()}") for name, ctype in fields])
 
+
+def _struct_format(fields) -> str:
+    return ">" + "".join({4: "i", 8: "q"}[ctype.sizeof()] for _, ctype in fields)
+
+
+# One unit with the struct module (chain walks read a unit at a time), derived from the Struct.
+TIMER_UNIT_STRUCT = struct.Struct(_struct_format(TIMER_UNIT_FIELDS))
 
 # Big-endian views of whole files (np.frombuffer(..., TIMER_UNIT_DTYPE)), derived from the Structs.
 TIMER_UNIT_DTYPE = _dtype(TIMER_UNIT_FIELDS)

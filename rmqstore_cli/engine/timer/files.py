@@ -11,14 +11,17 @@ import json
 import mmap
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
-from formats.timer import (TIMER_CHECKPOINT_DTYPE, TIMER_CHECKPOINT_FIELDS, TIMER_SLOT_DTYPE, TIMER_UNIT_SIZE,
-                           WHEEL_FILE_SIZE, WHEEL_SLOTS)
+from formats.timer import (TIMER_CHECKPOINT_DTYPE, TIMER_CHECKPOINT_FIELDS, TIMER_SLOT_DTYPE, TIMER_UNIT_FIELDS,
+                           TIMER_UNIT_SIZE, TIMER_UNIT_STRUCT, WHEEL_FILE_SIZE, WHEEL_SLOTS)
 
 from ..log.segments import SegmentQueue
 
+_UNIT_NAMES = tuple(name for name, _ in TIMER_UNIT_FIELDS)
+TIMERLOG_MAPPED_FILES = 64
 CHUNK_UNITS = 1 << 16  # units per walked chunk (~4 MB of columns)
 WHEEL_SLICE = 1 << 16  # slots read at a time
 
@@ -42,7 +45,7 @@ class UnitChunk:
     def __len__(self) -> int:
         return len(self.pos)
 
-    @property
+    @cached_property
     def slot_time(self) -> np.ndarray:
         """The unit's wheel time in ms: currWriteTime + delay."""
         return self.currWriteTime + self.delay
@@ -78,6 +81,9 @@ class TimerLog:
         self.directory = os.path.join(root, "timerlog")
         self.file_size = file_size
         self.segments = SegmentQueue(self.directory, file_size, "timerlog")
+        # slot chains jump between files (a unit's previous one can be days of files back): keep more of
+        # them mapped than a sequential scan needs (mappings cost address space, not memory)
+        self.segments.budget.limit = TIMERLOG_MAPPED_FILES
 
     @property
     def min_offset(self) -> int:
@@ -120,15 +126,12 @@ class TimerLog:
             walk.data_end = max(walk.data_end, seg.start + p)
 
     def read_unit(self, pos: int) -> dict | None:
-        """The unit at absolute ``pos`` (decoded through the declared dtype), None outside the files."""
-        from formats.timer import TIMER_UNIT_DTYPE
-
+        """The unit at absolute ``pos`` (decoded with the struct derived from the declaration), None
+        outside the files."""
         seg = self.segments.find(pos)
-        if seg is None or pos - seg.start + TIMER_UNIT_SIZE > seg.size:
+        if seg is None or pos < seg.start or pos - seg.start + TIMER_UNIT_SIZE > seg.size:
             return None
-        rel = pos - seg.start
-        rec = np.frombuffer(seg.buffer(), dtype=TIMER_UNIT_DTYPE, count=1, offset=rel)[0]
-        return {name: int(rec[name]) for name in TIMER_UNIT_DTYPE.names}
+        return dict(zip(_UNIT_NAMES, TIMER_UNIT_STRUCT.unpack_from(seg.buffer(), pos - seg.start)))
 
     def close(self) -> None:
         self.segments.close()

@@ -42,13 +42,17 @@ class MessageColumns:
     queue_offset: np.ndarray  # int64 the record's queue offset in rmq_sys_wheel_timer
     seg: np.ndarray  # int32 commitlog segment index of the record, -1
     spans: dict  # prop -> (start, end) absolute positions in its segment, -1
+    _buf: object = None
+    _buf_seg: int = -1
 
     def text(self, store, i: int, name: str) -> str | None:
-        s, e = int(self.spans[name][0][i]), int(self.spans[name][1][i])
+        s = int(self.spans[name][0][i])
         if s < 0 or self.seg[i] < 0:
             return None
-        buf = store.commitlog.segments.segments[int(self.seg[i])].buffer()
-        return bytes(buf[s:e]).decode("utf-8", "replace")
+        seg = int(self.seg[i])
+        if seg != self._buf_seg:  # one buffer lookup per run of records in a segment
+            self._buf, self._buf_seg = store.commitlog.segments.segments[seg].buffer(), seg
+        return bytes(self._buf[s:int(self.spans[name][1][i])]).decode("utf-8", "replace")
 
 
 def resolve_messages(store, offset_py: np.ndarray, size_py: np.ndarray) -> MessageColumns:
