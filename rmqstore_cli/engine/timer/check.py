@@ -61,12 +61,16 @@ def _check(ts: TimerStore, sink: _Sink) -> dict:
     walk = TimerLogWalk()
     wheel = Wheel.empty()
     floor = ts.timerlog.min_offset
-    for sc in ts.scan(walk, wheel):
-        _check_units(ts, sc, floor, sink)
+
+    def checked():
+        for sc in ts.scan(walk, wheel):
+            _check_units(ts, sc, floor, sink)
+            yield sc
+
+    summary = pending_summary(ts, chunks=checked())  # one walk: the unit checks and the pending counts
     _check_file_ends(ts, walk, sink)
     _check_wheel(ts, wheel, walk, sink)
     _check_checkpoint(ts, walk, sink)
-    summary = pending_summary(ts) if walk.units else {"pending": 0, "pendingByTopic": {}}
     _check_metrics(ts, summary, sink)
     sink.close()
     return {"units": walk.units, "timerlogEnd": walk.data_end, "precisionMs": ts.precision_ms,

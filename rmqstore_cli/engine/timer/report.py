@@ -141,14 +141,14 @@ def _unread_queue_rows(ts: TimerStore, unread, enqueued, since, until, topic):
             yield row
 
 
-def pending_summary(ts: TimerStore, stop_at: int | None = None) -> dict:
+def pending_summary(ts: TimerStore, stop_at: int | None = None, chunks=None) -> dict:
     """Pending messages per real topic and when they are due, relative to the timer's read time
     (the checkpoint's lastReadTimeMs): overdue / next minute / hour / day / later. Columns only."""
     ref = ts.read_time_ms
     per_hash: dict[int, int] = {}
     names: dict[int, str] = {}
     buckets = np.zeros(len(BUCKETS), np.int64)
-    for row_hash, deliver in _pending_columns(ts, names, stop_at):
+    for row_hash, deliver in _pending_columns(ts, names, stop_at, chunks):
         h, c = np.unique(row_hash, return_counts=True)
         for k, v in zip(h.tolist(), c.tolist()):
             per_hash[k] = per_hash.get(k, 0) + v
@@ -163,11 +163,11 @@ def pending_summary(ts: TimerStore, stop_at: int | None = None) -> dict:
             "pendingByTopic": dict(sorted(per_topic.items())), "dueIn": dict(zip(BUCKETS, buckets.tolist()))}
 
 
-def _pending_columns(ts: TimerStore, names: dict, stop_at: int | None = None):
+def _pending_columns(ts: TimerStore, names: dict, stop_at: int | None = None, chunks=None):
     """(real-topic hash, delivery time) of the pending units, a chunk at a time; ``names`` learns the
     topic name of each hash from its first unit (one string per distinct topic); ``stop_at``: only the
-    units before that timerlog position."""
-    for sc in ts.scan(stop_at=stop_at):
+    units before that timerlog position; ``chunks``: ScannedChunks another pass is making (verify)."""
+    for sc in (chunks if chunks is not None else ts.scan(stop_at=stop_at)):
         u, m = sc.units, sc.msgs
         sel = np.flatnonzero(ts.pending_mask(sc))
         if not len(sel):
