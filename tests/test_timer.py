@@ -369,3 +369,43 @@ def test_a_rolled_message_counts_once_when_the_read_clock_lags(store_copy):
     assert Counter(r["realTopic"] for r in rows) == metrics
     assert len({r["uniqKey"] for r in rows}) == len(rows)
     assert json.loads(run("stats", root, "--json").stdout)["timer"]["pendingByTopic"] == metrics
+
+
+def _wheel_before(root, name: str, flush_pos: int) -> int:
+    """The wheel as the broker's last flush left it when units from ``flush_pos`` on were enqueued after it
+    (computed from the broker's read-back: each touched slot set back to its chain before those units);
+    timercheck's flush position set to ``flush_pos``. Returns how many slots were set back."""
+    truth = broker_read(name)
+    slots = {s["timeMs"]: s for s in truth["timerwheel_slot"]}
+    late: dict[int, list] = {}
+    for u in truth["timerlog_unit"]:
+        if u["pos"] >= flush_pos:
+            late.setdefault(u["currWriteTime"] + u["delayTimeMs"], []).append(u)
+    for t, us in late.items():
+        s = slots[t]
+        prev = min(us, key=lambda u: u["pos"])["prevPos"]
+        data = bytes(32) if prev == -1 else struct.pack(">qqqii", t // 1000, s["firstPos"], prev, s["num"] - len(us), 0)
+        _patch(os.path.join(root, "timerwheel"), s["slotIndex"] * 32, data)
+    _patch(os.path.join(root, "config", "timercheck"), 8, struct.pack(">q", flush_pos))
+    return len(late)
+
+
+def test_a_wheel_behind_the_timerlog_after_a_crash_is_not_damage(store_copy):
+    name = "timer-5.3.3-crash"
+    units = broker_read(name)["timerlog_unit"]
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    flush_pos = units[-random.Random(seed).randrange(5, 60)]["pos"]
+    root = store_copy(name)
+    touched = _wheel_before(root, name, flush_pos)
+    found = _timer_findings(root)
+    assert {f.code for f in found} == {"TM_WHEEL_BEHIND"} and len(found) == touched, (seed, [f.as_json() for f in found])
+    assert run("verify", root).returncode == 0, seed
+    # the same wheel after a clean shutdown is damage (the broker flushes the wheel when it stops)
+    clean = store_copy(name, "no-abort")
+    _wheel_before(clean, name, flush_pos)
+    os.unlink(os.path.join(clean, "abort"))
+    assert {f.code for f in _timer_findings(clean)} & {"TM_SLOT_NUM", "TM_SLOT_POS", "TM_SLOT_MISSING"}, seed
+    # recover links the slots again: the wheel the broker read
+    assert run("recover", root, "--yes").returncode == 0, seed
+    assert open(os.path.join(root, "timerwheel"), "rb").read() == open(shared_store(name) / "timerwheel", "rb").read()

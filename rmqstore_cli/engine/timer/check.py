@@ -62,14 +62,17 @@ def _check(ts: TimerStore, sink: _Sink) -> dict:
     wheel = Wheel.empty()
     floor = ts.timerlog.min_offset
 
+    late = _LateUnits(ts)
+
     def checked():
         for sc in ts.scan(walk, wheel):
             _check_units(ts, sc, floor, sink)
+            late.add(sc)
             yield sc
 
     summary = pending_summary(ts, chunks=checked())  # one walk: the unit checks and the pending counts
     _check_file_ends(ts, walk, sink)
-    _check_wheel(ts, wheel, walk, sink)
+    _check_wheel(ts, wheel, walk, sink, late)
     _check_checkpoint(ts, walk, sink)
     _check_metrics(ts, summary, sink)
     sink.close()
@@ -153,7 +156,52 @@ def _check_file_ends(ts: TimerStore, walk: TimerLogWalk, sink: _Sink) -> None:
                      "recovery deletes them", timerlogPos=walk.stop.end)
 
 
-def _check_wheel(ts: TimerStore, wheel: Wheel, walk: TimerLogWalk, sink: _Sink) -> None:
+class _LateUnits:
+    """Units after timercheck's lastTimerLogFlushPos on a store that did not shut down cleanly. The
+    broker keeps the wheel in memory and writes it out with each flush round (TimerWheel.flush), so the
+    wheel on disk may not hold them yet; its recovery re-links those slots from the timerlog
+    (recoverAndRevise). A slot that is exactly what it was before them is behind, not damaged."""
+
+    LIMIT = 1 << 20  # past this many, no slot is excused (a checkpoint that far behind is not a flush lag)
+
+    def __init__(self, ts: TimerStore):
+        cp = ts.checkpoint
+        self.on = cp.exists and ts.store.abort_exists
+        self.flush_pos = cp.lastTimerLogFlushPos
+        self.parts: list = []
+        self.n = 0
+        self._by_slot: dict | None = None
+
+    def add(self, sc) -> None:
+        if not self.on:
+            return
+        sel = np.flatnonzero(sc.units.pos >= self.flush_pos)
+        self.n += len(sel)
+        if self.n > self.LIMIT:
+            self.on, self.parts = False, []
+        elif len(sel):
+            u = sc.units
+            self.parts.append((sc.slot_units[sel], u.pos[sel], u.prevPos[sel], u.magic[sel]))
+
+    def before(self, t: int, first: int, num: int) -> tuple[int, int, int] | None:
+        """(firstPos, lastPos, num) slot time ``t`` had before the late units (lastPos -1: it was empty);
+        None when no late unit went there."""
+        if not self.on:
+            return None
+        if self._by_slot is None:
+            self._by_slot = {}
+            for slots, pos, prev, magic in self.parts:
+                for k, p, q, m in zip(slots.tolist(), pos.tolist(), prev.tolist(), magic.tolist()):
+                    self._by_slot.setdefault(k, []).append((p, q, -1 if m & 4 else 1))
+        got = self._by_slot.get(t)
+        if not got:
+            return None
+        earliest = min(got)
+        last = earliest[1]
+        return (first if last != -1 else -1, last, num - sum(d for _, _, d in got))
+
+
+def _check_wheel(ts: TimerStore, wheel: Wheel, walk: TimerLogWalk, sink: _Sink, late: _LateUnits) -> None:
     path = ts.wheel.path
     if not ts.wheel.exists:
         if walk.units:
@@ -162,11 +210,11 @@ def _check_wheel(ts: TimerStore, wheel: Wheel, walk: TimerLogWalk, sink: _Sink) 
         return
     if ts.wheel.size != WHEEL_FILE_SIZE:
         sink.add("TM_WHEEL_SIZE", ERROR, path, 0, f"timerwheel is {ts.wheel.size} bytes, not {WHEEL_FILE_SIZE}")
-    seen = np.zeros(len(wheel.time), bool)
+    seen = np.zeros(len(wheel.time), bool)  # the slot on disk holds the replayed time
     for idx, recs in ts.wheel.nonempty():
-        seen[idx] = True
         exp_t = wheel.time[idx]
         t = recs["timeUnits"].astype(np.int64)
+        seen[idx] = exp_t == t
         first, last, num = (recs[f].astype(np.int64) for f in ("firstPos", "lastPos", "num"))
         same = exp_t == t
         cut = wheel.cut[idx] == 1
@@ -184,6 +232,12 @@ def _check_wheel(ts: TimerStore, wheel: Wheel, walk: TimerLogWalk, sink: _Sink) 
                 continue
             want = dict(expectedFirstPos=int(wheel.first[i]), expectedLastPos=int(wheel.last[i]),
                         expectedNum=int(wheel.num[i]))
+            pre = late.before(int(t[j]), int(wheel.first[i]), int(wheel.num[i]))
+            if pre is not None and pre == (int(first[j]), int(last[j]), int(num[j])):
+                sink.add("TM_WHEEL_BEHIND", INFO, path, i * 32, f"slot {i} ({ms} ms) lacks the units written after "
+                         "the last flush (the broker stopped without shutting down); its recovery re-links the slot",
+                         **extra, **want)
+                continue
             if bad_num[j]:
                 sink.add("TM_SLOT_NUM", ERROR, path, i * 32, f"slot {i} ({ms} ms) says num {int(num[j])}, its chain has "
                          f"{int(wheel.num[i])} units", **extra, **want)
@@ -195,6 +249,11 @@ def _check_wheel(ts: TimerStore, wheel: Wheel, walk: TimerLogWalk, sink: _Sink) 
     missing = np.flatnonzero((wheel.time >= 0) & ~seen & (wheel.time >= read_units))
     for i in missing.tolist():
         ms = int(wheel.time[i]) * ts.precision_ms
+        pre = late.before(int(wheel.time[i]), int(wheel.first[i]), int(wheel.num[i]))
+        if pre is not None and pre[1] == -1:
+            sink.add("TM_WHEEL_BEHIND", INFO, path, i * 32, f"slot {i} ({ms} ms) is not on disk yet: its units were "
+                     "written after the last flush; the broker's recovery re-links the slot", slotIndex=i, timeMs=ms)
+            continue
         sink.add("TM_SLOT_MISSING", ERROR, path, i * 32, f"slot {i} ({ms} ms) is empty but {int(wheel.num[i])} pending "
                  f"timerlog unit(s) belong to it (last at {int(wheel.last[i])}): they would never be delivered",
                  slotIndex=i, timeMs=ms, expectedLastPos=int(wheel.last[i]), expectedNum=int(wheel.num[i]))
