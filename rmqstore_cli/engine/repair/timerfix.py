@@ -186,7 +186,7 @@ def _plan_wheel(ts: TimerStore, wheel: Wheel, rep: TimerRepair) -> None:
         disk_time = np.zeros(len(wheel.time), np.int64)
         disk = None
     else:
-        disk = ts.wheel._slots()
+        disk = ts.wheel.slots()
         disk_time = disk["timeUnits"].astype(np.int64)
     used = wheel.time >= 0
     floor = ts.timerlog.min_offset

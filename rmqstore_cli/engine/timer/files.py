@@ -146,7 +146,7 @@ class TimerWheel:
         self.size = os.path.getsize(self.path) if self.exists else 0
         self._map = None
 
-    def _slots(self) -> np.ndarray:
+    def slots(self) -> np.ndarray:
         if self._map is None:
             fd = os.open(self.path, os.O_RDONLY)
             try:
@@ -159,7 +159,7 @@ class TimerWheel:
         """Yield (slot index array, slot records) of the non-zero slots, a slice of the file at a time."""
         if not self.exists or self.size == 0:
             return
-        slots = self._slots()
+        slots = self.slots()
         for lo in range(0, len(slots), WHEEL_SLICE):
             part = slots[lo:lo + WHEEL_SLICE]
             used = np.flatnonzero((part["timeUnits"] != 0) | (part["firstPos"] != 0) | (part["lastPos"] != 0)
@@ -168,7 +168,7 @@ class TimerWheel:
                 yield lo + used, part[used]
 
     def slot(self, index: int) -> dict:
-        rec = self._slots()[index]
+        rec = self.slots()[index]
         return {name: int(rec[name]) for name in TIMER_SLOT_DTYPE.names}
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ from formats.fast import R_OK, decode_headers, kernel_view
 from formats.records import MESSAGE_MAGICS
 from formats.timer import MAGIC_DELETE, MAGIC_ROLL, TIMER_TOPIC, WHEEL_SLOTS
 
+from ..errors import UsageError
 from .files import TimerCheckpoint, TimerLog, TimerLogWalk, TimerMetrics, TimerWheel, UnitChunk
 
 PROPS = ("REAL_TOPIC", "REAL_QID", "TIMER_OUT_MS", "UNIQ_KEY", "KEYS", "TIMER_ROLL_TIMES")
@@ -184,6 +185,8 @@ class TimerStore:
     def _precision(self, cfg) -> tuple[int, str]:
         """timerPrecisionMs: given, else what a used wheel slot and its last unit imply, else the default."""
         if "timerPrecisionMs" in cfg.explicit:
+            if cfg.timerPrecisionMs <= 0:
+                raise UsageError(f"timerPrecisionMs={cfg.timerPrecisionMs}: the timer precision must be positive")
             return cfg.timerPrecisionMs, "given"
         slices = self.wheel.nonempty()
         try:
