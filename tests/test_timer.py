@@ -409,3 +409,53 @@ def test_a_wheel_behind_the_timerlog_after_a_crash_is_not_damage(store_copy):
     # recover links the slots again: the wheel the broker read
     assert run("recover", root, "--yes").returncode == 0, seed
     assert open(os.path.join(root, "timerwheel"), "rb").read() == open(shared_store(name) / "timerwheel", "rb").read()
+
+
+@pytest.mark.parametrize("per_file,precision", [(25, 1000), (7, 500), (40, 100)])
+def test_geometry_comes_from_the_files(store_copy, per_file, precision):
+    """The sample's units laid out again (written here from the broker's read-back, FORMAT.md appendix C):
+    timerlog files of another size and a wheel at another precision. Nothing is given on the command line:
+    the file size comes from the files, the precision from a wheel slot and its last unit."""
+    name = "timer-5.3.3"
+    truth = broker_read(name)
+    root = store_copy(name)
+    file_size = 52 * per_file + 40  # per_file units, then a 40-byte end-of-file blank
+    tl = os.path.join(root, "timerlog")
+    for f in os.listdir(tl):
+        os.unlink(os.path.join(tl, f))
+    last: dict[int, int] = {}
+    first: dict[int, int] = {}
+    num: Counter = Counter()
+    new_pos = {}
+    files: dict[int, bytearray] = {}
+    for k, u in enumerate(truth["timerlog_unit"]):
+        start, at = (k // per_file) * file_size, (k % per_file) * 52
+        pos = start + at
+        new_pos[u["pos"]] = pos
+        slot = u["currWriteTime"] + u["delayTimeMs"]
+        buf = files.setdefault(start, bytearray(file_size))
+        buf[at:at + 52] = struct.pack(">iqiqiqiiq", 52, last.get(slot, -1), u["magic"], u["currWriteTime"],
+                                      u["delayTimeMs"], u["offsetPy"], u["sizePy"], u["realTopicHash"], 0)
+        last[slot] = pos
+        first.setdefault(slot, pos)
+        num[slot] += 1
+    for start, buf in files.items():
+        if start != max(files):
+            buf[52 * per_file:52 * per_file + 16] = struct.pack(">iqi", 40, 0, -875286124)
+        open(os.path.join(tl, f"{start:020d}"), "wb").write(buf)
+    wheel = bytearray(38707200)
+    for slot in last:
+        i = (slot // precision) % 1209600
+        wheel[i * 32:i * 32 + 32] = struct.pack(">qqqii", slot // precision, first[slot], last[slot], num[slot], 0)
+    open(os.path.join(root, "timerwheel"), "wb").write(wheel)
+    end = max(new_pos.values()) + 52
+    _patch(os.path.join(root, "config", "timercheck"), 8, struct.pack(">q", end))
+    assert _timer_findings(root) == []
+    rows = jsonl(run("dump", "timer", root, "--json").stdout)
+    units = [r for r in rows if r["type"] == "timerlog_unit"]
+    assert [(u["pos"], u["offsetPy"], u["uniqKey"]) for u in units] == [
+        (new_pos[u["pos"]], u["offsetPy"], u["message"]["uniqKey"]) for u in truth["timerlog_unit"]]
+    slots = [r for r in rows if r["type"] == "timerwheel_slot"]
+    assert sorted((s["timeMs"], s["num"]) for s in slots) == sorted((t, num[t]) for t in last)
+    metrics = {t: c["count"] for t, c in truth["timermetrics"][0]["timingCount"].items()}
+    assert _pending_by_topic(root) == metrics
