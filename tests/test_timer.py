@@ -191,6 +191,15 @@ def damage(root, kind: str, rng: random.Random, name: str) -> dict:
         path, at = _unit_file(root, u["pos"], file_size)
         _patch(path, at + 28, struct.pack(">q", u["offsetPy"] + rng.randrange(1, u["sizePy"])))
         return {"code": "TM_MSG_OFFSET", "path": path, "offset": at, "pos": u["pos"]}
+    if kind in ("unit_size", "unit_magic"):
+        u = rng.choice(units)
+        path, at = _unit_file(root, u["pos"], file_size)
+        if kind == "unit_size":
+            _patch(path, at, struct.pack(">i", rng.choice([0, 51, 53, 104, -52])))
+        else:
+            _patch(path, at + 12, struct.pack(">i", u["magic"] | (0x10 << rng.randrange(0, 20))))
+        return {"code": "TM_UNIT_SIZE" if kind == "unit_size" else "TM_UNIT_MAGIC", "path": path, "offset": at,
+                "pos": u["pos"]}
     if kind == "check_ahead":
         cp = truth["timercheck"][0]
         path = os.path.join(root, "config", "timercheck")
@@ -199,7 +208,7 @@ def damage(root, kind: str, rng: random.Random, name: str) -> dict:
     raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["slot_num", "prev_pos", "offset_mid", "check_ahead"])
+@pytest.mark.parametrize("kind", ["slot_num", "prev_pos", "offset_mid", "check_ahead", "unit_size", "unit_magic"])
 @pytest.mark.parametrize("name", SAMPLES)
 def test_verify_finds_seeded_damage(store_copy, name, kind):
     seed = random.randrange(1 << 30)
@@ -459,3 +468,23 @@ def test_geometry_comes_from_the_files(store_copy, per_file, precision):
     assert sorted((s["timeMs"], s["num"]) for s in slots) == sorted((t, num[t]) for t in last)
     metrics = {t: c["count"] for t, c in truth["timermetrics"][0]["timingCount"].items()}
     assert _pending_by_topic(root) == metrics
+
+
+@pytest.mark.parametrize("kind", ["unit_size", "unit_magic"])
+def test_recover_restores_a_unit_the_broker_would_truncate_at(store_copy, kind):
+    """The broker's recovery truncates the timerlog at a unit of the wrong size or magic and loses every
+    unit after it; when the unit's other fields still name a timer record of its real topic, recover
+    gives it its size and magic back instead: every unit and pending message kept."""
+    name = "timer-5.3.3-crash"
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    root = store_copy(name)
+    damage(root, kind, random.Random(seed), name)
+    assert run("recover", root, "--yes").returncode == 0, seed
+    assert run("verify", root).returncode == 0, seed
+    truth = broker_read(name)
+    units = [r for r in jsonl(run("dump", "timer", root, "--json").stdout) if r["type"] == "timerlog_unit"]
+    assert [(u["pos"], u["magic"], u["prevPos"], u["offsetPy"]) for u in units] == [
+        (u["pos"], u["magic"], u["prevPos"], u["offsetPy"]) for u in truth["timerlog_unit"]], seed
+    metrics = {t: c["count"] for t, c in truth["timermetrics"][0]["timingCount"].items()}
+    assert _pending_by_topic(root) == metrics, seed

@@ -92,6 +92,8 @@ def plan_timer_repair(store, *, commitlog_end: int | None = None, queue_end: int
         if not ts.present:
             return rep
         cut_at, stop = _cut_position(ts, commitlog_end, wheel_only)
+        while not wheel_only and cut_at is not None and _restore_unit(ts, cut_at, rep):
+            cut_at, stop = _cut_position(ts, commitlog_end, wheel_only)  # the walk goes on past it now
         wheel = Wheel.empty()
         floor = ts.timerlog.min_offset
         for sc in ts.scan(TimerLogWalk(), wheel, resolve=False, stop_at=cut_at):
@@ -146,6 +148,33 @@ def _cut_position(ts: TimerStore, commitlog_end: int | None, wheel_only: bool) -
     else:
         return None, 0
     return cut, int(sum(int((p >= cut).sum()) for p in positions))
+
+
+def _restore_unit(ts: TimerStore, pos: int, rep: TimerRepair) -> bool:
+    """A unit the broker's recovery would stop at (size or magic wrong) whose other fields still name a
+    timer record of its real topic gets its size and magic back (magic: default, plus roll when the
+    record's delivery time is after the unit's slot), so the units after it are kept. False: it cannot."""
+    from formats.timer import MAGIC_DEFAULT, MAGIC_ROLL, encode_unit, magic_ok
+
+    unit = ts.timerlog.read_unit(pos)
+    if unit is None or (unit["size"] == TIMER_UNIT_SIZE and magic_ok(unit["magic"])) or pos in rep.fixed_units:
+        return False
+    if unit["size"] == 0 and unit["magic"] == 0 and unit["offsetPy"] == 0:
+        return False  # zeros: the end of the data, not a damaged unit
+    m = resolve_messages(ts.store, np.array([unit["offsetPy"]], np.int64), np.array([unit["sizePy"]], np.int64))
+    if m.state[0] != MSG_OK or not m.has_topic[0] or m.topic_hash[0] != unit["realTopicHash"]:
+        return False
+    if unit["currWriteTime"] % ts.precision_ms or unit["currWriteTime"] <= 0:
+        return False
+    slot = unit["currWriteTime"] + unit["delay"]
+    magic = unit["magic"] if magic_ok(unit["magic"]) else MAGIC_DEFAULT | (MAGIC_ROLL if m.timer_out[0] > slot else 0)
+    data = encode_unit(**{**unit, "size": TIMER_UNIT_SIZE, "magic": magic})
+    path, at = _where(ts, pos)
+    rep.edits.append(TimerEdit(path, at, data, f"unit {pos}: size {unit['size']} magic {unit['magic']} -> "
+                               f"{TIMER_UNIT_SIZE} {magic} (its other fields name the timer record at {unit['offsetPy']})"))
+    rep.fixed_units.add(pos)
+    ts.timerlog.patches[pos] = data
+    return True
 
 
 def _repoint(ts: TimerStore, u, rep: TimerRepair) -> None:
@@ -280,14 +309,27 @@ def plan_timer_for_recovery(planner) -> None:
     rep = plan_timer_repair(st, commitlog_end=end, queue_end=queue_end)
     plan.timer_repair = rep
     if rep.cut_pending:
-        plan.notes.append(f"{sum(rep.cut_pending.values())} pending timer message(s) whose records lie past the new "
-                          f"commitlog end go with them: the timerlog units pointing there are cut "
+        why = ("their records lie past the new commitlog end and go with it" if end is not None
+               and rep.cut_at is not None and _cut_is_past_end(st, rep.cut_at, end) else
+               "they follow a unit the broker's recovery stops at (it truncates the timerlog there too)")
+        plan.notes.append(f"the timerlog is cut at {rep.cut_at}: {sum(rep.cut_pending.values())} pending timer "
+                          f"message(s) lose their unit; {why} "
                           f"({', '.join(f'{t}: {n}' for t, n in sorted(rep.cut_pending.items()))})")
     for line in rep.left[:20]:
         plan.notes.append(f"timer store: {line} (left as it is)")
     if not rep.empty:
         planner.act("timer", os.path.join(st.root, "timerlog"), "timer store made consistent with the commitlog the "
                     "plan leaves (TimerMessageStore.recover, plus the repairs it lacks)", extra={"timer": rep.actions()})
+
+
+def _cut_is_past_end(store, cut_at: int, commitlog_end: int) -> bool:
+    """The unit at the cut points past the commitlog's end (else the cut is at a bad unit)."""
+    ts = TimerStore(store)
+    try:
+        unit = ts.timerlog.read_unit(cut_at)
+        return unit is not None and unit["offsetPy"] + unit["sizePy"] > commitlog_end
+    finally:
+        ts.close()
 
 
 def apply_timer_repair(rep: TimerRepair, root: str, backup) -> list[str]:

@@ -84,6 +84,7 @@ class TimerLog:
         # slot chains jump between files (a unit's previous one can be days of files back): keep more of
         # them mapped than a sequential scan needs (mappings cost address space, not memory)
         self.segments.budget.limit = TIMERLOG_MAPPED_FILES
+        self.patches: dict[int, bytes] = {}  # what a repair plans to write (see _patched)
 
     @property
     def min_offset(self) -> int:
@@ -100,7 +101,7 @@ class TimerLog:
         for seg in self.segments:
             if seg.size == 0:
                 break
-            u8 = np.frombuffer(seg.buffer(), dtype=np.uint8)
+            u8 = np.frombuffer(self._patched(seg), dtype=np.uint8)
             p = 0
             while True:
                 cols = [np.empty(CHUNK_UNITS, np.int64) for _ in range(8)]
@@ -124,6 +125,17 @@ class TimerLog:
                 walk.data_end = seg.start + p
                 break
             walk.data_end = max(walk.data_end, seg.start + p)
+
+    def _patched(self, seg):
+        """The file's bytes as a repair plans them: ``patches`` (absolute position -> bytes) applied to a
+        copy of a file they fall in (only a repair sets them; reads map the file)."""
+        mine = [(p, b) for p, b in self.patches.items() if seg.start <= p < seg.start + seg.size]
+        if not mine:
+            return seg.buffer()
+        buf = bytearray(seg.buffer())
+        for p, b in mine:
+            buf[p - seg.start:p - seg.start + len(b)] = b
+        return bytes(buf)
 
     def read_unit(self, pos: int) -> dict | None:
         """The unit at absolute ``pos`` (decoded with the struct derived from the declaration), None
