@@ -42,6 +42,12 @@ def rebuild_timer(st, out: Output, *, dry_run: bool, backup_dir, force: bool, ye
             say(f"  fixes {len(fixed)} finding(s): {', '.join(sorted({f['code'] for f in fixed}))}")
         for k in left[:10]:
             say(f"  LEFT {k['code']} {k.get('path') or ''}@{k.get('offset')}: {k['why']}")
+    stops = [e for e in severe if e["code"] in ("TM_UNIT_SIZE", "TM_UNIT_MAGIC", "TM_NO_BLANK")]
+    if stops:  # the walk ends early: a wheel built from it would drop the slots of every later unit
+        say(f"rmqstore: rebuild timer: not applied: the timerlog walk stops at {stops[0]['code']} "
+            f"{stops[0].get('path') or ''}@{stops[0].get('offset')}; run `rmqstore recover` (it restores or cuts "
+            "that unit and writes the wheel)")
+        return 1
     if dry_run:
         return 0 if rep.empty and not left else 1
     if rep.empty:

@@ -488,3 +488,30 @@ def test_recover_restores_a_unit_the_broker_would_truncate_at(store_copy, kind):
         (u["pos"], u["magic"], u["prevPos"], u["offsetPy"]) for u in truth["timerlog_unit"]], seed
     metrics = {t: c["count"] for t, c in truth["timermetrics"][0]["timingCount"].items()}
     assert _pending_by_topic(root) == metrics, seed
+
+
+def test_recover_cuts_where_the_broker_cuts_a_unit_it_cannot_restore(store_copy):
+    """A unit whose fields name no record: cut there as TimerMessageStore.recover truncates, the loss
+    counted in the plan (from the broker's read-back: the units after it, and the pending ones), the wheel
+    and timercheck following, verify clean after; rebuild timer refuses to build a wheel from that walk."""
+    name = "timer-5.3.3"
+    truth = broker_read(name)
+    units = truth["timerlog_unit"]
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    k = random.Random(seed).randrange(len(units) // 2, len(units) - 1)
+    u = units[k]
+    root = store_copy(name)
+    path, at = _unit_file(root, u["pos"], truth["timerlog_file"][0]["fileSize"])
+    _patch(path, at, struct.pack(">iqiqiqii", 51, 0, 1, 0, 0, 0, 0, 0))
+    before = tree_digest(root)
+    assert run("rebuild", "timer", root).returncode == 1 and tree_digest(root) == before, seed
+    ref = truth["timercheck"][0]["lastReadTimeMs"]
+    later = units[k + 1:]
+    pending_later = sum(1 for v in later if v["currWriteTime"] + v["delayTimeMs"] >= ref)
+    p = run("recover", root, "--dry-run")
+    assert f"{len(later)} later unit(s) go, {pending_later} of them pending" in p.stderr, (seed, p.stderr[-2000:])
+    assert run("recover", root, "--yes").returncode == 0, seed
+    assert run("verify", root).returncode == 0, seed
+    got = [r["pos"] for r in jsonl(run("dump", "timer", root, "--json").stdout) if r["type"] == "timerlog_unit"]
+    assert got == [v["pos"] for v in units[:k]], seed

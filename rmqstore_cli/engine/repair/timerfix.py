@@ -59,6 +59,7 @@ class TimerRepair:
     notes: list = field(default_factory=list)
     left: list = field(default_factory=list)  # what the repair cannot fix (one line each)
     fixed_units: set = field(default_factory=set)  # timerlog positions of the units edited
+    cut_pending_after: int = 0  # pending units past a damaged unit the cut is at
     cut_pending: dict = field(default_factory=dict)  # real topic -> pending messages the cut drops
 
     @property
@@ -111,6 +112,8 @@ def plan_timer_repair(store, *, commitlog_end: int | None = None, queue_end: int
         if cut_at is not None:
             rep.cut_at = cut_at
             rep.cut_units = stop
+            if not stop:  # a damaged unit the walk stops at: what lies after it is not walked
+                rep.cut_units, rep.cut_pending_after = _units_after(ts, cut_at)
             rep.move_files = [s.path for s in ts.timerlog.segments if s.start >= cut_at]
         _plan_wheel(ts, wheel, rep)
         if not wheel_only:
@@ -148,6 +151,28 @@ def _cut_position(ts: TimerStore, commitlog_end: int | None, wheel_only: bool) -
     else:
         return None, 0
     return cut, int(sum(int((p >= cut).sum()) for p in positions))
+
+
+def _units_after(ts: TimerStore, pos: int) -> tuple[int, int]:
+    """(units, pending units) that look whole after the damaged unit at ``pos``: what a cut there drops."""
+    from formats.timer import TIMER_UNIT_DTYPE
+
+    units = pending = 0
+    for seg in ts.timerlog.segments:
+        if seg.start + seg.size <= pos:
+            continue
+        start = pos + TIMER_UNIT_SIZE - seg.start if seg.start <= pos else 0
+        count = max(seg.size - start, 0) // TIMER_UNIT_SIZE
+        if not count:
+            continue
+        a = np.frombuffer(seg.buffer(), TIMER_UNIT_DTYPE, count=count, offset=start)
+        magic = a["magic"].astype(np.int64)
+        whole = (a["size"] == TIMER_UNIT_SIZE) & ((magic | 0xF) == 0xF) & (magic != 0)
+        slot = a["currWriteTime"].astype(np.int64) + a["delay"].astype(np.int64)
+        units += int(whole.sum())
+        pending += int((whole & (slot >= ts.read_time_ms) & ((magic & 4) == 0)).sum())
+        del a
+    return units, pending
 
 
 def _restore_unit(ts: TimerStore, pos: int, rep: TimerRepair) -> bool:
@@ -265,7 +290,7 @@ def _plan_metrics(ts: TimerStore, rep: TimerRepair, cut_at: int | None) -> None:
     pending = pending_summary(ts, stop_at=cut_at)["pendingByTopic"]
     if cut_at is not None:
         rep.cut_pending = {t: n - pending.get(t, 0) for t, n in before.items() if n - pending.get(t, 0)}
-    if not ts.metrics.exists or ts.metrics.error or not rep.cut_pending:
+    if not ts.metrics.exists or ts.metrics.error or not (rep.cut_pending or rep.cut_pending_after):
         return  # counts that merely trail the timerlog are the broker's to revise (TM_METRICS is info)
     rep.metrics = pending
 
@@ -315,6 +340,10 @@ def plan_timer_for_recovery(planner) -> None:
         plan.notes.append(f"the timerlog is cut at {rep.cut_at}: {sum(rep.cut_pending.values())} pending timer "
                           f"message(s) lose their unit; {why} "
                           f"({', '.join(f'{t}: {n}' for t, n in sorted(rep.cut_pending.items()))})")
+    if rep.cut_pending_after or (rep.cut_at is not None and not rep.cut_pending and rep.cut_units):
+        plan.notes.append(f"the timerlog is cut at the damaged unit at {rep.cut_at} (its fields name no timer record, "
+                          f"so it cannot be restored), as the broker's recovery cuts it: {rep.cut_units} later unit(s) "
+                          f"go, {rep.cut_pending_after} of them pending (their bytes go to the backup folder)")
     for line in rep.left[:20]:
         plan.notes.append(f"timer store: {line} (left as it is)")
     if not rep.empty:
