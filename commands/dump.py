@@ -547,3 +547,12 @@ def _store_summary(st, res) -> dict:
 
 def register(app: typer.Typer, panel: str | None = None) -> None:
     app.add_typer(dump_app, name="dump", rich_help_panel=panel)
+
+
+def _register_timer() -> None:
+    from .dump_timer import dump_timer
+
+    dump_app.command("timer")(dump_timer)
+
+
+_register_timer()

@@ -318,7 +318,7 @@ def _fit(text: str, width: int) -> str:
 TIME_FIELDS = {
     "storeTimestamp", "bornTimestamp", "beginTimestamp", "endTimestamp", "msgStoreTime", "physicMsgTimestamp",
     "logicsMsgTimestamp", "indexMsgTimestamp", "minTimestamp", "minTimestampIndex", "firstStoreTimestamp",
-    "lastStoreTimestamp",
+    "lastStoreTimestamp", "deliverTimeMs", "slotTimeMs", "lastReadTimeMs",
 }
 
 

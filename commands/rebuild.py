@@ -18,7 +18,7 @@ from .recover import BackupOpt, ForceOpt, YesOpt, report_verify, verify_after
 @handle_errors
 @geometry_options
 def rebuild(
-    what: str = typer.Argument(..., help="consumequeue | cqext | index | all"),
+    what: str = typer.Argument(..., help="consumequeue | cqext | index | all | timer (the timer wheel from the timerlog)"),
     store: str = StoreArg,
     topic: Optional[str] = typer.Option(None, "--topic", help="Only this topic's consume queues."),
     from_offset: Optional[int] = typer.Option(None, "--from-offset", help="Keep what indexes records before PHY; rebuild from there."),
@@ -43,6 +43,10 @@ def rebuild(
     st = open_store(store, geometry, command=f"rebuild {what}", writes=True,
                     enableConsumeQueueExt=ext, mappedFileSizeConsumeQueueExt=ext_file_size)
     out = Output(json_)
+    if what == "timer":
+        from .rebuild_timer import rebuild_timer
+
+        raise typer.Exit(rebuild_timer(st, out, dry_run=dry_run, backup_dir=backup_dir, force=force, yes=yes, json_=json_))
     guard_lock(st, force, yes)
     from rmqstore_cli.engine.repair.outcome import assess_rebuild
     from rmqstore_cli.engine.repair.rebuild import PARTS, rebuilt_parts

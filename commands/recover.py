@@ -61,6 +61,9 @@ def print_plan(out: Output, plan, title: str) -> None:
         say(f"  DATA LOSS: {x}")
     if any(a.kind == "zero_tail" for a in plan.actions):
         say("  truncated tails are zero-filled (Java leaves the old bytes), so stale records cannot reappear after a later crash")
+    for a in plan.actions:
+        for t in (a.extra.get("timer") or [])[:20] if a.kind == "timer" else ():
+            say(f"  timer: {t['action']} {t.get('path', '')}{'@' + str(t['offset']) if 'offset' in t else ''}: {t['why']}")
     if plan.actions:
         rows = [dict(a.as_json(), why=prose(a.why, root)) for a in plan.actions]
         out.table(rows, ACTION_COLUMNS, title="actions (every byte is copied to the backup first)", root=root,

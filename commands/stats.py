@@ -96,6 +96,24 @@ def stats(
     _timeline(s["timeline"])
     for line in cleanup_lines(s["nextCleanup"]):
         stdout.print(line, markup=False, highlight=False, soft_wrap=True)
+    if "timer" in s:
+        _timer(out, s["timer"])
+
+
+DUE_LABELS = {"overdue": "overdue", "nextMinute": "next minute", "nextHour": "next hour", "nextDay": "next day",
+              "later": "later"}
+
+
+def _timer(out: Output, t: dict) -> None:
+    q = t["timerQueue"]
+    stdout.print(f"timer store: {t['pending']} pending messages ({q['topic']} holds {q['records']} timer records: "
+                 f"scheduled messages and their rolls, read up to offset {q['readOffset']})", markup=False)
+    rows = [{"topic": k, "pending": v, "metrics": t["metrics"].get(k)}
+            for k, v in sorted(set(t["pendingByTopic"].items()) | {(k, 0) for k in t["metrics"] if k not in t["pendingByTopic"]})]
+    out.table(rows, [("topic", "real topic"), ("pending", "pending"), ("metrics", "timermetrics")],
+              title="pending timer messages per real topic")
+    _bars([DUE_LABELS[k] for k in t["dueIn"]], list(t["dueIn"].values()),
+          f"pending timer messages by delivery time (from the timer's read time {_ts(t['referenceTimeMs'])})")
 
 
 def _bars(labels: list[str], counts: list[int], title: str) -> None:

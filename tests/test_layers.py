@@ -12,7 +12,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENGINE = os.path.join(ROOT, "rmqstore_cli", "engine")
 
 # bottom up; verify and query are side by side (both read what log/ and derived/ hold)
-RANK = {"config": 0, "log": 1, "derived": 2, "verify": 3, "query": 3, "repair": 4}
+# timer/ reads the commitlog and the timer queue (log/, derived/) and is read by verify, query, repair
+RANK = {"config": 0, "log": 1, "derived": 2, "timer": 2.5, "verify": 3, "query": 3, "repair": 4}
 
 # (importing module, imported subpackage): each kept for a reason
 KNOWN_UPWARD = {

@@ -56,9 +56,12 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
     "lmq": {READ: {"dump commitlog", "dump consumequeue", "dump cqext", "dump index", "dump checkpoint", "dump store",
                    "dump offsets", "dump config", "index query", "get", "verify", "stats", "diff"},
             WRITE: {"append", "offsets set", "repair config", "rebuild", "recover", "truncate"}},
-    # Reads ignore the timer store (they do not misreport the rest); writes that cut or re-dispatch
-    # the commitlog would leave timer units pointing at nothing.
-    "timer": {READ: {"*"}, WRITE: {"append", "rebuild index", "offsets set", "repair config"}},
+    # Reads understand the timer store (dump timer, stats, verify's TM_* checks); recover and truncate
+    # keep it consistent with the commitlog they leave (repair/timerfix.py), rebuild timer rewrites its
+    # wheel. A consume-queue rebuild is still refused: it could renumber the timer queue the
+    # checkpoint's offsets count in.
+    "timer": {READ: {"*"}, WRITE: {"append", "rebuild index", "rebuild timer", "offsets set", "repair config",
+                                   "recover", "truncate"}},
 }
 
 

@@ -25,6 +25,7 @@ DEFAULT_CQ_SIZE = 6_000_000
 DEFAULT_EXT_SIZE = 50331648
 DEFAULT_HASH_SLOTS = 5_000_000
 DEFAULT_INDEX_NUM = 20_000_000
+DEFAULT_TIMERLOG_SIZE = 100 * 1024 * 1024
 
 
 @dataclass
@@ -53,6 +54,10 @@ class StoreConfig:
     storeType: str = "default"  # 5.3: "defaultRocksDB" keeps consume queues in a RocksDB database
     enableLmq: bool = False
     enableMultiDispatch: bool = False
+    # 5.x timer store (FORMAT.md appendix C)
+    timerPrecisionMs: int = 1000
+    mappedFileSizeTimerLog: int = DEFAULT_TIMERLOG_SIZE
+    timerRollWindowSlot: int = 3600 * 24 * 2
     inferred: dict = field(default_factory=dict)  # setting -> how it was inferred
     explicit: set = field(default_factory=set)  # settings given by the user or broker.conf
 
@@ -183,6 +188,11 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
         if bcq_sizes:
             cfg.mapperFileSizeBatchConsumeQueue = max(bcq_sizes)
             cfg.inferred["mapperFileSizeBatchConsumeQueue"] = "size of the batch consume queue files"
+    if "mappedFileSizeTimerLog" not in cfg.explicit:
+        sizes = _file_sizes(os.path.join(root, "timerlog"))
+        if sizes:
+            cfg.mappedFileSizeTimerLog = max(sizes)  # a wrong-size stray is reported by verify
+            cfg.inferred["mappedFileSizeTimerLog"] = "size of the timerlog files"
     idx_dir = os.path.join(root, "index")
     if not ({"maxHashSlotNum", "maxIndexNum"} & cfg.explicit):
         got = infer_index_geometry(idx_dir)

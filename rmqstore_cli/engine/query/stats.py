@@ -24,6 +24,7 @@ from rmqstore_cli.formats.fast import Headers
 
 from ..derived.dispatchcolumns import topic_ids
 from ..derived.lmq import LMQ_PREFIX
+from ..timer.report import timer_stats
 
 SIZE_BINS = 32  # bin k counts records with 2**k <= size < 2**(k+1)
 TIMELINE_BINS = 60
@@ -199,7 +200,8 @@ def compute_stats(store, since: int | None = None, until: int | None = None) -> 
 
     Shape: the keys of :meth:`StatsAccumulator.result` plus ``commitlog`` (min/max offset, files,
     stop kind, BLANK count and dead bytes), ``index`` (one row per file: used entries, fullness)
-    and ``consumeQueueLag`` (one row per consume queue on disk).
+    and ``consumeQueueLag`` (one row per consume queue on disk); ``timer`` when the store has a 5.x timer
+    store (pending messages per real topic and when they are due, whatever the time range).
     """
     from ..log.commitlog import ScanResult
 
@@ -230,6 +232,9 @@ def compute_stats(store, since: int | None = None, until: int | None = None) -> 
     out["lmqQueues"] = lmq_queues(store)
     if timed:
         out["timeRange"] = {"since": since, "until": until}
+    timer = timer_stats(store)
+    if timer:
+        out["timer"] = timer
     return out
 
 

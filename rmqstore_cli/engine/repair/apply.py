@@ -149,6 +149,10 @@ def _apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, 
                                     index_after=dispatch.extra.get("indexAfter"))
         res.steps.append(f"dispatched {res.dispatch['records']} records: {res.dispatch['cqUnits']} consume-queue units, "
                          f"{res.dispatch['indexEntries']} index entries")
+    if any(a.kind == "timer" for a in plan.actions):
+        from .timerfix import apply_timer_repair
+
+        res.steps += apply_timer_repair(plan.timer_repair, root, backup)
     cp = next((a for a in plan.actions if a.kind == "checkpoint"), None)
     if cp is not None:
         from ..log.checkpointwriter import CheckpointWriter

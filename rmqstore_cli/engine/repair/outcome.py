@@ -70,6 +70,7 @@ class PlanScope:
         self.walk_start = cl.get("startOffset") if cl.get("startReason") != "truncate" else None
         self.check_crc = cl.get("checkCRCOnRecover", True)
         self.queue_ends = getattr(plan, "queue_ends", {}) or {}
+        self.timer = getattr(plan, "timer_repair", None)
 
     def _moved(self, rel: str) -> bool:
         parts = rel.split(os.sep)
@@ -85,6 +86,10 @@ class PlanScope:
         if rel and rel in self.extended and code == "SEG_WRONG_SIZE":
             return "fixed", "the file is padded to its full size"
         top = rel.split(os.sep)[0] if rel else None
+        if code and code.startswith("TM_"):
+            from .timerfix import timer_verdict
+
+            return timer_verdict(self.timer, f)
         if code in CHECKPOINT_CODES:
             if self.checkpoint:
                 return "fixed", "the checkpoint is rewritten consistent with the log"

@@ -88,6 +88,7 @@ class RecoveryPlan:
     # verify's findings on the store as planned, when the planning walk made them (plan_recovery(with_verify))
     verify_findings: list | None = field(default=None, repr=False, compare=False)
     queue_ends: dict = field(default_factory=dict)  # (topic, queueId) -> next queue offset before the re-dispatch
+    timer_repair: object = None  # repair.timerfix.TimerRepair: the timer store's changes (the "timer" action)
 
     @property
     def repairs(self) -> list:

@@ -31,6 +31,7 @@ from .derived_plan import check_derived, dispatch_starts, queue_repairs
 from .extplan import cut_exts_to_queues, recover_ext
 from .indexplan import index_after_crash, index_past_end, load_index
 from .plan import Action, QueueState, RecoveryPlan, store_fingerprint
+from .timerfix import plan_timer_for_recovery
 from .probes import file_has_data, nonzero_after, SegmentFrom, queue_file_units
 
 REFUSE = "the broker would refuse to start: "
@@ -127,6 +128,7 @@ class Planner:
             if self.cl_kept:
                 check_batch_queues(self)
         self._dispatch(cp)
+        plan_timer_for_recovery(self)
         self._checkpoint_and_abort(cp)
         self._summary()
         if not self.broker_only:
@@ -305,6 +307,7 @@ class Planner:
         if self.cl_kept:
             check_batch_queues(self)
         self._dispatch(cp)
+        plan_timer_for_recovery(self)
         self.last_cq_ts = None
         self._checkpoint_and_abort(cp)  # consistent with the cut log (engine/repair/checkpointfix.py)
         self._summary()

@@ -33,6 +33,7 @@ from .queues import _check_consume_queues, _check_dispatch
 from .records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier,  # noqa: F401
                       map_large_allocations)
 from .rocksdbqueues import CheckpointDispatch, RocksQueueWindows, check_database
+from ..timer.check import check_timer_store
 from .windows import DispatchWindows, IndexWindows, QueueWindows, Windows, segments_overlap
 
 
@@ -162,6 +163,7 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
         findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))
     _check_checkpoint(store, _Newest(n_records, newest), findings)
     _check_root(store, findings)
+    _check_timer(store, findings, summary)
     sort_findings(findings, summary)
     return VerifyResult(findings, summary)
 
@@ -223,8 +225,16 @@ def _verify_whole_log(store, *, check_crc: bool = True, reports: list[SegmentRep
         findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))
     _check_checkpoint(store, recs, findings)
     _check_root(store, findings)
+    _check_timer(store, findings, summary)
     sort_findings(findings, summary)
     return VerifyResult(findings, summary)
+
+
+def _check_timer(store, findings: list, summary: dict) -> None:
+    """The 5.x timer store (timerlog, wheel, timercheck, timermetrics), when the store has one."""
+    timer = check_timer_store(store, findings)
+    if timer:
+        summary["timer"] = timer
 
 
 def lost_tail_finding(cl, data_end: int, lost_refs: int) -> Finding:

@@ -1,0 +1,96 @@
+"""Compiled timer-store passes (numba, nopython): the timerlog walk and the wheel replay.
+
+:func:`walk_units` reads one timerlog file's units into columns the way ``TimerMessageStore.
+recoverAndRevise`` reads them: 52-byte steps from the file start, stopping at the end-of-file blank,
+at zeros (end of data) or at the first unit whose size or magic is wrong. :func:`replay_wheel` replays
+``doEnqueue``'s wheel bookkeeping over units in timerlog order: for each unit the slot's previous
+``lastPos`` (what its prevPos must be), and the slot's firstPos / lastPos / num afterwards; the result
+is the wheel the broker wrote, from the timerlog alone.
+
+Imported lazily (numba loads on first use); constants come in as arguments or literals derived from
+:mod:`formats.timer` (numba freezes globals into the cached machine code).
+"""
+
+from __future__ import annotations
+
+import numba
+
+from .kernel import _i32, _i64, _jit
+from .timer import TIMER_BLANK_MAGIC, TIMER_UNIT_FIELDS, TIMER_UNIT_SIZE, WHEEL_SLOTS, field_offsets
+
+_OFF = field_offsets(TIMER_UNIT_FIELDS)
+U_SIZE, U_PREV, U_MAGIC, U_CWT, U_DELAY = _OFF["size"], _OFF["prevPos"], _OFF["magic"], _OFF["currWriteTime"], _OFF["delay"]
+U_OFFPY, U_SIZEPY, U_HASH, U_RESERVED = _OFF["offsetPy"], _OFF["sizePy"], _OFF["realTopicHash"], _OFF["reserved"]
+UNIT = TIMER_UNIT_SIZE
+BLANK = TIMER_BLANK_MAGIC
+SLOTS = WHEEL_SLOTS
+
+# How a walk of one file ended (the engine names them in timer/files.py).
+END_LIMIT, END_BLANK, END_ZERO, END_BAD_SIZE, END_BAD_MAGIC, END_FILE = 0, 1, 2, 3, 4, 5
+
+
+@numba.njit(inline="always")
+def _all_zero(u8, p, n):
+    for j in range(p, min(p + n, u8.shape[0])):
+        if u8[j] != 0:
+            return False
+    return True
+
+
+def _walk_units(u8, start, limit, prev, magic, cwt, delay, offpy, sizepy, thash, reserved):
+    """Units from byte ``start`` of a file (``u8``) while fewer than ``limit`` were taken; returns
+    (units taken, position after them, END_* kind)."""
+    n = 0
+    p = start
+    size_all = u8.shape[0]
+    while True:
+        if n >= limit:
+            return n, p, END_LIMIT
+        if p + UNIT > size_all:
+            if p + 16 <= size_all and _i32(u8, p + U_MAGIC) == BLANK:
+                return n, p, END_BLANK
+            return n, p, END_FILE
+        m = _i32(u8, p + U_MAGIC)
+        if m == BLANK:
+            return n, p, END_BLANK
+        s = _i32(u8, p)
+        if s == 0 and m == 0 and _all_zero(u8, p, UNIT):
+            return n, p, END_ZERO
+        if s != UNIT:
+            return n, p, END_BAD_SIZE
+        if (m | 0xF) != 0xF:
+            return n, p, END_BAD_MAGIC
+        prev[n] = _i64(u8, p + U_PREV)
+        magic[n] = m
+        cwt[n] = _i64(u8, p + U_CWT)
+        delay[n] = _i32(u8, p + U_DELAY)
+        offpy[n] = _i64(u8, p + U_OFFPY)
+        sizepy[n] = _i32(u8, p + U_SIZEPY)
+        thash[n] = _i32(u8, p + U_HASH)
+        reserved[n] = _i64(u8, p + U_RESERVED)
+        n += 1
+        p += UNIT
+
+
+def _replay_wheel(pos, prev, magic, slot_units, floor, w_time, w_first, w_last, w_num, w_cut, expected_prev):
+    """doEnqueue's slot bookkeeping over units in timerlog order (``w_*``: the wheel so far, one entry
+    per slot index, ``w_time`` -1 where empty). ``w_cut`` marks slots whose chain starts before the
+    timerlog's first file (``floor``: its start), whose num and firstPos cannot be checked."""
+    for i in range(pos.shape[0]):
+        t = slot_units[i]
+        idx = t % SLOTS
+        if w_time[idx] != t:  # getSlot: another time in this slot counts as empty
+            exp = -1
+            w_time[idx] = t
+            w_first[idx] = pos[i]
+            w_num[idx] = 0
+            w_cut[idx] = 1 if (0 <= prev[i] < floor) else 0
+        else:
+            exp = w_last[idx]
+        expected_prev[i] = exp
+        w_last[idx] = pos[i]
+        w_num[idx] += -1 if (magic[i] & 4) else 1
+
+
+walk_units = _jit(_walk_units)
+replay_wheel = _jit(_replay_wheel)

@@ -1,0 +1,203 @@
+"""Read-only answers about the timer store: its units with the message each points at, the wheel's
+slots with their chains, the messages still pending (one per message, when they are due) and the
+per-topic summary ``stats`` shows. Rows are plain dicts with stable camelCase names."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rmqstore_cli.formats.timer import TIMER_UNIT_SIZE, magic_text
+
+from .files import slot_json
+from .store import MSG_OK, MSG_STATE_TEXT, TimerStore
+
+CHAIN_LIMIT = 100_000  # positions listed per slot chain (a damaged chain can loop)
+MINUTE, HOUR, DAY = 60_000, 3_600_000, 86_400_000
+BUCKETS = ("overdue", "nextMinute", "nextHour", "nextDay", "later")
+
+
+def unit_rows(ts: TimerStore, *, since=None, until=None, topic=None):
+    """Every timerlog unit in order with what it means and the message it points at."""
+    for sc in ts.scan():
+        u, m = sc.units, sc.msgs
+        deliver = np.where(m.timer_out >= 0, m.timer_out, u.slot_time)
+        keep = np.ones(len(u), bool)
+        if since is not None:
+            keep &= deliver >= since
+        if until is not None:
+            keep &= deliver <= until
+        pending = ts.pending_mask(sc)
+        for i in np.flatnonzero(keep).tolist():
+            real = m.text(ts.store, i, "REAL_TOPIC")
+            if topic is not None and real != topic:
+                continue
+            row = {"pos": int(u.pos[i]), "size": TIMER_UNIT_SIZE, "prevPos": int(u.prevPos[i]), "magic": int(u.magic[i]),
+                   "magicText": magic_text(int(u.magic[i])), "currWriteTime": int(u.currWriteTime[i]),
+                   "delayMs": int(u.delay[i]), "slotTimeMs": int(u.slot_time[i]), "deliverTimeMs": int(deliver[i]),
+                   "offsetPy": int(u.offsetPy[i]), "sizePy": int(u.sizePy[i]), "realTopicHash": int(u.realTopicHash[i]),
+                   "pending": bool(pending[i]), "message": MSG_STATE_TEXT[int(m.state[i])]}
+            if m.state[i] == MSG_OK:
+                row.update(_message_fields(ts, m, i))
+            yield row
+
+
+def _message_fields(ts, m, i) -> dict:
+    qid = m.text(ts.store, i, "REAL_QID")
+    return {"realTopic": m.text(ts.store, i, "REAL_TOPIC"),
+            "realQueueId": int(qid) if qid is not None and qid.lstrip("-").isdigit() else qid,
+            "keys": m.text(ts.store, i, "KEYS"), "uniqKey": m.text(ts.store, i, "UNIQ_KEY"),
+            "timerOutMs": int(m.timer_out[i]) if m.timer_out[i] >= 0 else None,
+            "timerQueueOffset": int(m.queue_offset[i])}
+
+
+def slot_rows(ts: TimerStore, chains: bool = True):
+    """The wheel's non-empty slots, each with its chain walked from lastPos through prevPos."""
+    for idx, recs in ts.wheel.nonempty():
+        for i, rec in zip(idx.tolist(), recs):
+            row = slot_json(i, rec, ts.precision_ms)
+            if chains:
+                chain, end = walk_chain(ts, row["lastPos"], row["timeMs"])
+                row["chain"] = chain
+                row["chainEnd"] = end
+            yield row
+
+
+def walk_chain(ts: TimerStore, last_pos: int, slot_ms: int) -> tuple[list[int], str]:
+    """Positions from ``last_pos`` back through prevPos, and how the chain ended: ``-1`` (its first
+    unit), ``history`` (into a deleted timerlog file), ``outside`` (past the timerlog), ``other slot``,
+    ``loop`` or ``limit``."""
+    out: list[int] = []
+    pos = last_pos
+    floor = ts.timerlog.min_offset
+    while pos != -1:
+        if len(out) >= CHAIN_LIMIT:
+            return out, "limit"
+        if out and pos >= out[-1]:
+            return out, "loop"
+        if 0 <= pos < floor:
+            return out, "history"
+        unit = ts.timerlog.read_unit(pos)
+        if unit is None or unit["size"] != TIMER_UNIT_SIZE:
+            return out, "outside"
+        if (unit["currWriteTime"] + unit["delay"]) // ts.precision_ms != slot_ms // ts.precision_ms:
+            return out, "other slot"
+        out.append(pos)
+        pos = unit["prevPos"]
+    return out, "-1"
+
+
+def pending_rows(ts: TimerStore, *, since=None, until=None, topic=None):
+    """One row per message not yet delivered: its pending unit (a rolled message counts once: see
+    TimerStore.superseded), then the timer-queue records the timer has not read into the timerlog yet."""
+    unread = _unread_queue(ts)
+    enqueued = np.zeros(len(unread[0]), bool) if unread is not None else None
+    for sc in ts.scan():
+        u, m = sc.units, sc.msgs
+        if unread is not None and len(unread[0]):
+            enqueued |= np.isin(unread[1], u.offsetPy)
+        for i in np.flatnonzero(ts.pending_mask(sc)).tolist():
+            row = {"source": "timerlog", "pos": int(u.pos[i]), "slotTimeMs": int(u.slot_time[i]),
+                   "roll": bool(u.magic[i] & 2), "message": MSG_STATE_TEXT[int(m.state[i])]}
+            if m.state[i] == MSG_OK:
+                row.update(_message_fields(ts, m, i))
+            row["deliverTimeMs"] = row.get("timerOutMs") or int(u.slot_time[i])
+            if _selected(row, since, until, topic):
+                yield row
+    if unread is not None:
+        yield from _unread_queue_rows(ts, unread, enqueued, since, until, topic)
+
+
+def _selected(row, since, until, topic) -> bool:
+    t = row["deliverTimeMs"]
+    return not ((since is not None and t < since) or (until is not None and t > until)
+                or (topic is not None and row.get("realTopic") != topic))
+
+
+def _unread_queue(ts: TimerStore):
+    """(queue offsets, phy, size) of the timer-queue units past the checkpoint's lastTimerQueueOffset."""
+    cq = ts.timer_queue()
+    if cq is None or not ts.checkpoint.exists:
+        return None
+    u = cq.units()
+    sel = np.flatnonzero(u.queue_offsets >= ts.checkpoint.lastTimerQueueOffset)
+    return u.queue_offsets[sel], u.phy[sel].astype(np.int64), u.size[sel].astype(np.int64)
+
+
+def _unread_queue_rows(ts: TimerStore, unread, enqueued, since, until, topic):
+    """The unread records no timerlog unit points at yet (after a crash the timer may have enqueued
+    records its checkpoint does not count)."""
+    from .store import resolve_messages
+
+    qoff, phy, size = (a[~enqueued] for a in unread)
+    if not len(qoff):
+        return
+    m = resolve_messages(ts.store, phy, size)
+    for j in range(len(qoff)):
+        if m.state[j] != MSG_OK:
+            continue
+        row = {"source": "timerQueue", "timerQueueOffset": int(qoff[j]), "message": "ok", **_message_fields(ts, m, j)}
+        row["deliverTimeMs"] = row.get("timerOutMs") or 0
+        if _selected(row, since, until, topic):
+            yield row
+
+
+def pending_summary(ts: TimerStore, stop_at: int | None = None, chunks=None) -> dict:
+    """Pending messages per real topic and when they are due, relative to the timer's read time
+    (the checkpoint's lastReadTimeMs): overdue / next minute / hour / day / later. Columns only."""
+    ref = ts.read_time_ms
+    per_hash: dict[int, int] = {}
+    names: dict[int, str] = {}
+    buckets = np.zeros(len(BUCKETS), np.int64)
+    for row_hash, deliver in _pending_columns(ts, names, stop_at, chunks):
+        h, c = np.unique(row_hash, return_counts=True)
+        for k, v in zip(h.tolist(), c.tolist()):
+            per_hash[k] = per_hash.get(k, 0) + v
+        d = deliver - ref
+        buckets += np.array([(d < 0).sum(), ((d >= 0) & (d < MINUTE)).sum(), ((d >= MINUTE) & (d < HOUR)).sum(),
+                             ((d >= HOUR) & (d < DAY)).sum(), (d >= DAY).sum()], np.int64)
+    per_topic: dict[str, int] = {}
+    for k, v in per_hash.items():
+        name = names.get(k, f"<hash {k}>")
+        per_topic[name] = per_topic.get(name, 0) + v
+    return {"referenceTimeMs": ref, "pending": int(sum(per_topic.values())),
+            "pendingByTopic": dict(sorted(per_topic.items())), "dueIn": dict(zip(BUCKETS, buckets.tolist()))}
+
+
+def _pending_columns(ts: TimerStore, names: dict, stop_at: int | None = None, chunks=None):
+    """(real-topic hash, delivery time) of the pending units, a chunk at a time; ``names`` learns the
+    topic name of each hash from its first unit (one string per distinct topic); ``stop_at``: only the
+    units before that timerlog position; ``chunks``: ScannedChunks another pass is making (verify)."""
+    for sc in (chunks if chunks is not None else ts.scan(stop_at=stop_at)):
+        u, m = sc.units, sc.msgs
+        sel = np.flatnonzero(ts.pending_mask(sc))
+        if not len(sel):
+            continue
+        h = np.where(m.has_topic[sel], m.topic_hash[sel], u.realTopicHash[sel]).astype(np.int64)
+        for k in np.unique(h).tolist():
+            if k not in names:
+                i = sel[np.flatnonzero(h == k)[0]]
+                t = m.text(ts.store, int(i), "REAL_TOPIC")
+                if t is not None:
+                    names[k] = t
+        deliver = np.where(m.timer_out[sel] >= 0, m.timer_out[sel], u.slot_time[sel])
+        yield h, deliver
+
+
+def timer_stats(store) -> dict:
+    """``stats``' timer section ({} without a timer store): units, the timer queue, pending messages per
+    real topic and when they are due, and what timermetrics says."""
+    from .store import TIMER_TOPIC
+
+    ts = TimerStore(store)
+    try:
+        if not ts.present:
+            return {}
+        s = pending_summary(ts)
+        cq = ts.timer_queue()
+        records = int(len(cq.units().queue_offsets)) if cq is not None else 0
+        return {"precisionMs": ts.precision_ms, "timerlogFiles": len(ts.timerlog.segments),
+                "timerQueue": {"topic": TIMER_TOPIC, "records": records,
+                               "readOffset": ts.checkpoint.lastTimerQueueOffset if ts.checkpoint.exists else None},
+                **s, "metrics": dict(sorted(ts.metrics.counts.items()))}
+    finally:
+        ts.close()
