@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .fileops import last_nonzero, zero_range
 from .backup import Backup, find_unfinished, fsync_path, read_manifest, undo_entries
 from ..errors import StoreInUseError, UsageError
 from ..log.lockfile import LOCK_CONTENT, StoreLock
 from .plan import RecoveryPlan
 
-ZERO_CHUNK = bytes(1 << 20)
 
 
 @dataclass
@@ -28,35 +28,6 @@ class ApplyResult:
     steps: list = field(default_factory=list)
     dispatch: dict = field(default_factory=dict)
     resumed: bool = False
-
-
-def last_nonzero(path: str, pos: int) -> int:
-    """Offset just past the last non-zero byte at or after ``pos`` (= pos if none)."""
-    end = pos
-    with open(path, "rb") as f:
-        f.seek(pos)
-        off = pos
-        while True:
-            b = f.read(1 << 20)
-            if not b:
-                break
-            s = b.rstrip(b"\0")
-            if s:
-                end = off + len(s)
-            off += len(b)
-    return end
-
-
-def zero_range(path: str, start: int, end: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(start)
-        left = end - start
-        while left > 0:
-            n = min(left, len(ZERO_CHUNK))
-            f.write(ZERO_CHUNK[:n])
-            left -= n
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def roll_back_interrupted_dispatch(backup: Backup) -> bool:

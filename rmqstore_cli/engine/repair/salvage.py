@@ -18,7 +18,7 @@ from rmqstore_cli.formats import fast
 from rmqstore_cli.formats.message import decode_message, render_body
 
 from ..log.walk import broker_walk, resync
-from .apply import last_nonzero
+from .fileops import last_nonzero
 
 
 @dataclass

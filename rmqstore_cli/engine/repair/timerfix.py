@@ -364,7 +364,7 @@ def _cut_is_past_end(store, cut_at: int, commitlog_end: int) -> bool:
 def apply_timer_repair(rep: TimerRepair, root: str, backup) -> list[str]:
     """Carry out the planned changes, every overwritten byte saved in ``backup`` first."""
     from ..log.mappedfile import fsync_path
-    from .apply import last_nonzero, zero_range
+    from .fileops import last_nonzero, zero_range
 
     steps = []
     if rep.new_wheel:
