@@ -59,6 +59,8 @@ def dump_commitlog(
     if follow and (fmt is not None or to is not None or until is not None):
         raise UsageError("--follow reads on forever: it does not go with --format, --to or --until")
     st = open_store(store, geometry, command="dump commitlog")
+    if follow and st.is_dledger:
+        raise UsageError("--follow does not read a DLedger log yet (dump without --follow reads it)")
     if follow:
         _follow(st, topic, queue, from_, since_ms, limit, body, json_)
         return
@@ -447,4 +449,7 @@ def _store_summary(st, res) -> dict:
 
 
 def register(app: typer.Typer, panel: str | None = None) -> None:
+    from . import dledger_cmd
+
+    dledger_cmd.register(dump_app)
     app.add_typer(dump_app, name="dump", rich_help_panel=panel)

@@ -32,7 +32,10 @@ READ, WRITE = "read", "write"
 # Feature -> the set of command names the engine handles it for, per kind of access. "*" is every
 # command of that kind. A command missing here is refused on a store with that feature.
 SUPPORT: dict[str, dict[str, set[str]]] = {
-    "dledger": {READ: set(), WRITE: set()},
+    # Reads see the messages inside the entries at the broker's offsets (log/dledger.py).
+    "dledger": {READ: {"dump commitlog", "dump consumequeue", "dump cqext", "dump index", "dump store", "dump checkpoint",
+                       "dump config", "dump offsets", "dump dledger", "get", "index query", "stats", "verify", "diff"},
+                WRITE: set()},
     "rocksdb-cq": {
         # Commands that never read the consume queues are right on a RocksDB store.
         READ: {"dump commitlog", "dump index", "dump checkpoint", "index query",
@@ -158,8 +161,13 @@ def require_understood(layout: Layout, command: str, access: str) -> None:
     missing = [f for f in sorted(layout.features) if not supported(f, command, access)]
     if not missing:
         return
-    what = "; ".join(f"{FEATURES[f]} ({layout.details.get(f, f)})" for f in missing)
     command = command.split(" --")[0]
+    if "dledger" in missing and command == "append":
+        raise UnsupportedLayoutError(
+            "refusing `append`: the store keeps its messages in a DLedger (Raft) log, and a replicated log must not be "
+            "written behind its group's back (the other replicas would never hold the entries); send the messages "
+            "through the group's leader. Nothing was changed")
+    what = "; ".join(f"{FEATURES[f]} ({layout.details.get(f, f)})" for f in missing)
     if access == WRITE:
         raise UnsupportedLayoutError(
             f"refusing `{command}`: the store holds {what}, which rmqstore cannot yet write safely "

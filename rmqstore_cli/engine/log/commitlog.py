@@ -112,6 +112,7 @@ class ScanResult:
     blanks: list = field(default_factory=list)  # (absolute offset, totalSize)
     records: int = 0
     bytes: int = 0
+    entry_stop: object = None  # DLedger: where the entries end (log.dledger.EntryStop)
 
 
 class CommitLog:
