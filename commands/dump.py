@@ -405,6 +405,8 @@ def _startup_cost(st) -> dict:
     from rmqstore_cli.engine.errors import RmqStoreError
     from rmqstore_cli.engine.repair.recovery import plan_recovery
 
+    if st.is_dledger:
+        return {}  # the classic recovery plan does not describe a DLedger start (DLedger's own recovery does)
     try:
         return plan_recovery(st).startup_cost or {}
     except RmqStoreError as e:
@@ -445,7 +447,17 @@ def _store_summary(st, res) -> dict:
         "abortExists": st.abort_exists,
         "lastExitOK": not st.abort_exists,
         "lock": {"exists": lock.exists, "held": lock.held, "detail": lock.detail},
+        **({"dledger": _dledger_obj(st)} if st.is_dledger else {}),
     }
+
+
+def _dledger_obj(st) -> dict:
+    from rmqstore_cli.engine.query.dledger import state_rows
+
+    info, cp, ct = state_rows(st)
+    return {"folder": info["directory"], "indexFiles": info["indexFiles"], "indexFileSize": info["indexFileSize"],
+            "committedIndex": cp["committedIndex"], "endIndex": cp["endIndex"], "currTerm": ct["currTerm"],
+            "voteLeader": ct["voteLeader"]}
 
 
 def register(app: typer.Typer, panel: str | None = None) -> None:

@@ -51,6 +51,7 @@ class Stop:
     reason: int = fast.R_OK  # for kind "invalid": fast.R_* code
     size: int = 0  # TOTALSIZE read at the stop position
     magic: int = 0
+    entry_level: bool = False  # DLedger: the entries end here (not a message inside one)
 
     @property
     def clean(self) -> bool:

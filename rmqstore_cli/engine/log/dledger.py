@@ -261,7 +261,7 @@ class DLedgerCommitLog(CommitLog):
                 return
         result.blanks.extend(walk.blanks)
         es = walk.stop
-        result.stop = Stop(es.offset, es.segment, es.position, es.kind, size=es.size, magic=es.magic)
+        result.stop = Stop(es.offset, es.segment, es.position, es.kind, size=es.size, magic=es.magic, entry_level=True)
         result.entry_stop = es
 
     def messages(self, ec: EntryChunk, check_crc: bool, prop_crc: int, magics) -> tuple[fast.Headers, int]:

@@ -24,6 +24,7 @@ from ..findings import Finding
 from .commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_parallel,  # noqa: F401 (public API)
                         as_windows, first_windows, iter_windows, verify_segments, verify_segments_parallel,
                         whole_segments, window_report)
+from .dledger import check_dledger
 from .index import _check_checkpoint, _check_index, _check_root
 from .queues import _check_consume_queues, _check_dispatch
 from .records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier,  # noqa: F401
@@ -135,6 +136,8 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
         findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))
     _check_checkpoint(store, _Newest(n_records, newest), findings)
     _check_root(store, findings)
+    if getattr(cl, "is_dledger", False):
+        check_dledger(store, findings, summary)
     sort_findings(findings, summary)
     return VerifyResult(findings, summary)
 
@@ -189,6 +192,8 @@ def _verify_whole_log(store, *, check_crc: bool = True, reports: list[SegmentRep
         findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))
     _check_checkpoint(store, recs, findings)
     _check_root(store, findings)
+    if getattr(cl, "is_dledger", False):
+        check_dledger(store, findings, summary)
     sort_findings(findings, summary)
     return VerifyResult(findings, summary)
 
