@@ -239,7 +239,8 @@ class DLedgerCommitLog(CommitLog):
              end_index: int | None = None) -> Iterator[Chunk]:
         """:meth:`CommitLog.scan` over entries: ``start_position`` is an entry's start. Entries end the
         walk as DLedger's recovery ends it; a message that fails the broker's record check stops it too
-        (``Stop`` of kind invalid at the message), resumable at the next entry (:meth:`next_entry`)."""
+        (``Stop`` of kind invalid at the message), resumable at the next entry (:meth:`next_entry`); with
+        ``stop_at_invalid=False`` such messages are left out (``result.skipped``) and the walk goes on."""
         result = result if result is not None else ScanResult()
         magics = self.magics(strict_version)
         prop_crc = self.prop_crc_policy(check_crc)
@@ -248,6 +249,12 @@ class DLedgerCommitLog(CommitLog):
         for ec in walk_entries(self.segments.segments, start_index=start_index, start_position=start_position,
                                last_index=last_index, result=walk, chunk=chunk_records, end_index=end_index):
             h, bad = self.messages(ec, check_crc, prop_crc, magics)
+            if bad < len(h) and not stop_at_invalid:
+                # the broker's reput steps over a message it cannot parse (its size is known from the entry)
+                ok = h.reason == fast.R_OK
+                result.skipped += [(int(ec.segment.start + o), int(r)) for o, r in
+                                   zip(h.offsets[~ok].tolist(), h.reason[~ok].tolist())]
+                h, bad = h.select(ok), int(ok.sum())
             good = h if bad >= len(h) else h.take(bad)
             if len(good):
                 result.records += len(good)
