@@ -31,6 +31,17 @@ ENTRY_HEADER = Struct(*[name / ctype for name, ctype in ENTRY_HEADER_FIELDS])
 ENTRY_HEADER_SIZE = ENTRY_HEADER.sizeof()  # 48 = DLedgerEntry.BODY_OFFSET
 # DLedgerEntry.HEADER_SIZE: the header without the body length; recovery requires size > this.
 ENTRY_FIXED_SIZE = ENTRY_HEADER_SIZE - 4
+# The header rules of DLedger's recovery walk (formats.dledgerkernel applies them in this order); an entry
+# that breaks one ends the log.
+E_OK, E_POS, E_BODYLEN, E_SIZE, E_INDEX, E_TERM = range(6)
+E_TEXT = {
+    E_OK: "ok",
+    E_POS: "the entry's pos field is not its own offset",
+    E_BODYLEN: "size is not body length + 48",
+    E_SIZE: "size is not larger than the 44-byte header",
+    E_INDEX: "index does not follow the previous entry's",
+    E_TERM: "term is lower than the previous entry's",
+}
 ENTRY = Struct(*[name / ctype for name, ctype in ENTRY_HEADER_FIELDS],
                "body" / Bytes(lambda ctx: max(ctx.bodyLength, 0)))
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dledger import BLANK_MAGIC, ENTRY_FIXED_SIZE, ENTRY_HEADER_SIZE, ENTRY_MAGIC, ENTRY_OFFSETS
+from .dledger import (BLANK_MAGIC, E_BODYLEN, E_INDEX, E_OK, E_POS, E_SIZE, E_TERM, E_TEXT, ENTRY_FIXED_SIZE,  # noqa: F401
+                      ENTRY_HEADER_SIZE, ENTRY_MAGIC, ENTRY_OFFSETS)
 from .kernel import _jit
 
 O_MAGIC, O_SIZE, O_INDEX, O_TERM = (ENTRY_OFFSETS[k] for k in ("magic", "size", "index", "term"))
@@ -25,16 +26,6 @@ MAGIC, BLANK = ENTRY_MAGIC, BLANK_MAGIC
 
 # Why the walk stopped (formats.fast's STOP_* names, plus an entry that breaks a header rule).
 K_BLANK, K_ZERO, K_EOF, K_BAD_MAGIC, K_BAD_SIZE, K_TORN, K_CHUNK, K_INVALID = range(8)
-# Header rules, in the order the walk applies them.
-E_OK, E_POS, E_BODYLEN, E_SIZE, E_INDEX, E_TERM = range(6)
-E_TEXT = {
-    E_OK: "ok",
-    E_POS: "the entry's pos field is not its own offset",
-    E_BODYLEN: "size is not body length + 48",
-    E_SIZE: "size is not larger than the 44-byte header",
-    E_INDEX: "index does not follow the previous entry's",
-    E_TERM: "term is lower than the previous entry's",
-}
 # Entry columns the walk fills, in order (all int64).
 COLUMNS = ("at", "size", "index", "term", "pos", "channel", "chainCrc", "bodyCrc", "bodyLength", "magic")
 

@@ -155,15 +155,13 @@ class EntryStop:
     segment: Segment | None
     position: int
     kind: str  # fast.STOP_*; STOP_INVALID: a header rule broken (``rule``)
-    rule: int = 0  # formats.dledgerkernel.E_*
+    rule: int = 0  # formats.dledger.E_*
     size: int = 0
     magic: int = 0
 
     def text(self) -> str:
-        from formats import dledgerkernel as k
-
         if self.kind == fast.STOP_INVALID:
-            return k.E_TEXT[self.rule]
+            return dl.E_TEXT[self.rule]
         return {fast.STOP_ZERO: "zeros (end of written entries)", fast.STOP_BLANK: "blank at the end of the last file",
                 fast.STOP_EOF: "fewer bytes left than an entry header",
                 fast.STOP_BAD_MAGIC: f"magic {self.magic} is neither an entry (1) nor a blank (-1)",

@@ -86,9 +86,11 @@ def _blank_row(b: tuple[int, int]) -> dict:
 
 def end_row(walk: EntryWalk) -> dict:
     s = walk.stop
+    if s is None:  # the listing stopped before the walk ended: nothing is known about the end
+        return {"type": "end", "entries": None, "lastIndex": None, "lastTerm": None, "endPos": None, "stop": "limit",
+                "why": "the listing stopped at --limit"}
     return {"type": "end", "entries": walk.entries, "lastIndex": walk.last_index, "lastTerm": walk.last_term,
-            "endPos": s.offset if s else None, "stop": s.kind if s else "limit",
-            "why": s.text() if s else "the listing stopped at --limit"}
+            "endPos": s.offset, "stop": s.kind, "why": s.text()}
 
 
 def unit_rows(store, *, start_index: int = 0, limit: int | None = None, piece: int = 1 << 16) -> Iterator[dict]:

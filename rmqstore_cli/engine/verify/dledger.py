@@ -19,15 +19,14 @@ import os
 import numpy as np
 
 from formats import dledger as dl
-from formats import dledgerkernel as k
 from formats import fast
 
 from ..findings import ERROR, INFO, WARNING, Finding
 from ..log.dledger import EntryWalk, walk_entries
 
 HEADER = dl.ENTRY_HEADER_SIZE
-RULE_CODES = {k.E_POS: "DL_ENTRY_POS", k.E_BODYLEN: "DL_ENTRY_SIZE", k.E_SIZE: "DL_ENTRY_SIZE",
-              k.E_INDEX: "DL_ENTRY_INDEX", k.E_TERM: "DL_ENTRY_TERM"}
+RULE_CODES = {dl.E_POS: "DL_ENTRY_POS", dl.E_BODYLEN: "DL_ENTRY_SIZE", dl.E_SIZE: "DL_ENTRY_SIZE",
+              dl.E_INDEX: "DL_ENTRY_INDEX", dl.E_TERM: "DL_ENTRY_TERM"}
 UNIT_FIELDS = ("magic", "pos", "size", "index", "term")
 
 
@@ -165,7 +164,7 @@ def _entries_end(stop, walk: EntryWalk, findings: list) -> None:
     tail = "DLedger's recovery ends the log here: every later entry is cut"
     if stop.kind == fast.STOP_INVALID:
         findings.append(Finding(RULE_CODES.get(stop.rule, "DL_ENTRY_INVALID"), ERROR, path, p,
-                                f"entry header at {stop.offset}: {k.E_TEXT[stop.rule]}; {tail}", extra))
+                                f"entry header at {stop.offset}: {dl.E_TEXT[stop.rule]}; {tail}", extra))
     elif stop.kind == fast.STOP_BAD_MAGIC:
         findings.append(Finding("DL_ENTRY_MAGIC", ERROR, path, p, f"magic {stop.magic} at {stop.offset} is neither an "
                                 f"entry (1) nor a blank (-1); {tail}", extra))
