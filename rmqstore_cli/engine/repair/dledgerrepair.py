@@ -103,7 +103,7 @@ def _dispatched_index(store) -> int:
     dispatches committed entries, so this is a lower bound of the committed index."""
     best = -1
     for t, q in store.queues():
-        u = store.queue(t, q).units()
+        u = store.queue(t, q).units(all_files=False)  # the last three files, as recovery reads: bounded memory
         if not len(u.phy):
             continue
         phy = int(u.phy.max())
