@@ -196,3 +196,27 @@ def test_several_dledger_folders_need_self_id(tmp_path):
 def test_follow_is_refused_on_dledger():
     p = cli("dump", "commitlog", STORES / "dledger-4.9.3-clean" / "store", "--follow", ok=(3,))
     assert "DLedger" in p.stderr
+
+
+@pytest.mark.parametrize("variant", ["torn", "corrupt"])
+def test_damaged_samples_entries_and_crc_checked_parse(variant):
+    """dump dledger on the damaged samples: every entry the broker serves, and its CRC-checked parse of each."""
+    br = [e for e in read_back("dledger-4.9.3-torn", "broker-read.jsonl.gz")["dledger_entry"]
+          if e["variant"] == f"{variant}-abortfalse"]
+    out = [o for o in lines(cli("dump", "dledger", STORES / "dledger-4.9.3-torn" / f"store-{variant}", "--json"))
+           if o["type"] == "entry"]
+    assert [(o["index"], o["term"], o["pos"], o["size"], o["magic"], o["bodyLen"]) for o in out] == \
+        [(e["index"], e["term"], e["pos"], e["size"], e["magic"], e["bodyLen"]) for e in br]
+    assert [o["messageOk"] for o in out] == [e["dispatchCrcChecked"]["success"] for e in br]
+
+
+def test_self_id_from_the_broker_config(tmp_path):
+    import shutil
+
+    root = tmp_path / "s"
+    shutil.copytree(STORES / "dledger-4.9.3-clean" / "store", root)
+    shutil.copytree(root / "dledger-n0", root / "dledger-n7")
+    conf = tmp_path / "broker.conf"
+    conf.write_text("enableDLegerCommitLog=true\ndLegerSelfId=n7\n")
+    out = lines(cli("dump", "dledger", root, "--config", conf, "--json", "--limit", 1))
+    assert out[0]["selfId"] == "n7"
