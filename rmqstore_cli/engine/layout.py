@@ -34,7 +34,8 @@ READ, WRITE = "read", "write"
 SUPPORT: dict[str, dict[str, set[str]]] = {
     # Reads see the messages inside the entries at the broker's offsets (log/dledger.py).
     "dledger": {READ: {"dump commitlog", "dump consumequeue", "dump cqext", "dump index", "dump store", "dump checkpoint",
-                       "dump config", "dump offsets", "dump dledger", "get", "index query", "stats", "verify", "diff"},
+                       "dump config", "dump offsets", "dump dledger", "get", "index query", "stats", "verify", "diff",
+                       "salvage"},
                 WRITE: {"rebuild consumequeue", "rebuild index", "rebuild all", "recover", "truncate"}},
     "rocksdb-cq": {
         # Commands that never read the consume queues are right on a RocksDB store.
