@@ -188,9 +188,7 @@ def test_rebuild_all_equals_the_broker(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["append", "{s}", "--topic", "TopicA", "--body", "x"],
-                                  ["offsets", "set", "{s}", "--group", "g", "--topic", "TopicA", "--queue", "0",
-                                   "--to-offset", "0"],
-                                  ["repair", "config", "{s}"], ["spark", "verify", "{s}"]])
+                                  ["spark", "verify", "{s}"], ["spark", "export", "{s}", "--to", "{t}/x"]])
 def test_writes_not_made_right_stay_refused(tmp_path, args):
     s = copy(CLEAN, tmp_path / "s")
     before = tree_digest(s)
@@ -228,3 +226,13 @@ def test_salvage_past_a_damaged_entry_and_a_broken_header(tmp_path):
     run("salvage", s, "--jsonl", tmp_path / "b.jsonl")
     got = [json.loads(x)["offset"] for x in (tmp_path / "b.jsonl").read_text().splitlines()]
     assert got == offsets[:k] + offsets[k + 1:], seed
+
+
+def test_offsets_set_writes_only_config(tmp_path):
+    s = copy(CLEAN, tmp_path / "s")
+    before = tree_digest(s)
+    p = run("offsets", "set", s, "--group", "g1", "--topic", "TopicA", "--queue", 0, "--to-offset", 5)
+    assert p.returncode == 0, p.stderr
+    after = tree_digest(s)
+    assert {k for k in after if after[k] != before.get(k)} == {"config/consumerOffset.json"}
+    assert '"TopicA@g1":{0:5' in (s / "config" / "consumerOffset.json").read_text().replace("\n", "").replace("\t", "")

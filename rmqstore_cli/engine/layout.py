@@ -36,7 +36,9 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
     "dledger": {READ: {"dump commitlog", "dump consumequeue", "dump cqext", "dump index", "dump store", "dump checkpoint",
                        "dump config", "dump offsets", "dump dledger", "get", "index query", "stats", "verify", "diff",
                        "salvage"},
-                WRITE: {"rebuild consumequeue", "rebuild index", "rebuild all", "recover", "truncate"}},
+                WRITE: {"rebuild consumequeue", "rebuild index", "rebuild all", "recover", "truncate",
+                        # config/ only; they read the consume queues and messages at their offsets
+                        "offsets set", "repair config"}},
     "rocksdb-cq": {
         # Commands that never read the consume queues are right on a RocksDB store.
         READ: {"dump commitlog", "dump index", "dump checkpoint", "index query",
