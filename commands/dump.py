@@ -15,7 +15,7 @@ from formats.message import BODY_MODES, RecordError, render_body
 from rmqstore_cli.engine.derived.consumequeue import is_filler
 from rmqstore_cli.engine.log.commitlog import ScanResult
 from rmqstore_cli.engine.query.timesearch import queue_range_by_time
-from rmqstore_cli.engine.errors import EXIT_CORRUPT, NotFoundError, StoreCorruptError, UsageError
+from rmqstore_cli.engine.errors import EXIT_CORRUPT, EXIT_FINDINGS, NotFoundError, StoreCorruptError, UsageError
 
 from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
                      parse_time_option)
@@ -160,7 +160,12 @@ def _report_stop(res) -> None:
     ``res.stop`` stays None when --to/--limit ended the listing before the end of the log.
     """
     stop = res.stop
+    if getattr(res, "skipped", None):
+        warn(f"{len(res.skipped)} damaged message(s) left out (DLedger entries the broker keeps serving; `verify` names "
+             f"them): at {', '.join(str(o) for o, _ in res.skipped[:10])}")
     if stop is None or stop.clean:
+        if getattr(res, "skipped", None):
+            raise typer.Exit(EXIT_FINDINGS)
         return
     if res.records == 0 and stop.offset == (stop.segment.start if stop.segment else 0):
         raise StoreCorruptError(f"no readable record: {_stop_text(stop)}")
@@ -170,7 +175,7 @@ def _report_stop(res) -> None:
 
 def _stop_text(stop) -> str:
     where = f"{stop.segment.path} at position {stop.position} (offset {stop.offset})" if stop.segment else f"offset {stop.offset}"
-    what = REASON_TEXT.get(stop.reason) if stop.kind == STOP_INVALID else {
+    what = stop.text or REASON_TEXT.get(stop.reason) if stop.kind == STOP_INVALID else {
         STOP_TORN: f"a record header claims {stop.size} bytes, past the end of the file",
         STOP_BAD_MAGIC: f"bytes that are not a record (magic 0x{stop.magic & 0xFFFFFFFF:08X})",
         STOP_BAD_SIZE: f"TOTALSIZE {stop.size} is too small for a record",
@@ -376,7 +381,7 @@ def dump_store(
     with st:
         with progress("scanning commitlog", sum(seg.size for seg in st.commitlog.segments)) as advance:
             res = ScanResult()
-            for chunk in st.commitlog.scan(check_crc=False, result=res):
+            for chunk in st.commitlog.scan(check_crc=False, result=res, stop_at_invalid=False):
                 advance(int(chunk.headers.totalSize.sum()))
         obj = _store_summary(st, res)
         obj["startupCost"] = _startup_cost(st)

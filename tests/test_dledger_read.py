@@ -220,3 +220,15 @@ def test_self_id_from_the_broker_config(tmp_path):
     conf.write_text("enableDLegerCommitLog=true\ndLegerSelfId=n7\n")
     out = lines(cli("dump", "dledger", root, "--config", conf, "--json", "--limit", 1))
     assert out[0]["selfId"] == "n7"
+
+
+def test_dump_goes_on_past_a_damaged_message():
+    """The broker serves the entries after a damaged one: the listing leaves the damaged message out (warning,
+    exit 1) and goes on; stats counts the rest."""
+    br = read_back("dledger-4.9.3-clean", "broker-read.jsonl.gz")["dledger_entry"]
+    damage = {d["variant"]: d for d in json.loads((STORES / "dledger-4.9.3-torn" / "damage.json").read_text())}
+    root = STORES / "dledger-4.9.3-torn" / "store-torn"
+    p = cli("dump", "commitlog", root, "--json", ok=(1,))
+    want = [e["message"]["commitLogOffset"] for e in br if e["index"] != damage["torn"]["entryIndex"]]
+    assert [m["offset"] for m in lines(p)] == want
+    assert str(damage["torn"]["entryPos"] + 48) in p.stderr

@@ -224,6 +224,7 @@ class DLedgerCommitLog(CommitLog):
     ``chunk.phy`` is the broker's physical offset; ``Stop.position`` of an invalid message is the message's."""
 
     is_dledger = True
+    LISTING_STOPS_AT_INVALID = False
 
     def __init__(self, directory: str, config: StoreConfig):
         self.config = config
@@ -266,7 +267,8 @@ class DLedgerCommitLog(CommitLog):
                 return
         result.blanks.extend(walk.blanks)
         es = walk.stop
-        result.stop = Stop(es.offset, es.segment, es.position, es.kind, size=es.size, magic=es.magic, entry_level=True)
+        result.stop = Stop(es.offset, es.segment, es.position, es.kind, size=es.size, magic=es.magic, entry_level=True,
+                           text=f"the DLedger entries end: {es.text()}")
         result.entry_stop = es
 
     def messages(self, ec: EntryChunk, check_crc: bool, prop_crc: int, magics) -> tuple[fast.Headers, int]:

@@ -152,6 +152,8 @@ def check_dledger(store, findings: list, summary: dict) -> None:
                                     "bytes: DLedger's recovery ends the log there and deletes them", {"endPos": end}))
     units.finish(walk.last_index)
     _check_state(files, walk, findings)
+    if "commitlog" in summary:  # where the broker's start ends the log: DLedger's header walk, not a message check
+        summary["commitlog"]["recoveryEnd"] = end
     summary["dledger"] = {"selfId": files.self_id, "entries": walk.entries, "firstIndex": first_index,
                           "lastIndex": walk.last_index, "lastTerm": walk.last_term, "endPos": end,
                           "endKind": stop.kind if stop else None}
