@@ -10,7 +10,7 @@ pos + 48. The numpy dtypes the hot paths use are derived from these declarations
 from __future__ import annotations
 
 import numpy as np
-from construct import Bytes, Const, Int32sb, Int64sb, Struct, this
+from construct import Bytes, Const, Int32sb, Int64sb, Struct
 
 ENTRY_MAGIC = 1  # DLedgerMmapFileStore.MAGIC_1 (CURRENT_MAGIC in 0.2.3 and 0.3.1.2)
 BLANK_MAGIC = -1  # MmapFileList.BLANK_MAGIC_CODE
@@ -118,4 +118,3 @@ def encode_blank(length: int) -> bytes:
     return BLANK.build(dict(size=length)) + bytes(length - BLANK_MIN_LENGTH)
 
 
-__all__ = ["ENTRY", "ENTRY_HEADER", "INDEX_UNIT", "BLANK", "this"]

@@ -42,14 +42,22 @@ class _LogState:
     """One pass over our entries: the damaged messages, the index units that differ, where the entries end."""
 
     def __init__(self, store):
-        cl = store.commitlog
-        self.walk = EntryWalk()
+        self.store = store
         self.damaged: list[dict] = []  # index, term, pos, size
         self.unit_runs: list[list[int]] = []  # [first, count] of units differing from their entries
-        self.newest_kept: dict[int, int] = {}  # entry index -> newest store time up to it (sampled per chunk end)
+        self.entries = 0
+        self.walk = EntryWalk()
+        self.resume()
+
+    def resume(self, start_index: int = 0, start_position: int = 0, last_index: int = -1, last_term: int = -1) -> None:
+        """Walk (on) from a file and position: after a broken entry the replica will repair, the walk goes on."""
+        cl = self.store.commitlog
+        self.walk = EntryWalk()
         prop = cl.prop_crc_policy(True)
         magics = cl.magics(False)
-        for ec in walk_entries(cl.segments.segments, result=self.walk):
+        for ec in walk_entries(cl.segments.segments, start_index=start_index, start_position=start_position,
+                               last_index=last_index, last_term=last_term, result=self.walk):
+            self.entries += len(ec)
             h, _ = cl.messages(ec, True, prop, magics)
             c = ec.cols
             for j in np.flatnonzero(h.reason != fast.R_OK).tolist():
@@ -116,11 +124,55 @@ def _dispatched_index(store) -> int:
     return best
 
 
+def _replica_entry_at(store, replica, walk: EntryWalk) -> Action | str:
+    """Where our entries end at a broken header: the replica's entry with the next index, if it sits at that very
+    position and our own index unit for it agrees with it on (magic, pos, size, index, term) and its message parses
+    cleanly; else why not."""
+    rcl, cl = replica.commitlog, store.commitlog
+    k, at = walk.last_index + 1, walk.stop.offset
+    ru = rcl.files.index_units(k, 1)
+    if not len(ru) or int(ru["index"][0]) != k:
+        return f"entry {k} (where our entries end, at {at}) is not in the replica {replica.root}"
+    theirs = {f: int(ru[f][0]) for f in ("magic", "pos", "size", "index", "term")}
+    if theirs["pos"] != at:
+        return f"the replica's entry {k} is at {theirs['pos']}, ours would be at {at}: not the same log"
+    seg = rcl.segments.find(at)
+    if seg is None or at - seg.start + theirs["size"] > seg.size:
+        return f"the replica's entry {k} is not readable at {at}"
+    head = dict(dl.ENTRY_HEADER.parse(bytes(seg.buffer()[at - seg.start:at - seg.start + HEADER])))
+    if (head["magic"], head["size"], head["index"], head["term"], head["pos"]) != \
+            (theirs["magic"], theirs["size"], k, theirs["term"], at):
+        return f"the replica's entry {k} does not match its own index unit: it cannot be trusted"
+    h = fast.decode_headers(seg.buffer(), np.asarray([at - seg.start + HEADER], np.int64))
+    fast.validate(seg.buffer(), h, True, rcl.prop_crc_policy(True))
+    if h.reason[0] != fast.R_OK or int(h.totalSize[0]) != theirs["size"] - HEADER:
+        return f"the replica's entry {k} is damaged too"
+    ours = cl.files.index_units(k, 1)
+    mine = {f: int(ours[f][0]) for f in theirs} if len(ours) else None
+    if mine != theirs:
+        return (f"entry {k}: its header is broken here and our index unit {mine} does not confirm the replica's "
+                f"(index, term, pos, size) {theirs}: nothing is copied")
+    path, off = _data_path(store, at)
+    return Action("copy_range", path, f"entry {k} (term {theirs['term']}) from the replica: its header is broken "
+                  "here (DLedger's recovery would end the log at it); our index unit confirms the replica's entry",
+                  offset=off, extra={"source": seg.path, "sourceOffset": at - seg.start, "length": theirs["size"],
+                                     "entryIndex": k, "term": theirs["term"]})
+
+
+def _bytes_after(store, pos: int) -> bool:
+    """Non-zero bytes at or after ``pos`` in the data files (entries a cut there would lose)."""
+    for seg in store.commitlog.segments.segments:
+        if seg.start + seg.size <= pos or not seg.size:
+            continue
+        u8 = np.frombuffer(seg.buffer(), np.uint8)[max(pos - seg.start, 0):]
+        if u8.any():
+            return True
+    return False
+
+
 def _replica_copies(store, replica, damaged: list[dict]) -> tuple[list[Action], list[str]]:
     """The replica's bytes for each damaged entry, after checking the replica holds the same entry (index, term,
     pos, size) and that its message parses cleanly; refusals otherwise."""
-    if not getattr(replica.commitlog, "is_dledger", False):
-        raise UsageError(f"{replica.root} is not a DLedger store: --from-replica needs another replica of the group")
     rcl = replica.commitlog
     prop, magics = rcl.prop_crc_policy(True), rcl.magics(False)
     want = {d["index"]: d for d in damaged}
@@ -172,6 +224,11 @@ def entry_index_at(store, offset: int) -> int:
                      f"(messages around it: {before} and {after}); give a message offset or --index")
 
 
+def _broken(walk: EntryWalk) -> bool:
+    """The entries end at something other than zeros or a last blank: a broken header (or bytes that are none)."""
+    return walk.stop is not None and walk.stop.kind not in (fast.STOP_ZERO, fast.STOP_BLANK)
+
+
 def plan_dledger_recovery(store, *, replica=None, cut_damaged: bool = False, truncate_at: int | None = None,
                           findings=None) -> RecoveryPlan:
     """The plan for ``recover`` (``truncate_at`` None) or ``truncate`` (an entry index) on a DLedger store."""
@@ -182,10 +239,25 @@ def plan_dledger_recovery(store, *, replica=None, cut_damaged: bool = False, tru
         findings = verify_store(store).findings
     cl = store.commitlog
     state = _LogState(store)
-    walk = state.walk
     plan = RecoveryPlan(store.root, store.config.version, not store.abort_exists)
     plan.fingerprint = fingerprint
     acts = plan.actions
+    if replica is not None and truncate_at is None:
+        if not getattr(replica.commitlog, "is_dledger", False):
+            raise UsageError(f"{replica.root} is not a DLedger store: --from-replica needs another replica of the group")
+        while _broken(state.walk):  # a broken header: the replica's entry there, if our index unit confirms it
+            fix = _replica_entry_at(store, replica, state.walk)
+            if isinstance(fix, str):
+                plan.refusals.append(fix)
+                break
+            acts.append(fix)
+            nxt = state.walk.stop.offset + fix.extra["length"]
+            segs = cl.segments.segments
+            i = next(j for j, s in enumerate(segs) if s.start <= nxt - 1 < s.start + s.size)
+            i, at = (i + 1, 0) if nxt == segs[i].start + segs[i].size else (i, nxt - segs[i].start)
+            state.resume(i, at, fix.extra["entryIndex"], fix.extra["term"])
+    walk = state.walk
+    headers_fixed = any(a.kind == "copy_range" for a in acts) and not _broken(walk)
     last = walk.last_index
     end = walk.stop.offset if walk.stop else 0
     damaged = [d for d in state.damaged if truncate_at is None or d["index"] < truncate_at]
@@ -220,10 +292,11 @@ def plan_dledger_recovery(store, *, replica=None, cut_damaged: bool = False, tru
                               f"({', '.join(str(d['index']) for d in damaged[:10])}): DLedger checks headers only. Repair: "
                               f"--from-replica OTHER_STORE copies them from another replica of the group; or --cut-damaged "
                               f"to {offer}")
-    if walk.stop is not None and walk.stop.kind not in (fast.STOP_ZERO, fast.STOP_BLANK) and cut_at is None:
-        if any(f.code in ("DL_UNREACHABLE",) for f in findings):
-            lost_after = (f"the entries end at {end} ({walk.stop.text()}): DLedger's recovery cuts the log there and "
-                          "deletes the later files; --from-replica cannot restore a broken header")
+    if _broken(walk) and cut_at is None:
+        if _bytes_after(store, end + 8):
+            lost_after = (f"the entries end at {end} ({walk.stop.text()}): DLedger's recovery cuts the log there, "
+                          "and every later entry is lost; --from-replica restores the broken entry when our index unit "
+                          "confirms the replica's")
         cut_at = (end, last)
     if cut_at is not None:
         why = f"the log is cut at {cut_at[0]} (after entry {cut_at[1]})"
@@ -275,14 +348,14 @@ def plan_dledger_recovery(store, *, replica=None, cut_damaged: bool = False, tru
                                       "indexFromFiles": True}))
     if store.abort_exists:
         acts.append(Action("remove_abort", os.path.join(store.root, "abort"), "a clean shutdown's state", housekeeping=True))
-    plan.commitlog = {"dledger": True, "entries": walk.entries, "lastIndex": last, "endPos": end,
+    plan.commitlog = {"dledger": True, "entries": state.entries, "lastIndex": last, "endPos": end,
                       "endReason": walk.stop.text() if walk.stop else None, "damaged": [d["index"] for d in state.damaged],
                       "lastIndexAfter": new_last}
     plan.summary = {"version": store.config.version, "lastExitOK": True, "maxPhyOffset": cut_at[0] if cut_at else end,
                     "minPhyOffset": cl.min_offset, "queues": {}}
     _assess(store, plan, findings, copied={a.extra["entryIndex"] for a in acts if a.kind == "copy_range"},
             cut=cut_at, rebuilt=any(a.kind == "rebuild_derived" for a in acts), kept_damage=kept_damage,
-            damage_times=damage_times)
+            damage_times=damage_times, headers_fixed=headers_fixed)
     return plan
 
 
@@ -298,7 +371,7 @@ def _newest_time(store, before: int | None) -> int | None:
 
 
 def _assess(store, plan: RecoveryPlan, findings, *, copied: set, cut, rebuilt: bool, kept_damage: bool,
-            damage_times: bool) -> None:
+            damage_times: bool, headers_fixed: bool = False) -> None:
     """Sort verify's findings: fixed by an action, kept on purpose (with why), or left."""
     fixed, kept, left = [], [], []
     cut_index = cut[1] + 1 if cut else None
@@ -314,7 +387,10 @@ def _assess(store, plan: RecoveryPlan, findings, *, copied: set, cut, rebuilt: b
                 kept.append(entry(f, store.root, "the broker keeps and serves this entry; repair it with --from-replica "
                                                  "or --cut-damaged"))
         elif code in END_CODES:
-            (fixed if cut else left).append(entry(f, store.root, "the log is cut there" if cut else "not repaired"))
+            if headers_fixed:
+                fixed.append(entry(f, store.root, "the broken entry is copied from the replica"))
+            else:
+                (fixed if cut else left).append(entry(f, store.root, "the log is cut there" if cut else "not repaired"))
         elif code in UNIT_CODES or code in STATE_CODES:
             fixed.append(entry(f, store.root, "rewritten"))
         elif damage_times and code.startswith("CP_"):
