@@ -115,6 +115,7 @@ class ScanResult:
     records: int = 0
     bytes: int = 0
     entry_stop: object = None  # DLedger: where the entries end (log.dledger.EntryStop)
+    entry_walk: object = None  # DLedger: the entry walk that ended there (log.dledger.EntryWalk)
     skipped: list = field(default_factory=list)  # DLedger, stop_at_invalid=False: (offset, reason) left out
 
 

@@ -218,6 +218,47 @@ def walk_entries(segments: list, *, start_index: int = 0, start_position: int = 
         return
 
 
+def recovery_start_file(cl) -> int:
+    """The data file DLedger's recovery walks from (DLedgerMmapFileStore.recover): the third-last, or an earlier
+    one when a file's first entry does not check out against its header rules and its index unit. Entries in files
+    before it are never read by the recovery: a broken header there does not end the log."""
+    segs = cl.segments.segments
+    for i in range(max(len(segs) - 3, 0), -1, -1):
+        seg = segs[i]
+        if seg.size < HEADER:
+            continue
+        h = dl.ENTRY_HEADER.parse(bytes(seg.buffer()[:HEADER]))
+        if h.magic != dl.ENTRY_MAGIC or h.size <= dl.ENTRY_FIXED_SIZE or h.pos != seg.start or h.bodyLength + HEADER != h.size:
+            continue
+        u = cl.files.index_units(h.index, 1)
+        if len(u) and (int(u["magic"][0]), int(u["pos"][0]), int(u["size"][0]), int(u["index"][0]), int(u["term"][0])) \
+                == (h.magic, h.pos, h.size, h.index, h.term):
+            return i
+    return 0
+
+
+def resume_by_unit(cl, walk: EntryWalk, reach: int = 1024) -> tuple[int, int, int, int] | None:
+    """Past a broken entry: (file number, position, last index, last term) of the first later entry that its index
+    unit locates and whose header agrees with the unit (a few units are tried); None when none does."""
+    segs = cl.segments.segments
+    first = walk.last_index + 2 if walk.last_index >= 0 else 1
+    for i in range(first, first + reach):
+        u = cl.files.index_units(i, 1)
+        if not len(u) or int(u["magic"][0]) != dl.ENTRY_MAGIC:
+            return None
+        pos = int(u["pos"][0])
+        seg = cl.segments.find(pos)
+        if seg is None or pos - seg.start + HEADER > seg.size:
+            continue
+        at = pos - seg.start
+        head = dl.ENTRY_HEADER.parse(bytes(seg.buffer()[at:at + HEADER]))
+        if (head.magic, head.pos, head.index, head.size) == (dl.ENTRY_MAGIC, pos, i, int(u["size"][0])):
+            prev = cl.files.index_units(i - 1, 1)
+            term = int(prev["term"][0]) if len(prev) and int(prev["index"][0]) == i - 1 else -1
+            return segs.index(seg), at, i - 1, term
+    return None
+
+
 class DLedgerCommitLog(CommitLog):
     """The commitlog of a DLedger store (DLedgerCommitLog): the messages inside the entries, each at its
     entry's pos + 48. A scan chunk's ``headers.offsets`` are message positions in the data file, so
@@ -269,7 +310,7 @@ class DLedgerCommitLog(CommitLog):
         es = walk.stop
         result.stop = Stop(es.offset, es.segment, es.position, es.kind, size=es.size, magic=es.magic, entry_level=True,
                            text=f"the DLedger entries end: {es.text()}")
-        result.entry_stop = es
+        result.entry_stop, result.entry_walk = es, walk
 
     def messages(self, ec: EntryChunk, check_crc: bool, prop_crc: int, magics) -> tuple[fast.Headers, int]:
         """The messages of an entry chunk, decoded and validated by the classic kernels; and the first one

@@ -25,7 +25,7 @@ from formats import dledger as dl
 from formats import fast
 
 from ..errors import UsageError
-from ..log.dledger import EntryWalk, walk_entries
+from ..log.dledger import EntryWalk, recovery_start_file, resume_by_unit, walk_entries
 from .outcome import entry
 from .plan import Action, RecoveryPlan, store_fingerprint
 
@@ -35,6 +35,7 @@ END_CODES = {"DL_ENTRY_POS", "DL_ENTRY_SIZE", "DL_ENTRY_INDEX", "DL_ENTRY_TERM",
              "DL_ENTRY_TORN", "DL_UNREACHABLE", "DL_NO_BLANK", "DL_BLANK_SIZE"}
 UNIT_CODES = {"DL_INDEX_UNIT", "DL_INDEX_MISSING", "DL_INDEX_STALE"}
 STATE_CODES = {"DL_CHECKPOINT_STALE", "DL_CHECKPOINT_AHEAD", "DL_CHECKPOINT_MISSING", "DL_CHECKPOINT_FIELD"}
+UNSEEN_REFS = {"CQ_NO_RECORD", "IDX_NO_RECORD"}  # references into an entry whose header is broken (kept)
 DERIVED_PREFIXES = ("CQ_", "EXT_", "IX_", "CP_", "CL_LOST_TAIL", "DISPATCH_", "INDEX_")
 
 
@@ -156,7 +157,7 @@ def _replica_entry_at(store, replica, walk: EntryWalk) -> Action | str:
     return Action("copy_range", path, f"entry {k} (term {theirs['term']}) from the replica: its header is broken "
                   "here (DLedger's recovery would end the log at it); our index unit confirms the replica's entry",
                   offset=off, extra={"source": seg.path, "sourceOffset": at - seg.start, "length": theirs["size"],
-                                     "entryIndex": k, "term": theirs["term"]})
+                                     "entryIndex": k, "term": theirs["term"], "header": True})
 
 
 def _bytes_after(store, pos: int) -> bool:
@@ -256,8 +257,23 @@ def plan_dledger_recovery(store, *, replica=None, cut_damaged: bool = False, tru
             i = next(j for j, s in enumerate(segs) if s.start <= nxt - 1 < s.start + s.size)
             i, at = (i + 1, 0) if nxt == segs[i].start + segs[i].size else (i, nxt - segs[i].start)
             state.resume(i, at, fix.extra["entryIndex"], fix.extra["term"])
+    # a broken header in a file DLedger's recovery never reads (it starts at the third-last): the broker keeps
+    # serving the log; so does the plan (unless --cut-damaged), and it goes on checking after it
+    start_file, unseen = recovery_start_file(cl), []
+    while (_broken(state.walk) and not cut_damaged and state.walk.stop.segment is not None
+           and cl.segments.segments.index(state.walk.stop.segment) < start_file):
+        nxt = resume_by_unit(cl, state.walk)
+        if nxt is None:
+            break
+        unseen.append(state.walk.stop.offset)
+        state.resume(*nxt)
+    if unseen:
+        plan.notes.append(f"entry header(s) broken at {', '.join(map(str, unseen))}, in data files DLedger's recovery "
+                          f"never reads (it starts at file {start_file}): the broker keeps serving the log as it is. "
+                          "Repair: --from-replica OTHER_STORE, or --cut-damaged (cuts the log at the first one)")
     walk = state.walk
-    headers_fixed = any(a.kind == "copy_range" for a in acts) and not _broken(walk)
+    header_copies = [a for a in acts if a.kind == "copy_range" and a.extra.get("header")]
+    headers_fixed = bool(header_copies) and not _broken(walk)
     last = walk.last_index
     end = walk.stop.offset if walk.stop else 0
     damaged = [d for d in state.damaged if truncate_at is None or d["index"] < truncate_at]
@@ -335,7 +351,8 @@ def plan_dledger_recovery(store, *, replica=None, cut_damaged: bool = False, tru
     kept_damage = bool(damaged) and cut_at is None
     damage_times = bool(state.damaged) and cut_at is None
     derived = [f for f in findings if f.severity in ("error", "warning") and f.code.startswith(DERIVED_PREFIXES)
-               and not (damage_times and f.code.startswith("CP_"))]
+               and not (damage_times and f.code.startswith("CP_"))
+               and not ((unseen or header_copies) and f.code in UNSEEN_REFS)]
     if cut_at is not None or derived:
         acts.append(Action("rebuild_derived", None, "consume queues and index files follow the repaired log (the "
                            "broker's dispatch over it)", extra={"fromOffset": cut_at[0] + HEADER if cut_at else None}))
@@ -355,7 +372,7 @@ def plan_dledger_recovery(store, *, replica=None, cut_damaged: bool = False, tru
                     "minPhyOffset": cl.min_offset, "queues": {}}
     _assess(store, plan, findings, copied={a.extra["entryIndex"] for a in acts if a.kind == "copy_range"},
             cut=cut_at, rebuilt=any(a.kind == "rebuild_derived" for a in acts), kept_damage=kept_damage,
-            damage_times=damage_times, headers_fixed=headers_fixed)
+            damage_times=damage_times, headers_fixed=headers_fixed, unseen=set(unseen))
     return plan
 
 
@@ -371,7 +388,7 @@ def _newest_time(store, before: int | None) -> int | None:
 
 
 def _assess(store, plan: RecoveryPlan, findings, *, copied: set, cut, rebuilt: bool, kept_damage: bool,
-            damage_times: bool, headers_fixed: bool = False) -> None:
+            damage_times: bool, headers_fixed: bool = False, unseen: set = frozenset()) -> None:
     """Sort verify's findings: fixed by an action, kept on purpose (with why), or left."""
     fixed, kept, left = [], [], []
     cut_index = cut[1] + 1 if cut else None
@@ -386,6 +403,14 @@ def _assess(store, plan: RecoveryPlan, findings, *, copied: set, cut, rebuilt: b
             else:
                 kept.append(entry(f, store.root, "the broker keeps and serves this entry; repair it with --from-replica "
                                                  "or --cut-damaged"))
+        elif code in END_CODES and f.extra.get("pos") in unseen:
+            kept.append(entry(f, store.root, "a file DLedger's recovery never reads: the broker keeps serving the log; "
+                                             "repair it with --from-replica or --cut-damaged"))
+        elif headers_fixed and code in UNSEEN_REFS:
+            fixed.append(entry(f, store.root, "the entry holding the message is copied from the replica"))
+        elif unseen and code in UNSEEN_REFS:
+            kept.append(entry(f, store.root, "points at the message inside an entry whose header is broken, which the "
+                                             "broker still serves"))
         elif code in END_CODES:
             if headers_fixed:
                 fixed.append(entry(f, store.root, "the broken entry is copied from the replica"))

@@ -8,33 +8,10 @@ from typing import Iterator
 
 import numpy as np
 
-from formats import dledger as dl
 from formats import fast
 
-from ..log.dledger import EntryWalk, walk_entries
+from ..log.dledger import EntryWalk, resume_by_unit, walk_entries
 from .apply import last_nonzero
-
-HEADER = dl.ENTRY_HEADER_SIZE
-
-
-def _resume_after(cl, walk: EntryWalk) -> tuple[int, int, int] | None:
-    """(file number, position, last index) of the first entry after a broken one that its index unit locates
-    and whose header agrees with the unit; None when no later unit does."""
-    segs = cl.segments.segments
-    first = walk.last_index + 2 if walk.last_index >= 0 else 1
-    for i in range(first, first + 1024):  # a few units past the break: further damage is not searched for
-        u = cl.files.index_units(i, 1)
-        if not len(u) or int(u["magic"][0]) != dl.ENTRY_MAGIC:
-            return None
-        pos = int(u["pos"][0])
-        seg = cl.segments.find(pos)
-        if seg is None or pos - seg.start + HEADER > seg.size:
-            continue
-        at = pos - seg.start
-        head = dl.ENTRY_HEADER.parse(bytes(seg.buffer()[at:at + HEADER]))
-        if (head.magic, head.pos, head.index, head.size) == (dl.ENTRY_MAGIC, pos, i, int(u["size"][0])):
-            return segs.index(seg), at, i - 1
-    return None
 
 
 def scan_dledger(store, report, start: int = 0) -> Iterator[tuple]:
@@ -58,7 +35,7 @@ def scan_dledger(store, report, start: int = 0) -> Iterator[tuple]:
         stop = walk.stop
         if stop is None or stop.kind in (fast.STOP_ZERO, fast.STOP_BLANK):
             return
-        nxt = _resume_after(cl, walk)
+        nxt = resume_by_unit(cl, walk)
         seg = stop.segment
         if nxt is None:
             if seg is not None:
@@ -66,6 +43,6 @@ def scan_dledger(store, report, start: int = 0) -> Iterator[tuple]:
                 if end > stop.position:
                     report.skipped.append([stop.offset, seg.start + end, stop.text()])
             return
-        k, pos, last = nxt
+        k, pos, last, _ = nxt
         resume = cl.segments.segments[k].start + pos
         report.skipped.append([stop.offset, resume, stop.text()])

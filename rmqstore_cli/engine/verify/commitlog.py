@@ -21,6 +21,7 @@ from formats import fast
 from ..log.commitlog import CommitLog, ScanResult
 from ..findings import Finding
 from ..log.walk import next_by_size
+from ..log.dledger import recovery_start_file, resume_by_unit
 from .dledger import message_stop
 from ..derived.dispatchcolumns import TopicInterner, dispatch_columns
 from .records import _COL_TYPES, _COLS, ERROR, WARNING
@@ -296,7 +297,12 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
             pos = nxt
             continue
         if dledger and stop.kind not in (fast.STOP_BLANK, fast.STOP_ZERO):
-            # the entries end here: the entry checks (verify/dledger.check_dledger) say why
+            # the entries end here: the entry checks (verify/dledger.check_dledger) say why; in a file DLedger's
+            # recovery never reads, the broker serves the entries after it: the walk goes on at the next one
+            nxt = resume_by_unit(view, res.entry_walk) if i < recovery_start_file(commitlog) and res.entry_walk else None
+            if nxt is not None and nxt[1] > p:
+                pos = nxt[1]
+                continue
             rep.stop_offset, rep.stop_kind = seg.start + p, stop.kind
             rep.unread_from, rep.unread_reported = seg.start + p, True
             break

@@ -22,7 +22,7 @@ from formats import dledger as dl
 from formats import fast
 
 from ..findings import ERROR, INFO, WARNING, Finding
-from ..log.dledger import EntryWalk, walk_entries
+from ..log.dledger import EntryWalk, recovery_start_file, resume_by_unit, walk_entries
 
 HEADER = dl.ENTRY_HEADER_SIZE
 RULE_CODES = {dl.E_POS: "DL_ENTRY_POS", dl.E_BODYLEN: "DL_ENTRY_SIZE", dl.E_SIZE: "DL_ENTRY_SIZE",
@@ -127,22 +127,36 @@ def check_dledger(store, findings: list, summary: dict) -> None:
     files = cl.files
     findings += files.index.problems
     segs = cl.segments.segments
-    walk = EntryWalk()
     units = _UnitCheck(files, findings)
     first_index = None
-    for ec in walk_entries(segs, result=walk):
-        if first_index is None:
-            first_index = int(ec.cols["index"][0])
-        units.chunk(ec)
-    for pos, size in walk.blanks:
+    start_file = recovery_start_file(cl)
+    resume = (0, 0, -1, -1)
+    blanks, entries = [], 0
+    while True:
+        walk = EntryWalk()
+        for ec in walk_entries(segs, start_index=resume[0], start_position=resume[1], last_index=resume[2],
+                               last_term=resume[3], result=walk):
+            if first_index is None:
+                first_index = int(ec.cols["index"][0])
+            units.chunk(ec)
+        blanks += walk.blanks
+        entries += walk.entries
+        stop = walk.stop
+        if stop is None or stop.kind in (fast.STOP_ZERO, fast.STOP_BLANK) or stop.segment is None:
+            break
+        unseen = segs.index(stop.segment) < start_file
+        _entries_end(stop, walk, findings, unseen, start_file)
+        nxt = resume_by_unit(cl, walk) if unseen else None
+        if nxt is None:
+            break
+        resume = nxt  # the broker never reads this entry's header: the log goes on, and so do the checks
+    walk.entries = entries
+    for pos, size in blanks:
         seg = cl.segments.find(pos)
         if seg is not None and size != seg.end - pos:
             findings.append(Finding("DL_BLANK_SIZE", ERROR, seg.path, pos - seg.start,
                                     f"blank says {size} bytes remain, the file has {seg.end - pos}", {"pos": pos}))
-    stop = walk.stop
     end = stop.offset if stop else 0
-    if stop is not None and stop.kind not in (fast.STOP_ZERO, fast.STOP_BLANK):
-        _entries_end(stop, walk, findings)
     if stop is not None:
         later = [s for s in segs if s.start > (stop.segment.start if stop.segment else -1)]
         with_data = [s for s in later if _has_data(s)]
@@ -159,11 +173,15 @@ def check_dledger(store, findings: list, summary: dict) -> None:
                           "endKind": stop.kind if stop else None}
 
 
-def _entries_end(stop, walk: EntryWalk, findings: list) -> None:
+def _entries_end(stop, walk: EntryWalk, findings: list, unseen: bool = False, start_file: int = 0) -> None:
     seg, p = stop.segment, stop.position
     path = seg.path if seg else None
-    extra = {"pos": stop.offset, "afterIndex": walk.last_index}
+    extra = {"pos": stop.offset, "afterIndex": walk.last_index, "seenByRecovery": not unseen}
     tail = "DLedger's recovery ends the log here: every later entry is cut"
+    if unseen:
+        tail = (f"DLedger's recovery starts at data file {start_file} and never reads this one, so the broker keeps "
+                "the log as it is (this entry is read through its index unit); a start with fewer files would end the "
+                "log here")
     if stop.kind == fast.STOP_INVALID:
         findings.append(Finding(RULE_CODES.get(stop.rule, "DL_ENTRY_INVALID"), ERROR, path, p,
                                 f"entry header at {stop.offset}: {dl.E_TEXT[stop.rule]}; {tail}", extra))
