@@ -26,6 +26,7 @@ from formats import fast
 
 from ..errors import UsageError
 from ..log.dledger import EntryWalk, recovery_start_file, resume_by_unit, walk_entries
+from ..verify.dledger import dispatched_index
 from .outcome import entry
 from .plan import Action, RecoveryPlan, store_fingerprint
 
@@ -105,24 +106,6 @@ def _cut_actions(store, pos: int, last_index: int, why: str) -> list[Action]:
         else:
             acts.append(Action("move_aside", seg.path, why))
     return acts
-
-
-def _dispatched_index(store) -> int:
-    """Index of the newest entry whose message a consume-queue unit points at (-1: none): the store only
-    dispatches committed entries, so this is a lower bound of the committed index."""
-    best = -1
-    for t, q in store.queues():
-        u = store.queue(t, q).units(all_files=False)  # the last three files, as recovery reads: bounded memory
-        if not len(u.phy):
-            continue
-        phy = int(u.phy.max())
-        try:
-            head = store.commitlog.entry_at_message(phy)
-        except Exception:  # noqa: BLE001 - a unit pointing at nothing readable
-            continue
-        if head.get("magic") == dl.ENTRY_MAGIC:
-            best = max(best, int(head["index"]))
-    return best
 
 
 def _replica_entry_at(store, replica, walk: EntryWalk) -> Action | str:
@@ -337,7 +320,7 @@ def plan_dledger_recovery(store, *, replica=None, cut_damaged: bool = False, tru
     cp = cl.files.checkpoint()
     if new_last >= 0 or cp is not None:
         committed = cp.get("committedIndex") if cp else None
-        floor = _dispatched_index(store) if cut_at is None else -1
+        floor = dispatched_index(store) if cut_at is None else -1
         want_committed = min(new_last, max(committed if committed is not None else -1, floor))
         want = {"committedIndex": want_committed, "endIndex": new_last}
         if cp is None or any(cp.get(k) != v for k, v in want.items()):

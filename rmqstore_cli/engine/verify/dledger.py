@@ -165,7 +165,7 @@ def check_dledger(store, findings: list, summary: dict) -> None:
                                     f"the entries end at {end} ({stop.text()}) but {len(with_data)} later data file(s) hold "
                                     "bytes: DLedger's recovery ends the log there and deletes them", {"endPos": end}))
     units.finish(walk.last_index)
-    _check_state(files, walk, findings)
+    _check_state(files, walk, findings, dispatched_index(store))
     if "commitlog" in summary:  # where the broker's start ends the log: DLedger's header walk, not a message check
         summary["commitlog"]["recoveryEnd"] = end
     summary["dledger"] = {"selfId": files.self_id, "entries": walk.entries, "firstIndex": first_index,
@@ -202,7 +202,25 @@ def _has_data(seg) -> bool:
     return bool(np.frombuffer(seg.buffer(), np.uint8).any())
 
 
-def _check_state(files, walk: EntryWalk, findings: list) -> None:
+def dispatched_index(store) -> int:
+    """Index of the newest entry whose message a consume-queue unit points at (-1: none): the store only
+    dispatches committed entries, so this is a lower bound of the committed index."""
+    best = -1
+    for t, q in store.queues():
+        u = store.queue(t, q).units(all_files=False)  # the last three files, as recovery reads: bounded memory
+        if not len(u.phy):
+            continue
+        phy = int(u.phy.max())
+        try:
+            head = store.commitlog.entry_at_message(phy)
+        except Exception:  # noqa: BLE001 - a unit pointing at nothing readable
+            continue
+        if head.get("magic") == dl.ENTRY_MAGIC:
+            best = max(best, int(head["index"]))
+    return best
+
+
+def _check_state(files, walk: EntryWalk, findings: list, dispatched: int = -1) -> None:
     cp = files.checkpoint()
     path = os.path.join(files.directory, dl.CHECKPOINT_FILE)
     last = walk.last_index
@@ -214,13 +232,16 @@ def _check_state(files, walk: EntryWalk, findings: list) -> None:
     else:
         for key in dl.CHECKPOINT_KEYS:
             v = cp.get(key)
+            # endIndex is the log's last entry; committedIndex may be below it (a follower's uncommitted tail), but
+            # never below the newest entry a consume queue holds (the store dispatches only committed entries)
+            floor = last if key == "endIndex" else min(dispatched, last)
             if v is None:
                 findings.append(Finding("DL_CHECKPOINT_FIELD", WARNING, path, None, f"the DLedger checkpoint has no {key}"))
             elif v > last:
                 findings.append(Finding("DL_CHECKPOINT_AHEAD", ERROR, path, None,
                                         f"{key}={v} in the DLedger checkpoint, but the log ends at entry {last}: entries "
                                         "that were committed are missing", {key: v, "lastIndex": last}))
-            elif v < last:
+            elif v < floor:
                 findings.append(Finding("DL_CHECKPOINT_STALE", WARNING, path, None,
                                         f"{key}={v} in the DLedger checkpoint, the log holds entries up to {last}: written "
                                         "periodically, stale after a crash (the broker counts from the log on start)",
