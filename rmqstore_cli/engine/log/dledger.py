@@ -368,7 +368,8 @@ class DLedgerCommitLog(CommitLog):
             if i not in firsts:
                 seg = segs[i]
                 h = fast.decode_headers(seg.buffer(), np.asarray([HEADER], np.int64))
-                ok = h.reason[0] == fast.R_OK and int(seg.buffer()[3]) == dl.ENTRY_MAGIC
+                magic = dl.ENTRY_HEADER.parse(bytes(seg.buffer()[:HEADER])).magic  # a file starts with an entry
+                ok = h.reason[0] == fast.R_OK and magic == dl.ENTRY_MAGIC
                 firsts[i] = float(h.storeTimestamp[0]) if ok else float("inf")
             return firsts[i]
 
