@@ -19,6 +19,8 @@ CommitLogSizeOpt = typer.Option(None, "--commitlog-file-size", help="mappedFileS
 CqSizeOpt = typer.Option(None, "--cq-file-size", help="mappedFileSizeConsumeQueue (bytes).")
 IndexSlotsOpt = typer.Option(None, "--index-slots", help="maxHashSlotNum.")
 IndexEntriesOpt = typer.Option(None, "--index-entries", help="maxIndexNum.")
+SelfIdOpt = typer.Option(None, "--self-id", help="DLedger store: which dledger-<selfId>/ folder to read "
+                         "(dLegerSelfId; needed when there are several).")
 JsonOpt = typer.Option(False, "--json", help="JSON Lines on stdout (stable field names).")
 SinceOpt = typer.Option(None, "--since", help="Only records stored at or after this time (ISO-8601, local zone "
                         "when none is given, or epoch ms); found by binary search, not a full scan.")
@@ -35,6 +37,7 @@ class Geometry:
     cq_file_size: Optional[int] = None
     index_slots: Optional[int] = None
     index_entries: Optional[int] = None
+    self_id: Optional[str] = None
 
 
 _GEOMETRY_PARAMS = [
@@ -46,6 +49,7 @@ _GEOMETRY_PARAMS = [
     inspect.Parameter("index_slots", inspect.Parameter.KEYWORD_ONLY, default=IndexSlotsOpt, annotation=Optional[int]),
     inspect.Parameter("index_entries", inspect.Parameter.KEYWORD_ONLY, default=IndexEntriesOpt,
                       annotation=Optional[int]),
+    inspect.Parameter("self_id", inspect.Parameter.KEYWORD_ONLY, default=SelfIdOpt, annotation=Optional[str]),
 ]
 
 
@@ -98,14 +102,15 @@ def warn_if_live(store: Store) -> None:
 def open_store(store: str, config: "Optional[str] | Geometry" = None, broker_version: Optional[int] = None,
                commitlog_file_size: Optional[int] = None, cq_file_size: Optional[int] = None,
                index_slots: Optional[int] = None, index_entries: Optional[int] = None, *,
-               command: Optional[str] = None, writes: bool = False, **extra) -> Store:
+               command: Optional[str] = None, writes: bool = False, self_id: Optional[str] = None,
+               **extra) -> Store:
     """Open a store read-only with the given geometry (a :class:`Geometry`, or its fields one by one).
 
     With ``command``, a store whose layout the engine does not understand for that command (read, or
     ``writes``) is refused here, before anything is planned (exit 3)."""
     if isinstance(config, Geometry):
         g = config
-        config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries = (
+        config, broker_version, commitlog_file_size, cq_file_size, index_slots, index_entries, self_id = (
             getattr(g, f.name) for f in fields(Geometry))
     overrides = {
         "version": broker_version,
@@ -113,6 +118,7 @@ def open_store(store: str, config: "Optional[str] | Geometry" = None, broker_ver
         "mappedFileSizeConsumeQueue": cq_file_size,
         "maxHashSlotNum": index_slots,
         "maxIndexNum": index_entries,
+        "dLegerSelfId": self_id,
     }
     overrides.update(extra)
     if broker_version is not None and broker_version not in (4, 5):

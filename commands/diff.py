@@ -39,6 +39,9 @@ def diff(
     """
     a = open_store(store_a, geometry, command="diff")
     b = open_store(store_b, geometry, command="diff")
+    if a.is_dledger or b.is_dledger:
+        with a, b:
+            _diff_dledger(a, b, json_)
     with a, b:
         total = sum(s.size for s in a.commitlog.segments)
         with progress("comparing commitlogs", total) as advance:
@@ -85,3 +88,34 @@ def _render(out: Output, d) -> None:
     out.table([{"field": k, "a": show(k, ca.get(k)), "b": show(k, cb.get(k)), "same": ca.get(k) == cb.get(k)}
                for k in sorted(set(ca) | set(cb))],
               [("field", "checkpoint field"), ("a", "A"), ("b", "B"), ("same", "same")], title="checkpoints")
+
+
+def _diff_dledger(a, b, json_: bool) -> None:
+    """Two replicas of one DLedger group, entry by entry (index, term)."""
+    from rmqstore_cli.engine.errors import UsageError
+    from rmqstore_cli.engine.query.dledgerdiff import diff_replicas
+
+    if not (a.is_dledger and b.is_dledger):
+        raise UsageError("diff compares a DLedger store only with another DLedger store (a replica of its group)")
+    d = diff_replicas(a, b)
+    out = Output(json_)
+    if json_:
+        out.line(d.as_json())
+        raise typer.Exit(1 if d.differs else 0)
+    la, lb = d.logs["a"], d.logs["b"]
+    side = lambda s, log: (f"{s}: entries {log['firstIndex']}..{log['lastIndex']} ({log['entries']}), "  # noqa: E731
+                           f"last term {log['lastTerm']}, ends at {log['endPos']}")
+    summary = {"relation": d.relation, "A": side(d.a, la), "B": side(d.b, lb), "compared entries": d.compared}
+    if d.relation == "prefix":
+        summary["behind"] = f"{d.behind.upper()} is a prefix of the other, {d.behind_by} entries behind"
+    if d.relation == "divergent":
+        summary["divergent from"] = (f"entry {d.diverge_at}: term {d.terms_at['a']} on A, {d.terms_at['b']} on B; a leader "
+                                     f"from {'A' if d.truncated == 'b' else 'B'} (higher last term, or as high and longer) "
+                                     f"would truncate {d.truncated.upper()} from entry {d.diverge_at}")
+    if d.relation == "disjoint":
+        summary["note"] = "the logs hold different entry indexes at the same place: not replicas of one group"
+    if d.damaged_count:
+        summary["damaged"] = (f"{d.damaged_count} entries with the same index and term differ in their bytes (first: "
+                              f"{', '.join(str(i) for i, _ in d.damaged[:10])}): repair with recover --from-replica")
+    out.kv(summary, title="diff (DLedger replicas)")
+    raise typer.Exit(1 if d.differs else 0)

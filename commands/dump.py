@@ -18,7 +18,7 @@ from rmqstore_cli.engine.query.stats import rocksdb_summary
 from rmqstore_cli.engine.log.commitlog import ScanResult
 from rmqstore_cli.engine.config.offsets import group_offsets
 from rmqstore_cli.engine.query.timesearch import queue_range_by_time
-from rmqstore_cli.engine.errors import EXIT_CORRUPT, NotFoundError, StoreCorruptError, UsageError
+from rmqstore_cli.engine.errors import EXIT_CORRUPT, EXIT_FINDINGS, NotFoundError, StoreCorruptError, UsageError
 
 from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
                      parse_time_option)
@@ -62,6 +62,8 @@ def dump_commitlog(
     if follow and (fmt is not None or to is not None or until is not None):
         raise UsageError("--follow reads on forever: it does not go with --format, --to or --until")
     st = open_store(store, geometry, command="dump commitlog")
+    if follow and st.is_dledger:
+        raise UsageError("--follow does not read a DLedger log yet (dump without --follow reads it)")
     if follow:
         _follow(st, topic, queue, from_, since_ms, limit, body, json_)
         return
@@ -161,7 +163,12 @@ def _report_stop(res) -> None:
     ``res.stop`` stays None when --to/--limit ended the listing before the end of the log.
     """
     stop = res.stop
+    if getattr(res, "skipped", None):
+        warn(f"{len(res.skipped)} damaged message(s) left out (DLedger entries the broker keeps serving; `verify` names "
+             f"them): at {', '.join(str(o) for o, _ in res.skipped[:10])}")
     if stop is None or stop.clean:
+        if getattr(res, "skipped", None):
+            raise typer.Exit(EXIT_FINDINGS)
         return
     if res.records == 0 and stop.offset == (stop.segment.start if stop.segment else 0):
         raise StoreCorruptError(f"no readable record: {_stop_text(stop)}")
@@ -171,7 +178,7 @@ def _report_stop(res) -> None:
 
 def _stop_text(stop) -> str:
     where = f"{stop.segment.path} at position {stop.position} (offset {stop.offset})" if stop.segment else f"offset {stop.offset}"
-    what = REASON_TEXT.get(stop.reason) if stop.kind == STOP_INVALID else {
+    what = stop.text or REASON_TEXT.get(stop.reason) if stop.kind == STOP_INVALID else {
         STOP_TORN: f"a record header claims {stop.size} bytes, past the end of the file",
         STOP_BAD_MAGIC: f"bytes that are not a record (magic 0x{stop.magic & 0xFFFFFFFF:08X})",
         STOP_BAD_SIZE: f"TOTALSIZE {stop.size} is too small for a record",
@@ -455,7 +462,7 @@ def dump_store(
     with st:
         with progress("scanning commitlog", sum(seg.size for seg in st.commitlog.segments)) as advance:
             res = ScanResult()
-            for chunk in st.commitlog.scan(check_crc=False, result=res):
+            for chunk in st.commitlog.scan(check_crc=False, result=res, stop_at_invalid=False):
                 advance(int(chunk.headers.totalSize.sum()))
         obj = _store_summary(st, res)
         # the start-up plan follows file consume queues; a RocksDB store shows its checkpoint instead
@@ -488,6 +495,8 @@ def _startup_cost(st) -> dict:
     from rmqstore_cli.engine.errors import RmqStoreError
     from rmqstore_cli.engine.repair.recovery import plan_recovery
 
+    if st.is_dledger:
+        return {}  # the classic recovery plan does not describe a DLedger start (DLedger's own recovery does)
     try:
         return plan_recovery(st).startup_cost or {}
     except RmqStoreError as e:
@@ -541,11 +550,24 @@ def _store_summary(st, res) -> dict:
         "abortExists": st.abort_exists,
         "lastExitOK": not st.abort_exists,
         "lock": {"exists": lock.exists, "held": lock.held, "detail": lock.detail},
+        **({"dledger": _dledger_obj(st)} if st.is_dledger else {}),
     }
     return summary | extra
 
 
+def _dledger_obj(st) -> dict:
+    from rmqstore_cli.engine.query.dledger import state_rows
+
+    info, cp, ct = state_rows(st)
+    return {"folder": info["directory"], "indexFiles": info["indexFiles"], "indexFileSize": info["indexFileSize"],
+            "committedIndex": cp["committedIndex"], "endIndex": cp["endIndex"], "currTerm": ct["currTerm"],
+            "voteLeader": ct["voteLeader"]}
+
+
 def register(app: typer.Typer, panel: str | None = None) -> None:
+    from . import dledger_cmd
+
+    dledger_cmd.register(dump_app)
     app.add_typer(dump_app, name="dump", rich_help_panel=panel)
 
 

@@ -32,7 +32,13 @@ def print_plan(out: Output, plan, title: str) -> None:
     say(f"{title}: broker {plan.summary['version']} rules, {'normal' if plan.last_exit_ok else 'abnormal (abort file present)'} recovery")
     for r in plan.refusals:
         say(f"  REFUSE  {r}")
-    if cl:
+    if cl.get("dledger"):
+        say(f"  DLedger log: {cl['entries']} entries up to index {cl['lastIndex']}, entries end at {cl['endPos']} "
+            f"({cl['endReason']}); after the repair: up to index {cl['lastIndexAfter']}")
+        if cl["damaged"]:
+            say(f"  damaged entries (message fails the CRC-checked parse; the broker serves them anyway): "
+                f"{', '.join(str(i) for i in cl['damaged'][:20])}")
+    elif cl:
         say(f"  commitlog: walk from {cl['startFile']} ({cl['startReason']}); CRC checked: {cl['checkCRCOnRecover']}")
         say(f"  commitlog: stops at {cl['stopOffset']}: {cl['stopReason']}; recovered end {cl['recoveredEnd']}")
     if plan.salvage:
@@ -146,7 +152,8 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
     if json_:
         out.line({"type": "applied", "backup": backup.dir, "steps": res.steps, "dispatch": res.dispatch})
     code = run_verify(root, config, out, json_, plan.kept_findings, plan.left_findings)
-    print_next_start(out, root, plan.version, plan.startup_cost)  # what the broker's next start reads now
+    if not plan.commitlog.get("dledger"):
+        print_next_start(out, root, plan.version, plan.startup_cost)  # what the broker's next start reads now
     return code
 
 
@@ -186,7 +193,7 @@ def verify_after(root: str, config, jobs: int = 1):
 
     st = Store.open(root, overrides={k: getattr(config, k) for k in (
         "version", "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "mappedFileSizeConsumeQueueExt",
-        "enableConsumeQueueExt", "maxHashSlotNum", "maxIndexNum")})
+        "enableConsumeQueueExt", "maxHashSlotNum", "maxIndexNum", "dLegerSelfId")})
     with st:
         return verify_store(st, reports=iter_segments_parallel(st.commitlog, jobs) if jobs > 1 else None)
 
@@ -239,6 +246,12 @@ def recover(
     backup_dir: Optional[str] = BackupOpt,
     force: bool = ForceOpt,
     yes: bool = YesOpt,
+    from_replica: Optional[str] = typer.Option(
+        None, "--from-replica", help="DLedger store: another replica of the group (its store root); the damaged "
+        "entries are copied from it after checking that index, term, pos and size agree."),
+    cut_damaged: bool = typer.Option(
+        False, "--cut-damaged", help="DLedger store without a replica: cut the log before the first damaged entry "
+        "(it and every later entry are lost; the plan says how many)."),
     json_: bool = JsonOpt,
     geometry: Geometry = None,
 ):
@@ -249,6 +262,13 @@ def recover(
     """
     def make_plan(st=None):
         st = st or open_store(store, geometry, command="recover", writes=True)
+        if st.is_dledger:
+            return st, _dledger_plan(st, from_replica, cut_damaged)
+        if from_replica or cut_damaged:
+            from rmqstore_cli.engine.errors import UsageError
+
+            st.close()
+            raise UsageError("--from-replica and --cut-damaged are for DLedger stores")
         plan = plan_recovery(st, geometry.broker_version, keep_valid_after=not stop_at_first_error, with_verify=True)
         assess(st, plan)
         return st, plan
@@ -258,11 +278,16 @@ def recover(
     guard_lock(st, force, yes)
     st, plan = make_plan(st)
     print_plan(out, plan, f"recover {st.root}")
-    print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side
+    if not st.is_dledger:
+        print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side
     if dry_run:
         st.close()
-        raise typer.Exit(plan.exit_code)
-    if plan.data_loss and stop_at_first_error:
+        raise typer.Exit(max(plan.exit_code, 2 if (st.is_dledger and plan.refusals) else 0))
+    if st.is_dledger and plan.refusals:
+        st.close()
+        stderr.print("rmqstore: not applied: the replica cannot repair this store (see REFUSE above)", markup=False)
+        raise typer.Exit(2)
+    if plan.data_loss and stop_at_first_error and not plan.keep_valid_after:
         st.close()
         stderr.print("rmqstore: not applied: the plan loses data (see DATA LOSS above); run `rmqstore salvage` first, "
                      "or pass --keep-valid-after", markup=False)
@@ -277,6 +302,17 @@ def recover(
     code = apply_and_verify(st, plan, out, backup_dir=backup_dir, force=force, command="recover", json_=json_,
                             replan=make_plan)
     raise typer.Exit(code)
+
+
+def _dledger_plan(st, from_replica, cut_damaged: bool):
+    """recover on a DLedger store: DLedger's recovery and the store's over its log (engine/repair/dledgerrepair.py)."""
+    from rmqstore_cli.engine.repair.dledgerrepair import plan_dledger_recovery
+    from rmqstore_cli.engine.store import Store
+
+    if from_replica is None:
+        return plan_dledger_recovery(st, cut_damaged=cut_damaged)
+    with Store.open(from_replica) as rep:
+        return plan_dledger_recovery(st, replica=rep, cut_damaged=cut_damaged)
 
 
 @handle_errors

@@ -39,14 +39,14 @@ def _overrides(g: Geometry) -> dict:
             "maxIndexNum": g.index_entries}
 
 
-def _check_roots(stores: List[str]) -> list[str]:
+def _check_roots(stores: List[str], command: str = "spark") -> list[str]:
     from rmqstore_cli.engine.store import Store
 
     roots = []
     for s in stores:
         st = Store.open(s)  # one-line error + exit code for a missing / non-store directory
         try:
-            st.require("spark")
+            st.require(command)
         finally:
             st.close()
         roots.append(st.root)
@@ -80,7 +80,7 @@ def export_cmd(
     from rmqstore_cli.spark.session import job_progress
 
     since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
-    roots = _check_roots(stores)
+    roots = _check_roots(stores, "spark export")
     parts = (partition_by or "").split(",")
     # The Arrow writer leaves the JVM only scheduling: C1-only JIT and the serial collector halve its start-up CPU.
     arrow = jobs.export_writer(fmt, parts, to, writer, compression) == "arrow"
@@ -113,7 +113,7 @@ def verify_cmd(
     from rmqstore_cli.spark import jobs
     from rmqstore_cli.spark.session import job_progress
 
-    roots = _check_roots(stores)
+    roots = _check_roots(stores, "spark verify")
     spark = _session(master, driver_memory)
     with job_progress(spark, "verify"):
         res = jobs.verify(spark, roots, check_crc=not no_crc, out=out, out_format=out_format,
@@ -187,7 +187,7 @@ def stats_cmd(
     from rmqstore_cli.spark import jobs
     from rmqstore_cli.spark.session import job_progress
 
-    roots = _check_roots(stores)
+    roots = _check_roots(stores, "spark stats")
     spark = _session(master, driver_memory)
     o = Output(json_)
     for root in roots:

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from rmqstore_cli.engine.errors import StoreCorruptError
+from rmqstore_cli.engine.errors import StoreCorruptError, UsageError
 from rmqstore_cli.engine.repair.recovery import plan_truncate
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, guard_lock, open_store
@@ -20,7 +20,8 @@ from .recover import (BackupOpt, DryRunOpt, ForceOpt, YesOpt, apply_and_verify, 
 @geometry_options
 def truncate(
     store: str = StoreArg,
-    offset: int = typer.Option(..., "--offset", help="Physical offset to cut at: the start of a record (or the end of the data)."),
+    offset: Optional[int] = typer.Option(None, "--offset", help="Physical offset to cut at: the start of a record (or the end of the data); on a DLedger store a message's offset or its entry's pos."),
+    index: Optional[int] = typer.Option(None, "--index", help="DLedger store: the first entry index to remove."),
     dry_run: bool = DryRunOpt,
     backup_dir: Optional[str] = BackupOpt,
     force: bool = ForceOpt,
@@ -33,16 +34,32 @@ def truncate(
     Everything cut goes to a backup folder first (undo with `rmqstore restore`). A non-boundary
     offset is refused with the nearest boundaries. Exit 4 if a broker holds the lock.
     """
+    if (offset is None) == (index is None):
+        raise UsageError("give --offset or --index (one of them)")
     st = open_store(store, geometry, command="truncate", writes=True)
     out = Output(json_)
     guard_lock(st, force, yes)
     if st.abort_exists:
         st.close()
         raise StoreCorruptError(f"store {st.root} was not shut down cleanly (abort file present); run `rmqstore recover` first")
-    plan = plan_truncate(st, offset, geometry.broker_version)
-    assess(st, plan)
-    print_plan(out, plan, f"truncate {st.root} at {offset}")
-    print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side
+    if st.is_dledger:
+        from rmqstore_cli.engine.repair.dledgerrepair import entry_index_at, plan_dledger_recovery
+
+        try:
+            at = index if index is not None else entry_index_at(st, offset)
+            plan = plan_dledger_recovery(st, truncate_at=at)
+        except BaseException:
+            st.close()
+            raise
+        print_plan(out, plan, f"truncate {st.root} at entry {at}")
+    else:
+        if index is not None:
+            st.close()
+            raise UsageError("--index is for DLedger stores (entry index); give --offset")
+        plan = plan_truncate(st, offset, geometry.broker_version)
+        assess(st, plan)
+        print_plan(out, plan, f"truncate {st.root} at {offset}")
+        print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side
     if dry_run:
         st.close()
         raise typer.Exit(plan.exit_code)

@@ -150,6 +150,8 @@ R_LENGTHS = 3  # lengths run past TOTALSIZE / the buffer
 R_TOTALSIZE = 4  # TOTALSIZE differs from the size computed from the lengths
 R_PROP_CRC = 5  # __CRC32# property wrong or missing (only when required)
 R_MAGIC_VERSION = 6  # v2 magic where the broker version only knows v1
+R_NOT_A_MESSAGE = 7  # a DLedger entry whose body does not start with a message (magic, size)
+R_ENTRY_SIZE = 8  # a DLedger entry whose body length is not its message's TOTALSIZE
 REASON_TEXT = {
     R_OK: "ok",
     R_BODY_CRC: "body CRC mismatch",
@@ -158,6 +160,8 @@ REASON_TEXT = {
     R_TOTALSIZE: "TOTALSIZE differs from the size computed from the field lengths",
     R_PROP_CRC: "__CRC32# property missing or wrong",
     R_MAGIC_VERSION: "magic v2 record in a store read as 4.x",
+    R_NOT_A_MESSAGE: "the DLedger entry's body is not a message",
+    R_ENTRY_SIZE: "the DLedger entry's body length differs from its message's TOTALSIZE",
 }
 
 

@@ -38,7 +38,13 @@ WRITE_REASONS = {
 # Feature -> the set of command names the engine handles it for, per kind of access. "*" is every
 # command of that kind. A command missing here is refused on a store with that feature.
 SUPPORT: dict[str, dict[str, set[str]]] = {
-    "dledger": {READ: set(), WRITE: set()},
+    # Reads see the messages inside the entries at the broker's offsets (log/dledger.py).
+    "dledger": {READ: {"dump commitlog", "dump consumequeue", "dump cqext", "dump index", "dump store", "dump checkpoint",
+                       "dump config", "dump offsets", "dump dledger", "get", "index query", "stats", "verify", "diff",
+                       "salvage", "spark export", "spark stats"},
+                WRITE: {"rebuild consumequeue", "rebuild index", "rebuild all", "recover", "truncate",
+                        # config/ only; they read the consume queues and messages at their offsets
+                        "offsets set", "repair config"}},
     "rocksdb-cq": {
         # The database is read on a private copy (engine/derived/rocksdbqueue.py). Writes stay refused:
         # rmqstore cannot yet write the database the way the broker does (WRITE_REASONS above).
@@ -186,6 +192,12 @@ def require_understood(layout: Layout, command: str, access: str) -> None:
         raise UnsupportedLayoutError(f"cannot `{command}` this store: it holds {what}: {'; '.join(reasons)}; "
                                      "nothing was changed")
     command = command.split(" --")[0]
+    if "dledger" in missing and command == "append":
+        raise UnsupportedLayoutError(
+            "refusing `append`: the store keeps its messages in a DLedger (Raft) log, and a replicated log must not be "
+            "written behind its group's back (the other replicas would never hold the entries); send the messages "
+            "through the group's leader. Nothing was changed")
+    what = "; ".join(f"{FEATURES[f]} ({layout.details.get(f, f)})" for f in missing)
     if access == WRITE:
         why = "; ".join(WRITE_REASONS[f] for f in missing if f in WRITE_REASONS)
         raise UnsupportedLayoutError(

@@ -70,7 +70,6 @@ class Store:
         self.root = root
         self.config = config
         cl_dir = config.storePathCommitLog or os.path.join(root, "commitlog")
-        self.commitlog = CommitLog(cl_dir, config)
         self._index: IndexService | None = None
         self._queues: dict[tuple[str, int], ConsumeQueue | RocksDBConsumeQueue] = {}
         self._exts: dict[tuple[str, int], ConsumeQueueExt] = {}
@@ -78,6 +77,16 @@ class Store:
         self._batch_topics: set | None = None
         self._layout: Layout | None = None
         self._rocksdb: RocksDBConsumeQueueStore | None = None
+        if self.layout.has("dledger") and self.layout.dledger_dirs:
+            from .log.dledger import DLedgerCommitLog, choose_dir
+
+            self.commitlog = DLedgerCommitLog(choose_dir(root, config.dLegerSelfId), config)
+        else:
+            self.commitlog = CommitLog(cl_dir, config)
+
+    @property
+    def is_dledger(self) -> bool:
+        return getattr(self.commitlog, "is_dledger", False)
 
     # --- opening -------------------------------------------------------------------
 

@@ -14,3 +14,8 @@ REASON_CODES = {fast.R_OK: None, **_VERIFY_REASONS}
 
 # Walk stops that are not the normal end of a segment (BLANK) or of the data (zeros).
 STOP_CODES = WALK_STOP_CODES
+
+# A DLedger log: the message inside an entry (verify/dledger.message_stop's codes) and where the entries end.
+DLEDGER_REASON_CODES = {r: (None if r == fast.R_OK else "DL_MESSAGE_CRC" if r == fast.R_BODY_CRC else "DL_MESSAGE_INVALID")
+                        for r in fast.REASON_TEXT}
+DLEDGER_STOP_CODES = {fast.STOP_BAD_MAGIC: "DL_ENTRY_MAGIC", fast.STOP_TORN: "DL_ENTRY_TORN"}

@@ -75,6 +75,7 @@ class SegmentRange(InputPartition):
     tail_magic: int = 0
     since: int | None = None  # store-time filter (epoch ms, inclusive)
     until: int | None = None
+    dledger: bool = False  # a DLedger data file: the messages inside its entries (read whole, by the entry walk)
 
     def __post_init__(self):
         InputPartition.__init__(self, None)
@@ -107,6 +108,12 @@ def plan_segment(store: str, seg: Segment, file_size: int, cfg: StoreConfig, spl
         out.append(SegmentRange(store, seg.path, seg.name, seg.start, seg.size, a, b, cfg.version, cfg.forceVerifyPropCRC,
                                 w.kind if last else None, w.size if last else 0, w.magic if last else 0))
     return out
+
+
+def dledger_range(store: str, seg: Segment, cfg: StoreConfig) -> SegmentRange:
+    """A DLedger data file is one range (entries are walked from the file's start: no cut is planned)."""
+    return SegmentRange(store, seg.path, seg.name, seg.start, seg.size, 0, seg.size, cfg.version, cfg.forceVerifyPropCRC,
+                        None, dledger=True)
 
 
 def plan_whole_or_cut(store: str, seg: Segment, file_size: int, cfg: StoreConfig, split: int) -> list[SegmentRange]:
@@ -163,7 +170,9 @@ def plan(roots: list[str], options) -> list[SegmentRange]:
             for seg in cl.segments:
                 if (lo is not None and seg.start + seg.size <= lo) or (hi is not None and seg.start >= hi):
                     continue  # wholly outside the time range
-                for r in plan_whole_or_cut(st.root, seg, cl.segments.file_size, st.config, split):
+                planned = [dledger_range(st.root, seg, st.config)] if getattr(cl, "is_dledger", False) else \
+                    plan_whole_or_cut(st.root, seg, cl.segments.file_size, st.config, split)
+                for r in planned:
                     r.since, r.until = since, until
                     parts.append(r)
         finally:
@@ -237,7 +246,66 @@ class CorruptRecordError(RuntimeError):
     """Raised in failfast mode at the first finding."""
 
 
+def _row_batch(p: SegmentRange, schema, buf, u8, h, *, with_body: bool, check_crc: bool, failfast: bool,
+               reason_codes: dict):
+    """One Arrow batch of decoded records (the damaged ones with their finding), the time filter applied."""
+    if p.since is not None or p.until is not None:
+        keep = np.ones(len(h), bool)
+        if p.since is not None:
+            keep &= h.storeTimestamp >= p.since
+        if p.until is not None:
+            keep &= h.storeTimestamp <= p.until
+        keep |= h.reason != fast.R_OK  # a damaged record is reported whatever its time field says
+        if not keep.all():
+            h = h.select(keep)
+    crc_ok = h.reason != fast.R_BODY_CRC
+    bad = np.flatnonzero(h.reason != fast.R_OK)
+    found: list[str | None] = [None] * len(h)
+    texts: list[str | None] = [None] * len(h)
+    for i in bad.tolist():
+        r = int(h.reason[i])
+        found[i] = reason_codes[r]
+        texts[i] = fast.REASON_TEXT[r]
+        if failfast:
+            raise CorruptRecordError(f"{found[i]} at commitlog offset {p.start + int(h.offsets[i])} "
+                                     f"({p.path}): {texts[i]}")
+    return build_batch(schema, store=p.store, segment=p.name, seg_start=p.start, buf=buf, u8=u8, h=h,
+                       crc_ok=crc_ok if check_crc else np.ones(len(h), bool), findings=found,
+                       messages=texts, with_body=with_body)
+
+
+def read_dledger_range(p: SegmentRange, schema, *, with_body: bool, check_crc: bool, batch_rows: int, failfast: bool):
+    """The messages inside the entries of one DLedger data file (entry pos + 48), damaged ones as findings (the
+    broker serves them), and a broken entry header where the entries end."""
+    from rmqstore_cli.engine.log.dledger import DLedgerCommitLog, EntryWalk, walk_entries
+
+    seg = Segment(p.path, p.name, p.start, p.size)
+    cl = DLedgerCommitLog.__new__(DLedgerCommitLog)  # only the record rules are needed, not a directory listing
+    cl.config = StoreConfig(version=p.version, forceVerifyPropCRC=p.force_prop_crc)
+    prop, magics = cl.prop_crc_policy(check_crc), cl.magics(False)
+    try:
+        walk = EntryWalk()
+        for ec in walk_entries([seg], result=walk, chunk=batch_rows):
+            h, _ = cl.messages(ec, check_crc, prop, magics)
+            yield _row_batch(p, schema, ec.buf, fast.as_u8(ec.buf), h, with_body=with_body, check_crc=check_crc,
+                             failfast=failfast, reason_codes=codes.DLEDGER_REASON_CODES)
+        s = walk.stop
+        if s is not None and s.kind not in (fast.STOP_ZERO, fast.STOP_BLANK, fast.STOP_EOF):
+            code = codes.DLEDGER_STOP_CODES.get(s.kind, "DL_ENTRY_INVALID")
+            msg = f"{s.text()}; DLedger's recovery ends the log here"
+            if failfast:
+                raise CorruptRecordError(f"{code} at offset {s.offset} ({p.path}): {msg}")
+            yield finding_batch(schema, store=p.store, segment=p.name, offset=s.offset, code=code, message=msg,
+                                size=s.size)
+    finally:
+        seg.close()
+
+
 def read_range(p: SegmentRange, schema, *, with_body: bool, check_crc: bool, batch_rows: int, failfast: bool):
+    if p.dledger:
+        yield from read_dledger_range(p, schema, with_body=with_body, check_crc=check_crc, batch_rows=batch_rows,
+                                      failfast=failfast)
+        return
     if not p.path or p.end <= p.pos and p.tail_kind in (None, fast.STOP_EOF, fast.STOP_ZERO, fast.STOP_BLANK):
         return
     seg = Segment(p.path, p.name, p.start, p.size)
@@ -253,29 +321,8 @@ def read_range(p: SegmentRange, schema, *, with_body: bool, check_crc: bool, bat
             h = fast.decode_headers(buf, w.offsets, u8) if len(w.offsets) else None
             if h is not None:
                 cl.validate(buf, u8, h, check_crc)
-                if p.since is not None or p.until is not None:
-                    keep = np.ones(len(h), bool)
-                    if p.since is not None:
-                        keep &= h.storeTimestamp >= p.since
-                    if p.until is not None:
-                        keep &= h.storeTimestamp <= p.until
-                    keep |= h.reason != fast.R_OK  # a damaged record is reported whatever its time field says
-                    if not keep.all():
-                        h = h.select(keep)
-                crc_ok = h.reason != fast.R_BODY_CRC
-                bad = np.flatnonzero(h.reason != fast.R_OK)
-                found: list[str | None] = [None] * len(h)
-                texts: list[str | None] = [None] * len(h)
-                for i in bad.tolist():
-                    r = int(h.reason[i])
-                    found[i] = codes.REASON_CODES[r]
-                    texts[i] = fast.REASON_TEXT[r]
-                    if failfast:
-                        raise CorruptRecordError(f"{found[i]} at commitlog offset {p.start + int(h.offsets[i])} "
-                                                 f"({p.path}): {texts[i]}")
-                yield build_batch(schema, store=p.store, segment=p.name, seg_start=p.start, buf=buf, u8=u8, h=h,
-                                  crc_ok=crc_ok if check_crc else np.ones(len(h), bool), findings=found,
-                                  messages=texts, with_body=with_body)
+                yield _row_batch(p, schema, buf, u8, h, with_body=with_body, check_crc=check_crc, failfast=failfast,
+                                 reason_codes=codes.REASON_CODES)
                 del h
             pos = w.stop
             if w.kind != fast.STOP_CHUNK:

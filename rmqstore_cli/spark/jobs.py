@@ -127,6 +127,9 @@ def _stats_task(groups):
     for p in (r for g in groups for r in g.ranges):
         if not p.path or p.end <= p.pos:
             continue
+        if p.dledger:
+            _dledger_stats(p, acc)
+            continue
         seg = Segment(p.path, p.name, p.start, p.size)
         try:
             buf = seg.buffer()
@@ -149,6 +152,26 @@ def _stats_task(groups):
     yield acc
 
 
+def _dledger_stats(p, acc) -> None:
+    """The messages that parse in one DLedger data file's entries, into ``acc`` (the broker serves the damaged
+    ones; their fields are not counted)."""
+    from rmqstore_cli.formats import fast
+    from rmqstore_cli.engine.config.storeconfig import StoreConfig
+    from rmqstore_cli.engine.log.dledger import DLedgerCommitLog, walk_entries
+    from rmqstore_cli.engine.log.segments import Segment
+
+    seg = Segment(p.path, p.name, p.start, p.size)
+    cl = DLedgerCommitLog.__new__(DLedgerCommitLog)
+    cl.config = StoreConfig(version=p.version, forceVerifyPropCRC=p.force_prop_crc)
+    try:
+        for ec in walk_entries([seg], chunk=65536):
+            h, _ = cl.messages(ec, False, cl.prop_crc_policy(False), cl.magics(False))
+            ok = h.reason == fast.R_OK
+            acc.add_chunk(ec.buf, h if ok.all() else h.select(ok))
+    finally:
+        seg.close()
+
+
 def _select(h, idx):
     from rmqstore_cli.formats.fast import Headers
 
@@ -165,14 +188,16 @@ def stats(spark, root: str, *, overrides: dict | None = None, config_file: str |
     from rmqstore_cli.engine.query.stats import StatsAccumulator, index_stats, lmq_queues, queue_lag
     from rmqstore_cli.engine.store import Store
 
-    from .datasource import DEFAULT_SPLIT, group_ranges, plan_segment
+    from .datasource import DEFAULT_SPLIT, dledger_range, group_ranges, plan_segment
 
     st = Store.open(root, config_file=config_file, overrides=overrides)
     try:
         cl = st.commitlog
+        dledger = getattr(cl, "is_dledger", False)
         parts = []
         for seg in cl.segments:
-            parts.extend(plan_segment(st.root, seg, cl.segments.file_size, st.config, split or DEFAULT_SPLIT))
+            parts.extend([dledger_range(st.root, seg, st.config)] if dledger else
+                         plan_segment(st.root, seg, cl.segments.file_size, st.config, split or DEFAULT_SPLIT))
         acc = StatsAccumulator()
         if parts:
             groups = group_ranges(parts, split or DEFAULT_SPLIT)
@@ -195,9 +220,33 @@ def stats(spark, root: str, *, overrides: dict | None = None, config_file: str |
             "blankCount": len(blanks),
             "blankBytes": int(sum(p.tail_size for p in blanks)),
         }
+        if dledger:  # where the entries end, from the driver's walk of the entry headers
+            from rmqstore_cli.engine.log.dledger import EntryWalk, walk_entries
+
+            walk = EntryWalk()
+            for _ in walk_entries(segs, result=walk):
+                pass
+            out["commitlog"].update(maxOffset=walk.stop.offset if walk.stop else 0,
+                                    stop=walk.stop.kind if walk.stop else None, blankCount=len(walk.blanks),
+                                    blankBytes=int(sum(size for _, size in walk.blanks)))
         out["index"] = index_stats(st)
         out["consumeQueueLag"] = queue_lag(st, out["queues"])
         out["lmqQueues"] = lmq_queues(st)
         return out
     finally:
         st.close()
+
+
+def commitlog_bytes(root: str) -> int:
+    """Bytes of the commitlog files (of a DLedger store: its data files)."""
+    import glob
+
+    dirs = [os.path.join(root, "commitlog")] + sorted(glob.glob(os.path.join(root, "dledger-*", "data")))
+    for d in dirs:
+        try:
+            n = sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
+        except OSError:
+            continue
+        if n:
+            return n
+    return 0

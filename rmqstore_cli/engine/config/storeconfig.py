@@ -138,6 +138,9 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
     """Fill settings not given explicitly from what the files imply; say so in ``inferred``."""
     cfg = replace(cfg, explicit=set(cfg.explicit), inferred=dict(cfg.inferred))
     cl_dir = cfg.storePathCommitLog or os.path.join(root, "commitlog")
+    dledger_data = _dledger_data_dir(cfg, root, cl_dir)
+    if dledger_data:
+        cl_dir = dledger_data  # the entry files have the commitlog's file size (DLedgerCommitLog)
     if "mappedFileSizeCommitLog" not in cfg.explicit:
         sizes = _file_sizes(cl_dir)
         if len(sizes) >= 1:
@@ -145,7 +148,8 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
             counts = Counter(os.path.getsize(os.path.join(cl_dir, n)) for n in os.listdir(cl_dir) if n.isdigit())
             size = max(sizes, key=lambda s: counts[s])
             cfg.mappedFileSizeCommitLog = size
-            cfg.inferred["mappedFileSizeCommitLog"] = "size of the commitlog files"
+            cfg.inferred["mappedFileSizeCommitLog"] = "size of the DLedger data files" if dledger_data \
+                else "size of the commitlog files"
     cq_root = os.path.join(root, "consumequeue")
     if "mappedFileSizeConsumeQueue" not in cfg.explicit and os.path.isdir(cq_root):
         sizes: set[int] = set()
@@ -200,7 +204,7 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
             cfg.maxHashSlotNum, cfg.maxIndexNum, why = got
             cfg.inferred["maxHashSlotNum/maxIndexNum"] = why
     if "version" not in cfg.explicit:
-        v, why = _infer_version(root, cl_dir)
+        v, why = _infer_version(root, cl_dir, dledger=bool(dledger_data))
         if v:
             cfg.version = v
             cfg.inferred["version"] = why
@@ -261,6 +265,33 @@ def _listdir(p: str) -> list[str]:
         return []
 
 
+def _dledger_data_dir(cfg: StoreConfig, root: str, cl_dir: str) -> str | None:
+    """``dledger-<selfId>/data`` when the store keeps its messages in a DLedger log (appendix D): the broker
+    says so, or a DLedger folder stands beside an empty commitlog (as engine/layout.py detects it)."""
+    names = [n for n in _listdir(root) if n.startswith("dledger-") and os.path.isdir(os.path.join(root, n))]
+    if not names or (not cfg.enableDLegerCommitLog and _file_sizes(cl_dir)):
+        return None
+    if cfg.dLegerSelfId and f"dledger-{cfg.dLegerSelfId}" in names:
+        names = [f"dledger-{cfg.dLegerSelfId}"]
+    return os.path.join(root, names[0], "data")
+
+
+def _dledger_messages(data: bytes, limit: int = 200) -> list[int]:
+    """Offsets of the messages inside the first DLedger entries of a data file head (entry size chain)."""
+    import struct
+
+    from rmqstore_cli.formats.dledger import ENTRY_HEADER_SIZE, ENTRY_MAGIC
+
+    out, pos = [], 0
+    while len(out) < limit and pos + ENTRY_HEADER_SIZE <= len(data):
+        magic, size = struct.unpack_from(">ii", data, pos)
+        if magic != ENTRY_MAGIC or size <= ENTRY_HEADER_SIZE or pos + size > len(data):
+            break
+        out.append(pos + ENTRY_HEADER_SIZE)
+        pos += size
+    return out
+
+
 def _first_records(data: bytes, limit: int = 200) -> list[int]:
     """Offsets of the first records of a segment head, by their TOTALSIZE chain (no compiled
     kernel: inferring the version must not cost the kernels' import on commands that never walk)."""
@@ -276,7 +307,7 @@ def _first_records(data: bytes, limit: int = 200) -> list[int]:
     return out
 
 
-def _infer_version(root: str, cl_dir: str) -> tuple[int | None, str]:
+def _infer_version(root: str, cl_dir: str, dledger: bool = False) -> tuple[int | None, str]:
     import struct
 
     import numpy as np
@@ -290,7 +321,7 @@ def _infer_version(root: str, cl_dir: str) -> tuple[int | None, str]:
                 data = f.read(1 << 20)
         except OSError:
             continue
-        offsets = _first_records(data)
+        offsets = _dledger_messages(data) if dledger else _first_records(data)
         if not offsets:
             continue
         h = decode_headers_reference(data, np.asarray(offsets, dtype=np.int64))

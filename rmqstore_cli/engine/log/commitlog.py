@@ -51,6 +51,8 @@ class Stop:
     reason: int = fast.R_OK  # for kind "invalid": fast.R_* code
     size: int = 0  # TOTALSIZE read at the stop position
     magic: int = 0
+    entry_level: bool = False  # DLedger: the entries end here (not a message inside one)
+    text: str | None = None  # DLedger: why the entries end here
 
     @property
     def clean(self) -> bool:
@@ -112,10 +114,17 @@ class ScanResult:
     blanks: list = field(default_factory=list)  # (absolute offset, totalSize)
     records: int = 0
     bytes: int = 0
+    entry_stop: object = None  # DLedger: where the entries end (log.dledger.EntryStop)
+    entry_walk: object = None  # DLedger: the entry walk that ended there (log.dledger.EntryWalk)
+    skipped: list = field(default_factory=list)  # DLedger, stop_at_invalid=False: (offset, reason) left out
 
 
 class CommitLog:
     """Mirrors the broker's CommitLog: the segment queue plus record validation rules."""
+
+    # Listings end at the first invalid record, where the broker's recovery ends the log (a DLedger log
+    # goes on past a damaged message: the broker keeps serving the entries after it).
+    LISTING_STOPS_AT_INVALID = True
 
     def __init__(self, directory: str, config: StoreConfig):
         self.config = config
@@ -249,7 +258,8 @@ class CommitLog:
                 return
         if sel.left == 0:
             return
-        for chunk in self.scan(start_index=self.start_index(sel.start), check_crc=check_crc, result=result):
+        for chunk in self.scan(start_index=self.start_index(sel.start), check_crc=check_crc, result=result,
+                               stop_at_invalid=self.LISTING_STOPS_AT_INVALID):
             idx, done = sel.pick(chunk)
             yield chunk, idx, done
             if done:

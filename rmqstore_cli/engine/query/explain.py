@@ -343,7 +343,11 @@ def explain_msgid(store: Store, msg_id: str) -> dict:
     from rmqstore_cli.formats import fast
 
     # the records around the offset only, walked piecewise (a 1 GiB segment holds millions)
-    n = fast.neighbours(seg.buffer(), mid.offset - seg.start, seg.size)
+    if getattr(cl, "is_dledger", False):  # the messages inside the entries (DLedger: entry pos + 48)
+        b, a = cl.boundaries_near(mid.offset)
+        n = fast.Neighbours(None if b is None else b - seg.start, None if a is None else a - seg.start, None)
+    else:
+        n = fast.neighbours(seg.buffer(), mid.offset - seg.start, seg.size)
     out["segment"] = seg.name
     if n.walk is not None:  # the walk ended before passing the offset: where the data ends matters
         data_end = seg.start + n.walk.stop

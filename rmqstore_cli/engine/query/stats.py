@@ -208,7 +208,7 @@ def compute_stats(store, since: int | None = None, until: int | None = None) -> 
     acc = StatsAccumulator()
     res = ScanResult()
     if since is None and until is None:
-        for chunk in store.commitlog.scan(check_crc=False, result=res):
+        for chunk in store.commitlog.scan(check_crc=False, result=res, stop_at_invalid=False):
             acc.add_chunk(chunk.buf, chunk.headers)
     else:
         _add_time_range(store, acc, res, since, until)
@@ -249,7 +249,7 @@ def _add_time_range(store, acc: StatsAccumulator, res, since: int | None, until:
         start_index = max((k for k, s in enumerate(segs) if s.start <= start), default=0)
     lo = I64_MIN if since is None else since
     hi = I64_MAX if until is None else until
-    for chunk in cl.scan(start_index=start_index, check_crc=False, result=res):
+    for chunk in cl.scan(start_index=start_index, check_crc=False, result=res, stop_at_invalid=False):
         h = chunk.headers
         phy = chunk.phy
         keep = (h.storeTimestamp >= lo) & (h.storeTimestamp <= hi)

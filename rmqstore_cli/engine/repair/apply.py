@@ -20,6 +20,7 @@ from ..errors import StoreInUseError, UsageError
 from ..log.lockfile import LOCK_CONTENT, StoreLock
 from .plan import RecoveryPlan
 
+DLEDGER_KINDS = ("copy_range", "rewrite_units", "write_text", "rebuild_derived")  # repair/dledgerapply.py
 
 
 @dataclass
@@ -111,6 +112,10 @@ def _apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, 
                 if zero_tails:
                     zero_range(a.path, a.offset, end)
                 res.steps.append(f"zeroed {end - a.offset} bytes of {os.path.relpath(a.path, root)} from {a.offset}")
+        elif a.kind in DLEDGER_KINDS:
+            from .dledgerapply import apply_dledger_action
+
+            res.steps.append(apply_dledger_action(a, root, config, backup))
     dispatch = next((a for a in plan.actions if a.kind == "dispatch"), None)
     index_ts_before = _index_msg_timestamp(root)
     if dispatch is not None:

@@ -148,7 +148,7 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
             if jobs > 1:
                 _parallel_requests(store, d, jobs, handle)
             else:
-                for chunk in store.commitlog.scan(check_crc=False):
+                for chunk in store.commitlog.scan(check_crc=False, stop_at_invalid=False):
                     handle(d.requests_from_chunk(chunk))
             d.flush(checkpoint=False)
         finally:
@@ -224,7 +224,7 @@ def _segment_requests(i: int, store, d, packed: bool = False):
 
     res = ScanResult()
     segs = store.commitlog.segments.segments
-    for c in store.commitlog.scan(start_index=i, end_index=i + 1, check_crc=False, result=res):
+    for c in store.commitlog.scan(start_index=i, end_index=i + 1, check_crc=False, result=res, stop_at_invalid=False):
         b = d.requests_from_chunk(c)
         yield _pack_batch(b, i) if packed else b
     yield _SegmentEnd(res.stop is not None and res.stop.kind == "blank" and res.stop.segment is segs[i])

@@ -56,6 +56,11 @@ def scan(store, version: int, report: SalvageReport, start: int = 0) -> Iterator
 
     The walk runs in stretches of at most ~PAUSE_RECORDS records: the record checks do not depend on
     the records before, so resuming after the last valid record handed on walks exactly as one walk."""
+    if getattr(store.commitlog, "is_dledger", False):
+        from .dledgersalvage import scan_dledger
+
+        yield from scan_dledger(store, report, start)
+        return
     cfg = store.config
     for seg in store.commitlog.segments.segments:
         if seg.start + seg.size <= start or not seg.size:

@@ -21,6 +21,8 @@ from rmqstore_cli.formats import fast
 from ..log.commitlog import CommitLog, ScanResult
 from ..findings import Finding
 from ..log.walk import next_by_size
+from ..log.dledger import recovery_start_file, resume_by_unit
+from .dledger import message_stop
 from ..derived.dispatchcolumns import TopicInterner, dispatch_columns
 from .records import _COL_TYPES, _COLS, ERROR, WARNING
 
@@ -249,6 +251,7 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
     def at(pos: int, code: str, sev: str, msg: str, **extra) -> None:
         f.append(Finding(code, sev, seg.path, pos, msg, {"phyOffset": seg.start + pos, **extra}))
 
+    dledger = getattr(commitlog, "is_dledger", False)
     pos = 0
     while True:
         res = ScanResult()
@@ -284,6 +287,27 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
         stop = res.stop
         rep.blanks += 1 if stop.kind == fast.STOP_BLANK else 0
         p = stop.position
+        if dledger and stop.kind == fast.STOP_INVALID and not stop.entry_level:
+            # a damaged message inside an entry DLedger keeps: reported, and the walk goes on at the next entry
+            rep.invalid.append(seg.start + p)
+            nxt = message_stop(commitlog, seg, stop, u8, at)
+            if nxt is None:
+                rep.data_end = seg.start + p
+                rep.unread_from, rep.unread_reported = seg.start + p, True
+                break
+            rep.data_end = seg.start + nxt
+            pos = nxt
+            continue
+        if dledger and stop.kind not in (fast.STOP_BLANK, fast.STOP_ZERO):
+            # the entries end here: the entry checks (verify/dledger.check_dledger) say why; in a file DLedger's
+            # recovery never reads, the broker serves the entries after it: the walk goes on at the next one
+            nxt = resume_by_unit(view, res.entry_walk) if i < recovery_start_file(commitlog) and res.entry_walk else None
+            if nxt is not None and nxt[1] > p:
+                pos = nxt[1]
+                continue
+            rep.stop_offset, rep.stop_kind = seg.start + p, stop.kind
+            rep.unread_from, rep.unread_reported = seg.start + p, True
+            break
         if stop.kind == fast.STOP_BLANK:
             rep.ended_with_blank = True
             rep.data_end = seg.start + p + 8

@@ -27,6 +27,7 @@ from .commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_para
                         whole_segments, window_report)
 from ..derived.lmq import is_lmq
 from .batchqueues import BatchQueueCheck
+from .dledger import check_dledger
 from .index import _check_checkpoint, _check_index, _check_root
 from .lmq import LmqDispatchCheck, after_furthest_unit, check_lmq_dispatch
 from .queues import _check_consume_queues, _check_dispatch
@@ -164,6 +165,8 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     _check_checkpoint(store, _Newest(n_records, newest), findings)
     _check_root(store, findings)
     _check_timer(store, findings, summary)
+    if getattr(cl, "is_dledger", False):
+        check_dledger(store, findings, summary)
     sort_findings(findings, summary)
     return VerifyResult(findings, summary)
 
@@ -226,6 +229,8 @@ def _verify_whole_log(store, *, check_crc: bool = True, reports: list[SegmentRep
     _check_checkpoint(store, recs, findings)
     _check_root(store, findings)
     _check_timer(store, findings, summary)
+    if getattr(cl, "is_dledger", False):
+        check_dledger(store, findings, summary)
     sort_findings(findings, summary)
     return VerifyResult(findings, summary)
 

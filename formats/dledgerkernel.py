@@ -1,0 +1,98 @@
+"""Compiled DLedger entry walk (numba, nopython): the header checks of DLedger's recovery loop
+(``DLedgerMmapFileStore.recover``, FORMAT.md appendix D) one entry per loop step.
+
+The walk reads only the 48-byte entry headers; the RocketMQ message inside each entry is decoded and
+validated by the classic kernels (:func:`formats.fast.decode_headers`, :func:`formats.fast.validate`)
+at entry pos + 48. Imported lazily by :mod:`formats.fast` users (numba's import is slow); compiled once
+and cached like :mod:`formats.kernel`. Layout constants come from :mod:`formats.dledger` (numba
+compiles module globals in as constants; ``tests/test_dledger_formats.py`` checks the columns against
+a construct parse of every entry).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .dledger import (BLANK_MAGIC, E_BODYLEN, E_INDEX, E_OK, E_POS, E_SIZE, E_TERM, E_TEXT, ENTRY_FIXED_SIZE,  # noqa: F401
+                      ENTRY_HEADER_SIZE, ENTRY_MAGIC, ENTRY_OFFSETS)
+from .kernel import _jit
+
+O_MAGIC, O_SIZE, O_INDEX, O_TERM = (ENTRY_OFFSETS[k] for k in ("magic", "size", "index", "term"))
+O_POS, O_CHANNEL, O_CHAIN, O_BODYCRC, O_BODYLEN = (ENTRY_OFFSETS[k] for k in
+                                                   ("pos", "channel", "chainCrc", "bodyCrc", "bodyLength"))
+HEADER = ENTRY_HEADER_SIZE
+FIXED = ENTRY_FIXED_SIZE
+MAGIC, BLANK = ENTRY_MAGIC, BLANK_MAGIC
+
+# Why the walk stopped (formats.fast's STOP_* names, plus an entry that breaks a header rule).
+K_BLANK, K_ZERO, K_EOF, K_BAD_MAGIC, K_BAD_SIZE, K_TORN, K_CHUNK, K_INVALID = range(8)
+# Entry columns the walk fills, in order (all int64).
+COLUMNS = ("at", "size", "index", "term", "pos", "channel", "chainCrc", "bodyCrc", "bodyLength", "magic")
+
+
+def _be(u8, i, n):
+    v = np.int64(0)
+    for k in range(n):
+        v = (v << 8) | np.int64(u8[i + k])
+    s = 64 - 8 * n
+    return (v << s) >> s
+
+
+def _walk_entries(u8, pos, end, file_start, last_index, last_term, max_entries, cols):
+    """Entries from ``pos`` (relative to the file) to ``end``: their header fields into ``cols``
+    (COLUMNS order, capacity >= ``max_entries``). ``last_index``/``last_term`` are the entry before
+    (-1: none). Returns (count, stop position, K_* kind, size and magic at the stop, E_* rule)."""
+    c_at, c_size, c_index, c_term, c_pos, c_channel, c_chain, c_bodycrc, c_bodylen, c_magic = cols
+    n = 0
+    while True:
+        if n >= max_entries:
+            return n, pos, K_CHUNK, 0, 0, E_OK
+        if pos + 8 > end:
+            return n, pos, K_EOF, 0, 0, E_OK
+        magic = _be(u8, pos + O_MAGIC, 4)
+        size = _be(u8, pos + O_SIZE, 4)
+        if magic == BLANK:
+            return n, pos, K_BLANK, size, magic, E_OK
+        if magic == 0 and size == 0:
+            return n, pos, K_ZERO, size, magic, E_OK
+        if magic != MAGIC:
+            return n, pos, K_BAD_MAGIC, size, magic, E_OK
+        if pos + HEADER > end:
+            return n, pos, K_EOF, size, magic, E_OK
+        index = _be(u8, pos + O_INDEX, 8)
+        term = _be(u8, pos + O_TERM, 8)
+        at = _be(u8, pos + O_POS, 8)
+        body_len = _be(u8, pos + O_BODYLEN, 4)
+        rule = E_OK
+        if at != file_start + pos:
+            rule = E_POS
+        elif body_len + HEADER != size:
+            rule = E_BODYLEN
+        elif size <= FIXED:
+            rule = E_SIZE
+        elif last_index != -1 and index != last_index + 1:
+            rule = E_INDEX
+        elif term < last_term:
+            rule = E_TERM
+        if rule != E_OK:
+            return n, pos, K_INVALID, size, magic, rule
+        if pos + size > end:
+            return n, pos, K_TORN, size, magic, E_OK
+        c_at[n] = pos
+        c_size[n] = size
+        c_index[n] = index
+        c_term[n] = term
+        c_pos[n] = at
+        c_channel[n] = _be(u8, pos + O_CHANNEL, 4)
+        c_chain[n] = _be(u8, pos + O_CHAIN, 4)
+        c_bodycrc[n] = _be(u8, pos + O_BODYCRC, 4)
+        c_bodylen[n] = body_len
+        c_magic[n] = magic
+        last_index = index
+        last_term = term
+        n += 1
+        pos += size
+
+
+_be = _jit(_be)
+walk_entries = _jit(_walk_entries)

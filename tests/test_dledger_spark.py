@@ -1,0 +1,49 @@
+"""spark export and spark stats on DLedger stores: the messages inside the entries at the broker's offsets,
+damaged entries as finding rows; stats equal to the single-process stats (which equal the broker's read-back,
+tests/test_dledger_read.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("pyspark", reason="pyspark is an optional extra (pip install -e .[spark])")
+
+from tests.conftest import STORES  # noqa: E402
+from tests.test_dledger_read import read_back  # noqa: E402
+from rmqstore_cli.engine.query.stats import compute_stats  # noqa: E402
+from rmqstore_cli.engine.store import Store  # noqa: E402
+from rmqstore_cli.spark import jobs  # noqa: E402
+
+
+@pytest.mark.parametrize("writer", ["arrow", "spark"])
+def test_export_rows_are_the_broker_messages(spark, tmp_path, writer):
+    import pyarrow.dataset as ds
+
+    br = read_back("dledger-4.9.3-clean", "broker-read.jsonl.gz")["dledger_entry"]
+    jobs.export(spark, [str(STORES / "dledger-4.9.3-clean" / "store")], str(tmp_path / "x"), writer=writer)
+    t = ds.dataset(str(tmp_path / "x"), format="parquet").to_table()
+    rows = sorted(zip(t.column("commitLogOffset").to_pylist(), t.column("uniqKey").to_pylist(),
+                      t.column("physicalOffsetField").to_pylist()))
+    assert rows == [(e["message"]["commitLogOffset"], e["message"]["uniqKey"], e["message"]["commitLogOffset"]) for e in br]
+
+
+def test_export_names_the_damaged_entry(spark, tmp_path):
+    import pyarrow.dataset as ds
+
+    damage = {d["variant"]: d for d in json.loads((STORES / "dledger-4.9.3-torn" / "damage.json").read_text())}
+    jobs.export(spark, [str(STORES / "dledger-4.9.3-torn" / "store-corrupt")], str(tmp_path / "x"), writer="arrow")
+    t = ds.dataset(str(tmp_path / "x"), format="parquet").to_table()
+    bad = [(o, f) for o, f in zip(t.column("commitLogOffset").to_pylist(), t.column("finding").to_pylist()) if f]
+    assert bad == [(damage["corrupt"]["entryPos"] + 48, "DL_MESSAGE_CRC")]
+
+
+@pytest.mark.parametrize("folder", ["dledger-4.9.3-clean/store", "dledger-4.9.3-torn/store-torn"])
+def test_stats_equal_the_single_process_stats(spark, folder):
+    root = str(STORES / folder)
+    got = jobs.stats(spark, root)
+    with Store.open(root) as st:
+        want = compute_stats(st)
+    for k in ("records", "bytes", "firstStoreTimestamp", "lastStoreTimestamp", "topics", "queues", "commitlog"):
+        assert got[k] == want[k], k
