@@ -53,6 +53,8 @@ READING = {
     "stats": [],
     "get": ["--offset", "0"],
     "dump offsets": [],
+    "spark verify": [],  # refused before any Spark session starts
+    "spark stats": [],
 }
 
 

@@ -20,13 +20,18 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "fixtures" / "stores" / "4.9.3-clean"
 
 
+def _env() -> dict:
+    """This environment without what would point a child Python at the checkout."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     dist = tmp_path_factory.mktemp("dist")
     build = tmp_path_factory.mktemp("build")
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                         "--disable-pip-version-check", "-q", "-w", str(dist), str(REPO)],
-                       capture_output=True, text=True, cwd=build, timeout=600)
+                       capture_output=True, text=True, cwd=build, env=_env(), timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     (whl,) = dist.glob("rmqstore-*.whl")
     return whl
@@ -35,20 +40,20 @@ def wheel(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def venv(wheel, tmp_path_factory) -> Path:
     env = tmp_path_factory.mktemp("venv") / "v"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, env=_env(), timeout=300)
     r = subprocess.run([sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install", "-q",
                         "--no-deps", "--disable-pip-version-check", str(wheel)], capture_output=True, text=True,
-                       timeout=600)
+                       env=_env(), timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert (env / "bin" / "rmqstore").exists(), r.stdout + r.stderr
     site = subprocess.run([str(env / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+                          capture_output=True, text=True, check=True, env=_env()).stdout.strip()
     Path(site, "rmqstore-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return env
 
 
 def _run(env: Path, *args, cwd) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=cwd, env=clean, timeout=600)
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=cwd, env=_env(), timeout=600)
 
 
 def test_the_wheel_holds_one_import_package(wheel):
