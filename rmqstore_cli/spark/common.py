@@ -64,8 +64,15 @@ def _write_findings(spark, rows: list[dict], out: str, fmt: str) -> None:
 
 
 def commitlog_bytes(root: str) -> int:
-    d = os.path.join(root, "commitlog")
-    try:
-        return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
-    except OSError:
-        return 0
+    """Bytes of the commitlog files (of a DLedger store: its data files)."""
+    import glob
+
+    dirs = [os.path.join(root, "commitlog")] + sorted(glob.glob(os.path.join(root, "dledger-*", "data")))
+    for d in dirs:
+        try:
+            n = sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
+        except OSError:
+            continue
+        if n:
+            return n
+    return 0

@@ -236,17 +236,3 @@ def stats(spark, root: str, *, overrides: dict | None = None, config_file: str |
     finally:
         st.close()
 
-
-def commitlog_bytes(root: str) -> int:
-    """Bytes of the commitlog files (of a DLedger store: its data files)."""
-    import glob
-
-    dirs = [os.path.join(root, "commitlog")] + sorted(glob.glob(os.path.join(root, "dledger-*", "data")))
-    for d in dirs:
-        try:
-            n = sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
-        except OSError:
-            continue
-        if n:
-            return n
-    return 0

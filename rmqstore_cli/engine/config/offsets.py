@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import NotFoundError
 from .files import (CONSUMER_OFFSETS, DELAY_OFFSETS, LMQ_CONSUMER_OFFSETS, TOPICS, ConfigFile, OffsetEntry,
                     consumer_offsets, delay_offsets, lmq_consumer_offsets, read_config, read_config_file,
                     topic_queue_count, topic_table)
