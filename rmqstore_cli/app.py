@@ -49,6 +49,7 @@ EXAMPLES = {
     "dump checkpoint": "rmqstore dump checkpoint /data/store --json",
     "dump store": "rmqstore dump store /data/store",
     "dump dledger": "rmqstore dump dledger /data/store --index-units --json",
+    "dump timer": "rmqstore dump timer /data/store --pending --topic Orders",
     "stats": "rmqstore stats /data/store --since 2026-11-24T00:00 --until 2026-11-24T06:00",
     "diff": "rmqstore diff /data/master/store /data/slave/store",
     "verify": "rmqstore verify /data/store --json > findings.jsonl",
