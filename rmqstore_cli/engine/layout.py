@@ -41,7 +41,7 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
     # Reads see the messages inside the entries at the broker's offsets (log/dledger.py).
     "dledger": {READ: {"dump commitlog", "dump consumequeue", "dump cqext", "dump index", "dump store", "dump checkpoint",
                        "dump config", "dump offsets", "dump dledger", "get", "index query", "stats", "verify", "diff",
-                       "salvage", "spark export", "spark stats"},
+                       "salvage", "spark export", "spark stats", "spark verify"},
                 WRITE: {"rebuild consumequeue", "rebuild index", "rebuild all", "recover", "truncate",
                         # config/ only; they read the consume queues and messages at their offsets
                         "offsets set", "repair config"}},
