@@ -47,3 +47,14 @@ def test_dledger_store_verifies_clean_and_holds_the_classic_messages(tmp_path, s
     # each message at its entry's pos + 48; entries numbered from 0 in term 0
     assert [m["commitLogOffset"] for m in got] == [e["pos"] + 48 for e in entries]
     assert [(e["index"], e["term"]) for e in entries] == [(i, 0) for i in range(len(entries))]
+
+
+@pytest.mark.parametrize("dledger_mb_s,ok", [(79.0, False), (81.0, True)])
+def test_the_row_is_judged_against_the_classic_verify(dledger_mb_s, ok):
+    from bench import run, targets
+
+    results = [{"workload": "verify", "store": "1KiB", "MB_s": 100.0, "msg_s": 1},
+               {"workload": run.DLEDGER_ROW, "store": "1KiB", "MB_s": dledger_mb_s, "msg_s": 1}]
+    [row] = [r for r in targets.evaluate(results) if "DLedger" in r["target"]]
+    assert row["measured"] == round(dledger_mb_s / 100.0, 2) and row["pass"] is ok
+    assert ("PASS" if ok else "FAIL") in targets.render(results, [row])
