@@ -85,3 +85,17 @@ def test_spark_verify_command_on_a_dledger_store(spark):
     assert r.exit_code == 1, r.output
     codes = [json.loads(ln)["code"] for ln in r.stdout.splitlines() if ln.startswith("{")]
     assert codes == ["DL_MESSAGE_CRC"]
+
+
+@pytest.mark.parametrize("what", ["consumequeue", "index"])
+def test_spark_rebuild_is_refused_and_says_why(tmp_path, what):
+    """Refused before any Spark session starts: one line naming the DLedger log and the command that does it."""
+    from typer.testing import CliRunner
+
+    from rmqstore_cli.app import app
+
+    r = CliRunner().invoke(app, ["spark", "rebuild", str(STORES / "dledger-4.9.3-clean" / "store"), "--what", what,
+                                 "--out", str(tmp_path / "out")])
+    assert r.exit_code == 3, r.output
+    assert "DLedger" in r.output and f"rmqstore rebuild {what}" in r.output and "nothing was changed" in r.output
+    assert "Traceback" not in r.output and not (tmp_path / "out").exists()
