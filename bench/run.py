@@ -64,6 +64,40 @@ def store(name: str) -> str:
     return info
 
 
+def dledger_store(name: str, info: dict) -> dict:
+    """The DLedger store of the same messages as classic store ``name`` (bench/gendledger.py), cached beside it."""
+    from bench import gendledger
+
+    path = os.path.join(os.path.dirname(info["root"]), name + "-dledger")
+    meta = path + ".json"
+    if not os.path.exists(meta):
+        t = time.perf_counter()
+        out = gendledger.convert(info["root"], path)
+        out["generate_seconds"] = round(time.perf_counter() - t, 1)
+        with open(meta, "w") as f:
+            json.dump(out, f)
+        print(f"# generated {name}-dledger: {out}", file=sys.stderr)
+    with open(meta) as f:
+        out = json.load(f)
+    out["root"] = path
+    return out
+
+
+DLEDGER_ROW = "verify (DLedger)"
+
+
+def dledger_rows(b: "Bench", name: str, info: dict) -> None:
+    """``verify`` on the DLedger store of the same messages as ``name``, beside ``verify`` on the classic one (run
+    here too unless this run has it). Both rates count the same bytes, the classic records' (the entry headers
+    are the DLedger log's own overhead), so their ratio is the inverse ratio of the wall times."""
+    d = dledger_store(name, info)
+    if not any(r["workload"] == "verify" and r["store"] == name for r in b.results):
+        warm(info["root"])
+        b.measure("verify", name, info, RMQ + ["verify", info["root"], "--json"], info["records"], info["bytes"])
+    warm(d["root"])
+    b.measure(DLEDGER_ROW, name, info, RMQ + ["verify", d["root"], "--json"], info["records"], info["bytes"])
+
+
 def _drop_stale_caches() -> None:
     """Stores of an older ``gen.VERSION`` are never read again (they hold ~4 GB each), and the
     work files (the append input dumped from the old 1 KiB store) were derived from them."""
@@ -356,7 +390,7 @@ def main() -> None:
     global TIMEOUT
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--only", default="", help="comma-separated workloads (kernel,scan,verify,verify-j2,dump,rebuild,rebuild-j2,"
+    ap.add_argument("--only", default="", help="comma-separated workloads (kernel,scan,verify,verify-dledger,verify-j2,dump,rebuild,rebuild-j2,"
                                                "recover,index-query,append,spark-export,memory,cli-start)")
     ap.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds per child run; longer runs are killed "
                                                                     "and reported 'timed out after N s' (FAIL)")
@@ -404,6 +438,8 @@ def main() -> None:
                           start=RMQ + ["verify", FIXTURE, "--json"])
         else:
             b.unavailable("verify", "*", "no `rmqstore verify`")
+    if want("verify-dledger"):
+        dledger_rows(b, "1KiB", k1)
     if want("verify-j2"):
         if has_command("verify", option="--jobs"):
             warm(k1["root"])

@@ -62,8 +62,6 @@ def dump_commitlog(
     if follow and (fmt is not None or to is not None or until is not None):
         raise UsageError("--follow reads on forever: it does not go with --format, --to or --until")
     st = open_store(store, geometry, command="dump commitlog")
-    if follow and st.is_dledger:
-        raise UsageError("--follow does not read a DLedger log yet (dump without --follow reads it)")
     if follow:
         _follow(st, topic, queue, from_, since_ms, limit, body, json_)
         return
@@ -108,11 +106,12 @@ def _export(st, fmt, out_path, body, topic, queue, from_, to, since_ms, until_ms
 def _follow(st, topic, queue, from_, since_ms, limit, body, json_) -> None:
     from rmqstore_cli.engine.log.commitlog import RecordFilter
     from rmqstore_cli.engine.query.follow import Follower
+    from rmqstore_cli.engine.query.follow_dledger import DLedgerFollower
 
     start = from_
     if since_ms is not None:
         start = st.commitlog.time_window(since_ms, None)[0]
-    follower = Follower(st.commitlog, start)
+    follower = (DLedgerFollower if st.is_dledger else Follower)(st.commitlog, start)
     sel = RecordFilter(start=from_, topic=topic, queue=queue, since=since_ms, limit=limit)
     out = sys.stdout
     try:

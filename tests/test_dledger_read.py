@@ -193,11 +193,6 @@ def test_several_dledger_folders_need_self_id(tmp_path):
     assert out[0]["selfId"] == "n1"
 
 
-def test_follow_is_refused_on_dledger():
-    p = cli("dump", "commitlog", STORES / "dledger-4.9.3-clean" / "store", "--follow", ok=(3,))
-    assert "DLedger" in p.stderr
-
-
 @pytest.mark.parametrize("variant", ["torn", "corrupt"])
 def test_damaged_samples_entries_and_crc_checked_parse(variant):
     """dump dledger on the damaged samples: every entry the broker serves, and its CRC-checked parse of each."""

@@ -47,3 +47,55 @@ def test_stats_equal_the_single_process_stats(spark, folder):
         want = compute_stats(st)
     for k in ("records", "bytes", "firstStoreTimestamp", "lastStoreTimestamp", "topics", "queues", "commitlog"):
         assert got[k] == want[k], k
+
+
+DLEDGER_FOLDERS = ["dledger-4.9.3-clean/store", "dledger-4.9.3-crash/store", "dledger-5.3.3-clean/store",
+                   "dledger-4.9.3-torn/store-corrupt", "dledger-4.9.3-torn/store-torn"]
+
+
+def test_spark_verify_finds_what_verify_finds(spark):
+    """spark verify on every DLedger sample (one job, several tasks per store) gives verify's findings and summary:
+    the messages' checks in executor tasks, the entry / index-unit / checkpoint checks (DL_*) on the driver."""
+    from rmqstore_cli.engine.verify.pipeline import verify_store
+
+    roots = [str(STORES / f) for f in DLEDGER_FOLDERS]
+    res = jobs.verify(spark, roots, split=1 << 20)
+    assert res["tasks"] > len(roots)
+    seen = set()
+    for root, summary in zip(roots, res["stores"]):
+        with Store.open(root) as st:
+            single = verify_store(st)
+        got = sorted((r["code"], r["severity"], r["path"], r["offset"], r["message"]) for r in res["findings"]
+                     if r["store"] == root)
+        assert got == sorted((f.code, f.severity, f.path, f.offset, f.message) for f in single.findings), root
+        assert summary == single.summary, root
+        seen |= {g[0] for g in got}
+    # the damaged samples are seen at all, by both the message and the entry checks
+    assert {"DL_MESSAGE_CRC", "DL_TORN_ENTRY", "DL_CHECKPOINT_STALE"} <= seen, seen
+    assert res["exitCode"] == 1
+
+
+def test_spark_verify_command_on_a_dledger_store(spark):
+    from typer.testing import CliRunner
+
+    from rmqstore_cli.app import app
+
+    r = CliRunner().invoke(app, ["spark", "verify", str(STORES / "dledger-4.9.3-torn" / "store-corrupt"),
+                                 "--master", "local[2]", "--json"])
+    assert r.exit_code == 1, r.output
+    codes = [json.loads(ln)["code"] for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert codes == ["DL_MESSAGE_CRC"]
+
+
+@pytest.mark.parametrize("what", ["consumequeue", "index"])
+def test_spark_rebuild_is_refused_and_says_why(tmp_path, what):
+    """Refused before any Spark session starts: one line naming the DLedger log and the command that does it."""
+    from typer.testing import CliRunner
+
+    from rmqstore_cli.app import app
+
+    r = CliRunner().invoke(app, ["spark", "rebuild", str(STORES / "dledger-4.9.3-clean" / "store"), "--what", what,
+                                 "--out", str(tmp_path / "out")])
+    assert r.exit_code == 3, r.output
+    assert "DLedger" in r.output and f"rmqstore rebuild {what}" in r.output and "nothing was changed" in r.output
+    assert "Traceback" not in r.output and not (tmp_path / "out").exists()

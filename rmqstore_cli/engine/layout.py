@@ -31,6 +31,8 @@ READ, WRITE = "read", "write"
 
 # Feature -> why writing commands are refused on it (one clause of the refusal line).
 WRITE_REASONS = {
+    "dledger": "on a DLedger store rmqstore writes only with recover, truncate, rebuild consumequeue|index|all, offsets set "
+               "and repair config, which keep the entries, their index units and the DLedger checkpoint consistent",
     "rocksdb-cq": "rmqstore reads that database (on a copy) but does not write it the way the broker does: its "
                   "units, queue offsets and dispatch checkpoint would no longer match the commitlog",
 }
@@ -41,7 +43,7 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
     # Reads see the messages inside the entries at the broker's offsets (log/dledger.py).
     "dledger": {READ: {"dump commitlog", "dump consumequeue", "dump cqext", "dump index", "dump store", "dump checkpoint",
                        "dump config", "dump offsets", "dump dledger", "get", "index query", "stats", "verify", "diff",
-                       "salvage", "spark export", "spark stats"},
+                       "salvage", "spark export", "spark stats", "spark verify"},
                 WRITE: {"rebuild consumequeue", "rebuild index", "rebuild all", "recover", "truncate",
                         # config/ only; they read the consume queues and messages at their offsets
                         "offsets set", "repair config"}},
@@ -73,6 +75,12 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
 
 # (feature, command) -> why a command that reads the rest of such a store is still refused on it.
 COMMAND_REASONS = {
+    **{("dledger", f"spark rebuild {what}"): "the Spark rebuild cuts classic commitlog segments into tasks and has not been "
+                                             f"made to read the messages inside DLedger entries; `rmqstore rebuild {what}` "
+                                             "rebuilds them from the entries (in place, with a backup)"
+       for what in ("consumequeue", "index")},
+    ("dledger", "dump timer"): "no broker-written DLedger sample holds a timer store, so its offsets into the entries "
+                               "were never checked against the broker",
     ("rocksdb-cq", "salvage --to"): "the new store would get file consume queues while the broker's settings keep "
                                     "a RocksDB one; `salvage --jsonl` rescues the records",
 }

@@ -171,6 +171,7 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
 
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.engine.verify.pipeline import VerifyResult, _log_end, lost_tail_finding, sort_findings
+    from rmqstore_cli.engine.verify.dledger import check_dledger
     from rmqstore_cli.engine.verify.index import _check_checkpoint, _check_root
     from rmqstore_cli.engine.verify.queues import add_not_dispatched, dispatch_high_water, dispatch_lag_finding
     from rmqstore_cli.engine.verify.records import _Agg
@@ -281,6 +282,10 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
                 findings.append(lost_tail_finding(st.commitlog, ctx[st.root]["dataEnd"], s["lost"]))
             _check_checkpoint(st, _Totals(s["records"], s["newest"]), findings)
             _check_root(st, findings)
+            if getattr(st.commitlog, "is_dledger", False):
+                # the entry headers, index units and checkpoint: one streamed walk of the entries on the driver
+                # (memory stays one chunk of entries), as verify runs it after the message checks
+                check_dledger(st, findings, summary)
             sort_findings(findings, summary)
             results.append(VerifyResult(findings, summary))
         tasks = {"queues": len(q_rows), "indexFiles": len(i_rows)}
