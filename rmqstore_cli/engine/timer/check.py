@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rmqstore_cli.formats.timer import TIMER_UNIT_SIZE, WHEEL_FILE_SIZE
+from rmqstore_cli.formats.timer import TIMER_UNIT_SIZE, WHEEL_FILE_SIZE, WHEEL_SLOTS
 
 from ..findings import ERROR, INFO, WARNING, Finding
 from .files import TimerLogWalk
@@ -168,9 +168,8 @@ class _LateUnits:
         cp = ts.checkpoint
         self.on = cp.exists and ts.store.abort_exists
         self.flush_pos = cp.lastTimerLogFlushPos
-        self.parts: list = []
         self.n = 0
-        self._by_slot: dict | None = None
+        self.slots = None  # (time, prevPos of the first late unit, num change) per slot index, once one comes
 
     def add(self, sc) -> None:
         if not self.on:
@@ -178,27 +177,27 @@ class _LateUnits:
         sel = np.flatnonzero(sc.units.pos >= self.flush_pos)
         self.n += len(sel)
         if self.n > self.LIMIT:
-            self.on, self.parts = False, []
+            self.on, self.slots = False, None
         elif len(sel):
+            from rmqstore_cli.formats import timerkernel as k
+
+            if self.slots is None:
+                self.slots = (np.full(WHEEL_SLOTS, -1, np.int64), np.zeros(WHEEL_SLOTS, np.int64),
+                              np.zeros(WHEEL_SLOTS, np.int64))
             u = sc.units
-            self.parts.append((sc.slot_units[sel], u.pos[sel], u.prevPos[sel], u.magic[sel]))
+            k.late_slots(sc.slot_units[sel], u.prevPos[sel], u.magic[sel], *self.slots)
 
     def before(self, t: int, first: int, num: int) -> tuple[int, int, int] | None:
         """(firstPos, lastPos, num) slot time ``t`` had before the late units (lastPos -1: it was empty);
         None when no late unit went there."""
-        if not self.on:
+        if not self.on or self.slots is None:
             return None
-        if self._by_slot is None:
-            self._by_slot = {}
-            for slots, pos, prev, magic in self.parts:
-                for k, p, q, m in zip(slots.tolist(), pos.tolist(), prev.tolist(), magic.tolist()):
-                    self._by_slot.setdefault(k, []).append((p, q, -1 if m & 4 else 1))
-        got = self._by_slot.get(t)
-        if not got:
+        time, prev, delta = self.slots
+        i = t % WHEEL_SLOTS
+        if time[i] != t:
             return None
-        earliest = min(got)
-        last = earliest[1]
-        return (first if last != -1 else -1, last, num - sum(d for _, _, d in got))
+        last = int(prev[i])
+        return (first if last != -1 else -1, last, num - int(delta[i]))
 
 
 def _check_wheel(ts: TimerStore, wheel: Wheel, walk: TimerLogWalk, sink: _Sink, late: _LateUnits) -> None:
@@ -270,7 +269,7 @@ def _check_checkpoint(ts: TimerStore, walk: TimerLogWalk, sink: _Sink) -> None:
         sink.add("TM_CHECK_AHEAD", ERROR, cp.path, 8, f"lastTimerLogFlushPos {cp.lastTimerLogFlushPos} is past the "
                  f"timerlog's end {walk.data_end}", lastTimerLogFlushPos=cp.lastTimerLogFlushPos, timerlogEnd=walk.data_end)
     cq = ts.timer_queue()
-    end = cq.units().end_offset if cq is not None else 0
+    end = cq.bounds()[1] if cq is not None else 0
     for name, at in (("lastTimerQueueOffset", 16), ("masterTimerQueueOffset", 24)):
         v = getattr(cp, name)
         if v > end:

@@ -114,13 +114,43 @@ def _selected(row, since, until, topic) -> bool:
 
 
 def _unread_queue(ts: TimerStore):
-    """(queue offsets, phy, size) of the timer-queue units past the checkpoint's lastTimerQueueOffset."""
+    """(queue offsets, phy, size) of the timer-queue units past the checkpoint's lastTimerQueueOffset (only
+    the files from there on are read; the units before it are not kept)."""
     cq = ts.timer_queue()
     if cq is None or not ts.checkpoint.exists:
         return None
-    u = cq.units()
-    sel = np.flatnonzero(u.queue_offsets >= ts.checkpoint.lastTimerQueueOffset)
-    return u.queue_offsets[sel], u.phy[sel].astype(np.int64), u.size[sel].astype(np.int64)
+    start = ts.checkpoint.lastTimerQueueOffset
+    qs, ps, ss = [], [], []
+    for base, arr in _queue_files(cq):
+        n = len(arr)
+        if base + n <= start:
+            continue
+        k = max(start - base, 0)
+        qs.append(np.arange(base + k, base + n, dtype=np.int64))
+        ps.append(arr["phyOffset"][k:].astype(np.int64))
+        ss.append(arr["size"][k:].astype(np.int64))
+    cat = lambda p: np.concatenate(p) if p else np.zeros(0, np.int64)  # noqa: E731
+    return cat(qs), cat(ps), cat(ss)
+
+
+def _queue_files(cq):
+    """(first queue offset, valid units) per file, by ConsumeQueue.units' rules (the first invalid unit,
+    a file not full or a gap between files ends the queue)."""
+    from rmqstore_cli.engine.derived.consumequeue import CQ_UNIT_SIZE
+
+    segs = cq.segments.segments
+    end = segs[0].start // CQ_UNIT_SIZE if segs else 0
+    for k, seg in enumerate(segs):
+        base = seg.start // CQ_UNIT_SIZE
+        if k and base != end:
+            return
+        arr = cq.file_units(seg)
+        bad = np.flatnonzero((arr["phyOffset"] < 0) | (arr["size"] <= 0))
+        n = int(bad[0]) if len(bad) else len(arr)
+        yield base, arr[:n]
+        end = base + n
+        if n * CQ_UNIT_SIZE < cq.file_size:
+            return
 
 
 def _unread_queue_rows(ts: TimerStore, unread, enqueued, since, until, topic):
@@ -194,7 +224,8 @@ def timer_stats(store) -> dict:
             return {}
         s = pending_summary(ts)
         cq = ts.timer_queue()
-        records = int(len(cq.units().queue_offsets)) if cq is not None else 0
+        lo, end, _ = cq.bounds() if cq is not None else (0, 0, None)
+        records = end - lo
         return {"precisionMs": ts.precision_ms, "timerlogFiles": len(ts.timerlog.segments),
                 "timerQueue": {"topic": TIMER_TOPIC, "records": records,
                                "readOffset": ts.checkpoint.lastTimerQueueOffset if ts.checkpoint.exists else None},
