@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from rmqstore_cli.engine.timer.lines import pending_lines, unit_lines
 from rmqstore_cli.engine.timer.report import pending_rows, slot_rows, unit_rows
 from rmqstore_cli.engine.timer.store import TimerStore
 
@@ -48,24 +49,29 @@ def dump_timer(
                 warn(f"{st.root} has no timer store (no timerlog/, timerwheel or config/timercheck)")
                 return
             out = Output(json_)
+            if pending and json_:  # encoded a chunk of units at a time
+                for data in pending_lines(ts, since=since_ms, until=until_ms, topic=topic, limit=limit):
+                    out.write_encoded(data)
+                return
             if pending:
                 rows = pending_rows(ts, since=since_ms, until=until_ms, topic=topic)
                 if limit is not None:
                     rows = islice(rows, limit)
-                out.table(({"type": "pending", **r} for r in rows) if json_ else rows, PENDING_COLUMNS,
+                out.table(rows, PENDING_COLUMNS,
                           title=f"pending timer messages of {st.root}")
                 return
-            units = unit_rows(ts, since=since_ms, until=until_ms, topic=topic)
-            if limit is not None:
-                units = islice(units, limit)
             filtered = since_ms is not None or until_ms is not None or topic is not None
             if json_:
-                out.lines({"type": "timerlog_unit", **r} for r in units)
+                for data in unit_lines(ts, since=since_ms, until=until_ms, topic=topic, limit=limit):
+                    out.write_encoded(data)
                 if not filtered:
                     out.lines({"type": "timerwheel_slot", **r} for r in slot_rows(ts))
                     out.line({"type": "timercheck", **ts.checkpoint.as_json()})
                     out.line({"type": "timermetrics", **ts.metrics.as_json()})
                 return
+            units = unit_rows(ts, since=since_ms, until=until_ms, topic=topic)
+            if limit is not None:
+                units = islice(units, limit)
             out.table(units, UNIT_COLUMNS, title=f"timerlog of {st.root} (precision {ts.precision_ms} ms)")
             if filtered:
                 return

@@ -32,8 +32,11 @@ def _sample_units(src: str) -> np.ndarray:
     return np.concatenate(out)
 
 
-def generate(src: str, dest: str, units: int, file_size: int = 4 << 20, slots: int = 4000, seed: int = 7) -> str:
-    """Write the store to ``dest`` (a copy of ``src`` without its timerlog/timerwheel); returns dest."""
+def generate(src: str, dest: str, units: int, file_size: int = 4 << 20, slots: int = 4000, seed: int = 7,
+             late: int = 0) -> str:
+    """Write the store to ``dest`` (a copy of ``src`` without its timerlog/timerwheel); returns dest.
+    ``late``: that many last units come after timercheck's lastTimerLogFlushPos of a store that did not
+    shut down (an ``abort`` file), and the wheel does not hold them yet (a flush lag)."""
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns("timerlog", "timerwheel"))
     for root, dirs, files in os.walk(dest):
         os.chmod(root, 0o755)
@@ -70,8 +73,11 @@ def generate(src: str, dest: str, units: int, file_size: int = 4 << 20, slots: i
         with open(os.path.join(dest, "timerlog", f"{k * file_size:020d}"), "wb") as f:
             f.write(body + bytes(file_size - len(body)))
     wheel = np.zeros(SLOTS, SLOT_DT)
+    if late:
+        order = order[order < units - late]  # the wheel as the last flush left it
+        open(os.path.join(dest, "abort"), "wb").close()
     t, first_idx = np.unique(slot_ms[order], return_index=True)
-    last_idx = np.r_[first_idx[1:], units] - 1
+    last_idx = np.r_[first_idx[1:], len(order)] - 1
     idx = (t // 1000) % SLOTS
     wheel["timeUnits"][idx] = t // 1000
     wheel["firstPos"][idx] = pos[order[first_idx]]
@@ -79,7 +85,7 @@ def generate(src: str, dest: str, units: int, file_size: int = 4 << 20, slots: i
     wheel["num"][idx] = last_idx - first_idx + 1
     with open(os.path.join(dest, "timerwheel"), "wb") as f:
         f.write(wheel.tobytes())
-    end = int(pos[-1]) + UNIT
+    end = int(pos[units - late]) if late else int(pos[-1]) + UNIT
     struct.pack_into(">q", cp, 8, end)
     with open(cp_path, "wb") as f:
         f.write(cp)

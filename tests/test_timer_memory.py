@@ -1,0 +1,139 @@
+"""The timer store read in bounded memory: verify's TM_* checks, stats' timer section and ``dump timer
+[--pending] --json`` walk the timerlog a window of units at a time (compiled walk and wheel replay),
+keep only per-slot / per-topic aggregates, and write dump lines a window at a time.
+
+Stores come from tests/timergen.py (the broker-written timer-5.3.3 sample with a generated timerlog
+of 100k and 400k units, prevPos chains, wheel and timercheck written with numpy per FORMAT.md appendix
+C, the last half of the units after the flush position of a store that did not shut down). The commands run as
+subprocesses whose anonymous resident memory (RssAnon, not ru_maxrss: mapped file pages are not the
+process's memory) is sampled; the window is lowered (a seam: files.CHUNK_UNITS) so that both stores
+cross many windows. The dump lines encoded a window at a time are compared with json_line of the rows
+report.py builds one by one (the broker-read truth of those rows is checked in tests/test_timer.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from commands.output import json_line
+from rmqstore_cli.engine.store import Store
+from rmqstore_cli.engine.timer import files as timer_files
+from rmqstore_cli.engine.timer.lines import pending_lines, unit_lines
+from rmqstore_cli.engine.timer.report import pending_rows, unit_rows
+from rmqstore_cli.engine.timer.store import TimerStore
+from tests.conftest import shared_store
+from tests.timergen import generate
+
+WINDOW = 4096  # units per window in these tests (the default is 65536)
+SIZES = (100_000, 400_000)
+MARGIN = 8 << 20  # four times the units may not cost this much more (one int64 column of the extra units: 2.4 MB)
+
+
+@pytest.fixture(scope="module")
+def timer_stores(tmp_path_factory):
+    base = tmp_path_factory.mktemp("timermem")
+    src = str(shared_store("timer-5.3.3"))
+    return {n: generate(src, str(base / f"u{n}"), n, file_size=1 << 20, late=n // 2) for n in SIZES}
+
+
+def _rss_anon(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _run_peak(args: list[str], out_path: str) -> tuple[int, int]:
+    """(sampled RssAnon high-water mark, exit code) of ``rmqstore ARGS`` with the lowered window."""
+    code = (f"import sys; import rmqstore_cli.engine.timer.files as f; f.CHUNK_UNITS = {WINDOW}; "
+            f"sys.argv = ['rmqstore'] + {args!r}; from rmqstore_cli.app import main; main()")
+    with open(out_path, "wb") as out:
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.PIPE)
+        peak = [0]
+
+        def sample():
+            while p.poll() is None:
+                peak[0] = max(peak[0], _rss_anon(p.pid))
+                time.sleep(0.01)
+
+        t = threading.Thread(target=sample, daemon=True)
+        t.start()
+        _, err = p.communicate(timeout=300)
+        t.join()
+    assert p.returncode in (0, 1), err.decode()
+    return peak[0], p.returncode
+
+
+COMMANDS = {
+    "verify": ["verify", "{root}", "--json"],
+    "stats": ["stats", "{root}", "--json"],
+    "dump-pending": ["dump", "timer", "{root}", "--pending", "--json"],
+    "dump": ["dump", "timer", "{root}", "--json"],
+}
+
+
+@pytest.mark.parametrize("what", list(COMMANDS))
+def test_timer_commands_memory_does_not_grow_with_the_timerlog(timer_stores, tmp_path, what):
+    peaks, outputs = {}, {}
+    for n, root in timer_stores.items():
+        out = str(tmp_path / f"{what}-{n}.jsonl")
+        peaks[n], _ = _run_peak([a.format(root=root) for a in COMMANDS[what]], out)
+        outputs[n] = out
+    small, large = (peaks[n] for n in SIZES)
+    print(f"{what}: RssAnon peak {small >> 20} MiB at {SIZES[0]} units, {large >> 20} MiB at {SIZES[1]}")
+    # the commands did the work on every unit: what they print counts them
+    for n, out in outputs.items():
+        if what == "dump":
+            with open(out, "rb") as f:
+                assert sum(1 for line in f if line.startswith(b'{"type":"timerlog_unit"')) == n
+        elif what == "stats":
+            with open(out) as f:
+                timer = [json.loads(line) for line in f if '"timer"' in line]
+            assert timer and sum(timer[-1]["timer"]["pendingByTopic"].values()) > n // 3, timer
+        elif what == "verify":
+            with open(out) as f:
+                codes = {json.loads(line).get("code") for line in f}
+            assert "TM_WHEEL_BEHIND" in codes and not {"TM_SLOT_POS", "TM_SLOT_NUM", "TM_PREV_POS"} & codes, codes
+    assert large - small < MARGIN, (small, large)
+
+
+def _rows_as_lines(rows, kind: str) -> bytes:
+    return "".join(json_line({"type": kind, **r}) + "\n" for r in rows).encode()
+
+
+@pytest.mark.parametrize("case", ["timer-5.3.3", "timer-5.3.3-crash", "synthetic"])
+def test_lines_encoded_per_window_equal_the_rows(case, tmp_path, monkeypatch):
+    """``dump timer --json`` bytes are what json_line gives for each row, with every filter, across windows."""
+    monkeypatch.setattr(timer_files, "CHUNK_UNITS", 1000 if case == "synthetic" else 7)
+    if case == "synthetic":
+        root = generate(str(shared_store("timer-5.3.3")), str(tmp_path / "store"), 12_000, file_size=1 << 16, late=3000)
+    else:
+        root = str(shared_store(case))
+    with Store.open(root) as st:
+        ts = TimerStore(st)
+        try:
+            first = json.loads(next(unit_lines(ts)).split(b"\n")[0])
+            t0 = first["deliverTimeMs"]
+            options = [{}, {"since": t0 + 5000}, {"until": t0 + 20000}, {"topic": "TimerTopicA"},
+                       {"topic": "nope"}, {"limit": 13}]
+            for opt in options:
+                limit = opt.pop("limit", None)
+                rows = list(unit_rows(ts, **opt))[:limit]
+                assert b"".join(unit_lines(ts, limit=limit, **opt)) == _rows_as_lines(rows, "timerlog_unit"), opt
+                prow = list(pending_rows(ts, **opt))[:limit]
+                assert b"".join(pending_lines(ts, limit=limit, **opt)) == _rows_as_lines(prow, "pending"), opt
+                if limit is None and not opt:
+                    assert len(rows) > 100 and len(prow) > 10
+        finally:
+            ts.close()
