@@ -120,7 +120,36 @@ def _hash_spans64(u8, starts, ends, out):
         out[i] = numba.int64(h | numba.uint64(1))  # never 0
 
 
+# How a chain walk inside one file stopped (timer/report.py names them).
+CHAIN_END, CHAIN_LIMIT, CHAIN_LOOP, CHAIN_HISTORY, CHAIN_OTHER_FILE, CHAIN_OUTSIDE, CHAIN_OTHER_SLOT = 0, 1, 2, 3, 4, 5, 6
+
+
+def _chain_in_file(u8, file_start, pos, slot_units, precision, floor, out, n):
+    """A slot's chain from ``pos`` back through prevPos while it stays in this file (``u8`` from
+    ``file_start``), appending positions to ``out`` from ``n``; returns (n, next pos, CHAIN_*)."""
+    limit = out.shape[0]
+    while pos != -1:
+        if n >= limit:
+            return n, pos, CHAIN_LIMIT
+        if n > 0 and pos >= out[n - 1]:
+            return n, pos, CHAIN_LOOP
+        if 0 <= pos < floor:
+            return n, pos, CHAIN_HISTORY
+        rel = pos - file_start
+        if rel < 0 or rel + UNIT > u8.shape[0]:
+            return n, pos, CHAIN_OTHER_FILE
+        if _i32(u8, rel + U_SIZE) != UNIT:
+            return n, pos, CHAIN_OUTSIDE
+        if (_i64(u8, rel + U_CWT) + _i32(u8, rel + U_DELAY)) // precision != slot_units:
+            return n, pos, CHAIN_OTHER_SLOT
+        out[n] = pos
+        n += 1
+        pos = _i64(u8, rel + U_PREV)
+    return n, pos, CHAIN_END
+
+
 walk_units = _jit(_walk_units)
+chain_in_file = _jit(_chain_in_file)
 replay_wheel = _jit(_replay_wheel)
 late_slots = _jit(_late_slots)
 hash_spans64 = _jit(_hash_spans64)

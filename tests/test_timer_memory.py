@@ -137,3 +137,87 @@ def test_lines_encoded_per_window_equal_the_rows(case, tmp_path, monkeypatch):
                     assert len(rows) > 100 and len(prow) > 10
         finally:
             ts.close()
+
+
+def _reference_chain(files: dict[int, bytes], floor: int, last_pos: int, slot_units: int, precision: int, limit: int):
+    """A slot's chain walked with struct per FORMAT.md appendix C (size @0, prevPos @4, currWriteTime @16,
+    delay @24), one unit at a time."""
+    import struct
+
+    out, pos = [], last_pos
+    while pos != -1:
+        if len(out) >= limit:
+            return out, "limit"
+        if out and pos >= out[-1]:
+            return out, "loop"
+        if 0 <= pos < floor:
+            return out, "history"
+        start = max((s for s in files if s <= pos), default=None)
+        if start is None or pos - start + 52 > len(files[start]):
+            return out, "outside"
+        size, prev, _, cwt, delay = struct.unpack_from(">iqiqi", files[start], pos - start)
+        if size != 52:
+            return out, "outside"
+        if (cwt + delay) // precision != slot_units:
+            return out, "other slot"
+        out.append(pos)
+        pos = prev
+    return out, "-1"
+
+
+def test_compiled_chain_walk_equals_a_unit_by_unit_walk(tmp_path, monkeypatch):
+    """Chains across files, with prevPos damaged to point at another slot's unit, forward (a loop), past the
+    timerlog, into a unit's middle at a file end, before the first file (history), and a low chain limit."""
+    import random
+    import struct
+
+    from rmqstore_cli.engine.timer import report
+
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    root = generate(str(shared_store("timer-5.3.3")), str(tmp_path / "store"), 20_000, file_size=1 << 16, slots=40)
+    tl = os.path.join(root, "timerlog")
+    names = sorted(os.listdir(tl))
+    os.remove(os.path.join(tl, names[0]))  # the first file deleted: chains run into history
+    names = names[1:]
+    fsize = 1 << 16
+    for _ in range(60):
+        name = rng.choice(names)
+        unit = rng.randrange((fsize - 16) // 52)
+        what = rng.choice(["other", "forward", "past", "file-end", "zero"])
+        base = int(name)
+        target = {"other": base + 52 * rng.randrange(1000), "forward": base + fsize * 3,
+                  "past": 10 ** 12, "file-end": base + fsize - 30, "zero": 0}[what]
+        with open(os.path.join(tl, name), "r+b") as f:
+            f.seek(52 * unit + 4)
+            f.write(struct.pack(">q", target))
+    # and one chain per kind of end for sure: the last unit of five slots points where each kind begins
+    with Store.open(root) as st:
+        ts = TimerStore(st)
+        lasts = sorted(int(p) for _, recs in ts.wheel.nonempty() for p in recs["lastPos"])[-5:]
+        ts.close()
+    for last, target in zip(lasts, (lambda p: p + 52, lambda p: p - 52, lambda p: 100, lambda p: -7,
+                                    lambda p: p - p % fsize - 30)):
+        name = max(n for n in names if int(n) <= last)
+        with open(os.path.join(tl, name), "r+b") as f:
+            f.seek(last - int(name) + 4)
+            f.write(struct.pack(">q", target(last)))
+    files = {int(n): open(os.path.join(tl, n), "rb").read() for n in names}
+    with Store.open(root) as st:
+        ts = TimerStore(st)
+        try:
+            for limit in (100_000, 37):
+                monkeypatch.setattr(report, "CHAIN_LIMIT", limit)
+                seen = set()
+                for idx, recs in ts.wheel.nonempty():
+                    for rec in recs:
+                        ms = int(rec["timeUnits"]) * ts.precision_ms
+                        got = report.walk_chain(ts, int(rec["lastPos"]), ms)
+                        want = _reference_chain(files, int(names[0]), int(rec["lastPos"]), int(rec["timeUnits"]),
+                                                ts.precision_ms, limit)
+                        assert got == want, (seed, int(rec["lastPos"]), ms)
+                        seen.add(want[1])
+                assert seen >= ({"limit"} if limit < 100 else {"loop", "other slot", "history", "outside"}), (seed, seen)
+        finally:
+            ts.close()

@@ -65,25 +65,29 @@ def slot_rows(ts: TimerStore, chains: bool = True):
 def walk_chain(ts: TimerStore, last_pos: int, slot_ms: int) -> tuple[list[int], str]:
     """Positions from ``last_pos`` back through prevPos, and how the chain ended: ``-1`` (its first
     unit), ``history`` (into a deleted timerlog file), ``outside`` (past the timerlog), ``other slot``,
-    ``loop`` or ``limit``."""
-    out: list[int] = []
-    pos = last_pos
+    ``loop`` or ``limit``. Compiled, a timerlog file at a time."""
+    from rmqstore_cli.formats import timerkernel as k
+
+    out = np.empty(CHAIN_LIMIT, np.int64)
+    n, pos = 0, last_pos
     floor = ts.timerlog.min_offset
-    while pos != -1:
-        if len(out) >= CHAIN_LIMIT:
-            return out, "limit"
-        if out and pos >= out[-1]:
-            return out, "loop"
-        if 0 <= pos < floor:
-            return out, "history"
-        unit = ts.timerlog.read_unit(pos)
-        if unit is None or unit["size"] != TIMER_UNIT_SIZE:
-            return out, "outside"
-        if (unit["currWriteTime"] + unit["delay"]) // ts.precision_ms != slot_ms // ts.precision_ms:
-            return out, "other slot"
-        out.append(pos)
-        pos = unit["prevPos"]
-    return out, "-1"
+    slot_units = slot_ms // ts.precision_ms
+    while True:
+        seg = ts.timerlog.segments.find(pos) if pos >= floor else None
+        if seg is None or pos < seg.start:
+            u8, start = _NO_FILE, 0  # the kernel still says limit / loop / history / -1 first
+        else:
+            u8, start = np.frombuffer(seg.buffer(), np.uint8), seg.start
+        n, pos, end = k.chain_in_file(u8, start, pos, slot_units, ts.precision_ms, floor, out, n)
+        if end == k.CHAIN_OTHER_FILE:
+            if u8 is _NO_FILE or start <= pos < start + len(u8):  # no file holds it, or it runs past the end
+                return out[:n].tolist(), "outside"
+            continue  # the next unit is in another file
+        return out[:n].tolist(), _CHAIN_TEXT[end]
+
+
+_NO_FILE = np.zeros(0, np.uint8)
+_CHAIN_TEXT = {0: "-1", 1: "limit", 2: "loop", 3: "history", 5: "outside", 6: "other slot"}
 
 
 def pending_rows(ts: TimerStore, *, since=None, until=None, topic=None):
