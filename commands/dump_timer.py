@@ -20,6 +20,7 @@ UNIT_COLUMNS = [("pos", "pos"), ("prevPos", "prevPos"), ("magicText", "magic"), 
                 ("realQueueId", "q"), ("keys", "keys"), ("uniqKey", "uniq key"), ("pending", "pending")]
 SLOT_COLUMNS = [("slotIndex", "slot"), ("slotTimeMs", "time"), ("firstPos", "firstPos"), ("lastPos", "lastPos"),
                 ("num", "num"), ("chainText", "chain")]
+TABLE_ROWS = 5000  # rows per printed table
 PENDING_COLUMNS = [("realTopic", "real topic"), ("realQueueId", "q"), ("keys", "keys"), ("uniqKey", "uniq key"),
                    ("deliverTimeMs", "delivery"), ("source", "from"), ("pos", "timerlog pos"), ("roll", "roll")]
 
@@ -57,8 +58,7 @@ def dump_timer(
                 rows = pending_rows(ts, since=since_ms, until=until_ms, topic=topic)
                 if limit is not None:
                     rows = islice(rows, limit)
-                out.table(rows, PENDING_COLUMNS,
-                          title=f"pending timer messages of {st.root}")
+                _tables(out, rows, PENDING_COLUMNS, f"pending timer messages of {st.root}")
                 return
             filtered = since_ms is not None or until_ms is not None or topic is not None
             if json_:
@@ -72,16 +72,30 @@ def dump_timer(
             units = unit_rows(ts, since=since_ms, until=until_ms, topic=topic)
             if limit is not None:
                 units = islice(units, limit)
-            out.table(units, UNIT_COLUMNS, title=f"timerlog of {st.root} (precision {ts.precision_ms} ms)")
+            _tables(out, units, UNIT_COLUMNS, f"timerlog of {st.root} (precision {ts.precision_ms} ms)")
             if filtered:
                 return
-            out.table((_slot_cells(r) for r in slot_rows(ts)), SLOT_COLUMNS, title="timer wheel (non-empty slots)")
+            _tables(out, (_slot_cells(r) for r in slot_rows(ts)), SLOT_COLUMNS, "timer wheel (non-empty slots)")
             out.kv(ts.checkpoint.as_json(), title="config/timercheck")
             m = ts.metrics.as_json()
             out.kv({"source": m["source"], "error": m["error"], "dataVersion": m["dataVersion"],
                     **{t: v["count"] for t, v in m["timingCount"].items()}}, title="config/timermetrics (pending per topic)")
         finally:
             ts.close()
+
+
+def _tables(out: Output, rows, columns, title: str) -> None:
+    """Rows as tables of TABLE_ROWS rows each (the title on the first): a terminal listing of millions of
+    units streams instead of being held whole."""
+    rows = iter(rows)
+    first = True
+    while True:
+        part = list(islice(rows, TABLE_ROWS))
+        if part or first:
+            out.table(part, columns, title=title if first else None)
+        first = False
+        if len(part) < TABLE_ROWS:
+            return
 
 
 def _slot_cells(row: dict) -> dict:

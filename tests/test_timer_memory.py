@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from commands.output import json_line
+from rmqstore_cli.commands.output import json_line
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.timer import files as timer_files
 from rmqstore_cli.engine.timer.lines import pending_lines, unit_lines
@@ -221,3 +221,29 @@ def test_compiled_chain_walk_equals_a_unit_by_unit_walk(tmp_path, monkeypatch):
                 assert seen >= ({"limit"} if limit < 100 else {"loop", "other slot", "history", "outside"}), (seed, seen)
         finally:
             ts.close()
+
+
+def test_terminal_tables_come_in_blocks_with_every_row(monkeypatch):
+    """Without --json the units, pending messages and slots print as tables of TABLE_ROWS rows (nothing
+    held whole): every unit of the broker's read-back is still listed, once."""
+    from rmqstore_cli.commands import dump_timer
+    from tests.conftest import broker_read
+    from tests.test_timer import run
+
+    monkeypatch.setattr(dump_timer, "TABLE_ROWS", 7)
+    sizes = []
+    table = dump_timer.Output.table
+
+    def counted(self, rows, *args, **kw):
+        rows = list(rows)
+        sizes.append(len(rows))
+        return table(self, rows, *args, **kw)
+
+    monkeypatch.setattr(dump_timer.Output, "table", counted)
+    root = shared_store("timer-5.3.3")
+    units = broker_read("timer-5.3.3")["timerlog_unit"]
+    p = run("dump", "timer", root)
+    assert p.returncode == 0, p.stderr
+    listed = [int(line.split()[1]) for line in p.stdout.splitlines() if line.startswith("pos ")]
+    assert listed[:len(units)] == [u["pos"] for u in units]
+    assert max(sizes) == 7 and sum(sizes) > len(units)
