@@ -247,3 +247,43 @@ def test_terminal_tables_come_in_blocks_with_every_row(monkeypatch):
     listed = [int(line.split()[1]) for line in p.stdout.splitlines() if line.startswith("pos ")]
     assert listed[:len(units)] == [u["pos"] for u in units]
     assert max(sizes) == 7 and sum(sizes) > len(units)
+
+
+def test_superseded_roll_units_match_the_brokers_keys(store_copy):
+    """Roll units whose message already has a later unit (matched on UNIQ_KEY hashes, confirmed on the text):
+    the checkpoint's read clock moved back to the first slot makes the clean sample's fired roll units
+    pending, and the expected set is computed from the broker's read-back (every unit with its message's
+    uniqKey). (The crashed sample stopped before any roll slot fired: it has no such pair.)"""
+    import struct
+
+    name = "timer-5.3.3"
+    root = store_copy(name)
+    units = broker_read_units(name)
+    read = min(u["currWriteTime"] + u["delayTimeMs"] for u in units)
+    with open(os.path.join(root, "config", "timercheck"), "r+b") as f:
+        f.write(struct.pack(">q", read))
+    newest = max(u["currWriteTime"] for u in units)
+    olds, news = [], []
+    for u in units:
+        slot = u["currWriteTime"] + u["delayTimeMs"]
+        if slot < read or u["magic"] & 4 or not u.get("message"):
+            continue
+        old = bool(u["magic"] & 2) and slot <= newest
+        if old:
+            olds.append((u["message"]["uniqKey"], u["pos"]))
+        elif u["currWriteTime"] >= read:
+            news.append((u["message"]["uniqKey"], u["pos"]))
+    want = sorted({p for k, p in olds if any(k == k2 and p < p2 for k2, p2 in news)})
+    assert len(want) > 10
+    with Store.open(root) as st:
+        ts = TimerStore(st)
+        try:
+            assert ts.superseded().tolist() == want
+        finally:
+            ts.close()
+
+
+def broker_read_units(name: str) -> list:
+    from tests.conftest import broker_read
+
+    return broker_read(name)["timerlog_unit"]
