@@ -287,3 +287,36 @@ def broker_read_units(name: str) -> list:
     from tests.conftest import broker_read
 
     return broker_read(name)["timerlog_unit"]
+
+
+def test_capped_findings_are_the_same_as_listing_every_unit(tmp_path):
+    """verify lists the first DETAIL_LIMIT units of a code and counts the rest without a finding each: on a
+    timerlog whose units all point past the log (every one TM_MSG_GONE or TM_MSG_EXPIRED) and whose
+    prevPos are all wrong, the counts are every unit's."""
+    import struct
+
+    from rmqstore_cli.engine.timer import check
+
+    root = generate(str(shared_store("timer-5.3.3")), str(tmp_path / "store"), 5000, file_size=1 << 16)
+    tl = os.path.join(root, "timerlog")
+    for name in os.listdir(tl):
+        data = bytearray(open(os.path.join(tl, name), "rb").read())
+        for p in range(0, len(data) - 52 + 1, 52):
+            if struct.unpack_from(">i", data, p)[0] != 52:
+                break
+            struct.pack_into(">q", data, p + 28, 1 << 40)  # offsetPy past the commitlog
+            struct.pack_into(">q", data, p + 4, 1 << 41)  # prevPos nowhere
+        open(os.path.join(tl, name), "wb").write(bytes(data))
+    with Store.open(root) as st:
+        findings: list = []
+        check.check_timer_store(st, findings)
+    counts: dict = {}
+    for f in findings:
+        counts.setdefault(f.code, []).append(f)
+    assert len(counts["TM_PREV_POS"]) == check.DETAIL_LIMIT + 1
+    assert counts["TM_PREV_POS"][-1].extra["count"] == 5000
+    gone, expired = counts.get("TM_MSG_GONE", []), counts.get("TM_MSG_EXPIRED", [])
+    assert gone and expired  # slots on both sides of the read clock
+    summed = {c: (fs[-1].extra["count"] if "count" in fs[-1].extra else len(fs)) for c, fs in
+              (("g", gone), ("e", expired)) if fs}
+    assert sum(summed.values()) == 5000, summed
