@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from rmqstore_cli.engine.timer.lines import pending_lines, unit_lines
 from rmqstore_cli.engine.timer.report import pending_rows, slot_rows, unit_rows
 from rmqstore_cli.engine.timer.store import TimerStore
 
@@ -19,6 +20,7 @@ UNIT_COLUMNS = [("pos", "pos"), ("prevPos", "prevPos"), ("magicText", "magic"), 
                 ("realQueueId", "q"), ("keys", "keys"), ("uniqKey", "uniq key"), ("pending", "pending")]
 SLOT_COLUMNS = [("slotIndex", "slot"), ("slotTimeMs", "time"), ("firstPos", "firstPos"), ("lastPos", "lastPos"),
                 ("num", "num"), ("chainText", "chain")]
+TABLE_ROWS = 5000  # rows per printed table
 PENDING_COLUMNS = [("realTopic", "real topic"), ("realQueueId", "q"), ("keys", "keys"), ("uniqKey", "uniq key"),
                    ("deliverTimeMs", "delivery"), ("source", "from"), ("pos", "timerlog pos"), ("roll", "roll")]
 
@@ -48,34 +50,52 @@ def dump_timer(
                 warn(f"{st.root} has no timer store (no timerlog/, timerwheel or config/timercheck)")
                 return
             out = Output(json_)
+            if pending and json_:  # encoded a chunk of units at a time
+                for data in pending_lines(ts, since=since_ms, until=until_ms, topic=topic, limit=limit):
+                    out.write_encoded(data)
+                return
             if pending:
                 rows = pending_rows(ts, since=since_ms, until=until_ms, topic=topic)
                 if limit is not None:
                     rows = islice(rows, limit)
-                out.table(({"type": "pending", **r} for r in rows) if json_ else rows, PENDING_COLUMNS,
-                          title=f"pending timer messages of {st.root}")
+                _tables(out, rows, PENDING_COLUMNS, f"pending timer messages of {st.root}")
                 return
-            units = unit_rows(ts, since=since_ms, until=until_ms, topic=topic)
-            if limit is not None:
-                units = islice(units, limit)
             filtered = since_ms is not None or until_ms is not None or topic is not None
             if json_:
-                out.lines({"type": "timerlog_unit", **r} for r in units)
+                for data in unit_lines(ts, since=since_ms, until=until_ms, topic=topic, limit=limit):
+                    out.write_encoded(data)
                 if not filtered:
                     out.lines({"type": "timerwheel_slot", **r} for r in slot_rows(ts))
                     out.line({"type": "timercheck", **ts.checkpoint.as_json()})
                     out.line({"type": "timermetrics", **ts.metrics.as_json()})
                 return
-            out.table(units, UNIT_COLUMNS, title=f"timerlog of {st.root} (precision {ts.precision_ms} ms)")
+            units = unit_rows(ts, since=since_ms, until=until_ms, topic=topic)
+            if limit is not None:
+                units = islice(units, limit)
+            _tables(out, units, UNIT_COLUMNS, f"timerlog of {st.root} (precision {ts.precision_ms} ms)")
             if filtered:
                 return
-            out.table((_slot_cells(r) for r in slot_rows(ts)), SLOT_COLUMNS, title="timer wheel (non-empty slots)")
+            _tables(out, (_slot_cells(r) for r in slot_rows(ts)), SLOT_COLUMNS, "timer wheel (non-empty slots)")
             out.kv(ts.checkpoint.as_json(), title="config/timercheck")
             m = ts.metrics.as_json()
             out.kv({"source": m["source"], "error": m["error"], "dataVersion": m["dataVersion"],
                     **{t: v["count"] for t, v in m["timingCount"].items()}}, title="config/timermetrics (pending per topic)")
         finally:
             ts.close()
+
+
+def _tables(out: Output, rows, columns, title: str) -> None:
+    """Rows as tables of TABLE_ROWS rows each (the title on the first): a terminal listing of millions of
+    units streams instead of being held whole."""
+    rows = iter(rows)
+    first = True
+    while True:
+        part = list(islice(rows, TABLE_ROWS))
+        if part or first:
+            out.table(part, columns, title=title if first else None)
+        first = False
+        if len(part) < TABLE_ROWS:
+            return
 
 
 def _slot_cells(row: dict) -> dict:

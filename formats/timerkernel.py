@@ -92,5 +92,64 @@ def _replay_wheel(pos, prev, magic, slot_units, floor, w_time, w_first, w_last, 
         w_num[idx] += -1 if (magic[i] & 4) else 1
 
 
+def _late_slots(slot_units, prev, magic, l_time, l_prev, l_delta):
+    """Per slot index, what units written after the checkpoint's flush position did to the slot: the
+    prevPos of the first of them (the slot's lastPos before them) and their num change. A unit of
+    another time restarts the slot, as getSlot does."""
+    for i in range(slot_units.shape[0]):
+        t = slot_units[i]
+        idx = t % SLOTS
+        if l_time[idx] != t:
+            l_time[idx] = t
+            l_prev[idx] = prev[i]
+            l_delta[idx] = 0
+        l_delta[idx] += -1 if (magic[i] & 4) else 1
+
+
+def _hash_spans64(u8, starts, ends, out):
+    """FNV-1a (64-bit) of each byte span ``u8[starts[i]:ends[i]]`` (0 where start < 0): a key that
+    stands for a property's text in a join (a match is confirmed on the text itself)."""
+    for i in range(starts.shape[0]):
+        s = starts[i]
+        if s < 0:
+            out[i] = 0
+            continue
+        h = numba.uint64(0xCBF29CE484222325)
+        for j in range(s, ends[i]):
+            h = (h ^ numba.uint64(u8[j])) * numba.uint64(0x100000001B3)
+        out[i] = numba.int64(h | numba.uint64(1))  # never 0
+
+
+# How a chain walk inside one file stopped (timer/report.py names them).
+CHAIN_END, CHAIN_LIMIT, CHAIN_LOOP, CHAIN_HISTORY, CHAIN_OTHER_FILE, CHAIN_OUTSIDE, CHAIN_OTHER_SLOT = 0, 1, 2, 3, 4, 5, 6
+
+
+def _chain_in_file(u8, file_start, pos, slot_units, precision, floor, out, n):
+    """A slot's chain from ``pos`` back through prevPos while it stays in this file (``u8`` from
+    ``file_start``), appending positions to ``out`` from ``n``; returns (n, next pos, CHAIN_*)."""
+    limit = out.shape[0]
+    while pos != -1:
+        if n >= limit:
+            return n, pos, CHAIN_LIMIT
+        if n > 0 and pos >= out[n - 1]:
+            return n, pos, CHAIN_LOOP
+        if 0 <= pos < floor:
+            return n, pos, CHAIN_HISTORY
+        rel = pos - file_start
+        if rel < 0 or rel + UNIT > u8.shape[0]:
+            return n, pos, CHAIN_OTHER_FILE
+        if _i32(u8, rel + U_SIZE) != UNIT:
+            return n, pos, CHAIN_OUTSIDE
+        if (_i64(u8, rel + U_CWT) + _i32(u8, rel + U_DELAY)) // precision != slot_units:
+            return n, pos, CHAIN_OTHER_SLOT
+        out[n] = pos
+        n += 1
+        pos = _i64(u8, rel + U_PREV)
+    return n, pos, CHAIN_END
+
+
 walk_units = _jit(_walk_units)
+chain_in_file = _jit(_chain_in_file)
 replay_wheel = _jit(_replay_wheel)
+late_slots = _jit(_late_slots)
+hash_spans64 = _jit(_hash_spans64)

@@ -335,8 +335,8 @@ def test_truncate_cuts_the_timer_units_past_the_new_end(store_copy):
 
 def test_recover_and_truncate_are_no_longer_refused_on_a_timer_store(store_copy):
     """A consistent timer store: recover plans no timer change (its only action on the clean sample is the
-    checkpoint housekeeping every 5.3.3 start does), changes nothing with --dry-run; rebuild consumequeue
-    is still refused."""
+    checkpoint housekeeping every 5.3.3 start does), changes nothing with --dry-run; rebuild cqext
+    is still refused (rebuild consumequeue / all: tests/test_timer_rebuild.py)."""
     root = store_copy("timer-5.3.3")
     before = tree_digest(root)
     for args in (("recover", root), ("truncate", root, "--offset", 305106)):
@@ -345,7 +345,7 @@ def test_recover_and_truncate_are_no_longer_refused_on_a_timer_store(store_copy)
         plan = next(o for o in jsonl(p.stdout) if o["type"] in ("recover-plan", "truncate-plan", "plan"))
         assert [a["action"] for a in plan["actions"]] == ["checkpoint"], plan["actions"]
     assert tree_digest(root) == before
-    assert run("rebuild", "consumequeue", root).returncode == 3
+    assert run("rebuild", "cqext", root).returncode == 3
 
 
 def test_stale_timermetrics_are_information_not_damage(store_copy):

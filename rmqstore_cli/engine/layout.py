@@ -66,10 +66,10 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
             WRITE: {"append", "offsets set", "repair config", "rebuild", "recover", "truncate"}},
     # Reads understand the timer store (dump timer, stats, verify's TM_* checks); recover and truncate
     # keep it consistent with the commitlog they leave (repair/timerfix.py), rebuild timer rewrites its
-    # wheel. A consume-queue rebuild is still refused: it could renumber the timer queue the
-    # checkpoint's offsets count in.
-    "timer": {READ: {"*"}, WRITE: {"append", "rebuild index", "rebuild timer", "offsets set", "repair config",
-                                   "recover", "truncate"}},
+    # wheel. A consume-queue rebuild puts the timer queue's units at their records' own queue offsets (the
+    # ones timercheck counts in), byte for byte the broker's on the samples; cqext is not rebuilt yet.
+    "timer": {READ: {"*"}, WRITE: {"append", "rebuild index", "rebuild timer", "rebuild consumequeue", "rebuild all",
+                                   "offsets set", "repair config", "recover", "truncate"}},
 }
 
 

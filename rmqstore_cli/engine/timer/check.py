@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rmqstore_cli.formats.timer import TIMER_UNIT_SIZE, WHEEL_FILE_SIZE
+from rmqstore_cli.formats.timer import TIMER_UNIT_SIZE, WHEEL_FILE_SIZE, WHEEL_SLOTS
 
 from ..findings import ERROR, INFO, WARNING, Finding
 from .files import TimerLogWalk
@@ -26,18 +26,30 @@ class _Sink:
     def __init__(self, findings: list):
         self.findings = findings
         self.count: dict[str, int] = {}
+        self.shown: dict[str, int] = {}  # listed one by one so far
+        self.extra: dict[str, int] = {}  # counted without a Finding (see listed)
         self.first: dict[str, Finding] = {}
 
     def add(self, code, severity, path, offset, message, **extra) -> None:
-        n = self.count.get(code, 0) + 1
-        self.count[code] = n
-        if n <= DETAIL_LIMIT:
+        self.count[code] = self.count.get(code, 0) + 1
+        shown = self.shown.get(code, 0)
+        if shown < DETAIL_LIMIT:
             f = Finding(code, severity, path, offset, message, extra)
             self.findings.append(f)
             self.first.setdefault(code, f)
+            self.shown[code] = shown + 1
+
+    def listed(self, code: str, rows: np.ndarray) -> np.ndarray:
+        """The first of ``rows`` that code still lists one by one; the others are only counted (a
+        timerlog of millions of expired units costs no Python work per unit)."""
+        room = max(0, DETAIL_LIMIT - self.shown.get(code, 0))
+        if len(rows) > room:
+            self.extra[code] = self.extra.get(code, 0) + len(rows) - room
+        return rows[:room]
 
     def close(self) -> None:
         for code, n in self.count.items():
+            n += self.extra.get(code, 0)
             if n > DETAIL_LIMIT:
                 f = self.first[code]
                 self.findings.append(Finding(code, f.severity, f.path, None,
@@ -91,14 +103,18 @@ def _check_units(ts: TimerStore, sc, floor: int, sink: _Sink) -> None:
     # prevPos: the slot's previous unit, as the replay of doEnqueue says; a chain that started in a
     # deleted file (prevPos below the first file) is history, not damage
     bad_prev = (u.prevPos != sc.expected_prev) & ~((sc.expected_prev == -1) & (u.prevPos >= 0) & (u.prevPos < floor))
-    for i in np.flatnonzero(bad_prev).tolist():
+    for i in sink.listed("TM_PREV_POS", np.flatnonzero(bad_prev)).tolist():
         path, off = _where(ts, int(u.pos[i]))
         sink.add("TM_PREV_POS", ERROR, path, off,
                  f"unit at {int(u.pos[i])} has prevPos {int(u.prevPos[i])}, but the previous unit of its slot "
                  f"({int(u.slot_time[i])} ms) is {int(sc.expected_prev[i])}: the slot's chain leaves it or breaks",
                  timerlogPos=int(u.pos[i]), prevPos=int(u.prevPos[i]), expectedPrevPos=int(sc.expected_prev[i]))
     pending = u.slot_time >= read_from
-    for i in np.flatnonzero(m.state != MSG_OK).tolist():
+    codes = ((m.state == MSG_GONE) & pending, (m.state == MSG_GONE) & ~pending, m.state == MSG_WRONG_SIZE,
+             m.state == MSG_NOT_RECORD, m.state == MSG_WRONG_TOPIC)
+    shown = [sink.listed(code, np.flatnonzero(rows)) for code, rows in
+             zip(("TM_MSG_GONE", "TM_MSG_EXPIRED", "TM_MSG_SIZE", "TM_MSG_OFFSET", "TM_MSG_TOPIC"), codes)]
+    for i in np.sort(np.concatenate(shown)).tolist():
         st = int(m.state[i])
         path, off = _where(ts, int(u.pos[i]))
         where = f"unit at {int(u.pos[i])} points at commitlog offset {int(u.offsetPy[i])} size {int(u.sizePy[i])}"
@@ -119,13 +135,13 @@ def _check_units(ts: TimerStore, sc, floor: int, sink: _Sink) -> None:
             sink.add("TM_MSG_TOPIC", ERROR, path, off, f"{where}: the record there is not in rmq_sys_wheel_timer", **extra)
     ok = m.state == MSG_OK
     bad_hash = ok & m.has_topic & (m.topic_hash != u.realTopicHash)
-    for i in np.flatnonzero(bad_hash).tolist():
+    for i in sink.listed("TM_TOPIC_HASH", np.flatnonzero(bad_hash)).tolist():
         path, off = _where(ts, int(u.pos[i]))
         sink.add("TM_TOPIC_HASH", ERROR, path, off,
                  f"unit at {int(u.pos[i])} has real-topic hash {int(u.realTopicHash[i])}, but its record's REAL_TOPIC "
                  f"{m.text(ts.store, i, 'REAL_TOPIC')!r} hashes to {int(m.topic_hash[i])} (timer metrics go to the wrong topic)",
                  timerlogPos=int(u.pos[i]))
-    for i in np.flatnonzero(ok & ~m.has_topic).tolist():
+    for i in sink.listed("TM_NO_REAL_TOPIC", np.flatnonzero(ok & ~m.has_topic)).tolist():
         path, off = _where(ts, int(u.pos[i]))
         sink.add("TM_NO_REAL_TOPIC", ERROR, path, off, f"unit at {int(u.pos[i])}: its record has no REAL_TOPIC; the "
                  "timer cannot deliver it", timerlogPos=int(u.pos[i]))
@@ -168,9 +184,8 @@ class _LateUnits:
         cp = ts.checkpoint
         self.on = cp.exists and ts.store.abort_exists
         self.flush_pos = cp.lastTimerLogFlushPos
-        self.parts: list = []
         self.n = 0
-        self._by_slot: dict | None = None
+        self.slots = None  # (time, prevPos of the first late unit, num change) per slot index, once one comes
 
     def add(self, sc) -> None:
         if not self.on:
@@ -178,27 +193,27 @@ class _LateUnits:
         sel = np.flatnonzero(sc.units.pos >= self.flush_pos)
         self.n += len(sel)
         if self.n > self.LIMIT:
-            self.on, self.parts = False, []
+            self.on, self.slots = False, None
         elif len(sel):
+            from rmqstore_cli.formats import timerkernel as k
+
+            if self.slots is None:
+                self.slots = (np.full(WHEEL_SLOTS, -1, np.int64), np.zeros(WHEEL_SLOTS, np.int64),
+                              np.zeros(WHEEL_SLOTS, np.int64))
             u = sc.units
-            self.parts.append((sc.slot_units[sel], u.pos[sel], u.prevPos[sel], u.magic[sel]))
+            k.late_slots(sc.slot_units[sel], u.prevPos[sel], u.magic[sel], *self.slots)
 
     def before(self, t: int, first: int, num: int) -> tuple[int, int, int] | None:
         """(firstPos, lastPos, num) slot time ``t`` had before the late units (lastPos -1: it was empty);
         None when no late unit went there."""
-        if not self.on:
+        if not self.on or self.slots is None:
             return None
-        if self._by_slot is None:
-            self._by_slot = {}
-            for slots, pos, prev, magic in self.parts:
-                for k, p, q, m in zip(slots.tolist(), pos.tolist(), prev.tolist(), magic.tolist()):
-                    self._by_slot.setdefault(k, []).append((p, q, -1 if m & 4 else 1))
-        got = self._by_slot.get(t)
-        if not got:
+        time, prev, delta = self.slots
+        i = t % WHEEL_SLOTS
+        if time[i] != t:
             return None
-        earliest = min(got)
-        last = earliest[1]
-        return (first if last != -1 else -1, last, num - sum(d for _, _, d in got))
+        last = int(prev[i])
+        return (first if last != -1 else -1, last, num - int(delta[i]))
 
 
 def _check_wheel(ts: TimerStore, wheel: Wheel, walk: TimerLogWalk, sink: _Sink, late: _LateUnits) -> None:
@@ -270,7 +285,7 @@ def _check_checkpoint(ts: TimerStore, walk: TimerLogWalk, sink: _Sink) -> None:
         sink.add("TM_CHECK_AHEAD", ERROR, cp.path, 8, f"lastTimerLogFlushPos {cp.lastTimerLogFlushPos} is past the "
                  f"timerlog's end {walk.data_end}", lastTimerLogFlushPos=cp.lastTimerLogFlushPos, timerlogEnd=walk.data_end)
     cq = ts.timer_queue()
-    end = cq.units().end_offset if cq is not None else 0
+    end = cq.bounds()[1] if cq is not None else 0
     for name, at in (("lastTimerQueueOffset", 16), ("masterTimerQueueOffset", 24)):
         v = getattr(cp, name)
         if v > end:

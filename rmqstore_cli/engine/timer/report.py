@@ -65,25 +65,29 @@ def slot_rows(ts: TimerStore, chains: bool = True):
 def walk_chain(ts: TimerStore, last_pos: int, slot_ms: int) -> tuple[list[int], str]:
     """Positions from ``last_pos`` back through prevPos, and how the chain ended: ``-1`` (its first
     unit), ``history`` (into a deleted timerlog file), ``outside`` (past the timerlog), ``other slot``,
-    ``loop`` or ``limit``."""
-    out: list[int] = []
-    pos = last_pos
+    ``loop`` or ``limit``. Compiled, a timerlog file at a time."""
+    from rmqstore_cli.formats import timerkernel as k
+
+    out = np.empty(CHAIN_LIMIT, np.int64)
+    n, pos = 0, last_pos
     floor = ts.timerlog.min_offset
-    while pos != -1:
-        if len(out) >= CHAIN_LIMIT:
-            return out, "limit"
-        if out and pos >= out[-1]:
-            return out, "loop"
-        if 0 <= pos < floor:
-            return out, "history"
-        unit = ts.timerlog.read_unit(pos)
-        if unit is None or unit["size"] != TIMER_UNIT_SIZE:
-            return out, "outside"
-        if (unit["currWriteTime"] + unit["delay"]) // ts.precision_ms != slot_ms // ts.precision_ms:
-            return out, "other slot"
-        out.append(pos)
-        pos = unit["prevPos"]
-    return out, "-1"
+    slot_units = slot_ms // ts.precision_ms
+    while True:
+        seg = ts.timerlog.segments.find(pos) if pos >= floor else None
+        if seg is None or pos < seg.start:
+            u8, start = _NO_FILE, 0  # the kernel still says limit / loop / history / -1 first
+        else:
+            u8, start = np.frombuffer(seg.buffer(), np.uint8), seg.start
+        n, pos, end = k.chain_in_file(u8, start, pos, slot_units, ts.precision_ms, floor, out, n)
+        if end == k.CHAIN_OTHER_FILE:
+            if u8 is _NO_FILE or start <= pos < start + len(u8):  # no file holds it, or it runs past the end
+                return out[:n].tolist(), "outside"
+            continue  # the next unit is in another file
+        return out[:n].tolist(), _CHAIN_TEXT[end]
+
+
+_NO_FILE = np.zeros(0, np.uint8)
+_CHAIN_TEXT = {0: "-1", 1: "limit", 2: "loop", 3: "history", 5: "outside", 6: "other slot"}
 
 
 def pending_rows(ts: TimerStore, *, since=None, until=None, topic=None):
@@ -114,13 +118,43 @@ def _selected(row, since, until, topic) -> bool:
 
 
 def _unread_queue(ts: TimerStore):
-    """(queue offsets, phy, size) of the timer-queue units past the checkpoint's lastTimerQueueOffset."""
+    """(queue offsets, phy, size) of the timer-queue units past the checkpoint's lastTimerQueueOffset (only
+    the files from there on are read; the units before it are not kept)."""
     cq = ts.timer_queue()
     if cq is None or not ts.checkpoint.exists:
         return None
-    u = cq.units()
-    sel = np.flatnonzero(u.queue_offsets >= ts.checkpoint.lastTimerQueueOffset)
-    return u.queue_offsets[sel], u.phy[sel].astype(np.int64), u.size[sel].astype(np.int64)
+    start = ts.checkpoint.lastTimerQueueOffset
+    qs, ps, ss = [], [], []
+    for base, arr in _queue_files(cq):
+        n = len(arr)
+        if base + n <= start:
+            continue
+        k = max(start - base, 0)
+        qs.append(np.arange(base + k, base + n, dtype=np.int64))
+        ps.append(arr["phyOffset"][k:].astype(np.int64))
+        ss.append(arr["size"][k:].astype(np.int64))
+    cat = lambda p: np.concatenate(p) if p else np.zeros(0, np.int64)  # noqa: E731
+    return cat(qs), cat(ps), cat(ss)
+
+
+def _queue_files(cq):
+    """(first queue offset, valid units) per file, by ConsumeQueue.units' rules (the first invalid unit,
+    a file not full or a gap between files ends the queue)."""
+    from rmqstore_cli.engine.derived.consumequeue import CQ_UNIT_SIZE
+
+    segs = cq.segments.segments
+    end = segs[0].start // CQ_UNIT_SIZE if segs else 0
+    for k, seg in enumerate(segs):
+        base = seg.start // CQ_UNIT_SIZE
+        if k and base != end:
+            return
+        arr = cq.file_units(seg)
+        bad = np.flatnonzero((arr["phyOffset"] < 0) | (arr["size"] <= 0))
+        n = int(bad[0]) if len(bad) else len(arr)
+        yield base, arr[:n]
+        end = base + n
+        if n * CQ_UNIT_SIZE < cq.file_size:
+            return
 
 
 def _unread_queue_rows(ts: TimerStore, unread, enqueued, since, until, topic):
@@ -194,7 +228,8 @@ def timer_stats(store) -> dict:
             return {}
         s = pending_summary(ts)
         cq = ts.timer_queue()
-        records = int(len(cq.units().queue_offsets)) if cq is not None else 0
+        lo, end, _ = cq.bounds() if cq is not None else (0, 0, None)
+        records = end - lo
         return {"precisionMs": ts.precision_ms, "timerlogFiles": len(ts.timerlog.segments),
                 "timerQueue": {"topic": TIMER_TOPIC, "records": records,
                                "readOffset": ts.checkpoint.lastTimerQueueOffset if ts.checkpoint.exists else None},

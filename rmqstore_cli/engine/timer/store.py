@@ -249,27 +249,66 @@ class TimerStore:
         newest = -1
         for ch in self.timerlog.walk():
             newest = max(newest, int(ch.currWriteTime.max()))
-        olds: dict[str, list[int]] = {}
-        later: list[tuple[str, int]] = []
+        # columns only: (UNIQ_KEY hash, position) of the candidate roll units and of the later units
+        old_h, old_p, new_h, new_p = [], [], [], []
         for ch in self.timerlog.walk():
             pending = (ch.slot_time >= read) & ((ch.magic & MAGIC_DELETE) == 0)
             old = pending & ((ch.magic & MAGIC_ROLL) != 0) & (ch.slot_time <= newest)
             new = pending & ~old & (ch.currWriteTime >= read)
             sel = np.flatnonzero(old | new)
-            if not len(sel) or not old.any() and not olds:
+            if not len(sel) or not old.any() and not old_h:
                 continue
             m = resolve_messages(self.store, ch.offsetPy[sel], ch.sizePy[sel])
-            for j, i in enumerate(sel.tolist()):
-                key = m.text(self.store, j, "UNIQ_KEY")
-                if key is None:
-                    continue
-                if old[i]:
-                    olds.setdefault(key, []).append(int(ch.pos[i]))
-                else:
-                    later.append((key, int(ch.pos[i])))
-        out = [p for key, pos in later if key in olds for p in olds[key] if p < pos]
-        self._superseded = np.unique(np.asarray(out, np.int64))
+            h = self._key_hashes(m, "UNIQ_KEY")
+            keyed = h != 0
+            is_old = old[sel] & keyed
+            is_new = ~old[sel] & keyed
+            old_h.append(h[is_old])
+            old_p.append(ch.pos[sel][is_old])
+            new_h.append(h[is_new])
+            new_p.append(ch.pos[sel][is_new])
+        self._superseded = self._pairs(old_h, old_p, new_h, new_p)
         return self._superseded
+
+    def _key_hashes(self, m: MessageColumns, name: str) -> np.ndarray:
+        """64-bit hash of property ``name``'s text per resolved record (0: absent), a commitlog segment
+        at a time."""
+        from rmqstore_cli.formats import timerkernel as k
+
+        out = np.zeros(len(m.seg), np.int64)
+        starts, ends = m.spans[name]
+        for si in np.unique(m.seg[(m.seg >= 0) & (starts >= 0)]).tolist():
+            at = np.flatnonzero((m.seg == si) & (starts >= 0))
+            u8 = kernel_view(self.store.commitlog.segments.segments[si].buffer())
+            got = np.empty(len(at), np.int64)
+            k.hash_spans64(u8, starts[at], ends[at], got)
+            out[at] = got
+        return out
+
+    def _pairs(self, old_h, old_p, new_h, new_p) -> np.ndarray:
+        """Old units with a later unit of the same key: each key's last later position, looked up for
+        every old unit; a hash match is confirmed on the two keys' text."""
+        cat = lambda p: np.concatenate(p) if p else np.zeros(0, np.int64)  # noqa: E731
+        oh, op, nh, np_ = cat(old_h), cat(old_p), cat(new_h), cat(new_p)
+        if not len(oh) or not len(nh):
+            return np.zeros(0, np.int64)
+        order = np.lexsort((np_, nh))
+        nh, np_ = nh[order], np_[order]
+        last = np.r_[nh[1:] != nh[:-1], True]  # the last (largest position) of each key
+        keys, key_last = nh[last], np_[last]
+        at = np.minimum(np.searchsorted(keys, oh), len(keys) - 1)
+        hit = np.flatnonzero((keys[at] == oh) & (op < key_last[at]))
+        if not len(hit):
+            return np.zeros(0, np.int64)
+        olds, news = op[hit], key_last[at[hit]]
+        same = self._texts(olds, "UNIQ_KEY") == self._texts(news, "UNIQ_KEY")
+        return np.unique(olds[same])
+
+    def _texts(self, positions: np.ndarray, name: str) -> np.ndarray:
+        units = [self.timerlog.read_unit(int(p)) for p in positions.tolist()]
+        m = resolve_messages(self.store, np.array([u["offsetPy"] for u in units], np.int64),
+                             np.array([u["sizePy"] for u in units], np.int64))
+        return np.array([m.text(self.store, j, name) for j in range(len(units))], object)
 
     def timer_queue(self):
         """The rmq_sys_wheel_timer queue 0, or None."""
