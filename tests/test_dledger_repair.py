@@ -188,7 +188,7 @@ def test_rebuild_all_equals_the_broker(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["append", "{s}", "--topic", "TopicA", "--body", "x"],
-                                  ["spark", "verify", "{s}"], ["spark", "rebuild", "{s}", "--what", "index", "--out", "{t}/x"]])
+                                  ["spark", "rebuild", "{s}", "--what", "index", "--out", "{t}/x"]])
 def test_writes_not_made_right_stay_refused(tmp_path, args):
     s = copy(CLEAN, tmp_path / "s")
     before = tree_digest(s)
