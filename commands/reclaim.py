@@ -31,35 +31,20 @@ def print_reclaim_plan(out: Output, plan, title: str) -> None:
     say(f"{title}: policy {plan.policy}, broker {plan.version} rules")
     p = plan.prediction
     if p is not None:
-        st = p.settings
-        say(f"  cleaner: fileReservedTime {st.fileReservedTime} h, deleteWhen {st.deleteWhen}, diskMaxUsedSpaceRatio "
-            f"{st.diskMaxUsedSpaceRatio} %, cleanFileForciblyEnable {str(st.cleanFileForciblyEnable).lower()}, forcibly "
-            f"{st.diskSpaceCleanForciblyRatio:.2f}, warning {st.diskSpaceWarningLevelRatio:.2f}, batch {st.batch_max(plan.version)}")
-        d = p.disk
-        say(f"  broker start {iso_ms(p.start_ms)}; disk ({d['source']}): commitlog {d['commitlogRatio'] * 100:.1f} % used, "
-            f"consume queue {d['consumeQueueRatio'] * 100:.1f} % used")
-        for r in p.rounds:
-            if not (r.commitlog or r.derived):
-                continue
-            say(f"  round {r.number} at {iso_ms(r.time_ms)} ({', '.join(r.trigger) or 'min offset moved'}"
-                f"{'; ' + r.why if r.why else ''}): {len(r.commitlog)} commitlog file(s), {len(r.derived)} derived file(s); "
-                f"min offset -> {r.min_offset}")
-        if p.commitlog or p.derived:
-            a = p.disk_after
-            say(f"  after the cleanup: commitlog disk {a['commitlogRatio'] * 100:.1f} % used, consume queue "
-                f"{a['consumeQueueRatio'] * 100:.1f} % used")
+        _print_prediction(say, p, plan.version)
     for n in plan.notes:
         say(f"  note: {n}")
     rows = [{"name": x["name"], "size": x["size"], "mtime": iso_ms(x["mtime"]), "reason": x["reason"]}
             for x in s["commitlogFiles"]]
     if rows:
-        out.table(rows, FILE_COLUMNS, title="commitlog files removed (oldest first)")
+        out.table(rows, FILE_COLUMNS, title=("DLedger data" if plan.dledger else "commitlog") + " files removed (oldest first)")
     if s["derivedFiles"]:
-        out.table(s["derivedFiles"], DERIVED_COLUMNS, title="consume-queue, ext and index files removed after them")
+        out.table(s["derivedFiles"], DERIVED_COLUMNS, title=("DLedger index, " if plan.dledger else "")
+                  + "consume-queue, ext and index files removed after them")
     if plan.empty:
         say("  nothing to remove")
         return
-    say(f"  min offset {plan.min_before} -> {plan.min_after}; {s['commitlogFilesKept']} commitlog file(s) kept; "
+    say(f"  min offset {plan.min_before} -> {plan.min_after}; {s['commitlogFilesKept']} {'DLedger data' if plan.dledger else 'commitlog'} file(s) kept; "
         f"{plan.freed} bytes freed")
     say("  freed space cannot be backed up in place: --yes deletes these files for good; --move-to DIR moves them "
         "to another folder or disk instead (`rmqstore restore DIR` puts them back)")
@@ -72,6 +57,35 @@ def print_reclaim_plan(out: Output, plan, title: str) -> None:
         say("  consumers: no reader loses an unconsumed message")
     else:
         say("  consumers: no committed offset on the queues that move (config/consumerOffset.json)")
+
+
+def _print_prediction(say, p, version: int) -> None:
+    if p.dledger:
+        d = p.dledger
+        say(f"  DLedger's cleaner: fileReservedHours {d['fileReservedHours']} (fileReservedTime + 1), deleteWhen "
+            f"{d['deleteWhen']}, diskSpaceRatioToCheckExpired {d['diskSpaceRatioToCheckExpired']:.2f}, "
+            f"diskSpaceRatioToForceClean {d['diskSpaceRatioToForceClean']:.2f}, enableDiskForceClean "
+            f"{str(d['enableDiskForceClean']).lower()}, batch {d['deleteFilesBatchMax']}; then the broker's consume-queue "
+            "cleaner behind the new min offset")
+    else:
+        st = p.settings
+        say(f"  cleaner: fileReservedTime {st.fileReservedTime} h, deleteWhen {st.deleteWhen}, diskMaxUsedSpaceRatio "
+            f"{st.diskMaxUsedSpaceRatio} %, cleanFileForciblyEnable {str(st.cleanFileForciblyEnable).lower()}, forcibly "
+            f"{st.diskSpaceCleanForciblyRatio:.2f}, warning {st.diskSpaceWarningLevelRatio:.2f}, batch {st.batch_max(version)}")
+    d = p.disk
+    say(f"  broker start {iso_ms(p.start_ms)}; disk ({d['source']}): commitlog {d['commitlogRatio'] * 100:.1f} % used, "
+        f"consume queue {d['consumeQueueRatio'] * 100:.1f} % used")
+    files = "data" if p.dledger else "commitlog"
+    for r in p.rounds:
+        if not (r.commitlog or r.derived):
+            continue
+        say(f"  round {r.number}{' (' + r.cleaner + ')' if p.dledger else ''} at {iso_ms(r.time_ms)} "
+            f"({', '.join(r.trigger) or 'min offset moved'}{'; ' + r.why if r.why else ''}): {len(r.commitlog)} {files} "
+            f"file(s), {len(r.derived)} derived file(s); min offset -> {r.min_offset}")
+    if p.commitlog or p.derived:
+        a = p.disk_after
+        say(f"  after the cleanup: commitlog disk {a['commitlogRatio'] * 100:.1f} % used, consume queue "
+            f"{a['consumeQueueRatio'] * 100:.1f} % used")
 
 
 @handle_errors

@@ -44,6 +44,7 @@ WRITING = {
     "append": ["--topic", "LayoutProbe", "--body", "x"],
     "offsets set": ["--group", "G", "--topic", "T", "--to-min", "--yes"],
     "repair config": ["--yes"],
+    "reclaim": ["--keep-files", "1", "--yes"],
 }
 READING = {
     "verify": [],

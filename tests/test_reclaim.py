@@ -369,13 +369,7 @@ def test_a_store_a_broker_holds_is_refused(store_copy):
         b.stop()
 
 
-def test_dledger_and_other_layouts_are_refused(tmp_path):
-    root = copy_store("dledger-4.9.3-clean", tmp_path / "d")
-    before = tree_digest(root)
-    for args in (["--keep-files", "1", "--yes"], ["--dry-run"]):
-        r = run("reclaim", *args, root)
-        assert r.exit_code == 3 and "DLedger" in r.stderr, r.stderr
-    assert tree_digest(root) == before
+def test_other_layouts_are_refused(tmp_path):
     for name, what in (("lmq-5.3.3", "LMQ"), ("timer-5.3.3", "timer"), ("batchcq-5.3.3", "batch"),
                        ("rocksdbcq-5.3.3", "RocksDB")):
         root = copy_store(name, tmp_path / name)

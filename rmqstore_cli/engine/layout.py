@@ -31,8 +31,8 @@ READ, WRITE = "read", "write"
 
 # Feature -> why writing commands are refused on it (one clause of the refusal line).
 WRITE_REASONS = {
-    "dledger": "on a DLedger store rmqstore writes only with recover, truncate, rebuild consumequeue|index|all, offsets set "
-               "and repair config, which keep the entries, their index units and the DLedger checkpoint consistent",
+    "dledger": "on a DLedger store rmqstore writes only with recover, truncate, rebuild consumequeue|index|all, reclaim, "
+               "offsets set and repair config, which keep the entries, their index units and the DLedger checkpoint consistent",
     "rocksdb-cq": "rmqstore reads that database (on a copy) but does not write it the way the broker does: its "
                   "units, queue offsets and dispatch checkpoint would no longer match the commitlog",
 }
@@ -43,8 +43,9 @@ SUPPORT: dict[str, dict[str, set[str]]] = {
     # Reads see the messages inside the entries at the broker's offsets (log/dledger.py).
     "dledger": {READ: {"dump commitlog", "dump consumequeue", "dump cqext", "dump index", "dump store", "dump checkpoint",
                        "dump config", "dump offsets", "dump dledger", "get", "index query", "stats", "verify", "diff",
-                       "salvage", "spark export", "spark stats", "spark verify"},
-                WRITE: {"rebuild consumequeue", "rebuild index", "rebuild all", "recover", "truncate",
+                       "salvage", "spark export", "spark stats", "spark verify", "reclaim"},
+                # reclaim: the data files as DLedger's own cleaner deletes them (repair/dledgercleanup.py)
+                WRITE: {"rebuild consumequeue", "rebuild index", "rebuild all", "recover", "truncate", "reclaim",
                         # config/ only; they read the consume queues and messages at their offsets
                         "offsets set", "repair config"}},
     "rocksdb-cq": {

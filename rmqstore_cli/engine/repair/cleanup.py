@@ -41,6 +41,8 @@ class CleanupSettings:
     diskSpaceCleanForciblyRatio: float = 0.85
     diskSpaceWarningLevelRatio: float = 0.90
     deleteFileBatchMax: int = 10
+    dledger_check_ratio: float | None = None  # -Ddledger.disk.ratio.check (DLedger's own cleaner)
+    dledger_clean_ratio: float | None = None  # -Ddledger.disk.ratio.clean
     given: dict = field(default_factory=dict)  # setting -> value as written in the broker's settings
 
     @classmethod
@@ -74,6 +76,11 @@ class CleanupSettings:
             elif name in settings and version >= 5:  # 5.3.3 MessageStoreConfig: percent
                 setattr(s, name, num(name, float) / 100.0)
                 s.given[name] = settings[name]
+        for name, prop in (("dledger_check_ratio", "dledger.disk.ratio.check"),
+                           ("dledger_clean_ratio", "dledger.disk.ratio.clean")):
+            if prop in settings:  # system properties of DLedgerConfig, a fraction
+                setattr(s, name, num(prop, float))
+                s.given[prop] = settings[prop]
         if version >= 5:  # 5.3.3 clamps both (getDiskSpaceCleanForciblyRatio / getDiskSpaceWarningLevelRatio)
             s.diskSpaceCleanForciblyRatio = min(max(s.diskSpaceCleanForciblyRatio, 0.30), 0.85)
             s.diskSpaceWarningLevelRatio = min(max(s.diskSpaceWarningLevelRatio, 0.35), 0.90)
@@ -112,10 +119,15 @@ class CleanupSettings:
 class Partition:
     total: int
     used: int
+    avail: int | None = None  # File.getUsableSpace (f_bavail); None: total - used (no reserved blocks)
 
     @property
     def ratio(self) -> float:
         return self.used / self.total if self.total > 0 else -1.0
+
+    @property
+    def usable(self) -> int:
+        return self.avail if self.avail is not None else self.total - self.used
 
 
 @dataclass
@@ -130,6 +142,8 @@ class DiskUsage:
     def free(self, part: str, nbytes: int) -> None:
         p = self.commitlog if part == "commitlog" else self.consumequeue
         p.used = max(p.used - nbytes, 0)
+        if p.avail is not None:
+            p.avail += nbytes
 
     def as_json(self) -> dict:
         return {"source": self.source, "commitlogUsed": self.commitlog.used, "commitlogTotal": self.commitlog.total,
@@ -140,7 +154,7 @@ class DiskUsage:
 def _statvfs_partition(path: str) -> Partition:
     st = os.statvfs(path)
     total = st.f_blocks * st.f_frsize
-    return Partition(total, total - st.f_bfree * st.f_frsize)
+    return Partition(total, total - st.f_bfree * st.f_frsize, st.f_bavail * st.f_frsize)
 
 
 def measure_disk(commitlog_dir: str, cq_dir: str) -> DiskUsage:
@@ -408,9 +422,10 @@ class Round:
     commitlog: list  # [(LogFile, reason)]
     derived: list  # [DerivedFile]
     min_offset: int
+    cleaner: str = "broker"  # "broker", or on a DLedger store "DLedger" / "broker consume queue"
 
     def as_json(self) -> dict:
-        return {"round": self.number, "time": self.time_ms, "trigger": self.trigger,
+        return {"round": self.number, "cleaner": self.cleaner, "time": self.time_ms, "trigger": self.trigger,
                 "cleanImmediately": self.clean_immediately, "why": self.why, "diskBefore": self.disk_before,
                 "commitlogFiles": [{"name": f.name, "start": f.start, "size": f.size, "mtime": f.mtime_ms, "reason": r}
                                    for f, r in self.commitlog],
@@ -427,6 +442,7 @@ class CleanupPrediction:
     min_before: int = 0
     min_after: int = 0
     disk_after: dict = field(default_factory=dict)  # usage once every round is done
+    dledger: dict | None = None  # DLedger's own cleaner's settings, on a DLedger store
 
     @property
     def commitlog(self) -> list:
@@ -442,6 +458,7 @@ class CleanupPrediction:
 
     def as_json(self) -> dict:
         return {"type": "cleanup-prediction", "version": self.version, "settings": self.settings.as_json(self.version),
+                "dledger": self.dledger,
                 "brokerStart": self.start_ms, "disk": self.disk, "diskAfter": self.disk_after, "rounds": [r.as_json() for r in self.rounds if r.commitlog or r.derived],
                 "minPhyOffsetBefore": self.min_before, "minPhyOffsetAfter": self.min_after,
                 "commitlogFilesDeleted": len(self.commitlog), "derivedFilesDeleted": len(self.derived),

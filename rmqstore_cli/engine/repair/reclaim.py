@@ -5,8 +5,9 @@ Policies: ``as-broker`` (what ``DefaultMessageStore.CleanCommitLogService`` + ``
 would delete on the next start, see :mod:`.cleanup`), ``consumed`` (only files every reader of every queue
 has consumed, against ``config/consumerOffset.json`` and ``config/delayOffset.json``), ``before`` (files
 whose every record was stored before a time), ``keep-files`` and ``free`` (the oldest files up to a count or
-a size). Whatever the policy: oldest first, never the newest file, never a hole; then the consume-queue, ext
-and index files exactly as ``MappedFileQueue.deleteExpiredFileByOffset`` / ``ConsumeQueueExt.truncateByMinAddress``
+a size). Whatever the policy: oldest first, never the newest file, never a hole; then (on a DLedger store, whose
+data files stand for the commitlog files: :mod:`.dledgercleanup`) DLedger's index files behind the ledger's new
+begin index, and the consume-queue, ext and index files exactly as ``MappedFileQueue.deleteExpiredFileByOffset`` / ``ConsumeQueueExt.truncateByMinAddress``
 / ``IndexService.deleteExpiredFile`` remove them for the new min offset, so the broker loads the kept files
 with min offset = the first kept file's start.
 
@@ -24,6 +25,7 @@ import numpy as np
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
 from .cleanup import CleanupPrediction, CleanupSettings, DerivedFile, DiskUsage, LogFile, derived_behind, predict_cleanup
+from .dledgercleanup import dledger_behind, predict_dledger_cleanup
 from ..errors import StoreCorruptError, UsageError
 
 POLICIES = ("as-broker", "consumed", "before", "keep-files", "free")
@@ -44,6 +46,7 @@ class ReclaimPlan:
     prediction: CleanupPrediction | None = None
     notes: list = field(default_factory=list)
     files_total: int = 0
+    dledger: bool = False  # the log is a DLedger store's data files
 
     @property
     def freed(self) -> int:
@@ -68,6 +71,7 @@ class ReclaimPlan:
 
     def summary(self) -> dict:
         return {"type": "reclaim-plan", "policy": self.policy, "version": self.version, "store": self.root,
+                "dledger": self.dledger,
                 "commitlogFiles": [{"name": f.name, "path": f.path, "start": f.start, "size": f.size,
                                     "mtime": f.mtime_ms, "reason": r} for f, r in self.commitlog],
                 "derivedFiles": [d.as_json() for d in self.derived],
@@ -212,10 +216,12 @@ def plan_reclaim(store, policy: str, *, settings: CleanupSettings | None = None,
     notes: list[str] = []
     who = readers(store)
     prediction = None
+    is_dledger = getattr(store.commitlog, "is_dledger", False)
     if policy == "as-broker":
         if now_ms is None or disk is None:
             raise UsageError("the broker's cleanup needs a time and a disk usage")
-        prediction = predict_cleanup(store, settings or CleanupSettings(), now_ms, disk, tz=tz)
+        predict = predict_dledger_cleanup if is_dledger else predict_cleanup
+        prediction = predict(store, settings or CleanupSettings(), now_ms, disk, tz=tz)
         chosen = prediction.commitlog
         derived = prediction.derived
         min_after = prediction.min_after
@@ -229,7 +235,7 @@ def plan_reclaim(store, policy: str, *, settings: CleanupSettings | None = None,
         elif policy == "before":
             from ..log.storetime import commitlog_offset_at
 
-            off = commitlog_offset_at(store.commitlog, before_ms)
+            off = store.commitlog.offset_at(before_ms) if is_dledger else commitlog_offset_at(store.commitlog, before_ms)
             sel = _prefix(files, lambda f: off is None or f.start + f.size <= off)
             reason = "every record stored before the time"
         elif policy == "keep-files":
@@ -251,12 +257,15 @@ def plan_reclaim(store, policy: str, *, settings: CleanupSettings | None = None,
             reason = "oldest files up to the size to free"
         chosen = [(f, reason) for f in sel]
         min_after = files[len(sel)].start if len(sel) < len(files) else min_before
-        derived = derived_behind(store, min_after) if min_after > 0 else []
+        if is_dledger:  # DLedger's index files behind the new begin index, then the broker's derived files
+            derived = dledger_behind(store, len(sel))
+        else:
+            derived = derived_behind(store, min_after) if min_after > 0 else []
     queues, loss = queue_effects(store, min_before, min_after, who)
     if not files:
         notes.append("the store has no commitlog files")
     return ReclaimPlan(policy, version, store.root, chosen, derived, min_before, min_after, queues, loss,
-                       prediction, notes, len(files))
+                       prediction, notes, len(files), is_dledger)
 
 
 # --- applying -------------------------------------------------------------------------------------------------
