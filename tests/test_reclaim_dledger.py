@@ -271,3 +271,26 @@ def test_the_prediction_in_dump_store_and_stats_and_a_held_lock(store_copy, monk
         assert tree_digest(root) == before
     finally:
         b.stop()
+
+
+def test_dledger_deletes_ten_files_a_round(tmp_path):
+    """MmapFileList.DELETE_FILES_BATCH_MAX on a store of many small data files (the demo store's messages as
+    DLedger entries in 64 KiB files: bench/gendledger.py), then the whole cleanup applied ends verify-clean."""
+    from bench.gendledger import convert
+
+    root = tmp_path / "many"
+    convert(str(Path(__file__).resolve().parent.parent / "fixtures" / "stores" / "4.9.3-clean"), str(root), 65536)
+    names = data_names(root)
+    assert len(names) > 25
+    now = local_ms(10)
+    age_data(root, now, [])
+    plan = dry_run(root, now, "95%/100G")
+    rounds = [len(r["commitlogFiles"]) for r in plan["prediction"]["rounds"] if r["cleaner"] == "DLedger"]
+    n = len(names) - 1
+    assert rounds == [10] * (n // 10) + ([n % 10] if n % 10 else [])
+    assert deleted_names(plan) == names[:-1]
+    r = run("reclaim", "--as-broker", "--at", now, "--assume-disk", "95%/100G", "--yes", root)
+    assert r.exit_code == 0, r.stderr
+    assert data_names(root) == names[-1:]
+    v = run("verify", root)
+    assert v.exit_code == 0, v.stdout + v.stderr
