@@ -35,32 +35,13 @@ def rebuilt_parts(store, what: str) -> list:
     return parts
 
 
-def _cut_queue_dir(d: str, file_size: int, phy: int) -> None:
-    """§13.7 in a scratch copy: keep the units of messages starting before ``phy``."""
-    names = sorted(n for n in os.listdir(d) if n.isdigit())
-    cut = False
-    for n in names:
-        p = os.path.join(d, n)
-        if cut:
-            os.unlink(p)
-            continue
-        arr = np.fromfile(p, dtype=">i8,>i4,>i8")
-        ok = (arr["f0"] >= 0) & (arr["f1"] > 0) & (arr["f0"] < phy)
-        bad = np.flatnonzero(~ok)
-        if len(bad):
-            k = int(bad[0]) * CQ_UNIT_SIZE
-            with open(p, "r+b") as f:
-                f.seek(k)
-                f.write(bytes(os.path.getsize(p) - k))
-            cut = True
-            if k == 0 and n != names[0]:
-                os.unlink(p)
-
-
-def cut_batch_queue_dir(d: str, _cq_file_size: int, phy: int) -> None:
-    """§9.3 truncation in a scratch copy: keep the units of records starting before ``phy`` (valid units only)."""
+def cut_queue_dir(d: str, phy: int, batch: bool = False) -> None:
+    """§13.7 (§9.3 for a batch queue) in a scratch copy: keep the valid units of records starting before ``phy``;
+    the files after the cut go, and so does the cut file when nothing of it is kept (never the first)."""
     from ..derived.batchcq import BCQ_DTYPE, valid_units
+    from ..derived.consumequeue import CQ_DTYPE
 
+    dtype, unit = (BCQ_DTYPE, BCQ_UNIT_SIZE) if batch else (CQ_DTYPE, CQ_UNIT_SIZE)
     names = sorted(n for n in os.listdir(d) if n.isdigit())
     cut = False
     for n in names:
@@ -68,10 +49,11 @@ def cut_batch_queue_dir(d: str, _cq_file_size: int, phy: int) -> None:
         if cut:
             os.unlink(p)
             continue
-        arr = np.fromfile(p, dtype=BCQ_DTYPE)
-        bad = np.flatnonzero(~(valid_units(arr) & (arr["phyOffset"] < phy)))
+        arr = np.fromfile(p, dtype=dtype)
+        valid = valid_units(arr) if batch else (arr["phyOffset"] >= 0) & (arr["size"] > 0)
+        bad = np.flatnonzero(~(valid & (arr["phyOffset"] < phy)))
         if len(bad):
-            k = int(bad[0]) * BCQ_UNIT_SIZE
+            k = int(bad[0]) * unit
             with open(p, "r+b") as f:
                 f.seek(k)
                 f.write(bytes(os.path.getsize(p) - k))
@@ -110,10 +92,9 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
             for part in ("consumequeue", "consumequeue_ext", BCQ_DIR):
                 base = os.path.join(tmp, part)
                 if part in ("consumequeue", BCQ_DIR) and os.path.isdir(base):
-                    cut = _cut_queue_dir if part == "consumequeue" else cut_batch_queue_dir
                     for t in os.listdir(base):
                         for q in os.listdir(os.path.join(base, t)):
-                            cut(os.path.join(base, t, q), cfg.mappedFileSizeConsumeQueue, from_offset)
+                            cut_queue_dir(os.path.join(base, t, q), from_offset, batch=part == BCQ_DIR)
             idx = os.path.join(tmp, "index")
             if os.path.isdir(idx):
                 from ..derived.index import IndexFile
