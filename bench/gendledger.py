@@ -21,12 +21,12 @@ import sys
 import numpy as np
 
 from rmqstore_cli.formats import dledger as dl
-from rmqstore_cli.formats.records import MESSAGE_PREFIX_FIELDS
+from rmqstore_cli.formats.records import MESSAGE_PREFIX_FIELDS, field_offsets
 
 SELF_ID = "n0"
 CHUNK = 1024  # records per step: the gather indexes below are 16 bytes per message byte
 HEADER = dl.ENTRY_HEADER_SIZE
-PHY_FIELD = dl.field_offsets(MESSAGE_PREFIX_FIELDS)["physicalOffset"]  # 28
+PHY_FIELD = field_offsets(MESSAGE_PREFIX_FIELDS)["physicalOffset"]  # 28
 
 
 class _Files:

@@ -21,25 +21,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .records import (CQ_FILLER, CQ_UNIT_FIELDS, CQ_UNIT_SIZE, INDEX_ENTRY_FIELDS, INDEX_ENTRY_SIZE,
+from .records import (CQ_FILLER, field_offsets, CQ_UNIT_FIELDS, CQ_UNIT_SIZE, INDEX_ENTRY_FIELDS, INDEX_ENTRY_SIZE,
                       SYSFLAG_TRANSACTION_MASK, TRANSACTION_COMMIT, TRANSACTION_NOT, TRANSACTION_ROLLBACK)
-
-
-def _field_offsets(fields) -> dict[str, int]:
-    """Byte offset of each field of a declared record (name -> offset), in declaration order."""
-    out, at = {}, 0
-    for name, ctype in fields:
-        out[name] = at
-        at += ctype.sizeof()
-    return out
 
 
 # The byte layout the passes read, taken from the records' declarations (formats.records); numba
 # compiles these module globals in as constants.
-_CQ = _field_offsets(CQ_UNIT_FIELDS)
+_CQ = field_offsets(CQ_UNIT_FIELDS)
 CQ_PHY, CQ_SIZE, CQ_TAGS = _CQ["phyOffset"], _CQ["size"], _CQ["tagsCode"]
 FILLER_PHY, FILLER_SIZE, FILLER_TAGS = CQ_FILLER
-_IX = _field_offsets(INDEX_ENTRY_FIELDS)
+_IX = field_offsets(INDEX_ENTRY_FIELDS)
 IX_HASH, IX_PHY, IX_DIFF, IX_PREV = _IX["keyHash"], _IX["phyOffset"], _IX["timeDiff"], _IX["prevIndex"]
 TRAN_MASK = SYSFLAG_TRANSACTION_MASK
 

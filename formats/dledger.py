@@ -9,8 +9,9 @@ pos + 48. The numpy dtypes the hot paths use are derived from these declarations
 
 from __future__ import annotations
 
-import numpy as np
 from construct import Bytes, Const, Int32sb, Int64sb, Struct
+
+from .records import field_offsets, fields_dtype
 
 ENTRY_MAGIC = 1  # DLedgerMmapFileStore.MAGIC_1 (CURRENT_MAGIC in 0.2.3 and 0.3.1.2)
 BLANK_MAGIC = -1  # MmapFileList.BLANK_MAGIC_CODE
@@ -68,21 +69,8 @@ DATA_DIR, INDEX_DIR = "data", "index"
 DEFAULT_INDEX_FILE_SIZE = 160 * 1024 * 1024
 
 
-def _dtype(fields) -> np.dtype:
-    return np.dtype([(name, {4: ">i4", 8: ">i8"}[ctype.sizeof()]) for name, ctype in fields])
-
-
-ENTRY_HEADER_DTYPE = _dtype(ENTRY_HEADER_FIELDS)
-INDEX_UNIT_DTYPE = _dtype(INDEX_UNIT_FIELDS)
-
-
-def field_offsets(fields) -> dict[str, int]:
-    """Byte offset of each declared field (name -> offset)."""
-    out, at = {}, 0
-    for name, ctype in fields:
-        out[name] = at
-        at += ctype.sizeof()
-    return out
+ENTRY_HEADER_DTYPE = fields_dtype(ENTRY_HEADER_FIELDS)
+INDEX_UNIT_DTYPE = fields_dtype(INDEX_UNIT_FIELDS)
 
 
 ENTRY_OFFSETS = field_offsets(ENTRY_HEADER_FIELDS)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .records import (
+from .records import (struct_format, 
     MAGIC_V1,
     MAGIC_V2,
     MESSAGE_PREFIX_FIELDS,
@@ -31,7 +31,7 @@ def _np_type(ctype) -> str:
 
 PREFIX_DTYPE = np.dtype([(name, _np_type(ctype)) for name, ctype in MESSAGE_PREFIX_FIELDS])
 PREFIX_SIZE = PREFIX_DTYPE.itemsize  # 48: born host starts here
-PREFIX_STRUCT = struct.Struct(">" + "".join({4: "i", 8: "q"}[c.sizeof()] for _, c in MESSAGE_PREFIX_FIELDS))
+PREFIX_STRUCT = struct.Struct(struct_format(MESSAGE_PREFIX_FIELDS))
 
 # Why a walk stopped (Appendix B / §13.3). "blank" is the normal end of a segment.
 STOP_BLANK = "blank"  # BLANK marker: continue in the next segment

@@ -183,3 +183,28 @@ def message_total_size(sysflag: int, magic: int, body_len: int, topic_len: int, 
 
 
 MIN_MESSAGE_SIZE = message_total_size(0, MAGIC_V1, 0, 0, 0)  # 91
+
+
+# --- views derived from a declaration (hot paths: numpy dtypes, struct formats, field offsets) -------------------
+
+
+def field_offsets(fields) -> dict[str, int]:
+    """Byte offset of each field of a declared record (name -> offset), in declaration order."""
+    out, at = {}, 0
+    for name, ctype in fields:
+        out[name] = at
+        at += ctype.sizeof()
+    return out
+
+
+def struct_format(fields) -> str:
+    """The ``struct`` format of a record of big-endian signed integers, from its declaration."""
+    return ">" + "".join({1: "b", 2: "h", 4: "i", 8: "q"}[ctype.sizeof()] for _, ctype in fields)
+
+
+def fields_dtype(fields):
+    """The big-endian numpy dtype of a record of signed integers, from its declaration (numpy imported here, so
+    modules that only parse records do not pay for it)."""
+    import numpy as np
+
+    return np.dtype([(name, f">i{ctype.sizeof()}") for name, ctype in fields])

@@ -22,6 +22,8 @@ import struct
 import numpy as np
 from construct import Bytes, Const, Int32sb, Int64sb, Struct, this
 
+from .records import fields_dtype
+
 CTRL_0, CTRL_1, CTRL_2 = b"\x00", b"\x01", b"\x02"  # AbstractRocksDBStorage.CTRL_0/1/2
 
 DEFAULT_CF = "default"
@@ -43,7 +45,7 @@ CQ_KEY = Struct(
 CQ_VALUE_FIELDS = (("phyOffset", Int64sb), ("size", Int32sb), ("tagsCode", Int64sb), ("storeTime", Int64sb))
 CQ_VALUE = Struct(*[name / ctype for name, ctype in CQ_VALUE_FIELDS])
 CQ_VALUE_SIZE = CQ_VALUE.sizeof()  # 28 (CQ_UNIT_SIZE of RocksDBConsumeQueueTable)
-CQ_VALUE_DTYPE = np.dtype([(n, {4: ">i4", 8: ">i8"}[c.sizeof()]) for n, c in CQ_VALUE_FIELDS])
+CQ_VALUE_DTYPE = fields_dtype(CQ_VALUE_FIELDS)
 assert CQ_VALUE_DTYPE.itemsize == CQ_VALUE_SIZE
 
 _QUEUE_OFFSET = CQ_KEY.subcons[-1].subcon  # the key's last field

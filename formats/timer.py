@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import struct
 
-import numpy as np
 from construct import Int32sb, Int64sb, Struct
 
-from .records import MAGIC_BLANK
+from .records import MAGIC_BLANK, fields_dtype, struct_format
 
 TIMER_TOPIC = "rmq_sys_wheel_timer"  # TimerMessageStore.TIMER_TOPIC: the queue the timer reads (queue 0)
 
@@ -72,30 +71,13 @@ TIMER_CHECKPOINT = Struct(*[name / ctype for name, ctype in TIMER_CHECKPOINT_FIE
 TIMER_CHECKPOINT_FILE_SIZE = 4096
 
 
-def _dtype(fields) -> np.dtype:
-    return np.dtype([(name, f">i{ctype.sizeof()}") for name, ctype in fields])
-
-
-def _struct_format(fields) -> str:
-    return ">" + "".join({4: "i", 8: "q"}[ctype.sizeof()] for _, ctype in fields)
-
-
 # One unit with the struct module (chain walks read a unit at a time), derived from the Struct.
-TIMER_UNIT_STRUCT = struct.Struct(_struct_format(TIMER_UNIT_FIELDS))
+TIMER_UNIT_STRUCT = struct.Struct(struct_format(TIMER_UNIT_FIELDS))
 
 # Big-endian views of whole files (np.frombuffer(..., TIMER_UNIT_DTYPE)), derived from the Structs.
-TIMER_UNIT_DTYPE = _dtype(TIMER_UNIT_FIELDS)
-TIMER_SLOT_DTYPE = _dtype(TIMER_SLOT_FIELDS)
-TIMER_CHECKPOINT_DTYPE = _dtype(TIMER_CHECKPOINT_FIELDS)
-
-
-def field_offsets(fields) -> dict[str, int]:
-    """Byte offset of each declared field (name -> offset)."""
-    out, at = {}, 0
-    for name, ctype in fields:
-        out[name] = at
-        at += ctype.sizeof()
-    return out
+TIMER_UNIT_DTYPE = fields_dtype(TIMER_UNIT_FIELDS)
+TIMER_SLOT_DTYPE = fields_dtype(TIMER_SLOT_FIELDS)
+TIMER_CHECKPOINT_DTYPE = fields_dtype(TIMER_CHECKPOINT_FIELDS)
 
 
 def magic_ok(magic: int) -> bool:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numba
 
 from .kernel import _i32, _i64, _jit
-from .timer import TIMER_BLANK_MAGIC, TIMER_UNIT_FIELDS, TIMER_UNIT_SIZE, WHEEL_SLOTS, field_offsets
+from .records import field_offsets
+from .timer import TIMER_BLANK_MAGIC, TIMER_UNIT_FIELDS, TIMER_UNIT_SIZE, WHEEL_SLOTS
 
 _OFF = field_offsets(TIMER_UNIT_FIELDS)
 U_SIZE, U_PREV, U_MAGIC, U_CWT, U_DELAY = _OFF["size"], _OFF["prevPos"], _OFF["magic"], _OFF["currWriteTime"], _OFF["delay"]

@@ -14,13 +14,13 @@ import os
 
 import numpy as np
 
-from rmqstore_cli.formats.records import BCQ_UNIT_FIELDS, BCQ_UNIT_SIZE
+from rmqstore_cli.formats.records import BCQ_UNIT_FIELDS, BCQ_UNIT_SIZE, fields_dtype
 
 from ..log.segments import SegmentQueue
 from .consumequeue import list_queues
 
 BCQ_DIR = "batchconsumequeue"
-BCQ_DTYPE = np.dtype([(n, {2: ">i2", 4: ">i4", 8: ">i8"}[c.sizeof()]) for n, c in BCQ_UNIT_FIELDS])
+BCQ_DTYPE = fields_dtype(BCQ_UNIT_FIELDS)
 assert BCQ_DTYPE.itemsize == BCQ_UNIT_SIZE
 QUEUE_TYPE_ATTRIBUTE = "queue.type"
 BATCH_CQ = "BatchCQ"

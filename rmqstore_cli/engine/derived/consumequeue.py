@@ -9,14 +9,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from rmqstore_cli.formats.extaddr import is_ext_addr, undecorate
-from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_FIELDS, CQ_UNIT_SIZE, CQEXT_HEADER_FIELDS
+from rmqstore_cli.formats.records import (CQ_FILLER, CQ_UNIT_FIELDS, CQ_UNIT_SIZE, CQEXT_HEADER_FIELDS, fields_dtype,
+                                          struct_format)
 
 from ..config.storeconfig import StoreConfig
 from ..log.segments import SegmentQueue
 
-CQ_DTYPE = np.dtype([(n, {4: ">i4", 8: ">i8"}[c.sizeof()]) for n, c in CQ_UNIT_FIELDS])
+CQ_DTYPE = fields_dtype(CQ_UNIT_FIELDS)
 assert CQ_DTYPE.itemsize == CQ_UNIT_SIZE
-_EXT_HEAD = struct.Struct(">" + "".join({2: "h", 8: "q"}[c.sizeof()] for _, c in CQEXT_HEADER_FIELDS))
+_EXT_HEAD = struct.Struct(struct_format(CQEXT_HEADER_FIELDS))
 
 
 def is_filler(phy: int, size: int, tags: int) -> bool:

@@ -9,16 +9,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from rmqstore_cli.formats.hashing import index_key, index_key_hash
-from rmqstore_cli.formats.records import INDEX_ENTRY_FIELDS, INDEX_ENTRY_SIZE, INDEX_HEADER_FIELDS, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
+from rmqstore_cli.formats.records import (INDEX_ENTRY_FIELDS, INDEX_ENTRY_SIZE, INDEX_HEADER_FIELDS, INDEX_HEADER_SIZE,
+                                          INDEX_SLOT_SIZE, fields_dtype, struct_format)
 
 from ..config.storeconfig import StoreConfig
 from ..findings import Finding
 from ..log.mappedfile import data_extents, drop_pages
 from ..log.segments import MapBudget, Segment
 
-HEADER_STRUCT = struct.Struct(">" + "".join({4: "i", 8: "q"}[c.sizeof()] for _, c in INDEX_HEADER_FIELDS))
-ENTRY_STRUCT = struct.Struct(">" + "".join({4: "i", 8: "q"}[c.sizeof()] for _, c in INDEX_ENTRY_FIELDS))
-ENTRY_DTYPE = np.dtype([(n, {4: ">i4", 8: ">i8"}[c.sizeof()]) for n, c in INDEX_ENTRY_FIELDS])
+HEADER_STRUCT = struct.Struct(struct_format(INDEX_HEADER_FIELDS))
+ENTRY_STRUCT = struct.Struct(struct_format(INDEX_ENTRY_FIELDS))
+ENTRY_DTYPE = fields_dtype(INDEX_ENTRY_FIELDS)
 assert HEADER_STRUCT.size == INDEX_HEADER_SIZE and ENTRY_STRUCT.size == INDEX_ENTRY_SIZE
 MAX_MSGS_NUM_BATCH = 64
 
