@@ -11,7 +11,7 @@ import numpy as np
 
 from rmqstore_cli.formats.timer import TIMER_UNIT_SIZE, magic_text
 
-from .report import _unread_queue, _unread_queue_rows
+from .report import _unread_queue, _unread_queue_rows, deliver_window
 from .store import MSG_OK, MSG_STATE_TEXT, TimerStore
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -83,13 +83,8 @@ def unit_lines(ts: TimerStore, *, since=None, until=None, topic=None, limit=None
         if left is not None and left <= 0:
             return
         u, m = sc.units, sc.msgs
-        deliver = np.where(m.timer_out >= 0, m.timer_out, u.slot_time)
-        keep = np.ones(len(u), bool)
-        if since is not None:
-            keep &= deliver >= since
-        if until is not None:
-            keep &= deliver <= until
-        rows = _topic_rows(ts, m, np.flatnonzero(keep), topic)
+        deliver, keep = deliver_window(sc, since, until)
+        rows = _topic_rows(ts, m, keep, topic)
         if left is not None:
             rows = rows[:left]
             left -= len(rows)

@@ -16,18 +16,26 @@ MINUTE, HOUR, DAY = 60_000, 3_600_000, 86_400_000
 BUCKETS = ("overdue", "nextMinute", "nextHour", "nextDay", "later")
 
 
+def deliver_window(sc, since=None, until=None) -> tuple[np.ndarray, np.ndarray]:
+    """A scan chunk's deliver times (the message's TIMER_OUT_MS, else the unit's slot time) and the positions of
+    the units delivered within [since, until]."""
+    u, m = sc.units, sc.msgs
+    deliver = np.where(m.timer_out >= 0, m.timer_out, u.slot_time)
+    keep = np.ones(len(u), bool)
+    if since is not None:
+        keep &= deliver >= since
+    if until is not None:
+        keep &= deliver <= until
+    return deliver, np.flatnonzero(keep)
+
+
 def unit_rows(ts: TimerStore, *, since=None, until=None, topic=None):
     """Every timerlog unit in order with what it means and the message it points at."""
     for sc in ts.scan():
         u, m = sc.units, sc.msgs
-        deliver = np.where(m.timer_out >= 0, m.timer_out, u.slot_time)
-        keep = np.ones(len(u), bool)
-        if since is not None:
-            keep &= deliver >= since
-        if until is not None:
-            keep &= deliver <= until
+        deliver, keep = deliver_window(sc, since, until)
         pending = ts.pending_mask(sc)
-        for i in np.flatnonzero(keep).tolist():
+        for i in keep.tolist():
             real = m.text(ts.store, i, "REAL_TOPIC")
             if topic is not None and real != topic:
                 continue
