@@ -20,7 +20,7 @@ import numpy as np
 from rmqstore_cli.formats.records import BCQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
 from ..derived.batchcq import BCQ_DTYPE, BatchConsumeQueue, record_batch_fields, valid_units
-from .probes import nonzero_after
+from .plan import cut_files
 
 
 @dataclass
@@ -95,16 +95,8 @@ def batch_max_physic(planner) -> list:
 
 def cut_batch_queue(planner, bs: BatchQueueState, end: int, why: str) -> None:
     """truncateDirtyFiles(end) on a batch queue's files, plus our zeroed tail."""
-    keep = []
-    for seg in bs.segments:
-        if seg.start > end:
-            planner.move_aside(seg.path, f"{why}: file starts after the queue's end")
-            continue
-        keep.append(seg)
-        if seg.start <= end < seg.start + bs.file_size and nonzero_after(seg.path, end - seg.start):
-            planner.act("zero_tail", seg.path, f"{why}: bytes after the last kept unit zeroed so they cannot reappear",
-                        offset=end - seg.start)
-    bs.segments = keep
+    bs.segments = cut_files(planner, bs.segments, bs.file_size, end, f"{why}: file starts after the queue's end",
+                            f"{why}: bytes after the last kept unit zeroed so they cannot reappear")
     bs.end = min(bs.end, end)
 
 

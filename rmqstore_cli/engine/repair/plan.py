@@ -150,3 +150,20 @@ def store_fingerprint(root: str) -> dict:
                 continue
             out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
     return out
+
+
+def cut_files(planner, segments: list, file_size: int, end: int, after: str, tail: str) -> list:
+    """MappedFileQueue.truncateDirtyFiles(end) as planned actions: a file starting after ``end`` is moved aside
+    (``after`` says why), the file holding ``end`` has its bytes after it zeroed when any is set (``tail``; ours,
+    so they cannot reappear); returns the files kept."""
+    from .probes import nonzero_after
+
+    keep = []
+    for seg in segments:
+        if seg.start > end:
+            planner.move_aside(seg.path, after)
+            continue
+        keep.append(seg)
+        if seg.start <= end < seg.start + file_size and nonzero_after(seg.path, end - seg.start):
+            planner.act("zero_tail", seg.path, tail, offset=end - seg.start)
+    return keep

@@ -30,7 +30,7 @@ from .batchrecovery import (batch_dispatch_starts, batch_max_physic, batch_queue
 from .derived_plan import check_derived, dispatch_starts, queue_repairs
 from .extplan import cut_exts_to_queues, recover_ext
 from .indexplan import index_after_crash, index_past_end, load_index
-from .plan import Action, QueueState, RecoveryPlan, store_fingerprint
+from .plan import Action, QueueState, RecoveryPlan, cut_files, store_fingerprint
 from .timerfix import plan_timer_for_recovery
 from .probes import file_has_data, nonzero_after, SegmentFrom, queue_file_units
 
@@ -179,18 +179,10 @@ class Planner:
 
     def _cut_queue(self, qs: QueueState, end: int, why: str) -> None:
         """truncateDirtyFiles(end) on a queue's files, plus our zeroed tail."""
-        keep = []
-        for seg in qs.segments:
-            if seg.start > end:
-                self.move_aside(seg.path, f"{why}: file starts after the queue end {end // CQ_UNIT_SIZE}")
-                continue
-            keep.append(seg)
-            if seg.start <= end < seg.start + qs.file_size:
-                pos = end - seg.start
-                if nonzero_after(seg.path, pos):
-                    self.act("zero_tail", seg.path, f"{why}: bytes after the last valid unit (queue offset "
-                             f"{end // CQ_UNIT_SIZE}) zeroed so they cannot reappear", offset=pos)
-        qs.segments = keep
+        qs.segments = cut_files(self, qs.segments, qs.file_size, end,
+                                f"{why}: file starts after the queue end {end // CQ_UNIT_SIZE}",
+                                f"{why}: bytes after the last valid unit (queue offset {end // CQ_UNIT_SIZE}) zeroed so "
+                                "they cannot reappear")
 
     def _start_index(self, cp: Checkpoint, max_cq: int) -> tuple[int, str]:
         segs = self.cl_segments
