@@ -21,6 +21,28 @@ STORE_NAMES = ["4.9.3-clean", "4.9.3-crash", "4.9.3-ext", "5.3.3-clean", "5.3.3-
 CLEAN_STORES = ["4.9.3-clean", "4.9.3-ext", "5.3.3-clean", "5.3.3-v2topic"]
 
 
+def json_lines(text: str) -> list[dict]:
+    """The JSON objects of a command's ``--json`` output (lines starting with ``{``)."""
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def recover_plan(text: str) -> dict:
+    """The ``recover-plan`` object of ``recover --json`` output."""
+    return next(o for o in json_lines(text) if o.get("type") == "recover-plan")
+
+
+def files_of(root, sub: str = "consumequeue") -> dict[str, bytes]:
+    """Every file under ``root/sub`` (relative path -> bytes)."""
+    out = {}
+    base = os.path.join(root, sub)
+    for dp, _, fn in os.walk(base):
+        for f in fn:
+            p = os.path.join(dp, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, base)] = fh.read()
+    return out
+
+
 def require_shared() -> None:
     if not STORES.is_dir():
         pytest.fail(f"broker-written stores not found at {STORES}: CI must have ../shared beside the checkout")

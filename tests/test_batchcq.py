@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from rmqstore_cli.app import app
 from rmqstore_cli.engine.derived.batchcq import batch_fields
 
-from .conftest import STORES, broker_read, tree_digest
+from .conftest import STORES, broker_read, files_of, json_lines, recover_plan, tree_digest
 
 NAME = "batchcq-5.3.3"
 CONF = STORES / NAME / "broker.conf"
@@ -56,24 +56,6 @@ TOPICS_JSON = """{
 
 def run(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def json_lines(out: str) -> list[dict]:
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-
-
-def plan_of(out: str) -> dict:
-    return next(o for o in json_lines(out) if o.get("type") == "recover-plan")
-
-
-def files_of(root, sub) -> dict:
-    out = {}
-    base = os.path.join(root, sub)
-    for dp, _, fn in os.walk(base):
-        for f in fn:
-            p = os.path.join(dp, f)
-            out[os.path.relpath(p, base)] = open(p, "rb").read()
-    return out
 
 
 def derived(root) -> dict:
@@ -153,7 +135,7 @@ def test_recover_dry_run_plans_nothing():
     root = STORES / NAME / "store"
     before = tree_digest(root)
     r = run("recover", root, "--dry-run", "--json", "--config", CONF)
-    plan = plan_of(r.stdout)
+    plan = recover_plan(r.stdout)
     assert plan["dataLoss"] == [] and plan["refusals"] == [] and plan["queueRepairs"] == [] and plan["refusedQueues"] == []
     # the only action: the confirmPhyOffset the broker's next start writes (its reopen wrote 200958, README)
     assert [(a["action"], a["fields"]["confirmPhyOffset"]) for a in plan["actions"]] == [("checkpoint", 200958)]
@@ -197,7 +179,7 @@ def test_wrong_batch_size_found_and_repaired(store_copy, tmp_path):
     r = run("verify", root, "--json")
     codes = {o["code"] for o in json_lines(r.stdout) if o.get("severity") == "error"}
     assert r.exit_code == 1 and "BCQ_BATCH_SIZE" in codes
-    plan = plan_of(run("recover", root, "--dry-run", "--json").stdout)
+    plan = recover_plan(run("recover", root, "--dry-run", "--json").stdout)
     assert plan["dataLoss"] == [] and plan["refusedQueues"] == [] and plan["expectedApplyExitCode"] == 0
     assert run("recover", root, "--backup-dir", tmp_path / "bk").exit_code == 0
     assert derived(root) == want
@@ -237,7 +219,7 @@ def test_batch_unit_past_the_log_end(store_copy, tmp_path):
     p.write_bytes(bytes(d))
     r = run("verify", root, "--json")
     assert r.exit_code == 1 and "CL_LOST_TAIL" in {o["code"] for o in json_lines(r.stdout)}
-    plan = plan_of(run("recover", root, "--dry-run", "--json").stdout)
+    plan = recover_plan(run("recover", root, "--dry-run", "--json").stdout)
     assert plan["expectedApplyExitCode"] == 0
     assert run("recover", root, "--backup-dir", tmp_path / "bk").exit_code == 0
     assert run("verify", root).exit_code == 0
@@ -285,7 +267,7 @@ def test_deleted_batch_queue_recreated_by_recover(store_copy, tmp_path):
     root = store_copy(NAME)
     want = derived(root)
     shutil.rmtree(root / "batchconsumequeue" / TOPIC / "1")
-    plan = plan_of(run("recover", root, "--dry-run", "--json").stdout)
+    plan = recover_plan(run("recover", root, "--dry-run", "--json").stdout)
     assert plan["refusedQueues"] == [] and plan["dataLoss"] == []
     assert run("recover", root, "--backup-dir", tmp_path / "bk").exit_code == 0
     assert derived(root) == want

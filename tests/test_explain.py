@@ -14,7 +14,7 @@ from rmqstore_cli.app import app
 from rmqstore_cli.engine.query.explain import explain_key, explain_msgid
 from rmqstore_cli.engine.store import Store
 
-from .conftest import STORES, broker_read, shared_store, tree_digest
+from .conftest import STORES, broker_read, json_lines, shared_store, tree_digest
 
 runner = CliRunner()
 TIME_MAX = (1 << 63) - 1
@@ -22,10 +22,6 @@ TIME_MAX = (1 << 63) - 1
 
 def run(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def json_lines(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
 def java_string_hash(s: str) -> int:

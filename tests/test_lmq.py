@@ -14,7 +14,7 @@ from rmqstore_cli.app import app
 from rmqstore_cli.engine.config.storeconfig import StoreConfig
 from rmqstore_cli.engine.derived.lmq import MultiDispatchRule
 
-from .conftest import STORES, broker_read, tree_digest
+from .conftest import STORES, broker_read, files_of, json_lines, recover_plan, tree_digest
 
 NAME = "lmq-5.3.3"
 CONF = STORES / NAME / "broker.conf"
@@ -23,24 +23,6 @@ runner = CliRunner()
 
 def run(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def json_lines(out: str) -> list[dict]:
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-
-
-def plan_of(out: str) -> dict:
-    return next(o for o in json_lines(out) if o.get("type") == "recover-plan")
-
-
-def files_of(root, sub="consumequeue") -> dict:
-    out = {}
-    base = os.path.join(root, sub)
-    for dp, _, fn in os.walk(base):
-        for f in fn:
-            p = os.path.join(dp, f)
-            out[os.path.relpath(p, base)] = open(p, "rb").read()
-    return out
 
 
 def lmq_units():
@@ -97,7 +79,7 @@ def test_recover_dry_run_plans_nothing_on_the_lmq_queues():
     root = STORES / NAME / "store"
     before = tree_digest(root)
     r = run("recover", root, "--dry-run", "--json", "--config", CONF)
-    plan = plan_of(r.stdout)
+    plan = recover_plan(r.stdout)
     assert plan["dataLoss"] == [] and plan["refusals"] == [] and plan["queueRepairs"] == [], r.output
     # the only action: the confirmPhyOffset the broker's next start writes (its reopen wrote 236594, README)
     assert [(a["action"], a["fields"]["confirmPhyOffset"]) for a in plan["actions"]] == [("checkpoint", 236594)]
@@ -150,7 +132,7 @@ def test_truncated_lmq_queue_found_and_repaired(store_copy, tmp_path):
     assert (f["code"], f["topic"], f["queueOffset"], f["phyOffset"], f["count"]) == (
         "LMQ_NOT_DISPATCHED", name, 30, units[30]["phyOffset"], len(units) - 30)
     r = run("recover", root, "--dry-run", "--json", "--config", CONF)
-    plan = plan_of(r.stdout)
+    plan = recover_plan(r.stdout)
     assert plan["dataLoss"] == [] and plan["expectedApplyExitCode"] == 0
     (q,) = plan["queueRepairs"]
     assert (q["topic"], q["firstBadOffset"], q["ours"]["maxOffset"]) == (name, 30, len(units))
@@ -170,7 +152,7 @@ def test_lying_lmq_unit_cut_and_rewritten(store_copy, tmp_path):
     r = run("verify", root, "--json", "--config", CONF)
     assert r.exit_code == 1 and {o["code"] for o in json_lines(r.stdout) if o.get("severity") == "error"} == {"CQ_SIZE"}
     r = run("recover", root, "--dry-run", "--json", "--config", CONF)
-    plan = plan_of(r.stdout)
+    plan = recover_plan(r.stdout)
     assert plan["dataLoss"] == [] and [(q["topic"], q["firstBadOffset"], q["code"]) for q in plan["queueRepairs"]] == [
         ("%LMQ%chat%b", 10, "CQ_SIZE")]
     assert run("recover", root, "--config", CONF, "--backup-dir", tmp_path / "bk").exit_code == 0
@@ -182,7 +164,7 @@ def test_abnormal_start_keeps_every_lmq_unit(store_copy, tmp_path):
     want = files_of(root)
     (root / "abort").write_bytes(b"")
     r = run("recover", root, "--dry-run", "--json", "--config", CONF)
-    plan = plan_of(r.stdout)
+    plan = recover_plan(r.stdout)
     assert plan["dataLoss"] == [] and plan["queueRepairs"] == []
     assert not [a for a in plan["actions"] if a["action"] in ("zero_tail", "move_aside") and "consumequeue" in a["path"]]
     assert run("recover", root, "--config", CONF, "--backup-dir", tmp_path / "bk").exit_code == 0

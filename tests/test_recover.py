@@ -16,17 +16,13 @@ from typer.testing import CliRunner
 from rmqstore_cli.app import app
 from rmqstore_cli.engine.store import Store
 
-from .conftest import STORES, broker_read, tree_digest
+from .conftest import STORES, broker_read, json_lines, tree_digest
 
 runner = CliRunner()
 
 
 def run(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def json_lines(out: str) -> list[dict]:
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
 def summary_of(out: str) -> dict:
