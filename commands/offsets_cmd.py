@@ -185,19 +185,13 @@ def plan_impact(st, plan) -> dict:
 def _apply(st, plan, command: str, *, backup_dir, force: bool, out: Output) -> list[str]:
     from rmqstore_cli.engine.repair.backup import Backup
     from rmqstore_cli.engine.repair.config_plan import apply_config_plan
-    from rmqstore_cli.engine.repair.apply import check_backup_location, save_lock_file, take_lock
+    from rmqstore_cli.engine.repair.apply import check_backup_location, locked_backup
 
     root = st.root
     check_backup_location(root, backup_dir)
     backup = Backup.create(root, backup_dir, command, {"files": [c.name for c in plan.changes]})
-    save_lock_file(root, backup)
-    lock = take_lock(root, force)
-    try:
+    with locked_backup(root, backup, force):
         steps = apply_config_plan(root, plan, backup)
-        backup.mark("complete")
-    finally:
-        if lock is not None:
-            lock.release()
     for s in steps:
         _say(f"  {s}")
     _say(f"rmqstore: {command} applied; previous files in {backup.dir} (undo with: rmqstore restore {backup.dir})")

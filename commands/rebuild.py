@@ -38,7 +38,7 @@ def rebuild(
     Built in a fresh folder beside the store, then swapped in; the old folders go to the backup
     folder (undo with `rmqstore restore`). Exit 4 if a broker holds the lock.
     """
-    from rmqstore_cli.engine.repair.apply import save_lock_file, take_lock
+    from rmqstore_cli.engine.repair.apply import locked_backup
 
     st = open_store(store, geometry, command=f"rebuild {what}", writes=True,
                     enableConsumeQueueExt=ext, mappedFileSizeConsumeQueueExt=ext_file_size)
@@ -60,16 +60,9 @@ def rebuild(
     # asked to rebuild, so the findings it keeps on purpose are the ones verify after apply sorts as
     # kept (assess_rebuild on that verify); a first verify would only predict the same list.
     backup = Backup.create(st.root, backup_dir, "rebuild", {"what": what, "topic": topic, "fromOffset": from_offset})
-    save_lock_file(st.root, backup)
-    lock = take_lock(st.root, force)
-    try:
-        with st:
-            bounds_before = queue_bounds_now(st)  # for the consumers' side
-            res = engine_rebuild(st, what, topic=topic, from_offset=from_offset, backup=backup, jobs=jobs)
-        backup.mark("complete")
-    finally:
-        if lock is not None:
-            lock.release()
+    with locked_backup(st.root, backup, force), st:
+        bounds_before = queue_bounds_now(st)  # for the consumers' side
+        res = engine_rebuild(st, what, topic=topic, from_offset=from_offset, backup=backup, jobs=jobs)
     if json_:
         out.line({"type": "rebuild", "backup": backup.dir, **res})
     stderr.print(f"rmqstore: rebuilt {', '.join(res['rebuilt']) or 'nothing'} from {res['records']} records "

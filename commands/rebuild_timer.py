@@ -13,7 +13,7 @@ from .recover import guard_lock, report_verify, verify_after
 
 def rebuild_timer(st, out: Output, *, dry_run: bool, backup_dir, force: bool, yes: bool, json_: bool) -> int:
     """Plan (and unless ``dry_run`` apply, backed up) the wheel's rewrite; the contract's exit code."""
-    from rmqstore_cli.engine.repair.apply import save_lock_file, take_lock
+    from rmqstore_cli.engine.repair.apply import locked_backup
     from rmqstore_cli.engine.timer.check import check_timer_store
 
     guard_lock(st, force, yes)
@@ -54,14 +54,8 @@ def rebuild_timer(st, out: Output, *, dry_run: bool, backup_dir, force: bool, ye
         say("rmqstore: rebuild timer: the wheel already is what the timerlog builds; nothing written")
         return 0 if not left else 1
     backup = Backup.create(root, backup_dir, "rebuild-timer", {"what": "timer"})
-    save_lock_file(root, backup)
-    lock = take_lock(root, force)
-    try:
+    with locked_backup(root, backup, force):
         steps = apply_timer_repair(rep, root, backup)
-        backup.mark("complete")
-    finally:
-        if lock is not None:
-            lock.release()
     if json_:
         out.line({"type": "rebuild", "what": "timer", "backup": backup.dir, "steps": steps})
     say(f"rmqstore: rebuilt the timer wheel ({'; '.join(steps)}); old bytes in {backup.dir} "

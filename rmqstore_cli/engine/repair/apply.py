@@ -9,6 +9,8 @@ interrupted dispatch is rolled back from the journal on the next run); then the 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import os
 from dataclasses import dataclass, field
 
@@ -238,6 +240,20 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
     backup.mark("dispatch-end", records=s.records, cqUnits=s.cq_units, indexEntries=s.index_entries)
     return {"records": s.records, "cqUnits": s.cq_units, "cqSkipped": s.cq_skipped, "extUnits": s.ext_units,
             "indexEntries": s.index_entries, "problems": [p.as_json() for p in d.problems]}
+
+
+@contextmanager
+def locked_backup(root: str, backup: Backup, force: bool = False):
+    """The store's lock held for an apply (its lock file's bytes kept in ``backup`` first); the backup is
+    marked complete when the block ends without an error."""
+    save_lock_file(root, backup)
+    lock = take_lock(root, force)
+    try:
+        yield
+        backup.mark("complete")
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def save_lock_file(root: str, backup: Backup) -> None:
