@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import threading
-import time
 
 import pytest
 
@@ -29,6 +25,7 @@ from rmqstore_cli.engine.timer.lines import pending_lines, unit_lines
 from rmqstore_cli.engine.timer.report import pending_rows, unit_rows
 from rmqstore_cli.engine.timer.store import TimerStore
 from tests.conftest import shared_store
+from tests.memprobe import run_peak
 from tests.timergen import generate
 
 WINDOW = 4096  # units per window in these tests (the default is 65536)
@@ -43,36 +40,9 @@ def timer_stores(tmp_path_factory):
     return {n: generate(src, str(base / f"u{n}"), n, file_size=1 << 20, late=n // 2) for n in SIZES}
 
 
-def _rss_anon(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def _run_peak(args: list[str], out_path: str) -> tuple[int, int]:
     """(sampled RssAnon high-water mark, exit code) of ``rmqstore ARGS`` with the lowered window."""
-    code = (f"import sys; import rmqstore_cli.engine.timer.files as f; f.CHUNK_UNITS = {WINDOW}; "
-            f"sys.argv = ['rmqstore'] + {args!r}; from rmqstore_cli.app import main; main()")
-    with open(out_path, "wb") as out:
-        p = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.PIPE)
-        peak = [0]
-
-        def sample():
-            while p.poll() is None:
-                peak[0] = max(peak[0], _rss_anon(p.pid))
-                time.sleep(0.01)
-
-        t = threading.Thread(target=sample, daemon=True)
-        t.start()
-        _, err = p.communicate(timeout=300)
-        t.join()
-    assert p.returncode in (0, 1), err.decode()
-    return peak[0], p.returncode
+    return run_peak(args, out_path, f"import rmqstore_cli.engine.timer.files as f; f.CHUNK_UNITS = {WINDOW}")
 
 
 COMMANDS = {
