@@ -5,7 +5,9 @@ holds. ``ru_maxrss`` (VmHWM) also counts every mapped file page the process touc
 of a 1 GiB commitlog or a 420 MB index file shows up there although the kernel can drop those
 pages at any time (NOTES-performance). There is no kernel high-water counter for RssAnon, so a
 thread samples it every ``every`` seconds (default 20 ms) while the child runs; the peak is a
-lower bound of the true peak (a spike shorter than the interval can be missed).
+lower bound of the true peak (a spike shorter than the interval can be missed). The child's own
+descendants (``-j`` workers) are sampled too, each on its own: ``worker_rss_anon_peak`` is the
+highest RssAnon any one of them reached (they are judged one by one, like the main process).
 
 A child that runs longer than ``timeout`` seconds is killed and reported as timed out; one whose
 RssAnon passes ``kill_above`` bytes is killed as well (the machine is shared: a command that
@@ -36,6 +38,26 @@ def rss_anon_bytes(pid: int) -> int | None:
     return None
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (``/proc/PID/task/TID/children``, recursively)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
 @dataclass
 class ChildRun:
     """What one measured child did."""
@@ -49,6 +71,8 @@ class ChildRun:
     killed_rss: bool = False  # killed because RssAnon passed kill_above
     samples: int = 0
     stderr: bytes = b""
+    worker_rss_anon_peak: int = 0  # bytes, sampled: the highest of any one descendant process (-j workers)
+    workers_seen: int = 0  # descendant processes sampled at least once
 
 
 def run_sampled(cmd: list[str], *, stdout=subprocess.DEVNULL, cwd: str | None = None, env=None,
@@ -57,7 +81,7 @@ def run_sampled(cmd: list[str], *, stdout=subprocess.DEVNULL, cwd: str | None = 
     """Run ``cmd``, sampling its RssAnon every ``every`` seconds until it exits (see module doc)."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True)
-    state = {"peak": 0, "samples": 0, "timed_out": False, "killed_rss": False}
+    state = {"peak": 0, "samples": 0, "timed_out": False, "killed_rss": False, "worker_peak": 0, "workers": set()}
     done = threading.Event()
 
     def kill():
@@ -75,6 +99,14 @@ def run_sampled(cmd: list[str], *, stdout=subprocess.DEVNULL, cwd: str | None = 
                 if kill_above is not None and v > kill_above and not state["killed_rss"]:
                     state["killed_rss"] = True
                     kill()
+            for w in descendants(p.pid):
+                wv = rss_anon_bytes(w)
+                if wv is not None:
+                    state["workers"].add(w)
+                    state["worker_peak"] = max(state["worker_peak"], wv)
+                    if kill_above is not None and wv > kill_above and not state["killed_rss"]:
+                        state["killed_rss"] = True
+                        kill()
             if timeout is not None and time.perf_counter() - t0 > timeout and not state["timed_out"]:
                 state["timed_out"] = True
                 kill()
@@ -90,4 +122,4 @@ def run_sampled(cmd: list[str], *, stdout=subprocess.DEVNULL, cwd: str | None = 
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     return ChildRun(cmd, dt, state["peak"], usage.ru_maxrss * 1024, p.returncode, state["timed_out"],
-                    state["killed_rss"], state["samples"], err)
+                    state["killed_rss"], state["samples"], err, state["worker_peak"], len(state["workers"]))

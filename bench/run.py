@@ -50,8 +50,10 @@ def store(name: str) -> str:
     if not os.path.exists(meta):
         _drop_stale_caches()
         t, c = time.perf_counter(), time.process_time()
-        body, total, seg = gen.MEMORY_STORES_LAYOUT.get(name, (gen.BODY_SIZES.get(name), gen.TOTAL_SIZE,
-                                                                gen.SEGMENT_SIZE))
+        from bench.production import PRODUCTION_LAYOUT
+
+        layouts = {**gen.MEMORY_STORES_LAYOUT, **PRODUCTION_LAYOUT}
+        body, total, seg = layouts.get(name, (gen.BODY_SIZES.get(name), gen.TOTAL_SIZE, gen.SEGMENT_SIZE))
         info = gen.generate(path, body, total, seg)
         info["generate_seconds"] = round(time.perf_counter() - t, 1)
         info["generate_cpu_seconds"] = round(time.process_time() - c, 1)
@@ -197,7 +199,7 @@ class Bench:
         return row
 
     def _measure(self, name, store_name, cmd_for, records, nbytes, prepare, cleanup):
-        times, anon, maxrss = [], 0, 0
+        times, anon, maxrss, worker, workers = [], 0, 0, 0, 0
         for k in range(self.repeat):
             cmd = prepare() if prepare else cmd_for
             try:
@@ -207,12 +209,15 @@ class Bench:
                     cleanup()
             times.append(c.seconds)
             anon, maxrss = max(anon, c.rss_anon_peak), max(maxrss, c.ru_maxrss)
+            worker, workers = max(worker, c.worker_rss_anon_peak), max(workers, c.workers_seen)
             if c.seconds * (self.repeat - k - 1) > SLOW_BUDGET:  # keep the whole run under 20 minutes
                 break
         med = statistics.median(times)
         row = {"workload": name, "store": store_name, "seconds": round(med, 3), "runs": [round(t, 3) for t in times],
                "MB_s": round(nbytes / med / MB, 1), "msg_s": round(records / med),
                "rss_anon_MB": round(anon / MB, 1), "maxrss_MB": round(maxrss / MB, 1)}
+        if workers:  # -j workers (or any child process): the highest RssAnon of any one of them
+            row.update(worker_rss_anon_MB=round(worker / MB, 1), workers=workers)
         self.results.append(row)
         print(f"# {name} {store_name}: {row['MB_s']} MB/s {row['msg_s']} msg/s RssAnon {row['rss_anon_MB']} MB",
               file=sys.stderr)
@@ -391,7 +396,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", default="", help="comma-separated workloads (kernel,scan,verify,verify-dledger,verify-j2,dump,rebuild,rebuild-j2,"
-                                               "recover,index-query,append,spark-export,memory,cli-start)")
+                                               "recover,index-query,append,spark-export,memory,production,cli-start)")
     ap.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds per child run; longer runs are killed "
                                                                     "and reported 'timed out after N s' (FAIL)")
     ap.add_argument("--memory-recover-apply", action="store_true",
@@ -545,6 +550,11 @@ def main() -> None:
 
     if want("memory"):
         memory_suite(b, infos, args.memory_recover_apply)
+    if want("production"):
+        from bench.production import PRODUCTION_STORE, production_suite
+
+        infos[PRODUCTION_STORE] = store(PRODUCTION_STORE)
+        production_suite(b, infos[PRODUCTION_STORE])
     start = None
     if want("cli-start"):
         try:

@@ -1,0 +1,97 @@
+"""The production-shape rows: 8 GiB of 1 KiB messages in the broker's 1 GiB segments (the incident host in miniature).
+
+    ./.venv/bin/python -m bench.run --only production
+
+verify, recover of a crash copy (abort present, checkpoint at the start: the whole log is walked) and rebuild all,
+each at ``-j 1`` and ``-j 2`` and once (minutes, not seconds), with the fixed start measured on the demo store so that
+the rates and the ``-j`` ratio are also given net of it; and ``spark export`` local[2] on the same store, large enough
+that the JVM's start is not the figure. Every row keeps the RssAnon peak of the main process and, separately, the
+highest of any one ``-j`` worker (bench/memory.py). A command without ``-j`` gets a "not available" row for ``-j 2``,
+which fails its target: nothing is estimated.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+PRODUCTION_STORE = "1KiB-8GiB-1Gseg"
+PRODUCTION_LAYOUT = {PRODUCTION_STORE: (1024, 8 << 30, 1 << 30)}  # body, commitlog bytes, segment size
+JOBS = (1, 2)
+
+
+def row_name(command: str, jobs: int) -> str:
+    return f"{command} -j {jobs} (8 GiB)"
+
+
+def production_suite(b, info: dict) -> None:
+    """Adds the rows to ``b`` (a bench.run.Bench)."""
+    from bench.run import (FIXTURE, RMQ, WORK, crash_copy, fresh_copy, has_command, tiny_copy, warm, _rm)
+
+    root, records, nbytes = info["root"], info["records"], info["bytes"]
+
+    def jflag(command: str, jobs: int) -> list[str] | None:
+        """``-j N`` for the command, [] when it has no such option and N is 1, None when it cannot run N."""
+        if has_command(*command.split(), option="--jobs"):
+            return ["-j", str(jobs)]
+        return [] if jobs == 1 else None
+
+    for jobs in JOBS:
+        j = jflag("verify", jobs)
+        if j is None:
+            b.unavailable(row_name("verify", jobs), PRODUCTION_STORE, "`rmqstore verify` has no -j/--jobs")
+        else:
+            warm(root)
+            b.measure(row_name("verify", jobs), PRODUCTION_STORE, info, RMQ + ["verify", root, "--json"] + j, records,
+                      nbytes, start=RMQ + ["verify", FIXTURE, "--json"] + j)
+    crash = crash_copy(PRODUCTION_STORE, info)
+    for jobs in JOBS:
+        j = jflag("recover", jobs)
+        name = row_name("recover (crash)", jobs)
+        if j is None:
+            b.unavailable(name, PRODUCTION_STORE, "`rmqstore recover` has no -j/--jobs")
+            continue
+        dest = os.path.join(WORK, "recover-8g")
+
+        def prep_recover(dest=dest, j=j):
+            _rm(dest + ".bak")
+            fresh_copy(crash, dest, real_last=True, copy=("consumequeue", "index"))
+            warm(dest)
+            return RMQ + ["recover", dest, "--backup-dir", dest + ".bak"] + j
+
+        tiny = os.path.join(WORK, "recover-tiny")
+        b.measure(name, PRODUCTION_STORE, info, None, records, nbytes, prepare=prep_recover,
+                  cleanup=lambda dest=dest: (_rm(dest), _rm(dest + ".bak")),
+                  start=lambda j=j: RMQ + ["recover", tiny_copy(tiny, crash=True), "--backup-dir", tiny + ".bak"] + j)
+    for jobs in JOBS:
+        j = jflag("rebuild", jobs)
+        name = row_name("rebuild all", jobs)
+        if j is None:
+            b.unavailable(name, PRODUCTION_STORE, "`rmqstore rebuild` has no -j/--jobs")
+            continue
+        dest = os.path.join(WORK, "rebuild-8g")
+
+        def prep_rebuild(dest=dest, j=j):
+            _rm(dest + ".bak")
+            fresh_copy(root, dest)
+            warm(root)
+            return RMQ + ["rebuild", "all", dest, "--backup-dir", dest + ".bak"] + j
+
+        tiny = os.path.join(WORK, "rebuild-tiny")
+        b.measure(name, PRODUCTION_STORE, info, None, records, nbytes, prepare=prep_rebuild,
+                  cleanup=lambda dest=dest: (_rm(dest), _rm(dest + ".bak")),
+                  start=lambda j=j: RMQ + ["rebuild", "all", tiny_copy(tiny), "--backup-dir", tiny + ".bak"] + j)
+    if has_command("spark", "export"):
+        dest = os.path.join(WORK, "spark-export-8g")
+
+        def prep_spark():
+            shutil.rmtree(dest, ignore_errors=True)
+            warm(root)
+            return RMQ + ["spark", "export", root, "--to", dest]
+
+        b.measure("spark export local[2] (8 GiB)", PRODUCTION_STORE, info, None, records, nbytes, prepare=prep_spark,
+                  cleanup=lambda: shutil.rmtree(dest, ignore_errors=True),
+                  start=lambda: (shutil.rmtree(dest, ignore_errors=True), RMQ + ["spark", "export", FIXTURE, "--to", dest])[1])
+        shutil.rmtree(dest, ignore_errors=True)
+    else:
+        b.unavailable("spark export local[2] (8 GiB)", PRODUCTION_STORE, "no `rmqstore spark export`")
