@@ -38,7 +38,7 @@ from .cqwriter import ConsumeQueueExtWriter, ConsumeQueueWriter
 from ..findings import Finding
 from .indexwriter import IndexWriter
 from .dispatchcolumns import TopicInterner, dispatch_columns
-from .lmq import LmqTargets, MultiDispatchRule, chunk_targets
+from .lmq import LMQ_PROPS, LmqTargets, MultiDispatchRule, chunk_targets
 from .batchcq import batch_topics_at, chunk_batch_fields
 from .bcqwriter import BatchConsumeQueueWriter
 from .dispatchbatch import DispatchBatch, DispatchRequest, _ChunkStrings  # noqa: F401 (public API: append, rebuild)
@@ -286,9 +286,11 @@ class Dispatcher:
         n = len(h)
         interner = self._interner
         tids = interner.intern_chunk(u8, chunk.buf, h)
-        codes, tags_bad, counts, kh, pv, slow = dispatch_columns(u8, h, tids, interner, self.delay_table, details=True)
+        extra = LMQ_PROPS if self.multi_dispatch.enabled else ()
+        codes, tags_bad, counts, kh, pv, slow = dispatch_columns(u8, h, tids, interner, self.delay_table, details=True,
+                                                                 extra_names=extra)
         names = interner.topics()
-        lmq = chunk_targets(self.multi_dispatch, u8, h, lambda i: names[int(tids[i])])
+        lmq = chunk_targets(self.multi_dispatch, u8, h, lambda i: names[int(tids[i])], pv=pv)
         batch = DispatchBatch(h.offsets + chunk.segment.start, h.totalSize, None, h.queueId, h.queueOffset, h.sysFlag,
                               h.storeTimestamp, codes, None, None, topic_ids=tids, topic_names=names, key_count=counts,
                               key_hashes=kh, strings=_ChunkStrings(u8, names, tids, pv, slow),

@@ -69,17 +69,19 @@ def topic_ids(buf, h, registry: dict[str, int], u8: np.ndarray | None = None) ->
     return local[group]
 
 
-def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterner, delay_table: dict, details: bool = False):
+def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterner, delay_table: dict, details: bool = False,
+                     extra_names: tuple = ()):
     """(tagsCode int64, tagsBad bool, keyCount int16, keyHashes int32) for the chunk's records.
 
     ``tagsBad``: the DELAY property is not a number (tags_code fails; CL_DELAY_PROPERTY).
     ``keyHashes`` holds each record's index key hashes (UNIQ_KEY first, then KEYS tokens, duplicates
     kept), ``keyCount`` how many belong to each record, in record order. With ``details``, also the
     property spans (:class:`formats.propscan.PropValues`) and the decoded properties of the records
-    that took the one-at-a-time rules ({record: properties}).
+    that took the one-at-a-time rules ({record: properties}); ``extra_names`` are located in the same pass
+    (e.g. the multi-dispatch properties, so that lmq.chunk_targets need not scan again).
     """
     n = len(h)
-    pv = propscan.scan(u8, h.propsStart, h.propsLength)
+    pv = propscan.scan(u8, h.propsStart, h.propsLength, names=propscan.WANTED + tuple(extra_names))
     sched = np.asarray(interner.schedule, dtype=bool)[tids] if n else np.zeros(0, bool)
     slow = ~pv.ascii | sched
     codes = np.zeros(n, dtype=np.int64)

@@ -137,13 +137,16 @@ class LmqTargets:
         return LmqTargets(pos[hit], self.name[hit], self.queue_id[hit], self.queue_offset[hit], self.names)
 
 
-def chunk_targets(rule: MultiDispatchRule, u8: np.ndarray, h, topic_of_row, rows: np.ndarray | None = None) -> LmqTargets:
+def chunk_targets(rule: MultiDispatchRule, u8: np.ndarray, h, topic_of_row, rows: np.ndarray | None = None,
+                  pv: propscan.PropValues | None = None) -> LmqTargets:
     """The extra units of the records of decoded headers ``h`` over buffer ``u8`` (``topic_of_row(i)``
     gives record i's topic). ``rows``: only those records (default: all). The two properties are
-    located for the whole chunk at once (compiled scan); only records carrying both are decoded."""
+    located for the whole chunk at once (compiled scan; ``pv``: a scan of the chunk that already located
+    them); only records carrying both are decoded."""
     if not rule.enabled or not len(h):
         return LmqTargets.empty()
-    pv = propscan.scan(u8, h.propsStart, h.propsLength, names=LMQ_PROPS)
+    if pv is None or DISPATCH_PROP not in pv.start:
+        pv = propscan.scan(u8, h.propsStart, h.propsLength, names=LMQ_PROPS)
     has = (pv.start[DISPATCH_PROP] >= 0) & (pv.start[OFFSET_PROP] >= 0)
     if rows is not None:
         sel = np.zeros(len(h), bool)
