@@ -1,0 +1,127 @@
+"""verify -j N: worker processes walk whole segments and run every per-window cross-check on them, this process
+only merges their per-segment results. The findings (text and JSON), their order and counts, the summary and the
+exit code must be those of -j 1, on every broker-written store and on seeded damage; the stores are not changed."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from rmqstore_cli.engine.store import Store
+from rmqstore_cli.engine.verify import commitlog as verify_commitlog
+from rmqstore_cli.engine.verify import windowchecks
+from rmqstore_cli.engine.verify.pipeline import parallel_checks, verify_store_jobs
+from tests.conftest import REPO, STORES, copy_store, tree_digest
+from tests.test_verify_memory import _damage_index, _damage_log, _damage_queues, _undispatch
+from tests.test_verify_subwindows import _damage_near_boundary
+
+SEED = int(os.environ.get("RMQSTORE_VJOBS_SEED", random.randrange(1 << 30)))
+ALL_STORES = sorted(p.name for p in STORES.iterdir() if (p / "store").is_dir()) if STORES.is_dir() else []
+
+
+def _run(root, jobs: int):
+    with Store.open(str(root)) as st:
+        res = verify_store_jobs(st, jobs)
+    return [f.as_json() for f in res.findings], res.summary, res.exit_code
+
+
+def _same_for_every_jobs(root, jobs=(2, 3)):
+    one = _run(root, 1)
+    for j in jobs:
+        assert _run(root, j) == one, j
+    return one
+
+
+def test_every_shared_store_is_a_case():
+    assert {"4.9.3-clean", "4.9.3-crash", "5.3.3-clean", "lmq-5.3.3", "batchcq-5.3.3"} <= set(ALL_STORES)
+
+
+@pytest.mark.parametrize("name", ALL_STORES)
+def test_jobs_equal_one_process_on_every_shared_store(monkeypatch, name):
+    """Small windows (several per segment, boundaries inside records), read in place: nothing written."""
+    monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 3000)
+    root = STORES / name / "store"
+    before = tree_digest(root)
+    _same_for_every_jobs(root)
+    assert tree_digest(root) == before
+
+
+def test_the_workers_run_the_window_checks(tmp_path, monkeypatch):
+    """With -j 2 every window is checked in a worker, never in this process."""
+    monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 4096)
+    log = tmp_path / "pids"
+    real = windowchecks.WindowChecks.window
+
+    def window(self, rep):
+        with open(log, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        return real(self, rep)
+
+    monkeypatch.setattr(windowchecks.WindowChecks, "window", window)
+    root = STORES / "4.9.3-clean" / "store"
+    with Store.open(str(root)) as st:
+        assert parallel_checks(st, 2)
+        n_windows = verify_commitlog.first_windows(st.commitlog)[-1]
+        verify_store_jobs(st, 2)
+    pids = log.read_text().split()
+    assert len(pids) == n_windows
+    assert str(os.getpid()) not in pids and len(set(pids)) == 2
+
+
+@pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean", "4.9.3-ext", "lmq-5.3.3", "batchcq-5.3.3"])
+def test_jobs_equal_one_process_on_seeded_damage(tmp_path, monkeypatch, name):
+    """Flipped body bytes, torn tails, BLANK markers and garbage at window boundaries; lies in consume-queue units
+    (wrong offsets, sizes, tags) and index entries (offsets, hashes, links); random log bytes."""
+    print(f"seed {SEED} (RMQSTORE_VJOBS_SEED)")
+    rng = random.Random(f"{SEED}-{name}")
+    for case in range(3):
+        window = (4096, 3000)[case % 2]
+        monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", window)
+        root = copy_store(name, tmp_path / f"{name}-{case}")
+        _damage_near_boundary(root, rng, window)
+        for damage in rng.sample([_damage_index, _damage_queues, _damage_log], rng.randint(1, 3)):
+            if damage is _damage_index and not (root / "index").is_dir():
+                continue
+            damage(root, rng)
+        before = tree_digest(root)
+        findings, _, code = _same_for_every_jobs(root, jobs=(2,) if case else (2, 3))
+        assert findings and code == 1
+        assert tree_digest(root) == before
+
+
+@pytest.mark.parametrize("how", ["none", "one", "tails", "shifted"])
+def test_jobs_equal_one_process_on_undispatched_records(tmp_path, monkeypatch, how):
+    """CQ_NOT_DISPATCHED / CQ_DISPATCH_LAG from per-window summaries merged in order, wherever the mark falls."""
+    monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 4096)
+    root = copy_store("5.3.3-clean", tmp_path / "s")
+    _undispatch(root, how)
+    findings, _, _ = _same_for_every_jobs(root, jobs=(2,))
+    assert {f["code"] for f in findings} & {"CQ_NOT_DISPATCHED", "CQ_DISPATCH_LAG"}
+
+
+def _cli(*args):
+    env = {"COLUMNS": "120", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    p = subprocess.run([sys.executable, "-m", "rmqstore_cli", *args], capture_output=True, text=True, env=env, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_cli_output_and_exit_code_equal_one_process(tmp_path):
+    """The command: text and --json, stdout, stderr summary and exit code; -j 0 (every core) included."""
+    print(f"seed {SEED} (RMQSTORE_VJOBS_SEED)")
+    root = copy_store("4.9.3-crash", tmp_path / "s")
+    _damage_queues(root, random.Random(SEED))
+    for extra in ([], ["--json"]):
+        one = _cli("verify", str(root), *extra)
+        assert one[0] == 1 and one[1]
+        for j in ("2", "0"):
+            assert _cli("verify", "-j", j, str(root), *extra) == one, (j, extra)
+
+
+def test_help_says_what_jobs_does():
+    code, out, _ = _cli("verify", "--help")
+    assert code == 0
+    assert "0: one per core" in " ".join(out.split()) and "cross-check" in out
