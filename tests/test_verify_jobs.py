@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import os
 import random
+import struct
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+
+from rmqstore_cli.formats import fast
 
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.verify import commitlog as verify_commitlog
@@ -17,7 +21,7 @@ from rmqstore_cli.engine.verify import windowchecks
 from rmqstore_cli.engine.verify.pipeline import parallel_checks, verify_store_jobs
 from tests.conftest import REPO, STORES, copy_store, tree_digest
 from tests.test_verify_memory import _damage_index, _damage_log, _damage_queues, _undispatch
-from tests.test_verify_subwindows import _damage_near_boundary
+from tests.test_verify_subwindows import _damage_near_boundary, _records
 
 SEED = int(os.environ.get("RMQSTORE_VJOBS_SEED", random.randrange(1 << 30)))
 ALL_STORES = sorted(p.name for p in STORES.iterdir() if (p / "store").is_dir()) if STORES.is_dir() else []
@@ -27,6 +31,22 @@ def _run(root, jobs: int):
     with Store.open(str(root)) as st:
         res = verify_store_jobs(st, jobs)
     return [f.as_json() for f in res.findings], res.summary, res.exit_code
+
+
+def _back_in_time(root, rng: random.Random) -> None:
+    """Records stored earlier than their predecessor (CL_STORE_TIME): a segment's first record (the order across
+    two workers' segments) and one inside a segment."""
+    recs = _records(root)
+    firsts = [r for k, r in enumerate(recs) if k and r[1] != recs[k - 1][1]]
+    for path, seg_start, phy, size in [rng.choice(firsts), rng.choice(recs[1:])]:
+        pos = phy - seg_start
+        data = bytearray(open(path, "rb").read())
+        ts = int(fast.decode_headers(bytes(data), np.asarray([pos], np.int64)).storeTimestamp[0])
+        at = bytes(data[pos:pos + size]).index(struct.pack(">q", ts))
+        struct.pack_into(">q", data, pos + at, ts - rng.randrange(1, 10**6))
+        os.chmod(path, 0o644)
+        with open(path, "wb") as fh:
+            fh.write(bytes(data))
 
 
 def _same_for_every_jobs(root, jobs=(2, 3)):
@@ -75,7 +95,7 @@ def test_the_workers_run_the_window_checks(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean", "4.9.3-ext", "lmq-5.3.3", "batchcq-5.3.3"])
 def test_jobs_equal_one_process_on_seeded_damage(tmp_path, monkeypatch, name):
     """Flipped body bytes, torn tails, BLANK markers and garbage at window boundaries; lies in consume-queue units
-    (wrong offsets, sizes, tags) and index entries (offsets, hashes, links); random log bytes."""
+    (wrong offsets, sizes, tags) and index entries (offsets, hashes, links); random log bytes; store times going back."""
     print(f"seed {SEED} (RMQSTORE_VJOBS_SEED)")
     rng = random.Random(f"{SEED}-{name}")
     for case in range(3):
@@ -83,7 +103,7 @@ def test_jobs_equal_one_process_on_seeded_damage(tmp_path, monkeypatch, name):
         monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", window)
         root = copy_store(name, tmp_path / f"{name}-{case}")
         _damage_near_boundary(root, rng, window)
-        for damage in rng.sample([_damage_index, _damage_queues, _damage_log], rng.randint(1, 3)):
+        for damage in rng.sample([_damage_index, _damage_queues, _damage_log, _back_in_time], rng.randint(1, 4)):
             if damage is _damage_index and not (root / "index").is_dir():
                 continue
             damage(root, rng)
