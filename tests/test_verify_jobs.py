@@ -17,7 +17,7 @@ from rmqstore_cli.formats import fast
 
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.verify import commitlog as verify_commitlog
-from rmqstore_cli.engine.verify import windowchecks
+from rmqstore_cli.engine.verify import filechecks, windowchecks
 from rmqstore_cli.engine.verify.pipeline import parallel_checks, verify_store_jobs
 from tests.conftest import REPO, STORES, copy_store, tree_digest
 from tests.test_verify_memory import _damage_index, _damage_log, _damage_queues, _undispatch
@@ -38,7 +38,7 @@ def _back_in_time(root, rng: random.Random) -> None:
     two workers' segments) and one inside a segment."""
     recs = _records(root)
     firsts = [r for k, r in enumerate(recs) if k and r[1] != recs[k - 1][1]]
-    for path, seg_start, phy, size in [rng.choice(firsts), rng.choice(recs[1:])]:
+    for path, seg_start, phy, size in [rng.choice(firsts or recs[1:]), rng.choice(recs[1:])]:
         pos = phy - seg_start
         data = bytearray(open(path, "rb").read())
         ts = int(fast.decode_headers(bytes(data), np.asarray([pos], np.int64)).storeTimestamp[0])
@@ -62,16 +62,30 @@ def test_every_shared_store_is_a_case():
 
 @pytest.mark.parametrize("name", ALL_STORES)
 def test_jobs_equal_one_process_on_every_shared_store(monkeypatch, name):
-    """Small windows (several per segment, boundaries inside records), read in place: nothing written."""
-    monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 3000)
+    """Small windows (several per segment, boundaries inside records), read in place: nothing written. The
+    queues' and index files' own checks are built by the workers too (not in this process as a fallback)."""
+    monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 7000)
+    built = []
+    real = windowchecks.build_file_checks
+
+    def build(*args):
+        got = real(*args)
+        built.append(got is not None)
+        return got
+
+    monkeypatch.setattr(windowchecks, "build_file_checks", build)
     root = STORES / name / "store"
     before = tree_digest(root)
     _same_for_every_jobs(root)
     assert tree_digest(root) == before
+    with Store.open(str(root)) as st:
+        if parallel_checks(st, 2) and len(st.queues()) + len(st.index.files) > 1:
+            assert built == [True, True]
 
 
 def test_the_workers_run_the_window_checks(tmp_path, monkeypatch):
-    """With -j 2 every window is checked in a worker, never in this process."""
+    """With -j 2 every window is checked in a worker, never in this process, and so are the queues' and index
+    files' own checks."""
     monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 4096)
     log = tmp_path / "pids"
     real = windowchecks.WindowChecks.window
@@ -82,6 +96,14 @@ def test_the_workers_run_the_window_checks(tmp_path, monkeypatch):
         return real(self, rep)
 
     monkeypatch.setattr(windowchecks.WindowChecks, "window", window)
+    real_build = filechecks._build
+
+    def build(i, *args):
+        with open(log.with_suffix(".files"), "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        yield from real_build(i, *args)
+
+    monkeypatch.setattr(filechecks, "_build", build)
     root = STORES / "4.9.3-clean" / "store"
     with Store.open(str(root)) as st:
         assert parallel_checks(st, 2)
@@ -90,6 +112,8 @@ def test_the_workers_run_the_window_checks(tmp_path, monkeypatch):
     pids = log.read_text().split()
     assert len(pids) == n_windows
     assert str(os.getpid()) not in pids and len(set(pids)) == 2
+    builders = log.with_suffix(".files").read_text().split()
+    assert str(os.getpid()) not in builders and len(set(builders)) == 2
 
 
 @pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean", "4.9.3-ext", "lmq-5.3.3", "batchcq-5.3.3"])
@@ -98,8 +122,8 @@ def test_jobs_equal_one_process_on_seeded_damage(tmp_path, monkeypatch, name):
     (wrong offsets, sizes, tags) and index entries (offsets, hashes, links); random log bytes; store times going back."""
     print(f"seed {SEED} (RMQSTORE_VJOBS_SEED)")
     rng = random.Random(f"{SEED}-{name}")
-    for case in range(3):
-        window = (4096, 3000)[case % 2]
+    for case in range(2):
+        window = (7000, 3000)[case % 2]
         monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", window)
         root = copy_store(name, tmp_path / f"{name}-{case}")
         _damage_near_boundary(root, rng, window)
@@ -116,7 +140,7 @@ def test_jobs_equal_one_process_on_seeded_damage(tmp_path, monkeypatch, name):
 @pytest.mark.parametrize("how", ["none", "one", "tails", "shifted"])
 def test_jobs_equal_one_process_on_undispatched_records(tmp_path, monkeypatch, how):
     """CQ_NOT_DISPATCHED / CQ_DISPATCH_LAG from per-window summaries merged in order, wherever the mark falls."""
-    monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 4096)
+    monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 7000)
     root = copy_store("5.3.3-clean", tmp_path / "s")
     _undispatch(root, how)
     findings, _, _ = _same_for_every_jobs(root, jobs=(2,))

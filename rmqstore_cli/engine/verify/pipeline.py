@@ -90,8 +90,9 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     cl = store.commitlog
     findings: list[Finding] = []
     findings += cl.segments.problems
-    checks = WindowChecks(store, findings, check_crc=check_crc)
-    if reports is None and parallel_checks(store, jobs):
+    parallel = reports is None and parallel_checks(store, jobs)
+    checks = WindowChecks(store, findings, check_crc=check_crc, jobs=jobs if parallel else 1)
+    if parallel:
         checks.run_parallel(jobs, progress)
     else:
         if reports is None:

@@ -23,6 +23,7 @@ from ..findings import Finding
 from .batchqueues import BatchQueueCheck
 from .commitlog import first_windows, iter_segment_windows, window_report
 from .dispatch import DispatchWindows, WindowMissing
+from .filechecks import build_file_checks
 from .lmq import LmqDispatchCheck, after_furthest_unit
 from .records import ERROR, WARNING, _Agg, _Records
 from .rocksdbqueues import CheckpointDispatch, RocksQueueWindows
@@ -61,18 +62,27 @@ class WindowChecks:
     """The commitlog side of the broker's consistency: what ``ReputMessageService`` would have dispatched
     (consume queues, batch queues, LMQ, index entries) checked against the records, one window at a time."""
 
-    def __init__(self, store, findings: list, *, check_crc: bool = True):
+    def __init__(self, store, findings: list, *, check_crc: bool = True, jobs: int = 1):
+        """The record-independent checks of every queue and index file are made here (by ``jobs`` processes)."""
         cl = self.cl = store.commitlog
         self.store, self.check_crc, self.findings = store, check_crc, findings
         self.windows = windows = Windows(cl)
         rocksdb = store.rocksdb
-        queue_windows = QueueWindows if rocksdb is None else RocksQueueWindows
-        self.queues = [queue_windows(store, topic, qid, windows, findings) for topic, qid in store.queues()]
+        svc = store.index
+        keys = store.queues()
+        files = [f for f in svc.files if f.complete]
+        built = build_file_checks(store, keys, files, windows, jobs) if jobs > 1 and rocksdb is None else None
+        if built is not None:
+            self.queues, self.index_files, found = built
+            findings += found
+        else:
+            queue_windows = QueueWindows if rocksdb is None else RocksQueueWindows
+            self.queues = [queue_windows(store, topic, qid, windows, findings) for topic, qid in keys]
         self.queue_is_lmq = [is_lmq(q.scan.topic) for q in self.queues]
         self.batch = [BatchQueueCheck(store, topic, qid, findings) for topic, qid in store.batch_queues()]
-        svc = store.index
         findings += svc.problems
-        self.index_files = [IndexWindows(f, windows) for f in svc.files if f.complete]
+        if built is None:
+            self.index_files = [IndexWindows(f, windows) for f in files]
         phy_maxes = [q.phy_max for q in self.queues + self.batch if q.phy_max is not None]
         if rocksdb is None:
             self.dispatch = DispatchWindows(max(phy_maxes) if phy_maxes else None)
