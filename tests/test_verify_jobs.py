@@ -169,3 +169,24 @@ def test_help_says_what_jobs_does():
     code, out, _ = _cli("verify", "--help")
     assert code == 0
     assert "0: one per core" in " ".join(out.split()) and "cross-check" in out
+
+
+def test_summaries_that_cannot_decide_fall_back_to_one_process(monkeypatch):
+    """When the dispatch summaries cannot place the high-water mark (records that overlap), the workers' result is
+    dropped and the store verified in this process: still the one-process findings."""
+    from rmqstore_cli.engine.verify import dispatch
+
+    root = STORES / "4.9.3-crash" / "store"
+    want = _run(root, 1)
+    real = dispatch.DispatchWindows.finish
+    calls = []
+
+    def finish(self, cl, findings):
+        calls.append(self.detail is not None and self.detail.cols is None)
+        if calls[-1]:
+            raise dispatch.NotMergeable("test")
+        return real(self, cl, findings)
+
+    monkeypatch.setattr(dispatch.DispatchWindows, "finish", finish)
+    assert _run(root, 2) == want
+    assert calls == [True, False]
