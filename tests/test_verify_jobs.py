@@ -65,6 +65,7 @@ def test_jobs_equal_one_process_on_every_shared_store(monkeypatch, name):
     """Small windows (several per segment, boundaries inside records), read in place: nothing written. The
     queues' and index files' own checks are built by the workers too (not in this process as a fallback)."""
     monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 7000)
+    monkeypatch.setattr(filechecks, "MIN_PARALLEL_BYTES", 0)
     built = []
     real = windowchecks.build_file_checks
 
@@ -96,6 +97,7 @@ def test_the_workers_run_the_window_checks(tmp_path, monkeypatch):
         return real(self, rep)
 
     monkeypatch.setattr(windowchecks.WindowChecks, "window", window)
+    monkeypatch.setattr(filechecks, "MIN_PARALLEL_BYTES", 0)
     real_build = filechecks._build
 
     def build(i, *args):
@@ -125,6 +127,7 @@ def test_jobs_equal_one_process_on_seeded_damage(tmp_path, monkeypatch, name):
     for case in range(2):
         window = (7000, 3000)[case % 2]
         monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", window)
+        monkeypatch.setattr(filechecks, "MIN_PARALLEL_BYTES", (0, 1 << 62)[case % 2])  # file checks in workers, or here
         root = copy_store(name, tmp_path / f"{name}-{case}")
         _damage_near_boundary(root, rng, window)
         for damage in rng.sample([_damage_index, _damage_queues, _damage_log, _back_in_time], rng.randint(1, 4)):

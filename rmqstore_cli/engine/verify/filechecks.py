@@ -13,8 +13,13 @@ from __future__ import annotations
 import io
 import pickle
 
+from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, INDEX_SLOT_SIZE
+
 from ..log.segments import Segment, SegmentQueue
 from .windows import IndexWindows, QueueWindows
+
+
+MIN_PARALLEL_BYTES = 256 << 20  # below this much to read, forking costs more than sharing the checks saves
 
 
 def build_file_checks(store, keys: list, files: list, windows, jobs: int):
@@ -23,7 +28,8 @@ def build_file_checks(store, keys: list, files: list, windows, jobs: int):
     from ..parallel import stream_segments
 
     items = [("q", k) for k in keys] + [("x", f) for f in files]
-    if len(items) < 2:
+    weights = [_weight(kind, store.queue(*h) if kind == "q" else h) for kind, h in items]
+    if len(items) < 2 or sum(weights) < MIN_PARALLEL_BYTES:
         return None
     ext = store.config.enableConsumeQueueExt
     handles = [store]
@@ -34,7 +40,7 @@ def build_file_checks(store, keys: list, files: list, windows, jobs: int):
     handles += files
     registry = _registry(handles)
     try:
-        bins = _balanced([_weight(kind, store.queue(*h) if kind == "q" else h) for kind, h in items], jobs)
+        bins = _balanced(weights, jobs)
         parts = stream_segments(_build, len(bins), jobs, bins, store, items, windows, registry)
         built = [None] * len(items)
         for k, got in ((k, got) for part in parts for k, got in _FromReference(io.BytesIO(part), registry).load()):
@@ -48,8 +54,11 @@ def build_file_checks(store, keys: list, files: list, windows, jobs: int):
 
 
 def _weight(kind: str, h) -> int:
-    """Bytes a queue's or index file's checks read: what their time follows."""
-    return h.size if kind == "x" else sum(s.size for s in h.segments.segments)
+    """Bytes a queue's or index file's checks read: what their time follows (an index file: its slot table and
+    the entries its header counts)."""
+    if kind == "x":
+        return h.slots * INDEX_SLOT_SIZE + max(h.header().indexCount, 0) * INDEX_ENTRY_SIZE
+    return sum(s.size for s in h.segments.segments)
 
 
 def _balanced(weights: list, parts: int) -> list:

@@ -71,7 +71,12 @@ class WindowChecks:
         svc = store.index
         keys = store.queues()
         files = [f for f in svc.files if f.complete]
-        built = build_file_checks(store, keys, files, windows, jobs) if jobs > 1 and rocksdb is None else None
+        built = None
+        if jobs > 1 and rocksdb is None:
+            from rmqstore_cli.formats.warmup import warm_up
+
+            warm_up()  # numba imported and every kernel loaded once, before the forks, not in each worker
+            built = build_file_checks(store, keys, files, windows, jobs)
         if built is not None:
             self.queues, self.index_files, found = built
             findings += found
@@ -195,7 +200,7 @@ class WindowChecks:
         from ..parallel import stream_segments
 
         segs = self.cl.segments.segments
-        warm_up()  # numba imported and every kernel loaded once, before the fork, not in each worker
+        warm_up()  # before the fork, not in each worker (a second call, after the file checks, costs microseconds)
         results = stream_segments(_segment_checks, len(segs), jobs, self, first_windows(self.cl),
                                   done=(lambda i: progress(segs[i].size)) if progress else None)
         for res in results:
