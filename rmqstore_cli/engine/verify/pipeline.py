@@ -92,7 +92,11 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     findings += cl.segments.problems
     parallel = reports is None and parallel_checks(store, jobs)
     checks = WindowChecks(store, findings, check_crc=check_crc, jobs=jobs if parallel else 1)
+    tail = None
     if parallel:
+        from ..parallel import Background
+
+        tail = Background(_log_independent_checks, store)  # beside the workers: no core idles while it runs
         checks.run_parallel(jobs, progress)
     else:
         if reports is None:
@@ -130,11 +134,33 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
         findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))
     _check_checkpoint(store, _Newest(n_records, checks.newest), findings)
     _check_root(store, findings)
-    _check_timer(store, findings, summary)
-    if getattr(cl, "is_dledger", False):
-        check_dledger(store, findings, summary)
+    if tail is None:
+        _check_timer(store, findings, summary)
+        if getattr(cl, "is_dledger", False):
+            check_dledger(store, findings, summary)
+    else:
+        found, timer, dledger = tail.result()
+        findings += found
+        if timer:
+            summary["timer"] = timer
+        if dledger is not None:
+            summary["commitlog"]["recoveryEnd"] = dledger["recoveryEnd"]
+            summary["dledger"] = dledger["dledger"]
     sort_findings(findings, summary)
     return VerifyResult(findings, summary)
+
+
+def _log_independent_checks(store) -> tuple[list, dict, dict | None]:
+    """The timer store's and the DLedger entries' checks (they read no window result): (findings in the order
+    :func:`_verify_in_windows` adds them, the ``timer`` summary, the DLedger summary parts)."""
+    findings: list = []
+    timer = check_timer_store(store, findings)
+    dledger = None
+    if getattr(store.commitlog, "is_dledger", False):
+        part: dict = {"commitlog": {}}
+        check_dledger(store, findings, part)
+        dledger = {"recoveryEnd": part["commitlog"]["recoveryEnd"], "dledger": part["dledger"]}
+    return findings, timer, dledger
 
 
 def parallel_checks(store, jobs: int) -> bool:
