@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from rmqstore_cli.engine.config.offsets import offsets_for_stats
+from rmqstore_cli.engine.parallel import default_jobs
 from rmqstore_cli.engine.query.stats import compute_stats
 
 from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
@@ -49,12 +50,15 @@ def stats(
     until: Optional[str] = UntilOpt,
     json_: bool = JsonOpt,
     geometry: Geometry = None,
+    jobs: int = typer.Option(1, "-j", "--jobs", min=0, help="Worker processes for the commitlog walk of the whole store "
+                             "(0: one per core): each walks whole segments, this process adds up their per-queue totals "
+                             "in log order. Same output as -j 1; --since/--until walk in one process."),
 ):
     """Statistics of the whole store (or of a time range) from one commitlog walk (--json: one JSON object)."""
     since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
     st = open_store(store, geometry, command="stats")
     with st:
-        s = compute_stats(st, since_ms, until_ms)
+        s = compute_stats(st, since_ms, until_ms, jobs=jobs or default_jobs())
         offsets = offsets_for_stats(st)  # consumer offsets audit
         from .cleanup_view import cleanup_lines, next_cleanup
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import typer
 
 from rmqstore_cli.engine.config.offsets import add_config_audit
-from rmqstore_cli.engine.verify.pipeline import iter_segments_parallel, verify_store
+from rmqstore_cli.engine.parallel import default_jobs
+from rmqstore_cli.engine.verify.pipeline import verify_store_jobs
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .output import Output, handle_errors, progress, prose, stderr
@@ -21,7 +22,9 @@ def verify(
     no_crc: bool = typer.Option(False, "--no-crc", help="Skip body / __CRC32# checks (faster; the broker checks them on recovery)."),
     json_: bool = JsonOpt,
     geometry: Geometry = None,
-    jobs: int = typer.Option(1, "-j", "--jobs", min=1, help="Processes for the commitlog walk (segments are split among them)."),
+    jobs: int = typer.Option(1, "-j", "--jobs", min=0, help="Worker processes (0: one per core). Each takes whole commitlog "
+                             "segments and runs the walk and every per-window cross-check on them; this process merges "
+                             "their results in log order. Same output as -j 1."),
 ):
     """Check the commitlog, consume queues, ext, index and checkpoint against each other (read-only).
 
@@ -29,9 +32,8 @@ def verify(
     """
     st = open_store(store, geometry, command="verify")
     with st, progress("verifying commitlog", sum(s.size for s in st.commitlog.segments)) as advance:
-        # with -j the per-segment reports stream in from the workers, each consumed as it arrives
-        reports = iter_segments_parallel(st.commitlog, jobs, check_crc=not no_crc, progress=advance) if jobs > 1 else None
-        result = verify_store(st, check_crc=not no_crc, reports=reports, progress=advance)
+        # with -j the workers' per-segment results stream in, each merged as it arrives
+        result = verify_store_jobs(st, jobs or default_jobs(), check_crc=not no_crc, progress=advance)
         add_config_audit(st, result)  # config/*.json and consumer offsets
     out = Output(json_)
     rows = [f.as_json() for f in result.findings]

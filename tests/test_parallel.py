@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from rmqstore_cli.engine.parallel import stream_segments
+from rmqstore_cli.engine.parallel import Background, stream_segments
 
 
 def _items(i: int, per: int):
@@ -58,3 +58,18 @@ def test_workers_start_before_the_first_item_is_asked_for(tmp_path):
     started = os.path.exists(tmp_path / "started-0")
     assert list(gen) == [0, 1, 2, 3]
     assert started
+
+
+def _pid_and(x):
+    return os.getpid(), x * 2
+
+
+def _raises():
+    raise ValueError("the timerlog is damaged")
+
+
+def test_background_computes_in_another_process_and_hands_back_its_result_or_error():
+    pid, got = Background(_pid_and, 21).result()
+    assert got == 42 and pid != os.getpid()
+    with pytest.raises(ValueError, match="timerlog is damaged"):
+        Background(_raises).result()

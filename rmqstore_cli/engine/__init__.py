@@ -24,7 +24,7 @@ whatever the store or segment size::
     log/segments ─► log/commitlog CommitLog.scan ─► Chunk (consecutive records of one segment, as columns)
                         ├─► verify/commitlog  iter_segment_windows: a report per window (verify_segments:
                         │       one per segment, for Spark)
-                        │     ├─► verify/windows    QueueWindows, IndexWindows, DispatchWindows (cross-checks)
+                        │     ├─► verify/windows    QueueWindows, IndexWindows (cross-checks); windowchecks: -j workers
                         │     └─► repair/derived_windows   recovery's check of the derived files against the log
                         ├─► derived/dispatch  Dispatcher (rebuild, recover's re-dispatch, append)
                         ├─► query/stats       StatsAccumulator (also in Spark executors)

@@ -162,3 +162,33 @@ def _next_item(q, proc):
                     return q.get(timeout=1.0)
                 except queue.Empty:
                     raise RuntimeError(f"worker process ended (exit code {proc.exitcode})") from None
+
+
+class Background:
+    """``fn(*args)`` computed in one forked process while this one goes on; :meth:`result` waits for it (and raises
+    what it raised). For work that needs nothing this process computes meanwhile, so a core left idle takes it."""
+
+    def __init__(self, fn: Callable, *args):
+        ctx = multiprocessing.get_context("fork")
+        self._queue = ctx.Queue(maxsize=1)
+        self._proc = ctx.Process(target=_background, args=(fn, args, self._queue), daemon=True)
+        self._proc.start()
+        weakref.finalize(self, _stop, [self._proc])
+
+    def result(self):
+        try:
+            got = _next_item(self._queue, self._proc)
+        finally:
+            _stop([self._proc])
+        if isinstance(got, _WorkerError):
+            raise got.error
+        return got
+
+
+def _background(fn: Callable, args: tuple, out) -> None:
+    try:
+        out.put(fn(*args))
+    except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+        out.put(_WorkerError(e))
+    out.close()
+    out.join_thread()

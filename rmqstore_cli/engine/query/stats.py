@@ -100,7 +100,13 @@ class StatsAccumulator:
         secs, counts = np.unique(ts // self.time_unit_ms, return_counts=True)
         for s_, c in zip(secs.tolist(), counts.tolist()):
             self.seconds[s_] = self.seconds.get(s_, 0) + c
-        if len(self.seconds) > SECOND_KEYS_LIMIT:
+        self._bound_keys()
+
+    def _bound_keys(self) -> None:
+        """Coarsen (ms -> s -> min -> ...) until at most SECOND_KEYS_LIMIT time keys are left: the finest unit at
+        which the records seen have that few keys, whatever order they came in (so partial accumulators merge
+        to what one walk gives)."""
+        while len(self.seconds) > SECOND_KEYS_LIMIT:
             self._coarsen(1000 if self.time_unit_ms == 1 else 60)
 
     def _merge_queue(self, k: tuple[int, int], part: list) -> None:
@@ -135,6 +141,7 @@ class StatsAccumulator:
         f = self.time_unit_ms // other.time_unit_ms
         for s_, c in other.seconds.items():
             self.seconds[s_ // f] = self.seconds.get(s_ // f, 0) + c
+        self._bound_keys()
 
     def result(self) -> dict:
         names = {v: k for k, v in self.topics.items()}
@@ -191,8 +198,9 @@ def timeline(buckets: dict[int, int], unit_ms: int, bins: int = TIMELINE_BINS) -
     return {"startMs": lo * unit_ms, "bucketMs": width * unit_ms, "counts": counts}
 
 
-def compute_stats(store, since: int | None = None, until: int | None = None) -> dict:
-    """Walk the commitlog once (CommitLog.scan chunks) and add store-wide facts.
+def compute_stats(store, since: int | None = None, until: int | None = None, jobs: int = 1) -> dict:
+    """Walk the commitlog once (CommitLog.scan chunks) and add store-wide facts (whole store with ``jobs`` > 1:
+    the segments walked by worker processes, :mod:`.statsjobs`; the same result).
 
     With ``since``/``until`` (epoch ms, inclusive) only records stored in that range are counted;
     the walk starts at the segment the range starts in (binary search by store time) and ends
@@ -204,10 +212,13 @@ def compute_stats(store, since: int | None = None, until: int | None = None) -> 
     store (pending messages per real topic and when they are due, whatever the time range).
     """
     from ..log.commitlog import ScanResult
+    from .statsjobs import scan_parallel, splits
 
     acc = StatsAccumulator()
     res = ScanResult()
-    if since is None and until is None:
+    if since is None and until is None and jobs > 1 and splits(store.commitlog):
+        scan_parallel(store.commitlog, acc, res, jobs)
+    elif since is None and until is None:
         for chunk in store.commitlog.scan(check_crc=False, result=res, stop_at_invalid=False):
             acc.add_chunk(chunk.buf, chunk.headers)
     else:

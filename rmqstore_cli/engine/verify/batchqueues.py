@@ -56,6 +56,18 @@ class BatchQueueCheck:
         self.deferred = Deferred()
         self.last_found = -1
 
+    def take_partial(self):
+        """See :meth:`.windows.QueueWindows.take_partial`."""
+        got = (self.agg, self.deferred, self.last_found)
+        self.agg, self.deferred, self.last_found = _Agg(), Deferred(), -1
+        return got if got[0] or got[1] or got[2] >= 0 else None
+
+    def merge_partial(self, got) -> None:
+        agg, deferred, last_found = got
+        self.agg.merge(agg)
+        self.deferred.merge(deferred)
+        self.last_found = max(self.last_found, last_found)
+
     def _add(self, code, seg, unit: int, text: str, *, rank, count: int = 1, **extra) -> None:
         self.agg.add(self.group, code, ERROR, seg.path, unit * BCQ_UNIT_SIZE, text, rank=rank, topic=self.topic,
                      queueId=self.qid, **extra)

@@ -72,6 +72,16 @@ class LmqDispatchCheck:
                          "the broker will not dispatch it again", topic=name, queueId=qid, queueOffset=qo, phyOffset=phy,
                          rank=qo)
 
+    def take_partial(self):
+        """See :meth:`.windows.QueueWindows.take_partial`."""
+        got = (self.agg, self.units_named)
+        self.agg, self.units_named = _Agg(), 0
+        return got if got[0] or got[1] else None
+
+    def merge_partial(self, got) -> None:
+        self.agg.merge(got[0])
+        self.units_named += got[1]
+
     def finish(self, findings: list) -> None:
         findings += self.agg.findings()
 

@@ -1,6 +1,6 @@
 """Offline verification of a whole store: every check the broker makes, and the ones it skips.
 
-Two phases, so the first can later run per segment in parallel (``-j``):
+Two phases:
 
 1. :func:`verify_segments` walks a range of commitlog segments independently (records never
    cross a segment, §2.6) and returns a :class:`SegmentReport` per segment: findings plus
@@ -8,6 +8,9 @@ Two phases, so the first can later run per segment in parallel (``-j``):
    sub-segment window, what the in-process verify consumes).
 2. :func:`verify_store` merges the reports in segment order and cross-checks the log with the
    consume queues, ext files, index files and checkpoint (Appendix B).
+
+With ``-j`` (:func:`verify_store_jobs`) worker processes take whole segments and run both phases'
+window checks on them (:mod:`.windowchecks`); this process merges their small per-segment results.
 
 The engine never prints: it returns :class:`~rmqstore_cli.engine.findings.Finding` objects
 and a summary dict. Finding codes are stable (docs/findings.md).
@@ -25,17 +28,18 @@ from ..findings import Finding
 from .commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_parallel,  # noqa: F401 (public API)
                         as_windows, first_windows, iter_windows, verify_segments, verify_segments_parallel,
                         whole_segments, window_report)
-from ..derived.lmq import is_lmq
 from .batchqueues import BatchQueueCheck
 from .dledger import check_dledger
 from .index import _check_checkpoint, _check_index, _check_root
-from .lmq import LmqDispatchCheck, after_furthest_unit, check_lmq_dispatch
+from .lmq import check_lmq_dispatch
 from .queues import _check_consume_queues, _check_dispatch
 from .records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier,  # noqa: F401
                       map_large_allocations)
-from .rocksdbqueues import CheckpointDispatch, RocksQueueWindows, check_database
+from .rocksdbqueues import check_database
 from ..timer.check import check_timer_store
-from .windows import DispatchWindows, IndexWindows, QueueWindows, Windows, segments_overlap
+from .dispatch import NotMergeable
+from .windowchecks import WindowChecks, add_store_time_finding, check_delay_properties as _check_delay_properties  # noqa: F401
+from .windows import segments_overlap
 
 
 @dataclass
@@ -82,64 +86,30 @@ def verify_store(store, *, check_crc: bool = True, reports: Iterable[SegmentRepo
 
 
 def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[SegmentReport] | None = None,
-                       progress: Callable[[int], None] | None = None) -> VerifyResult:
+                       progress: Callable[[int], None] | None = None, jobs: int = 1) -> VerifyResult:
     cl = store.commitlog
     findings: list[Finding] = []
     findings += cl.segments.problems
-    windows = Windows(cl)
-    rocksdb = store.rocksdb
-    queue_windows = QueueWindows if rocksdb is None else RocksQueueWindows
-    queues = [queue_windows(store, topic, qid, windows, findings) for topic, qid in store.queues()]
-    batch = [BatchQueueCheck(store, topic, qid, findings) for topic, qid in store.batch_queues()]
-    svc = store.index
-    findings += svc.problems
-    index_files = [IndexWindows(f, windows) for f in svc.files if f.complete]
-    phy_maxes = [q.phy_max for q in queues + batch if q.phy_max is not None]
-    if rocksdb is None:
-        dispatch = DispatchWindows(max(phy_maxes) if phy_maxes else None)
-    else:  # the database's checkpoint is where the broker's next start dispatches from
-        dispatch = CheckpointDispatch(rocksdb.checkpoint)
-    lmq = LmqDispatchCheck(store, after_furthest_unit(max(phy_maxes) if phy_maxes else None))
-    dispatch.reread_with(lambda w: _Records(store, [window_report(cl, w, check_crc=check_crc)]))
-    times = _Agg()
-    prev_ts = None
-    newest = None
-    n_records = 0
-    kept: list[SegmentReport] = []  # the segments' last window reports: the segment-level fields
-    if reports is None:
-        source = iter_windows(cl, check_crc=check_crc, progress=progress)
+    parallel = reports is None and parallel_checks(store, jobs)
+    checks = WindowChecks(store, findings, check_crc=check_crc, jobs=jobs if parallel else 1)
+    tail = None
+    if parallel:
+        from ..parallel import Background
+
+        tail = Background(_log_independent_checks, store)  # beside the workers: no core idles while it runs
+        checks.run_parallel(jobs, progress)
     else:
-        firsts = first_windows(cl)
-        source = (w for rep in reports for w in as_windows(rep, cl, firsts))
-    for rep in source:
-        findings += rep.findings
-        recs = _Records(store, [rep])  # consumes the report's columns
-        if rep.last:
-            kept.append(rep)
-        w = rep.index
-        n_records += len(recs)
-        if len(recs):
-            ts = recs.c["storeTimestamp"]
-            prev_ts = _store_times_window(recs, prev_ts, times)
-            newest = int(ts.max()) if newest is None else max(newest, int(ts.max()))
-            _check_delay_properties(recs, findings)
-        marks = np.zeros(len(recs), dtype=bool)
-        others = np.zeros(len(recs), dtype=bool)  # found by LMQ units: the records' own units are checked apart
-        found_end = None
-        for q in queues:
-            end = q.window(w, windows, recs, others if is_lmq(q.scan.topic) else marks)
-            if end is not None:
-                found_end = end if found_end is None else max(found_end, end)
-        for b in batch:
-            end = b.window(*windows.bounds(w), recs, marks)
-            if end is not None:
-                found_end = end if found_end is None else max(found_end, end)
-        dispatch.window(recs, marks, found_end, w)
-        lmq.window(recs)
-        for ix in index_files:
-            ix.window(w, windows, recs)
-        del recs, marks
-    findings += times.findings()
+        if reports is None:
+            source = iter_windows(cl, check_crc=check_crc, progress=progress)
+        else:
+            firsts = first_windows(cl)
+            source = (w for rep in reports for w in as_windows(rep, cl, firsts))
+        for rep in source:
+            checks.window(rep)
+    queues, batch, index_files, dispatch, lmq, kept = (checks.queues, checks.batch, checks.index_files, checks.dispatch,
+                                                       checks.lmq, checks.kept)
+    n_records = checks.n_records
+    findings += checks.times.findings()
     summary: dict = {"root": store.root, "version": store.config.version,
                      "commitlog": {"files": len(kept), "records": n_records, "bytes": int(sum(r.bytes for r in kept)),
                                    "blanks": int(sum(r.blanks for r in kept)), "minOffset": cl.min_offset}}
@@ -153,22 +123,62 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     dispatch.finish(cl, findings)
     lmq.finish(findings)
     summary["consumeQueues"] = {"queues": len(queues), "units": sum(q.units for q in queues)}
-    if rocksdb is not None:
+    if store.rocksdb is not None:
         summary["consumeQueues"].update(check_database(store, queues, data_end, findings))
     if batch:
         summary["batchConsumeQueues"] = {"queues": len(batch), "units": sum(b.units for b in batch)}
     for ix in index_files:
         ix.finish(refs, findings)
-    summary["index"] = {"files": len(svc.files), "entries": sum(ix.entries for ix in index_files)}
+    summary["index"] = {"files": len(store.index.files), "entries": sum(ix.entries for ix in index_files)}
     if refs.lost_refs:
         findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))
-    _check_checkpoint(store, _Newest(n_records, newest), findings)
+    _check_checkpoint(store, _Newest(n_records, checks.newest), findings)
     _check_root(store, findings)
-    _check_timer(store, findings, summary)
-    if getattr(cl, "is_dledger", False):
-        check_dledger(store, findings, summary)
+    if tail is None:
+        _check_timer(store, findings, summary)
+        if getattr(cl, "is_dledger", False):
+            check_dledger(store, findings, summary)
+    else:
+        found, timer, dledger = tail.result()
+        findings += found
+        if timer:
+            summary["timer"] = timer
+        if dledger is not None:
+            summary["commitlog"]["recoveryEnd"] = dledger["recoveryEnd"]
+            summary["dledger"] = dledger["dledger"]
     sort_findings(findings, summary)
     return VerifyResult(findings, summary)
+
+
+def _log_independent_checks(store) -> tuple[list, dict, dict | None]:
+    """The timer store's and the DLedger entries' checks (they read no window result): (findings in the order
+    :func:`_verify_in_windows` adds them, the ``timer`` summary, the DLedger summary parts)."""
+    findings: list = []
+    timer = check_timer_store(store, findings)
+    dledger = None
+    if getattr(store.commitlog, "is_dledger", False):
+        part: dict = {"commitlog": {}}
+        check_dledger(store, findings, part)
+        dledger = {"recoveryEnd": part["commitlog"]["recoveryEnd"], "dledger": part["dledger"]}
+    return findings, timer, dledger
+
+
+def parallel_checks(store, jobs: int) -> bool:
+    """Whether ``-j`` workers run the window checks too (not only the walk): file-based consume queues, more
+    than one segment, segments that do not overlap."""
+    return jobs > 1 and store.rocksdb is None and len(store.commitlog.segments.segments) > 1 and not segments_overlap(store.commitlog)
+
+
+def verify_store_jobs(store, jobs: int, *, check_crc: bool = True, progress: Callable[[int], None] | None = None) -> VerifyResult:
+    """:func:`verify_store` on ``jobs`` processes: the window checks in the workers where the store allows
+    (:func:`parallel_checks`), else the walk alone; the same result as one process."""
+    if parallel_checks(store, jobs):
+        try:
+            return _verify_in_windows(store, check_crc=check_crc, progress=progress, jobs=jobs)
+        except NotMergeable:  # the workers' summaries cannot decide it: the records are read again here
+            return verify_store(store, check_crc=check_crc)
+    reports = iter_segments_parallel(store.commitlog, jobs, check_crc=check_crc, progress=progress) if jobs > 1 else None
+    return verify_store(store, check_crc=check_crc, reports=reports, progress=progress)
 
 
 class _Newest:
@@ -180,18 +190,6 @@ class _Newest:
 
     def __len__(self) -> int:
         return self.n
-
-
-def _store_times_window(recs: _Records, prev_ts: int | None, agg: _Agg) -> int:
-    """CL_STORE_TIME within one window and across its boundary with the previous one; returns its last store time."""
-    ts = recs.c["storeTimestamp"]
-    if prev_ts is not None and int(ts[0]) < prev_ts:
-        path, pos = recs.location(0)
-        add_store_time_finding(agg, path, pos, int(ts[0]), prev_ts, int(recs.phy[0]))
-    for i in (np.flatnonzero(ts[1:] < ts[:-1]) + 1).tolist():
-        path, pos = recs.location(i)
-        add_store_time_finding(agg, path, pos, int(ts[i]), int(ts[i - 1]), int(recs.phy[i]))
-    return int(ts[-1])
 
 
 def _verify_whole_log(store, *, check_crc: bool = True, reports: list[SegmentReport] | None = None,
@@ -299,23 +297,3 @@ def _check_store_times(recs: _Records, findings: list) -> None:
         path, pos = recs.location(i)
         add_store_time_finding(agg, path, pos, int(ts[i]), int(ts[i - 1]), int(recs.phy[i]))
     findings += agg.findings()
-
-
-def add_store_time_finding(agg: _Agg, path: str, pos: int, ts: int, prev_ts: int, phy: int, count: int = 1) -> None:
-    """CL_STORE_TIME for a record stored before its predecessor (``count`` such records when merging partial results)."""
-    agg.add("", "CL_STORE_TIME", WARNING, path, pos, f"STORETIMESTAMP {ts} is earlier than the previous record's "
-            f"{prev_ts}: a broker whose clock went back writes exactly this, and so does `append --from --keep-store-times` "
-            "replaying older records; the broker reads such a log, but lookups by time (`--since`, `get --time`, the "
-            "broker's offset-by-time) assume store times do not go down and may land early or late", phyOffset=phy)
-    agg.count[("", "CL_STORE_TIME")] += count - 1
-
-
-def _check_delay_properties(recs: _Records, findings: list) -> None:
-    tid = recs.topic_ids.get("SCHEDULE_TOPIC_XXXX")
-    if tid is None:
-        return
-    for i in np.flatnonzero(recs.c["topic"] == tid).tolist():
-        if recs.tags_code(i) is None:
-            path, pos = recs.location(i)
-            findings.append(Finding("CL_DELAY_PROPERTY", ERROR, path, pos, "DELAY property is not a number: the broker rejects "
-                                    "this record and recovery truncates the log here", {"phyOffset": int(recs.phy[i])}))

@@ -44,6 +44,21 @@ class _Agg:
             self.rank[key] = rank
         self.count[key] += 1
 
+    def __bool__(self) -> bool:
+        return bool(self.first)
+
+    def merge(self, later: "_Agg") -> None:
+        """Fold in what ``later`` gathered from input that comes after this one's (a ``-j`` worker's
+        windows): the same first locations and counts as if every finding had been added here."""
+        for key, f in later.first.items():
+            if key not in self.first:
+                self.first[key], self.count[key], self.rank[key] = f, later.count[key], later.rank[key]
+                continue
+            rank, mine = later.rank[key], self.rank[key]
+            if rank is not None and mine is not None and rank < mine:
+                self.first[key], self.rank[key] = f, rank
+            self.count[key] += later.count[key]
+
     def findings(self) -> list[Finding]:
         out = []
         for key, f in self.first.items():

@@ -23,16 +23,15 @@ import numpy as np
 from rmqstore_cli.formats import checkkernel
 from rmqstore_cli.formats.extaddr import MAX_ADDR
 from rmqstore_cli.formats.indexchain import chain_block
-from rmqstore_cli.formats.records import (CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_COMMIT,
-                             TRANSACTION_NOT)
+from rmqstore_cli.formats.records import CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
 from ..findings import Finding
 from . import index as verify_index
 from .commitlog import window_starts
 from .index import _drop_pages, _last_live_entry
 from .index import _no_record as _entry_no_record
-from .queues import (_check_cq_holes, _check_ext_units, _no_record, _QueueFiles, _QueueScan, add_not_dispatched,
-                     check_found_units, dispatch_high_water, dispatch_lag_finding)
+from .dispatch import DispatchWindows, _Missing  # noqa: F401 (callers import them from here)
+from .queues import _check_cq_holes, _check_ext_units, _no_record, _QueueFiles, _QueueScan, check_found_units
 from .records import ERROR, INFO, _Agg, _cq_loc, _Records, _RefClassifier
 
 
@@ -72,6 +71,13 @@ class Deferred:
         if len(pos):
             self.pos.append(np.asarray(pos, np.int64))
             self.phy.append(np.asarray(phy, np.int64))
+
+    def __bool__(self) -> bool:
+        return bool(self.pos)
+
+    def merge(self, later: "Deferred") -> None:
+        self.pos += later.pos
+        self.phy += later.phy
 
     def resolve(self, refs: _RefClassifier, last_found: int):
         """(positions, offsets, status) once the log's end is known: past the end is the lost tail only
@@ -140,6 +146,19 @@ class QueueWindows:
         self._next = 0  # reach[:_next] became active (first window reached); _active: those not yet past
         self._active: list = []
         self._last_w = -1
+
+    def take_partial(self):
+        """What the windows checked since the last call added (findings, unresolved units, furthest find), or
+        None if nothing; starts afresh. A ``-j`` worker sends it; :meth:`merge_partial` folds it in, in log order."""
+        got = (self.scan.agg, self.deferred, self.last_found)
+        self.scan.agg, self.deferred, self.last_found = _Agg(), Deferred(), -1
+        return got if got[0] or got[1] or got[2] >= 0 else None
+
+    def merge_partial(self, got) -> None:
+        agg, deferred, last_found = got
+        self.scan.agg.merge(agg)
+        self.deferred.merge(deferred)
+        self.last_found = max(self.last_found, last_found)
 
     def _reaching(self, w: int) -> list:
         """The files whose units point into window ``w``'s range of windows. Windows come in log order, so
@@ -254,6 +273,20 @@ class IndexWindows:
         verify_index.check_slot_table(agg, f, h, buf, last, first_phy, last_phy)
         del last
 
+    def take_partial(self):
+        """As :meth:`QueueWindows.take_partial`, with the store times of the file's first and last entries' records."""
+        got = (self.agg, self.deferred, self.last_found, self.first_ts, self.last_ts)
+        self.agg, self.deferred, self.last_found, self.first_ts, self.last_ts = _Agg(), Deferred(), -1, None, None
+        return got if got[0] or got[1] or got[2] >= 0 or got[3] is not None or got[4] is not None else None
+
+    def merge_partial(self, got) -> None:
+        agg, deferred, last_found, first_ts, last_ts = got
+        self.agg.merge(agg)
+        self.deferred.merge(deferred)
+        self.last_found = max(self.last_found, last_found)
+        self.first_ts = first_ts if first_ts is not None else self.first_ts
+        self.last_ts = last_ts if last_ts is not None else self.last_ts
+
     def epos(self, e: int) -> int:
         return INDEX_HEADER_SIZE + self.f.slots * INDEX_SLOT_SIZE + int(e) * INDEX_ENTRY_SIZE
 
@@ -289,145 +322,4 @@ class IndexWindows:
             for j in np.flatnonzero(status == refs.MISSING).tolist():
                 _entry_no_record(agg, f, self.epos(ents[j]), int(ents[j]), int(phy[j]))
             verify_index.check_header_times(agg, f, h, self.epos, self.first_ts, self.last_ts, self.out_of_order)
-        findings += agg.findings()
-
-
-class _Missing:
-    """Some records of one window that no unit points at (columns, log order)."""
-
-    def __init__(self, recs: _Records, idx: np.ndarray):
-        self.phy, self.seg = recs.phy[idx], recs.seg[idx]
-        self.tid, self.qid, self.qoff = recs.c["topic"][idx], recs.c["queueId"][idx], recs.c["queueOffset"][idx]
-        self.names = recs.topics
-
-    def __len__(self) -> int:
-        return len(self.phy)
-
-    def take(self, mask: np.ndarray) -> "_Missing":
-        out = _Missing.__new__(_Missing)
-        out.phy, out.seg, out.tid, out.qid, out.qoff = (a[mask] for a in (self.phy, self.seg, self.tid, self.qid, self.qoff))
-        out.names = self.names
-        return out
-
-    def per_queue(self):
-        """(topic, queueId, count, first phy, its segment, its queue offset) per queue, lowest offset first."""
-        if not len(self.phy):
-            return
-        key = (self.tid.astype(np.int64) << 32) | (self.qid.astype(np.int64) & 0xFFFFFFFF)
-        _, first, counts = np.unique(key, return_index=True, return_counts=True)
-        for i, n in zip(first.tolist(), counts.tolist()):
-            yield (self.names[int(self.tid[i])], int(self.qid[i]), int(n), int(self.phy[i]), int(self.seg[i]),
-                   int(self.qoff[i]))
-
-
-class DispatchWindows:
-    """Records no consume-queue unit points at, window by window, judged against the queues' high-water
-    mark (the broker re-dispatches everything after it at start, §13.1): before it CQ_NOT_DISPATCHED per
-    queue, from it CQ_DISPATCH_LAG. Memory stays bounded whatever the log (even with no consume queue at
-    all): the mark is the end of the furthest record a unit found, which lies in the last window with
-    such a unit, so only that window's missing records are kept as columns. Every other window is kept as
-    per-queue summaries merged across windows (one row per queue, not per queue and window: a 1 TB log is
-    16k windows): the windows before the last find are before the mark whatever it becomes; a later window
-    is judged against the mark it would be if no later window finds a unit (the furthest find so far, or
-    else the furthest unit's offset, ``phy_max``, known before the walk), and moved before the mark if a later
-    window does find one. The one window that mark falls inside is read again at the end."""
-
-    def __init__(self, phy_max: int | None):
-        self.phy_max = phy_max  # the furthest real unit's offset over every queue
-        self.found_end_max: int | None = None
-        self.detail: _Missing | None = None  # the last window where a unit found its record
-        self.old: dict = {}  # per-queue rows judged before the mark
-        self._reset_after()
-
-    def _reset_after(self) -> None:
-        # windows after the last find: before / inside (at most one) / from the mark it would be
-        self.after_before: dict = {}
-        self.after_inside: tuple | None = None  # (first phy, window, per-queue rows)
-        self.after_from: tuple | None = None  # (first phy, its segment, count)
-        self.after_from_rows: dict = {}
-
-    @staticmethod
-    def _merge(into: dict, rows) -> None:
-        """Per-queue rows (topic, queueId, count, first phy, its segment, its queue offset) summed per queue."""
-        for row in rows:
-            key = (row[0], row[1])
-            got = into.get(key)
-            if got is None:
-                into[key] = row
-            else:
-                first = got if got[3] <= row[3] else row
-                into[key] = (*first[:2], got[2] + row[2], *first[3:])
-
-    def window(self, recs: _Records, marks: np.ndarray, found_end: int | None, w: int) -> None:
-        tran = recs.c["sysFlag"] & 0xC
-        missing = _Missing(recs, np.flatnonzero(((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)) & ~marks))
-        if found_end is not None:
-            # everything kept so far lies before this window's found record: before the mark, whatever it becomes
-            if self.detail is not None:
-                self._merge(self.old, self.detail.per_queue())
-            self._merge(self.old, self.after_before.values())
-            self._merge(self.old, self.after_from_rows.values())
-            if self.after_inside is not None:
-                self._merge(self.old, self.after_inside[2])
-            self._reset_after()
-            self.found_end_max = found_end if self.found_end_max is None else max(self.found_end_max, found_end)
-            self.detail = missing
-        elif len(missing):
-            mark = dispatch_high_water(self.found_end_max, self.phy_max)
-            first, last = int(missing.phy[0]), int(missing.phy[-1])
-            if last < mark:
-                self._merge(self.after_before, missing.per_queue())
-            elif first >= mark:
-                if self.after_from is None:
-                    self.after_from = (first, int(missing.seg[0]), 0)
-                f0, s0, n0 = self.after_from
-                self.after_from = (f0, s0, n0 + len(missing))
-                self._merge(self.after_from_rows, missing.per_queue())
-            else:
-                self.after_inside = (first, w, list(missing.per_queue()))
-
-    _reread = None
-
-    def reread_with(self, reread) -> None:
-        """``reread(window number) -> _Records`` gives one window's records again (the rare case above)."""
-        self._reread = reread
-
-    def finish(self, cl, findings: list) -> None:
-        segs = cl.segments.segments
-        high = dispatch_high_water(self.found_end_max, self.phy_max)
-        old = dict(self.old)
-        lag_first, lag_count = None, 0
-
-        def lag(first_phy: int, seg: int, count: int) -> None:
-            nonlocal lag_first, lag_count
-            if lag_first is None:
-                lag_first = (seg, first_phy)
-            lag_count += count
-
-        if self.detail is not None and len(self.detail):  # the mark lies in this window
-            below = self.detail.phy < high
-            self._merge(old, self.detail.take(below).per_queue())
-            rest = self.detail.take(~below)
-            if len(rest):
-                lag(int(rest.phy[0]), int(rest.seg[0]), len(rest))
-        self._merge(old, self.after_before.values())
-        if self.after_inside is not None:  # the mark falls inside this window: judge its records one by one
-            recs = self._reread(self.after_inside[1])
-            tran = recs.c["sysFlag"] & 0xC
-            # no unit found a record here (else the mark would be a found end), so none is marked
-            m = _Missing(recs, np.flatnonzero((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)))
-            below = m.phy < high
-            self._merge(old, m.take(below).per_queue())
-            rest = m.take(~below)
-            if len(rest):
-                lag(int(rest.phy[0]), int(rest.seg[0]), len(rest))
-        if self.after_from is not None:
-            lag(self.after_from[0], self.after_from[1], self.after_from[2])
-        if lag_count:
-            s = segs[lag_first[0]]
-            findings.append(dispatch_lag_finding(s.path, lag_first[1] - s.start, lag_count, lag_first[1]))
-        agg = _Agg()
-        for topic, qid, n, phy, seg, qoff in sorted(old.values(), key=lambda r: r[3]):
-            s = segs[seg]
-            add_not_dispatched(agg, s.path, phy - s.start, topic, qid, phy, qoff, n)
         findings += agg.findings()

@@ -1,0 +1,128 @@
+"""``-j``: the record-independent checks of every consume queue and index file, spread over worker processes.
+
+Before the log is walked, each consume queue (``ConsumeQueue``, with its ``ConsumeQueueExt``) and each index
+file (``IndexFile``) gets its per-file checks and the routing of its units / entries to the log's windows
+(:class:`.windows.QueueWindows`, :class:`.windows.IndexWindows`). Those are independent per queue and per file,
+so forked workers build them, a share each, and send the built check objects back. The objects refer to the
+store's open files (queues, segments, index files); such references travel as the object's identity — the
+workers are forks of this process, which holds the very same objects — never as a copy of a file or mapping.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, INDEX_SLOT_SIZE
+
+from ..log.segments import Segment, SegmentQueue
+from .windows import IndexWindows, QueueWindows
+
+
+MIN_PARALLEL_BYTES = 256 << 20  # below this much to read, forking costs more than sharing the checks saves
+
+
+def build_file_checks(store, keys: list, files: list, windows, jobs: int):
+    """(queue checks, index-file checks, the findings their construction made in the one-process order), built by
+    ``jobs`` forked workers; None when they cannot be sent back (the caller builds them here instead)."""
+    from ..parallel import stream_segments
+
+    items = [("q", k) for k in keys] + [("x", f) for f in files]
+    weights = [_weight(kind, store.queue(*h) if kind == "q" else h) for kind, h in items]
+    if len(items) < 2 or sum(weights) < MIN_PARALLEL_BYTES:
+        return None
+    ext = store.config.enableConsumeQueueExt
+    handles = [store]
+    for topic, qid in keys:  # made before the fork, so the workers use (and refer to) these objects
+        handles.append(store.queue(topic, qid))
+        if ext:
+            handles.append(store.ext(topic, qid))
+    handles += files
+    registry = _registry(handles)
+    try:
+        bins = _balanced(weights, jobs)
+        parts = stream_segments(_build, len(bins), jobs, bins, store, items, windows, registry)
+        built = [None] * len(items)
+        for k, got in ((k, got) for part in parts for k, got in _FromReference(io.BytesIO(part), registry).load()):
+            built[k] = got
+    except (pickle.PicklingError, TypeError, AttributeError):  # something not meant to travel: build here
+        return None
+    queues = [obj for (kind, _), (obj, _) in zip(items, built) if kind == "q"]
+    index_files = [obj for (kind, _), (obj, _) in zip(items, built) if kind == "x"]
+    findings = [f for (kind, _), (_, found) in zip(items, built) if kind == "q" for f in found]
+    return queues, index_files, findings
+
+
+def _weight(kind: str, h) -> int:
+    """Bytes a queue's or index file's checks read: what their time follows (an index file: its slot table and
+    the entries its header counts)."""
+    if kind == "x":
+        return h.slots * INDEX_SLOT_SIZE + max(h.header().indexCount, 0) * INDEX_ENTRY_SIZE
+    return sum(s.size for s in h.segments.segments)
+
+
+def _balanced(weights: list, parts: int) -> list:
+    """Item numbers in ``parts`` lists of near-equal total weight (heaviest first, each to the lightest list)."""
+    bins: list = [[] for _ in range(max(1, min(parts, len(weights))))]
+    totals = [0] * len(bins)
+    for k in sorted(range(len(weights)), key=lambda k: -weights[k]):
+        b = totals.index(min(totals))
+        bins[b].append(k)
+        totals[b] += weights[k]
+    return [sorted(b) for b in bins]
+
+
+def _build(i: int, bins: list, store, items: list, windows, registry: dict):
+    out = []
+    for k in bins[i]:
+        kind, key = items[k]
+        found: list = []
+        out.append((k, (QueueWindows(store, *key, windows, found) if kind == "q" else IndexWindows(key, windows), found)))
+    buf = io.BytesIO()
+    _ByReference(buf, registry).dump(out)
+    yield buf.getvalue()
+
+
+def _registry(handles: list) -> dict:
+    """id -> object of the store's file handles and their segments (what a built check may refer to)."""
+    reg: dict = {}
+
+    def add(obj) -> None:
+        reg[id(obj)] = obj
+
+    for h in handles:
+        add(h)
+        for v in vars(h).values():
+            if isinstance(v, SegmentQueue):
+                add(v)
+                add(v.budget)
+                for seg in v.segments:
+                    add(seg)
+            elif isinstance(v, Segment):
+                add(v)
+                if v.budget is not None:
+                    add(v.budget)
+    return reg
+
+
+_ABSENT = object()
+
+
+class _ByReference(pickle.Pickler):
+    """Pickles the registered handles as their identity (valid in the process this one was forked from)."""
+
+    def __init__(self, f, registry: dict):
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+        self.registry = registry
+
+    def persistent_id(self, obj):
+        return id(obj) if self.registry.get(id(obj), _ABSENT) is obj else None
+
+
+class _FromReference(pickle.Unpickler):
+    def __init__(self, f, registry: dict):
+        super().__init__(f)
+        self.registry = registry
+
+    def persistent_load(self, pid):
+        return self.registry[pid]

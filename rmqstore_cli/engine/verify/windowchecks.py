@@ -1,0 +1,246 @@
+"""Verify's cross-checks window by window, in this process or spread over ``-j`` worker processes.
+
+:class:`WindowChecks` holds every check that takes the log's records one window at a time (consume
+queues, batch queues, index files, LMQ and dispatch completeness, store-time order, DELAY properties).
+In process, the windows come in log order and everything accumulates here. With ``-j``, forked workers
+each take whole commitlog segments (records never cross one, §2.6): a worker walks its segment, runs
+every window check on it and sends back only what the checks added — findings (aggregated as they are
+here), the references no window resolved, furthest finds, a :class:`~.dispatch.WindowMissing` per window,
+the segment's first and last store times — a few rows per queue and file, never a record. This process
+merges those results in segment order, which gives the same findings, order and counts as the walk in
+one process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..derived.lmq import is_lmq
+from ..findings import Finding
+from .batchqueues import BatchQueueCheck
+from .commitlog import first_windows, iter_segment_windows, window_report
+from .dispatch import DispatchWindows, WindowMissing
+from .filechecks import build_file_checks
+from .lmq import LmqDispatchCheck, after_furthest_unit
+from .records import ERROR, WARNING, _Agg, _Records
+from .rocksdbqueues import CheckpointDispatch, RocksQueueWindows
+from .windows import IndexWindows, QueueWindows, Windows
+
+
+@dataclass
+class SegmentChecks:
+    """What the window checks of one commitlog segment added, as a ``-j`` worker sends it back."""
+
+    segment: int
+    findings: list  # the walk's and the DELAY check's findings, in the order they were made
+    kept: list  # the segment's last window report (segment-level fields), without its columns
+    times: _Agg  # CL_STORE_TIME inside the segment
+    first: tuple | None  # (store time, path, position, offset) of the segment's first record
+    last_ts: int | None
+    newest: int | None
+    records: int
+    dispatch: list  # (WindowMissing, window number) of the windows that matter to the dispatch check
+    partials: dict = field(default_factory=dict)  # ("q"|"b"|"x", number) or "lmq" -> the checker's partial
+
+
+class _DispatchSummaries:
+    """Stands in for :class:`~.dispatch.DispatchWindows` in a worker: keeps each window's summary to send back."""
+
+    def __init__(self):
+        self.items: list = []
+
+    def window(self, recs: _Records, marks: np.ndarray, found_end: int | None, w: int) -> None:
+        s = WindowMissing(recs, marks, found_end, keep_cols=False)
+        if s.found_end is not None or s.n:
+            self.items.append((s, w))
+
+
+class WindowChecks:
+    """The commitlog side of the broker's consistency: what ``ReputMessageService`` would have dispatched
+    (consume queues, batch queues, LMQ, index entries) checked against the records, one window at a time."""
+
+    def __init__(self, store, findings: list, *, check_crc: bool = True, jobs: int = 1):
+        """The record-independent checks of every queue and index file are made here (by ``jobs`` processes)."""
+        cl = self.cl = store.commitlog
+        self.store, self.check_crc, self.findings = store, check_crc, findings
+        self.windows = windows = Windows(cl)
+        rocksdb = store.rocksdb
+        svc = store.index
+        keys = store.queues()
+        files = [f for f in svc.files if f.complete]
+        built = None
+        if jobs > 1 and rocksdb is None:
+            from rmqstore_cli.formats.warmup import warm_up
+
+            warm_up()  # numba imported and every kernel loaded once, before the forks, not in each worker
+            built = build_file_checks(store, keys, files, windows, jobs)
+        if built is not None:
+            self.queues, self.index_files, found = built
+            findings += found
+        else:
+            queue_windows = QueueWindows if rocksdb is None else RocksQueueWindows
+            self.queues = [queue_windows(store, topic, qid, windows, findings) for topic, qid in keys]
+        self.queue_is_lmq = [is_lmq(q.scan.topic) for q in self.queues]
+        self.batch = [BatchQueueCheck(store, topic, qid, findings) for topic, qid in store.batch_queues()]
+        findings += svc.problems
+        if built is None:
+            self.index_files = [IndexWindows(f, windows) for f in files]
+        phy_maxes = [q.phy_max for q in self.queues + self.batch if q.phy_max is not None]
+        if rocksdb is None:
+            self.dispatch = DispatchWindows(max(phy_maxes) if phy_maxes else None)
+        else:  # the database's checkpoint is where the broker's next start dispatches from
+            self.dispatch = CheckpointDispatch(rocksdb.checkpoint)
+        self.lmq = LmqDispatchCheck(store, after_furthest_unit(max(phy_maxes) if phy_maxes else None))
+        self.dispatch.reread_with(lambda w: _Records(store, [window_report(cl, w, check_crc=check_crc)]))
+        self._fresh()
+
+    def _fresh(self) -> None:
+        self.times = _Agg()
+        self.first_record: tuple | None = None
+        self.prev_ts: int | None = None
+        self.newest: int | None = None
+        self.n_records = 0
+        self.kept: list = []  # the segments' last window reports: the segment-level fields
+
+    def window(self, rep) -> None:
+        """One window's report (in log order here; in segment order within a worker)."""
+        self.findings += rep.findings
+        recs = _Records(self.store, [rep])  # consumes the report's columns
+        if rep.last:
+            self.kept.append(rep)
+        w = rep.index
+        self.n_records += len(recs)
+        if len(recs):
+            ts = recs.c["storeTimestamp"]
+            if self.first_record is None:
+                self.first_record = (int(ts[0]), *recs.location(0), int(recs.phy[0]))
+            self.prev_ts = store_times_window(recs, self.prev_ts, self.times)
+            top = int(ts.max())
+            self.newest = top if self.newest is None else max(self.newest, top)
+            check_delay_properties(recs, self.findings)
+        marks = np.zeros(len(recs), dtype=bool)
+        others = np.zeros(len(recs), dtype=bool)  # found by LMQ units: the records' own units are checked apart
+        found_end = None
+        for q, lmq in zip(self.queues, self.queue_is_lmq):
+            end = q.window(w, self.windows, recs, others if lmq else marks)
+            if end is not None:
+                found_end = end if found_end is None else max(found_end, end)
+        for b in self.batch:
+            end = b.window(*self.windows.bounds(w), recs, marks)
+            if end is not None:
+                found_end = end if found_end is None else max(found_end, end)
+        self.dispatch.window(recs, marks, found_end, w)
+        self.lmq.window(recs)
+        for ix in self.index_files:
+            ix.window(w, self.windows, recs)
+
+    def _checkers(self):
+        yield from ((("q", k), q) for k, q in enumerate(self.queues))
+        yield from ((("b", k), b) for k, b in enumerate(self.batch))
+        yield from ((("x", k), ix) for k, ix in enumerate(self.index_files))
+        yield "lmq", self.lmq
+
+    # -- in a worker ---------------------------------------------------------------------------------------
+
+    def enter_worker(self) -> None:
+        """In a freshly forked worker: forget what this process gathered before the fork (it has it)."""
+        if getattr(self, "_in_worker", False):
+            return
+        self._in_worker = True
+        for _, c in self._checkers():
+            c.take_partial()
+        self.findings = []
+        self.dispatch = _DispatchSummaries()
+        self._fresh()
+
+    def segment_result(self, i: int) -> SegmentChecks:
+        """What the windows of segment ``i`` added (then starts afresh for the next segment)."""
+        for rep in self.kept:
+            rep.findings = []  # already in self.findings
+        out = SegmentChecks(i, self.findings, self.kept, self.times, self.first_record, self.prev_ts, self.newest,
+                            self.n_records, self.dispatch.items)
+        for key, c in self._checkers():
+            got = c.take_partial()
+            if got is not None:
+                out.partials[key] = got
+        self.findings = []
+        self.dispatch.items = []
+        self._fresh()
+        return out
+
+    # -- here, merging ---------------------------------------------------------------------------------------
+
+    def merge(self, res: SegmentChecks) -> None:
+        """Fold in a worker's segment result; segments must come in log order."""
+        self.findings += res.findings
+        self.kept += res.kept
+        if res.first is not None:
+            ts, path, pos, phy = res.first
+            if self.prev_ts is not None and ts < self.prev_ts:
+                add_store_time_finding(self.times, path, pos, ts, self.prev_ts, phy)
+            self.prev_ts = res.last_ts
+        self.times.merge(res.times)
+        if res.newest is not None:
+            self.newest = res.newest if self.newest is None else max(self.newest, res.newest)
+        self.n_records += res.records
+        for s, w in res.dispatch:
+            self.dispatch.add(s, w)
+        for key, c in self._checkers():
+            got = res.partials.get(key)
+            if got is not None:
+                c.merge_partial(got)
+
+    def run_parallel(self, jobs: int, progress: Callable[[int], None] | None = None) -> None:
+        """Every segment's windows checked by ``jobs`` forked workers, merged here in log order."""
+        from rmqstore_cli.formats.warmup import warm_up
+
+        from ..parallel import stream_segments
+
+        segs = self.cl.segments.segments
+        warm_up()  # before the fork, not in each worker (a second call, after the file checks, costs microseconds)
+        results = stream_segments(_segment_checks, len(segs), jobs, self, first_windows(self.cl),
+                                  done=(lambda i: progress(segs[i].size)) if progress else None)
+        for res in results:
+            self.merge(res)
+
+
+def _segment_checks(i: int, checks: WindowChecks, firsts: list):
+    checks.enter_worker()
+    for rep in iter_segment_windows(checks.cl, i, check_crc=checks.check_crc, first_window=firsts[i]):
+        checks.window(rep)
+    yield checks.segment_result(i)
+
+
+def store_times_window(recs: _Records, prev_ts: int | None, agg: _Agg) -> int:
+    """CL_STORE_TIME within one window and across its boundary with the previous one; returns its last store time."""
+    ts = recs.c["storeTimestamp"]
+    if prev_ts is not None and int(ts[0]) < prev_ts:
+        path, pos = recs.location(0)
+        add_store_time_finding(agg, path, pos, int(ts[0]), prev_ts, int(recs.phy[0]))
+    for i in (np.flatnonzero(ts[1:] < ts[:-1]) + 1).tolist():
+        path, pos = recs.location(i)
+        add_store_time_finding(agg, path, pos, int(ts[i]), int(ts[i - 1]), int(recs.phy[i]))
+    return int(ts[-1])
+
+
+def add_store_time_finding(agg: _Agg, path: str, pos: int, ts: int, prev_ts: int, phy: int, count: int = 1) -> None:
+    """CL_STORE_TIME for a record stored before its predecessor (``count`` such records when merging partial results)."""
+    agg.add("", "CL_STORE_TIME", WARNING, path, pos, f"STORETIMESTAMP {ts} is earlier than the previous record's "
+            f"{prev_ts}: a broker whose clock went back writes exactly this, and so does `append --from --keep-store-times` "
+            "replaying older records; the broker reads such a log, but lookups by time (`--since`, `get --time`, the "
+            "broker's offset-by-time) assume store times do not go down and may land early or late", phyOffset=phy)
+    agg.count[("", "CL_STORE_TIME")] += count - 1
+
+
+def check_delay_properties(recs: _Records, findings: list) -> None:
+    tid = recs.topic_ids.get("SCHEDULE_TOPIC_XXXX")
+    if tid is None:
+        return
+    for i in np.flatnonzero(recs.c["topic"] == tid).tolist():
+        if recs.tags_code(i) is None:
+            path, pos = recs.location(i)
+            findings.append(Finding("CL_DELAY_PROPERTY", ERROR, path, pos, "DELAY property is not a number: the broker rejects "
+                                    "this record and recovery truncates the log here", {"phyOffset": int(recs.phy[i])}))
