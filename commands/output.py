@@ -11,21 +11,38 @@ import json
 import os
 import re
 import sys
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import typer
-from rich._emoji_replace import _emoji_replace
-from rich.cells import cell_len, set_cell_size
-from rich.console import Console
-from rich.markup import RE_TAGS
-from rich.table import Table
-from rich.text import Text
 
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, EXIT_USAGE, RmqStoreError
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class _LazyConsole:
+    """A rich Console made on first use: rich's import (~30 ms) is paid only by a run that prints
+    through it (``--json`` output and silent runs never do)."""
+
+    def __init__(self, **options):
+        self._options = options
+        self._console = None
+
+    def __getattr__(self, name):
+        if self._console is None:
+            from rich.console import Console
+
+            options = self._options
+            if options.pop("width_when_piped", None) and not sys.stdout.isatty():
+                options["width"] = 200
+            self._console = Console(**options)
+        return getattr(self._console, name)
+
+
 # Piped tables get a generous width instead of rich's 80-column default; cells ellipsize.
-stdout = Console(soft_wrap=False, highlight=False, width=None if sys.stdout.isatty() else 200)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+stdout = _LazyConsole(soft_wrap=False, highlight=False, width_when_piped=True)
+stderr = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _default(o):
@@ -102,6 +119,9 @@ class Output:
             if limit_note:
                 stderr.print(limit_note)
             return n
+        from rich.table import Table
+        from rich.text import Text
+
         t = Table(title=title, show_lines=False, header_style="bold")
         for k, header in columns:
             wide = k in WIDE_COLUMNS
@@ -118,6 +138,9 @@ class Output:
         if self.as_json:
             self.line(obj)
             return
+        from rich.table import Table
+        from rich.text import Text
+
         t = Table(title=title, show_header=False)
         t.add_column("field", style="bold")
         t.add_column("value", overflow="fold")
@@ -134,7 +157,11 @@ _NOT_PLAIN = re.compile(r"[\x00-\x1f\x7f]|\s$")
 
 def _is_markup(text: str) -> bool:
     """rich reads this cell as markup (a tag or an escaped bracket), not as plain text."""
-    return "[" in text and (RE_TAGS.search(text) is not None or "\\[" in text)
+    if "[" not in text:
+        return False
+    from rich.markup import RE_TAGS
+
+    return RE_TAGS.search(text) is not None or "\\[" in text
 
 
 def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: list[list[str]],
@@ -143,6 +170,9 @@ def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: l
     per row), or None when rich must draw it: a terminal (styles), no rows, a table wider than
     the console (rich then shrinks columns), a title that would wrap, cells with markup
     tags, control characters or trailing whitespace (rich reshapes those)."""
+    from rich._emoji_replace import _emoji_replace
+    from rich.cells import cell_len
+
     con = stdout
     if not cells or con.is_terminal or con.color_system is not None or not con.encoding.lower().startswith("utf"):
         return None
@@ -198,6 +228,8 @@ SHORT_WHOLE = 40
 
 
 def _width(text: str) -> int:
+    from rich.cells import cell_len
+
     return max(map(cell_len, text.split("\n"))) if "\n" in text else cell_len(text)
 
 
@@ -241,6 +273,9 @@ def _print_fitted(con: Console, title: str | None, columns: Sequence[tuple[str, 
     headers = [_width(h) for _, h in columns]
     natural = _natural(columns, cells, () if wrap else WIDE_COLUMNS)
     flexible = [(k in wrap) if wrap else (k in WIDE_COLUMNS and k not in WHOLE_COLUMNS) for k, _ in columns]
+    from rich.table import Table
+    from rich.text import Text
+
     widths = _fit_widths(natural, headers, flexible, con.width)
     if widths is None:
         if title:
@@ -308,6 +343,8 @@ def say(text: str, root: str | None = None) -> None:
 
 def _fit(text: str, width: int) -> str:
     """One padded cell of ``width`` columns: rich's ellipsis overflow and left justification."""
+    from rich.cells import cell_len, set_cell_size
+
     inner = width - 2
     if cell_len(text) > inner:
         text = set_cell_size(text, inner - 1) + "…"
