@@ -195,11 +195,16 @@ def run() -> None:
     without the interpreter's teardown. Tearing down the modules a record-reading command loaded (numba,
     llvmlite's JIT-ed code, numpy) takes 0.05-0.15 s after the work is done; the exit handlers still run
     and the standard streams are flushed first. When that cannot be done cleanly (a flush fails, e.g. a
-    closed pipe, or a thread is still running) the exit is the ordinary one."""
+    closed pipe, or a thread is still running) the exit is the ordinary one.
+
+    numpy's OpenBLAS starts a thread per core when numpy is imported (50 ms of a start on a busy 2-core
+    machine, more on a big one); nothing here calls BLAS, so one thread is asked for unless the user
+    chose a number."""
     import atexit
     import os
     import threading
 
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         main()
         code = 0
