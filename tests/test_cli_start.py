@@ -1,0 +1,91 @@
+"""A command's start loads only what that command uses (what keeps `verify`, `recover --dry-run`,
+`rebuild all --dry-run` and `dump commitlog --limit 1 --json` starting fast on a small store). Checked by
+the modules a real run has imported when it exits, never by a timing: the other commands' modules, the
+libraries only other commands need, the numba kernels it does not call, and numba's array module (which
+loading a cached kernel imports when the kernel makes an array itself) must not be among them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+STORE = str(REPO / "fixtures" / "stores" / "4.9.3-clean")
+
+# every commands module, as registered by rmqstore_cli.app.COMMANDS, plus the helpers only some commands use
+COMMAND_MODULES = {"dump", "stats", "diff", "verify", "get", "index_cmd", "msgid", "append", "recover", "truncate",
+                   "rebuild", "salvage", "reclaim", "offsets_cmd", "spark_cmd", "dump_timer", "dledger_cmd",
+                   "explain_view", "cleanup_view", "rebuild_timer"}
+KERNEL_MODULES = {"kernel", "checkkernel", "propkernel", "indexchain", "jsonkernel", "timerkernel",
+                  "dledgerkernel", "warmup"}
+# libraries no start below needs: Spark, Arrow, msgspec, RocksDB bindings, pydantic (typer >= 0.29)
+NEVER = ("pyspark", "pyarrow", "msgspec", "rocksdict", "pydantic", "rmqstore_cli.spark", "rich.progress")
+
+# (argv, commands modules it may load, kernel modules it may load, rich allowed)
+CASES = {
+    "verify": (["verify", STORE], {"verify"}, {"kernel", "checkkernel", "propkernel", "indexchain"}, True),
+    "recover": (["recover", STORE, "--dry-run"], {"recover", "explain_view", "offsets_cmd"},
+                {"kernel", "checkkernel", "propkernel", "indexchain"}, True),
+    "rebuild": (["rebuild", "all", STORE, "--dry-run"], {"rebuild", "recover", "explain_view", "offsets_cmd"},
+                {"kernel", "checkkernel", "propkernel", "indexchain"}, True),
+    "dump": (["dump", "commitlog", STORE, "--limit", "1", "--json"], {"dump", "dump_timer", "dledger_cmd", "offsets_cmd"},
+             {"kernel", "jsonkernel"}, False),
+    "version": (["--version"], set(), set(), False),
+}
+
+# The real process entry (rmqstore_cli.app.run, as `python -m rmqstore_cli` and the script): the exit
+# handler it runs before leaving writes the imported modules to a file.
+PROBE = """
+import atexit, json, sys
+out = sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
+sys.argv[0] = "rmqstore"
+from rmqstore_cli.app import run
+run()
+"""
+
+
+def imported(tmp_path, argv) -> tuple[set, subprocess.CompletedProcess]:
+    out = tmp_path / "modules.json"
+    p = subprocess.run([sys.executable, "-c", PROBE, str(out)] + argv, capture_output=True, text=True, cwd=REPO,
+                       timeout=300)
+    return set(json.loads(out.read_text())), p
+
+
+def _under(modules: set, package: str) -> set:
+    return {m.split(".")[len(package.split("."))] for m in modules if m.startswith(package + ".")}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_command_start_loads_only_what_the_command_uses(tmp_path, case):
+    argv, commands, kernels, rich_ok = CASES[case]
+    mods, p = imported(tmp_path, argv)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout or p.stderr  # it ran (and printed) before the modules were listed
+    assert _under(mods, "rmqstore_cli.commands") & COMMAND_MODULES <= commands, "another command's module"
+    assert _under(mods, "rmqstore_cli.formats") & KERNEL_MODULES <= kernels, "a kernel module it does not call"
+    assert not [m for m in mods if any(m == n or m.startswith(n + ".") for n in NEVER)]
+    assert "numba.np.arrayobj" not in mods  # a kernel that makes its own array makes its cached load import this
+    if not rich_ok:
+        assert not [m for m in mods if m == "rich" or m.startswith("rich.")]
+    if case == "version":
+        assert not {"numpy", "numba", "construct"} & mods and not _under(mods, "rmqstore_cli.engine")
+    else:
+        assert "numba" in mods and kernels & _under(mods, "rmqstore_cli.formats")  # the probe sees a real run
+
+
+def test_the_probe_sees_what_a_run_imports(tmp_path):
+    """The check above can fail: a run that imports other commands' modules is seen doing so."""
+    mods, p = imported(tmp_path, ["--help"])  # --help lists every command, so it loads every module
+    assert p.returncode == 0
+    assert {"verify", "dump", "append", "spark_cmd", "offsets_cmd"} <= _under(mods, "rmqstore_cli.commands")
+
+
+def test_every_commands_module_is_known_here():
+    """COMMAND_MODULES above names every module of commands/ (a new one is checked too)."""
+    files = {f.stem for f in (REPO / "commands").glob("*.py")} - {"__init__", "common", "output"}
+    assert files == COMMAND_MODULES
