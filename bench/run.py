@@ -361,8 +361,9 @@ CLI_START_RUNS = 5
 
 
 def cli_start(runs: int = CLI_START_RUNS) -> dict:
-    """Wall time of a CLI start: `--version`, a record-reading command on a tiny store, and what
-    numba adds to the latter (its import and the cached kernels' load, timed in process)."""
+    """Wall time of a CLI start: `--version`, the record-reading commands on a tiny store (dump --limit 1,
+    verify, recover --dry-run, rebuild all --dry-run), and what numba adds to dump's (its import and the
+    cached kernels' load, timed in process)."""
     exe = os.path.join(os.path.dirname(sys.executable), "rmqstore")
     cli = [exe] if os.path.exists(exe) else RMQ
     py = sys.executable
@@ -374,6 +375,10 @@ def cli_start(runs: int = CLI_START_RUNS) -> dict:
     out = {"runs": runs,
            "version_s": median(cli + ["--version"]),
            "dump_limit1_s": median(cli + ["dump", "commitlog", FIXTURE, "--limit", "1", "--json"]),
+           # the plan-only modes change nothing, so they run on the fixture itself
+           "verify_s": median(cli + ["verify", FIXTURE]),
+           "recover_dry_s": median(cli + ["recover", FIXTURE, "--dry-run"]),
+           "rebuild_dry_s": median(cli + ["rebuild", "all", FIXTURE, "--dry-run"]),
            "import_app_s": median([py, "-c", "import rmqstore_cli.app"]),
            "import_app_kernel_s": median([py, "-c", "import rmqstore_cli.app, rmqstore_cli.formats.kernel"])}
     inproc = []
