@@ -30,7 +30,7 @@ CASES = {
     "verify": (["verify", STORE], {"verify"}, {"kernel", "checkkernel", "propkernel", "indexchain"}, True),
     "recover": (["recover", STORE, "--dry-run"], {"recover", "explain_view", "offsets_cmd"},
                 {"kernel", "checkkernel", "propkernel", "indexchain"}, True),
-    "rebuild": (["rebuild", "all", STORE, "--dry-run"], {"rebuild", "recover", "explain_view", "offsets_cmd"},
+    "rebuild": (["rebuild", "all", STORE, "--dry-run"], {"rebuild", "recover"},
                 {"kernel", "checkkernel", "propkernel", "indexchain"}, True),
     "dump": (["dump", "commitlog", STORE, "--limit", "1", "--json"], {"dump", "dump_timer", "dledger_cmd", "offsets_cmd"},
              {"kernel", "jsonkernel"}, False),
