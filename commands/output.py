@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
-class _LazyConsole:
+class LazyConsole:
     """A rich Console made on first use: rich's import (~30 ms) is paid only by a run that prints
     through it (``--json`` output and silent runs never do)."""
 
@@ -41,8 +41,8 @@ class _LazyConsole:
 
 
 # Piped tables get a generous width instead of rich's 80-column default; cells ellipsize.
-stdout = _LazyConsole(soft_wrap=False, highlight=False, width_when_piped=True)
-stderr = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
+stdout = LazyConsole(soft_wrap=False, highlight=False, width_when_piped=True)
+stderr = LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _default(o):
