@@ -40,13 +40,20 @@ COMMANDS = [
     ("spark_cmd", "Spark"),
 ]
 
-# The top-level names each module registers (offsets_cmd also adds `dump offsets` and `dump config`).
+# The top-level names each module registers, and the groups other modules add subcommands to
+# (offsets_cmd adds `dump offsets` and `dump config`): what a run imports for a command name.
 PROVIDES = {
     "dump": ("dump",), "stats": ("stats",), "diff": ("diff",), "verify": ("verify",), "get": ("get",),
     "index_cmd": ("index",), "msgid": ("msgid",), "append": ("append",), "recover": ("recover", "restore"),
     "truncate": ("truncate",), "rebuild": ("rebuild",), "salvage": ("salvage",), "reclaim": ("reclaim",),
-    "offsets_cmd": ("offsets", "repair", "dump"), "spark_cmd": ("spark",),
+    "offsets_cmd": ("offsets", "repair"), "spark_cmd": ("spark",),
 }
+ADDS_TO = {"dump": ("offsets_cmd",)}
+
+
+def modules_for(name: str) -> set[str]:
+    """The commands modules that make up the top-level command ``name`` (none: no such command)."""
+    return {m for m, names in PROVIDES.items() if name in names} | set(ADDS_TO.get(name, ()))
 
 
 # One example per command, shown under its --help (kept here, beside the list, so they stay in step).
@@ -153,7 +160,7 @@ class LazyRoot(TyperGroup):
 
     def get_command(self, ctx, cmd_name: str):
         if cmd_name not in self.commands and not self._complete:
-            modules = {m for m, names in PROVIDES.items() if cmd_name in names}
+            modules = modules_for(cmd_name)
             if modules:
                 self.commands.update(_click_commands(modules))
         return self.commands.get(cmd_name)
@@ -163,7 +170,7 @@ class LazyRoot(TyperGroup):
         return super().list_commands(ctx)
 
     def resolve_command(self, ctx, args):
-        if args and not any(args[0] in names for names in PROVIDES.values()):
+        if args and not modules_for(args[0]):
             self._load_all()  # an unknown name: its "Did you mean" is drawn from every command
         return super().resolve_command(ctx, args)
 

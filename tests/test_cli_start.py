@@ -89,3 +89,55 @@ def test_every_commands_module_is_known_here():
     """COMMAND_MODULES above names every module of commands/ (a new one is checked too)."""
     files = {f.stem for f in (REPO / "commands").glob("*.py")} - {"__init__", "common", "output"}
     assert files == COMMAND_MODULES
+
+
+def _shape(cmd):
+    """A command's subcommands (recursively) or its option names: what must not differ between roots."""
+    subs = getattr(cmd, "commands", None)
+    if subs is not None:
+        return {name: _shape(c) for name, c in subs.items()}
+    return sorted(o for p in cmd.params for o in getattr(p, "opts", []))
+
+
+# Each top-level command built from rmqstore_cli.app.modules_for(name) alone, in a forked child that has
+# imported no commands module (modules add subcommands to shared groups, so one process would hide a gap).
+SHAPES = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from tests.test_cli_start import _shape
+from rmqstore_cli.app import PROVIDES, _click_commands, modules_for
+out = {}
+for name in sorted(set().union(*PROVIDES.values())):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.write(w, json.dumps(_shape(_click_commands(modules_for(name))[name])).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 1 << 16):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    out[name] = json.loads(data)
+print(json.dumps(out))
+"""
+
+
+def test_the_lazy_root_knows_which_modules_make_each_command():
+    """rmqstore_cli.app.modules_for (what a run imports for a command name) gives the whole command: built
+    from those modules alone, it has the same subcommands and options as in the root --help lists."""
+    import typer.main
+
+    from rmqstore_cli.app import COMMANDS, PROVIDES, app, modules_for
+
+    assert sorted(PROVIDES) == sorted(m for m, _ in COMMANDS)
+    assert modules_for("no-such-command") == set()
+    full = typer.main.get_command(app).commands
+    assert set(full) == set().union(*PROVIDES.values())
+    p = subprocess.run([sys.executable, "-c", SHAPES, str(REPO)], capture_output=True, text=True, cwd=REPO,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    alone = json.loads(p.stdout)
+    assert alone == {name: json.loads(json.dumps(_shape(cmd))) for name, cmd in full.items()}
