@@ -23,11 +23,18 @@ if TYPE_CHECKING:
 
 class LazyConsole:
     """A rich Console made on first use: rich's import (~30 ms) is paid only by a run that prints
-    through it (``--json`` output and silent runs never do)."""
+    through it (``--json`` output and silent runs never do).
 
-    def __init__(self, **options):
+    The stderr console (soft wrap) also prints a plain line itself when rich would print exactly its
+    text: stderr is not a terminal (nor forced to be one by FORCE_COLOR / TTY_COMPATIBLE), the line
+    is printable text rich leaves as it is (no control or tab characters, no ``:name:`` emoji code,
+    no markup bracket unless markup is off) and nothing but markup/highlight/soft_wrap is asked for.
+    So `verify`'s summary or a plan's lines piped to a file do not import rich."""
+
+    def __init__(self, plain_lines: bool = False, **options):
         self._options = options
         self._console = None
+        self._plain_lines = plain_lines
 
     def __getattr__(self, name):
         if self._console is None:
@@ -39,10 +46,46 @@ class LazyConsole:
             self._console = Console(**options)
         return getattr(self._console, name)
 
+    def print(self, *objects, **kwargs):
+        if self._plain_lines and len(objects) == 1 and _plain_line(objects[0], kwargs):
+            stream = sys.stderr
+            try:
+                stream.write(objects[0] + "\n")
+                stream.flush()
+            except BrokenPipeError:  # what rich's Console.on_broken_pipe does
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                raise SystemExit(1) from None
+            return None
+        return self.__getattr__("print")(*objects, **kwargs)
+
+
+_EMOJI_CODE = re.compile(r":\S*:")  # what rich's emoji replacement could match
+
+
+def _plain_line(text, kwargs: dict) -> bool:
+    """rich's stderr console would print ``text`` plus a newline, nothing changed (see LazyConsole)."""
+    if type(text) is not str or not set(kwargs) <= {"markup", "highlight", "soft_wrap"}:
+        return False
+    if kwargs.get("highlight", False) or not kwargs.get("soft_wrap", True):
+        return False
+    if kwargs.get("markup", True) and "[" in text:
+        return False
+    if not text.isprintable() or _EMOJI_CODE.search(text):
+        return False
+    if "FORCE_COLOR" in os.environ or "TTY_COMPATIBLE" in os.environ:
+        return False
+    stream = sys.stderr
+    try:
+        if stream is None or stream.isatty() or (getattr(stream, "encoding", "") or "").lower().replace("-", "") != "utf8":
+            return False
+    except ValueError:  # closed
+        return False
+    return True
+
 
 # Piped tables get a generous width instead of rich's 80-column default; cells ellipsize.
 stdout = LazyConsole(soft_wrap=False, highlight=False, width_when_piped=True)
-stderr = LazyConsole(stderr=True, highlight=False, soft_wrap=True)
+stderr = LazyConsole(plain_lines=True, stderr=True, highlight=False, soft_wrap=True)
 
 
 def _default(o):
@@ -338,7 +381,11 @@ def prose(text: str, root: str | None = None) -> str:
 
 def say(text: str, root: str | None = None) -> None:
     """One line of prose on stderr (plans, reports): word-wrapped on a terminal, as it is when piped."""
-    stderr.print(prose(text, root), markup=False, highlight=False, soft_wrap=not stderr.is_terminal)
+    line = prose(text, root)
+    if _plain_line(line, {"markup": False}):  # not a terminal: printed as it is, without rich
+        stderr.print(line, markup=False, highlight=False)
+        return
+    stderr.print(line, markup=False, highlight=False, soft_wrap=not stderr.is_terminal)
 
 
 def _fit(text: str, width: int) -> str:

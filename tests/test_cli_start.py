@@ -25,13 +25,14 @@ KERNEL_MODULES = {"kernel", "checkkernel", "propkernel", "indexchain", "jsonkern
 # libraries no start below needs: Spark, Arrow, msgspec, RocksDB bindings, pydantic (typer >= 0.29)
 NEVER = ("pyspark", "pyarrow", "msgspec", "rocksdict", "pydantic", "rmqstore_cli.spark", "rich.progress")
 
-# (argv, commands modules it may load, kernel modules it may load, rich allowed)
+# (argv, commands modules it may load, kernel modules it may load, rich allowed: only recover draws a
+# table here; the others print plain lines, which need no rich when stderr is not a terminal)
 CASES = {
-    "verify": (["verify", STORE], {"verify"}, {"kernel", "checkkernel", "propkernel", "indexchain"}, True),
+    "verify": (["verify", STORE], {"verify"}, {"kernel", "checkkernel", "propkernel", "indexchain"}, False),
     "recover": (["recover", STORE, "--dry-run"], {"recover", "explain_view", "offsets_cmd"},
                 {"kernel", "checkkernel", "propkernel", "indexchain"}, True),
     "rebuild": (["rebuild", "all", STORE, "--dry-run"], {"rebuild", "recover"},
-                {"kernel", "checkkernel", "propkernel", "indexchain"}, True),
+                {"kernel", "checkkernel", "propkernel", "indexchain"}, False),
     "dump": (["dump", "commitlog", STORE, "--limit", "1", "--json"], {"dump", "dump_timer", "dledger_cmd", "offsets_cmd"},
              {"kernel", "jsonkernel"}, False),
     "version": (["--version"], set(), set(), False),
@@ -141,3 +142,42 @@ def test_the_lazy_root_knows_which_modules_make_each_command():
     assert p.returncode == 0, p.stderr[-2000:]
     alone = json.loads(p.stdout)
     assert alone == {name: json.loads(json.dumps(_shape(cmd))) for name, cmd in full.items()}
+
+
+def test_plain_lines_on_stderr_are_what_rich_prints(monkeypatch):
+    """The stderr console's own plain-line path (commands/output.py LazyConsole) prints exactly what rich's
+    Console would, and takes over only lines rich leaves as they are."""
+    import io
+    import random
+
+    from rich.console import Console
+
+    from rmqstore_cli.commands import output
+
+    seed = random.randrange(1 << 30)
+    rnd = random.Random(seed)
+    lines = ["rmqstore: verify: 2080 records in 56 commitlog files; 0 errors, 0 warnings, 0 info", "x" * 300,
+             "  lead", "trail  ", "→ … ✓ é 漢字" * 20, "[bold]x[/bold] [/y]", "tab\there", "::1", ":smile: face",
+             "bell\x07", "cr\rx", "two\nlines", "", "\x1b[31mred", "zero\u200bwidth", "😀 e\u0301"]
+    lines += ["".join(rnd.choice("ab :;[]/\\-_.,09 éü→漢\t") for _ in range(rnd.randint(0, 120))) for _ in range(300)]
+    for kwargs in ({"markup": False, "highlight": False}, {}, {"markup": False, "highlight": False, "soft_wrap": True}):
+        for line in lines:
+            want = io.StringIO()
+            try:
+                Console(file=want, stderr=True, highlight=False, soft_wrap=True).print(line, **kwargs)
+            except Exception as e:  # noqa: BLE001 - e.g. a stray closing tag when markup is on
+                want = type(e)
+            got = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+            monkeypatch.setattr(sys, "stderr", got)
+            console = output.LazyConsole(plain_lines=True, stderr=True, highlight=False, soft_wrap=True)
+            try:
+                console.print(line, **kwargs)
+            except Exception as e:  # noqa: BLE001
+                assert want is type(e), (seed, line, kwargs)
+                continue
+            finally:
+                got.flush()
+                monkeypatch.undo()
+            assert got.buffer.getvalue().decode() == want.getvalue(), (seed, line, kwargs)
+    plain = [line for line in lines if output._plain_line(line, {"markup": False})]
+    assert lines[0] in plain and "x" * 300 in plain and "::1" not in plain and "tab\there" not in plain
