@@ -382,7 +382,7 @@ def prose(text: str, root: str | None = None) -> str:
 def say(text: str, root: str | None = None) -> None:
     """One line of prose on stderr (plans, reports): word-wrapped on a terminal, as it is when piped."""
     line = prose(text, root)
-    if _plain_line(line, {"markup": False}):  # not a terminal: printed as it is, without rich
+    if isinstance(stderr, LazyConsole) and _plain_line(line, {"markup": False}):  # not a terminal: as it is
         stderr.print(line, markup=False, highlight=False)
         return
     stderr.print(line, markup=False, highlight=False, soft_wrap=not stderr.is_terminal)
