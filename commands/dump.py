@@ -566,7 +566,8 @@ def _dledger_obj(st) -> dict:
 def register(app: typer.Typer, panel: str | None = None) -> None:
     from . import dledger_cmd
 
-    dledger_cmd.register(dump_app)
+    if not any(c.name == "dledger" for c in dump_app.registered_commands):  # once, however many roots
+        dledger_cmd.register(dump_app)
     app.add_typer(dump_app, name="dump", rich_help_panel=panel)
 
 

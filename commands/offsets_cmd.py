@@ -309,10 +309,11 @@ def offsets_set(
 def register(app: typer.Typer, panel: str | None = None) -> None:
     from .dump import dump_app
 
-    dump_app.command("offsets")(dump_offsets)
-    dump_app.command("config")(dump_config)
-    offsets_app.command("set")(offsets_set)
-    repair_app.command("config")(repair_config)
+    if not offsets_app.registered_commands:  # once, however many roots register this module
+        dump_app.command("offsets")(dump_offsets)
+        dump_app.command("config")(dump_config)
+        offsets_app.command("set")(offsets_set)
+        repair_app.command("config")(repair_config)
     app.add_typer(offsets_app, name="offsets", rich_help_panel=panel)
     app.add_typer(repair_app, name="repair", rich_help_panel=panel)
 

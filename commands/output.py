@@ -11,21 +11,81 @@ import json
 import os
 import re
 import sys
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import typer
-from rich._emoji_replace import _emoji_replace
-from rich.cells import cell_len, set_cell_size
-from rich.console import Console
-from rich.markup import RE_TAGS
-from rich.table import Table
-from rich.text import Text
 
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, EXIT_USAGE, RmqStoreError
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class LazyConsole:
+    """A rich Console made on first use: rich's import (~30 ms) is paid only by a run that prints
+    through it (``--json`` output and silent runs never do).
+
+    The stderr console (soft wrap) also prints a plain line itself when rich would print exactly its
+    text: stderr is not a terminal (nor forced to be one by FORCE_COLOR / TTY_COMPATIBLE), the line
+    is printable text rich leaves as it is (no control or tab characters, no ``:name:`` emoji code,
+    no markup bracket unless markup is off) and nothing but markup/highlight/soft_wrap is asked for.
+    So `verify`'s summary or a plan's lines piped to a file do not import rich."""
+
+    def __init__(self, plain_lines: bool = False, **options):
+        self._options = options
+        self._console = None
+        self._plain_lines = plain_lines
+
+    def __getattr__(self, name):
+        if self._console is None:
+            from rich.console import Console
+
+            options = self._options
+            if options.pop("width_when_piped", None) and not sys.stdout.isatty():
+                options["width"] = 200
+            self._console = Console(**options)
+        return getattr(self._console, name)
+
+    def print(self, *objects, **kwargs):
+        if self._plain_lines and len(objects) == 1 and _plain_line(objects[0], kwargs):
+            stream = sys.stderr
+            try:
+                stream.write(objects[0] + "\n")
+                stream.flush()
+            except BrokenPipeError:  # what rich's Console.on_broken_pipe does
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                raise SystemExit(1) from None
+            return None
+        return self.__getattr__("print")(*objects, **kwargs)
+
+
+_EMOJI_CODE = re.compile(r":\S*:")  # what rich's emoji replacement could match
+
+
+def _plain_line(text, kwargs: dict) -> bool:
+    """rich's stderr console would print ``text`` plus a newline, nothing changed (see LazyConsole)."""
+    if type(text) is not str or not set(kwargs) <= {"markup", "highlight", "soft_wrap"}:
+        return False
+    if kwargs.get("highlight", False) or not kwargs.get("soft_wrap", True):
+        return False
+    if kwargs.get("markup", True) and "[" in text:
+        return False
+    if not text.isprintable() or _EMOJI_CODE.search(text):
+        return False
+    if "FORCE_COLOR" in os.environ or "TTY_COMPATIBLE" in os.environ:
+        return False
+    stream = sys.stderr
+    try:
+        if stream is None or stream.isatty() or (getattr(stream, "encoding", "") or "").lower().replace("-", "") != "utf8":
+            return False
+    except ValueError:  # closed
+        return False
+    return True
+
+
 # Piped tables get a generous width instead of rich's 80-column default; cells ellipsize.
-stdout = Console(soft_wrap=False, highlight=False, width=None if sys.stdout.isatty() else 200)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+stdout = LazyConsole(soft_wrap=False, highlight=False, width_when_piped=True)
+stderr = LazyConsole(plain_lines=True, stderr=True, highlight=False, soft_wrap=True)
 
 
 def _default(o):
@@ -102,6 +162,9 @@ class Output:
             if limit_note:
                 stderr.print(limit_note)
             return n
+        from rich.table import Table
+        from rich.text import Text
+
         t = Table(title=title, show_lines=False, header_style="bold")
         for k, header in columns:
             wide = k in WIDE_COLUMNS
@@ -118,6 +181,9 @@ class Output:
         if self.as_json:
             self.line(obj)
             return
+        from rich.table import Table
+        from rich.text import Text
+
         t = Table(title=title, show_header=False)
         t.add_column("field", style="bold")
         t.add_column("value", overflow="fold")
@@ -134,7 +200,11 @@ _NOT_PLAIN = re.compile(r"[\x00-\x1f\x7f]|\s$")
 
 def _is_markup(text: str) -> bool:
     """rich reads this cell as markup (a tag or an escaped bracket), not as plain text."""
-    return "[" in text and (RE_TAGS.search(text) is not None or "\\[" in text)
+    if "[" not in text:
+        return False
+    from rich.markup import RE_TAGS
+
+    return RE_TAGS.search(text) is not None or "\\[" in text
 
 
 def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: list[list[str]],
@@ -143,6 +213,9 @@ def _plain_table(title: str | None, columns: Sequence[tuple[str, str]], cells: l
     per row), or None when rich must draw it: a terminal (styles), no rows, a table wider than
     the console (rich then shrinks columns), a title that would wrap, cells with markup
     tags, control characters or trailing whitespace (rich reshapes those)."""
+    from rich._emoji_replace import _emoji_replace
+    from rich.cells import cell_len
+
     con = stdout
     if not cells or con.is_terminal or con.color_system is not None or not con.encoding.lower().startswith("utf"):
         return None
@@ -198,6 +271,8 @@ SHORT_WHOLE = 40
 
 
 def _width(text: str) -> int:
+    from rich.cells import cell_len
+
     return max(map(cell_len, text.split("\n"))) if "\n" in text else cell_len(text)
 
 
@@ -241,6 +316,9 @@ def _print_fitted(con: Console, title: str | None, columns: Sequence[tuple[str, 
     headers = [_width(h) for _, h in columns]
     natural = _natural(columns, cells, () if wrap else WIDE_COLUMNS)
     flexible = [(k in wrap) if wrap else (k in WIDE_COLUMNS and k not in WHOLE_COLUMNS) for k, _ in columns]
+    from rich.table import Table
+    from rich.text import Text
+
     widths = _fit_widths(natural, headers, flexible, con.width)
     if widths is None:
         if title:
@@ -303,11 +381,17 @@ def prose(text: str, root: str | None = None) -> str:
 
 def say(text: str, root: str | None = None) -> None:
     """One line of prose on stderr (plans, reports): word-wrapped on a terminal, as it is when piped."""
-    stderr.print(prose(text, root), markup=False, highlight=False, soft_wrap=not stderr.is_terminal)
+    line = prose(text, root)
+    if isinstance(stderr, LazyConsole) and _plain_line(line, {"markup": False}):  # not a terminal: as it is
+        stderr.print(line, markup=False, highlight=False)
+        return
+    stderr.print(line, markup=False, highlight=False, soft_wrap=not stderr.is_terminal)
 
 
 def _fit(text: str, width: int) -> str:
     """One padded cell of ``width`` columns: rich's ellipsis overflow and left justification."""
+    from rich.cells import cell_len, set_cell_size
+
     inner = width - 2
     if cell_len(text) > inner:
         text = set_cell_size(text, inner - 1) + "…"

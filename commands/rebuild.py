@@ -6,11 +6,7 @@ from typing import Optional
 
 import typer
 
-from rmqstore_cli.engine.repair.backup import Backup
-from rmqstore_cli.engine.repair.rebuild import rebuild as engine_rebuild
-
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, guard_lock, open_store
-from .offsets_cmd import print_consumer_impact, queue_bounds_now, rebuild_impact
 from .output import Output, handle_errors, say as say_line, stderr
 from .recover import BackupOpt, ForceOpt, YesOpt, report_verify, verify_after
 
@@ -59,6 +55,11 @@ def rebuild(
     # Applied, no verify runs before: rebuild changes neither the commitlog nor the folders it was not
     # asked to rebuild, so the findings it keeps on purpose are the ones verify after apply sorts as
     # kept (assess_rebuild on that verify); a first verify would only predict the same list.
+    from rmqstore_cli.engine.repair.backup import Backup
+    from rmqstore_cli.engine.repair.rebuild import rebuild as engine_rebuild
+
+    from .offsets_cmd import print_consumer_impact, queue_bounds_now, rebuild_impact
+
     backup = Backup.create(st.root, backup_dir, "rebuild", {"what": what, "topic": topic, "fromOffset": from_offset})
     with locked_backup(st.root, backup, force), st:
         bounds_before = queue_bounds_now(st)  # for the consumers' side

@@ -7,11 +7,8 @@ from typing import Optional
 import typer
 
 from rmqstore_cli.engine.errors import StoreInUseError
-from rmqstore_cli.engine.repair.recovery import plan_recovery
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, guard_lock, open_store
-from .explain_view import print_next_start, startup_lines
-from .offsets_cmd import plan_impact, print_consumer_impact
 from .output import Output, handle_errors, prose, say as say_line, stderr
 
 ACTION_COLUMNS = [("action", "action"), ("path", "file"), ("offset", "offset"), ("why", "why")]
@@ -46,6 +43,8 @@ def print_plan(out: Output, plan, title: str) -> None:
         say(f"  after the bad record at {s['badOffset']}: {s['validRecordsAfter']} valid records in "
             f"[{s['firstValidAfter']}, {s['endOfValidAfter']}) -- run `rmqstore salvage` first "
             f"(or --keep-valid-after to copy them into the backup folder before the cut)")
+    from .explain_view import startup_lines
+
     for line in startup_lines(plan.startup_cost or {}):
         say(f"  {line}")
     d = plan.dispatch
@@ -153,6 +152,8 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
         out.line({"type": "applied", "backup": backup.dir, "steps": res.steps, "dispatch": res.dispatch})
     code = run_verify(root, config, out, json_, plan.kept_findings, plan.left_findings)
     if not plan.commitlog.get("dledger"):
+        from .explain_view import print_next_start
+
         print_next_start(out, root, plan.version, plan.startup_cost)  # what the broker's next start reads now
     return code
 
@@ -269,6 +270,8 @@ def recover(
 
             st.close()
             raise UsageError("--from-replica and --cut-damaged are for DLedger stores")
+        from rmqstore_cli.engine.repair.recovery import plan_recovery
+
         plan = plan_recovery(st, geometry.broker_version, keep_valid_after=not stop_at_first_error, with_verify=True)
         assess(st, plan)
         return st, plan
@@ -279,6 +282,8 @@ def recover(
     st, plan = make_plan(st)
     print_plan(out, plan, f"recover {st.root}")
     if not st.is_dledger:
+        from .offsets_cmd import plan_impact, print_consumer_impact
+
         print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side
     if dry_run:
         st.close()

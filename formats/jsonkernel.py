@@ -298,13 +298,14 @@ def _props(u8, s, e, out, p, hexl, ent):
 
 def _write_lines(u8, base, body_mode, offsets, total, magic, body_crc, queue_id, flag, queue_offset, phy, sysflag,
                  born_ts, bh_start, bh_len, store_ts, sh_start, sh_len, reconsume, prepared, body_start, body_len,
-                 topic_start, topic_len, props_start, props_len, out, ends, fallback):
+                 topic_start, topic_len, props_start, props_len, out, ends, fallback, ent):
     """Line i of the block into ``out``; ``ends[i]`` = end of line i; ``fallback[i]`` = line left out
-    (reference path). Returns the bytes written."""
+    (reference path). Returns the bytes written. ``ent``: (MAX_ENTRIES, 5) int64 scratch for a record's
+    property entries, made by the caller (an array made in a kernel makes loading it from the cache
+    import numba's array module, ~30 ms of a command's start)."""
     hexl = _HEXL
     hexu = _HEXU
     b64 = _B64
-    ent = np.empty((MAX_ENTRIES, 5), np.int64)
     p = 0
     for i in range(offsets.shape[0]):
         start = p

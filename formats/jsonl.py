@@ -152,7 +152,8 @@ def kernel_lines(buf, h: Headers, base: int, body: str):
         fast.kernel_view(buf), np.int64(base), mode, h.offsets, h.totalSize, h.magicCode, h.bodyCRC, h.queueId,
         h.flag, h.queueOffset, h.physicalOffset, h.sysFlag, h.bornTimestamp, h.bornHostStart, h.bornHostLen,
         h.storeTimestamp, h.storeHostStart, h.storeHostLen, h.reconsumeTimes, h.preparedTransactionOffset,
-        h.bodyStart, h.bodyLength, h.topicStart, h.topicLength, h.propsStart, h.propsLength, out, ends, fallback)
+        h.bodyStart, h.bodyLength, h.topicStart, h.topicLength, h.propsStart, h.propsLength, out, ends, fallback,
+        np.empty((jsonkernel.MAX_ENTRIES, 5), np.int64))
     return out, size, ends, fallback
 
 

@@ -89,5 +89,9 @@ def group_spans(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tupl
     n = len(starts)
     group = np.empty(n, dtype=np.int32)
     firsts = np.empty(n, dtype=np.int64)
-    count = _kernels().group_spans(_view(u8), starts, lengths, group, firsts) if n else 0
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    slots = np.full(size, -1, np.int64)  # the kernel's hash table
+    count = _kernels().group_spans(_view(u8), starts, lengths, group, firsts, slots) if n else 0
     return group, firsts[:count]

@@ -1,3 +1,3 @@
-from rmqstore_cli.app import main
+from rmqstore_cli.app import run
 
-main()
+run()

@@ -1,24 +1,25 @@
 """The ``rmqstore`` command line: a Typer root; every ``commands`` module registers into it from
-the one list below, under the help panel it belongs to."""
+the one list below, under the help panel it belongs to.
+
+A command run imports only the module of that command (see :class:`LazyRoot`): the others, and the
+engine, numba kernels and libraries they pull in, are not loaded. ``--help``, shell completion and an
+unknown command's suggestions load every module, so they list every command. ``app`` (what the tests
+and scripts/gen_commands_doc.py inspect) is the root with every module registered, built on first use.
+"""
 
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Optional
 
 import typer
+from typer.core import TyperGroup
 
-app = typer.Typer(
-    name="rmqstore",
-    help="Inspect, verify, append to and repair Apache RocketMQ broker store directories, offline.\n\n"
-         "Every read command takes --json (JSON Lines). Exit codes: 0 clean, 1 findings, 2 corruption that "
-         "stops the command, 3 usage or environment error, 4 store in use by a broker.",
-    no_args_is_help=True,
-    add_completion=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+ROOT_HELP = ("Inspect, verify, append to and repair Apache RocketMQ broker store directories, offline.\n\n"
+             "Every read command takes --json (JSON Lines). Exit codes: 0 clean, 1 findings, 2 corruption that "
+             "stops the command, 3 usage or environment error, 4 store in use by a broker.")
+RICH_MARKUP = "rich"
 
 # (commands module, help panel), in the order --help lists them.
 COMMANDS = [
@@ -38,6 +39,21 @@ COMMANDS = [
     ("offsets_cmd", "Repair"),
     ("spark_cmd", "Spark"),
 ]
+
+# The top-level names each module registers, and the groups other modules add subcommands to
+# (offsets_cmd adds `dump offsets` and `dump config`): what a run imports for a command name.
+PROVIDES = {
+    "dump": ("dump",), "stats": ("stats",), "diff": ("diff",), "verify": ("verify",), "get": ("get",),
+    "index_cmd": ("index",), "msgid": ("msgid",), "append": ("append",), "recover": ("recover", "restore"),
+    "truncate": ("truncate",), "rebuild": ("rebuild",), "salvage": ("salvage",), "reclaim": ("reclaim",),
+    "offsets_cmd": ("offsets", "repair"), "spark_cmd": ("spark",),
+}
+ADDS_TO = {"dump": ("offsets_cmd",)}
+
+
+def modules_for(name: str) -> set[str]:
+    """The commands modules that make up the top-level command ``name`` (none: no such command)."""
+    return {m for m, names in PROVIDES.items() if name in names} | set(ADDS_TO.get(name, ()))
 
 
 # One example per command, shown under its --help (kept here, beside the list, so they stay in step).
@@ -94,7 +110,6 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
 def _root(
     version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True,
                                            help="Print the version and exit."),
@@ -102,24 +117,118 @@ def _root(
     """Inspect, verify, append to and repair Apache RocketMQ broker store directories, offline."""
 
 
-def _register() -> None:
+def _new_app(cls=None) -> typer.Typer:
+    root = typer.Typer(
+        name="rmqstore",
+        help=ROOT_HELP,
+        no_args_is_help=True,
+        add_completion=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=RICH_MARKUP,
+        context_settings={"help_option_names": ["-h", "--help"]},
+        cls=cls,
+    )
+    root.callback()(_root)
+    root.info.epilog = "Examples:\n\n" + "\n\n".join(f"{panel}: [bold]{ex}[/bold]" for panel, ex in PANEL_EXAMPLES)
+    return root
+
+
+def _register(target: typer.Typer, modules) -> typer.Typer:
+    """Register ``modules`` (commands module names) into ``target``, in COMMANDS order, with their examples."""
     for module, panel in COMMANDS:
-        importlib.import_module(f"rmqstore_cli.commands.{module}").register(app, panel)
-    app.info.epilog = "Examples:\n\n" + "\n\n".join(f"{panel}: [bold]{ex}[/bold]" for panel, ex in PANEL_EXAMPLES)
-    groups = [("", app)] + [(g.name + " ", g.typer_instance) for g in app.registered_groups]
+        if module in modules:
+            importlib.import_module(f"rmqstore_cli.commands.{module}").register(target, panel)
+    groups = [("", target)] + [(g.name + " ", g.typer_instance) for g in target.registered_groups]
     for prefix, typer_app in groups:
         for cmd in typer_app.registered_commands:
             name = prefix + (cmd.name or cmd.callback.__name__)
             if name in EXAMPLES:
                 cmd.epilog = f"Example: [bold]{EXAMPLES[name]}[/bold]"
+    return target
 
 
-_register()
+def _click_commands(modules) -> dict:
+    """{name: click command} of what ``modules`` register, built as typer builds the whole root."""
+    holder = _register(typer.Typer(rich_markup_mode=RICH_MARKUP, pretty_exceptions_enable=False), modules)
+    return typer.main.get_group(holder).commands
+
+
+class LazyRoot(TyperGroup):
+    """The root group of a run: a command's module is imported when that command is looked up."""
+
+    _complete = False
+
+    def get_command(self, ctx, cmd_name: str):
+        if cmd_name not in self.commands and not self._complete:
+            modules = modules_for(cmd_name)
+            if modules:
+                self.commands.update(_click_commands(modules))
+        return self.commands.get(cmd_name)
+
+    def list_commands(self, ctx) -> list[str]:
+        self._load_all()
+        return super().list_commands(ctx)
+
+    def resolve_command(self, ctx, args):
+        if args and not modules_for(args[0]):
+            self._load_all()  # an unknown name: its "Did you mean" is drawn from every command
+        return super().resolve_command(ctx, args)
+
+    def _load_all(self) -> None:
+        if not self._complete:
+            self.commands = _click_commands(set(PROVIDES))  # in the order --help lists them
+            self._complete = True
+
+
+_full_app: typer.Typer | None = None
+
+
+def __getattr__(name: str):
+    if name == "app":  # the root with every command registered (what --help shows)
+        global _full_app
+        if _full_app is None:
+            _full_app = _register(_new_app(), set(PROVIDES))
+        return _full_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
-    app()
+    """Run the command line (raises SystemExit with the exit code, as any click program)."""
+    _new_app(cls=LazyRoot)()
+
+
+def run() -> None:
+    """The process entry (the ``rmqstore`` script, ``python -m rmqstore_cli``): :func:`main`, then leave
+    without the interpreter's teardown. Tearing down the modules a record-reading command loaded (numba,
+    llvmlite's JIT-ed code, numpy) takes 0.05-0.15 s after the work is done; the exit handlers still run
+    and the standard streams are flushed first. When that cannot be done cleanly (a flush fails, e.g. a
+    closed pipe, or a thread is still running) the exit is the ordinary one.
+
+    numpy's OpenBLAS starts a thread per core when numpy is imported (50 ms of a start on a busy 2-core
+    machine, more on a big one); nothing here calls BLAS, so one thread is asked for unless the user
+    chose a number."""
+    import atexit
+    import os
+    import threading
+
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        if e.code is not None and not isinstance(e.code, int):
+            raise
+        code = e.code or 0
+    if threading.active_count() > 1:
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        sys.exit(code)
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    main()
+    run()

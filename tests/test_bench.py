@@ -168,6 +168,16 @@ def test_memory_stores_use_the_brokers_1gib_segments(tmp_path):
     assert all(os.path.getsize(tmp_path / "s" / "commitlog" / n) == 64 << 10 for n in names)
 
 
+def test_fixed_start_target_is_judged_by_the_slowest_of_the_four_commands():
+    start = {"version_s": 0.07, "dump_limit1_s": 0.30, "verify_s": 0.34, "recover_dry_s": 0.35, "rebuild_dry_s": 0.33}
+    row = lambda c: next(r for r in targets.evaluate([], [], c) if r["target"].startswith("start <= 0.35 s"))  # noqa: E731
+    assert row(start)["pass"] is True and row(start)["measured"] == 0.35
+    assert row({**start, "rebuild_dry_s": 0.36})["pass"] is False
+    assert row({k: v for k, v in start.items() if k != "verify_s"})["pass"] is None  # not measured: not judged
+    assert row({"failed": "exited 2"})["pass"] is False
+    assert "`rmqstore verify <4.9.3-clean>` | 0.34" in targets.render_cli_start(start)
+
+
 def test_clistart_reports_numba_share():
     p = subprocess.run([PY, "-m", "bench.clistart", FIXTURE], capture_output=True, text=True, cwd=REPO, check=True)
     out = json.loads(p.stdout.strip().splitlines()[-1])

@@ -41,7 +41,7 @@ def screen(monkeypatch, width: int) -> io.StringIO:
     for name, mod in list(sys.modules.items()):
         if name == "rmqstore_cli.commands" or name.startswith("rmqstore_cli.commands."):
             for attr in ("stdout", "stderr"):
-                if isinstance(getattr(mod, attr, None), Console):
+                if isinstance(getattr(mod, attr, None), (Console, output.LazyConsole)):
                     monkeypatch.setattr(mod, attr, con)
     return buf
 

@@ -1,0 +1,183 @@
+"""A command's start loads only what that command uses (what keeps `verify`, `recover --dry-run`,
+`rebuild all --dry-run` and `dump commitlog --limit 1 --json` starting fast on a small store). Checked by
+the modules a real run has imported when it exits, never by a timing: the other commands' modules, the
+libraries only other commands need, the numba kernels it does not call, and numba's array module (which
+loading a cached kernel imports when the kernel makes an array itself) must not be among them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+STORE = str(REPO / "fixtures" / "stores" / "4.9.3-clean")
+
+# every commands module, as registered by rmqstore_cli.app.COMMANDS, plus the helpers only some commands use
+COMMAND_MODULES = {"dump", "stats", "diff", "verify", "get", "index_cmd", "msgid", "append", "recover", "truncate",
+                   "rebuild", "salvage", "reclaim", "offsets_cmd", "spark_cmd", "dump_timer", "dledger_cmd",
+                   "explain_view", "cleanup_view", "rebuild_timer"}
+KERNEL_MODULES = {"kernel", "checkkernel", "propkernel", "indexchain", "jsonkernel", "timerkernel",
+                  "dledgerkernel", "warmup"}
+# libraries no start below needs: Spark, Arrow, msgspec, RocksDB bindings, pydantic (typer >= 0.29)
+NEVER = ("pyspark", "pyarrow", "msgspec", "rocksdict", "pydantic", "rmqstore_cli.spark", "rich.progress")
+
+# (argv, commands modules it may load, kernel modules it may load, rich allowed: only recover draws a
+# table here; the others print plain lines, which need no rich when stderr is not a terminal)
+CASES = {
+    "verify": (["verify", STORE], {"verify"}, {"kernel", "checkkernel", "propkernel", "indexchain"}, False),
+    "recover": (["recover", STORE, "--dry-run"], {"recover", "explain_view", "offsets_cmd"},
+                {"kernel", "checkkernel", "propkernel", "indexchain"}, True),
+    "rebuild": (["rebuild", "all", STORE, "--dry-run"], {"rebuild", "recover"},
+                {"kernel", "checkkernel", "propkernel", "indexchain"}, False),
+    "dump": (["dump", "commitlog", STORE, "--limit", "1", "--json"], {"dump", "dump_timer", "dledger_cmd", "offsets_cmd"},
+             {"kernel", "jsonkernel"}, False),
+    "version": (["--version"], set(), set(), False),
+}
+
+# The real process entry (rmqstore_cli.app.run, as `python -m rmqstore_cli` and the script): the exit
+# handler it runs before leaving writes the imported modules to a file.
+PROBE = """
+import atexit, json, sys
+out = sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
+sys.argv[0] = "rmqstore"
+from rmqstore_cli.app import run
+run()
+"""
+
+
+def imported(tmp_path, argv) -> tuple[set, subprocess.CompletedProcess]:
+    out = tmp_path / "modules.json"
+    p = subprocess.run([sys.executable, "-c", PROBE, str(out)] + argv, capture_output=True, text=True, cwd=REPO,
+                       timeout=300)
+    return set(json.loads(out.read_text())), p
+
+
+def _under(modules: set, package: str) -> set:
+    return {m.split(".")[len(package.split("."))] for m in modules if m.startswith(package + ".")}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_command_start_loads_only_what_the_command_uses(tmp_path, case):
+    argv, commands, kernels, rich_ok = CASES[case]
+    mods, p = imported(tmp_path, argv)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout or p.stderr  # it ran (and printed) before the modules were listed
+    assert _under(mods, "rmqstore_cli.commands") & COMMAND_MODULES <= commands, "another command's module"
+    assert _under(mods, "rmqstore_cli.formats") & KERNEL_MODULES <= kernels, "a kernel module it does not call"
+    assert not [m for m in mods if any(m == n or m.startswith(n + ".") for n in NEVER)]
+    assert "numba.np.arrayobj" not in mods  # a kernel that makes its own array makes its cached load import this
+    if not rich_ok:
+        assert not [m for m in mods if m == "rich" or m.startswith("rich.")]
+    if case == "version":
+        assert not {"numpy", "numba", "construct"} & mods and not _under(mods, "rmqstore_cli.engine")
+    else:
+        assert "numba" in mods and kernels & _under(mods, "rmqstore_cli.formats")  # the probe sees a real run
+
+
+def test_the_probe_sees_what_a_run_imports(tmp_path):
+    """The check above can fail: a run that imports other commands' modules is seen doing so."""
+    mods, p = imported(tmp_path, ["--help"])  # --help lists every command, so it loads every module
+    assert p.returncode == 0
+    assert {"verify", "dump", "append", "spark_cmd", "offsets_cmd"} <= _under(mods, "rmqstore_cli.commands")
+
+
+def test_every_commands_module_is_known_here():
+    """COMMAND_MODULES above names every module of commands/ (a new one is checked too)."""
+    files = {f.stem for f in (REPO / "commands").glob("*.py")} - {"__init__", "common", "output"}
+    assert files == COMMAND_MODULES
+
+
+def _shape(cmd):
+    """A command's subcommands (recursively) or its option names: what must not differ between roots."""
+    subs = getattr(cmd, "commands", None)
+    if subs is not None:
+        return {name: _shape(c) for name, c in subs.items()}
+    return sorted(o for p in cmd.params for o in getattr(p, "opts", []))
+
+
+# Each top-level command built from rmqstore_cli.app.modules_for(name) alone, in a forked child that has
+# imported no commands module (modules add subcommands to shared groups, so one process would hide a gap).
+SHAPES = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from tests.test_cli_start import _shape
+from rmqstore_cli.app import PROVIDES, _click_commands, modules_for
+out = {}
+for name in sorted(set().union(*PROVIDES.values())):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.write(w, json.dumps(_shape(_click_commands(modules_for(name))[name])).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 1 << 16):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    out[name] = json.loads(data)
+print(json.dumps(out))
+"""
+
+
+def test_the_lazy_root_knows_which_modules_make_each_command():
+    """rmqstore_cli.app.modules_for (what a run imports for a command name) gives the whole command: built
+    from those modules alone, it has the same subcommands and options as in the root --help lists."""
+    import typer.main
+
+    from rmqstore_cli.app import COMMANDS, PROVIDES, app, modules_for
+
+    assert sorted(PROVIDES) == sorted(m for m, _ in COMMANDS)
+    assert modules_for("no-such-command") == set()
+    full = typer.main.get_command(app).commands
+    assert set(full) == set().union(*PROVIDES.values())
+    p = subprocess.run([sys.executable, "-c", SHAPES, str(REPO)], capture_output=True, text=True, cwd=REPO,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    alone = json.loads(p.stdout)
+    assert alone == {name: json.loads(json.dumps(_shape(cmd))) for name, cmd in full.items()}
+
+
+def test_plain_lines_on_stderr_are_what_rich_prints(monkeypatch):
+    """The stderr console's own plain-line path (commands/output.py LazyConsole) prints exactly what rich's
+    Console would, and takes over only lines rich leaves as they are."""
+    import io
+    import random
+
+    from rich.console import Console
+
+    from rmqstore_cli.commands import output
+
+    seed = random.randrange(1 << 30)
+    rnd = random.Random(seed)
+    lines = ["rmqstore: verify: 2080 records in 56 commitlog files; 0 errors, 0 warnings, 0 info", "x" * 300,
+             "  lead", "trail  ", "→ … ✓ é 漢字" * 20, "[bold]x[/bold] [/y]", "tab\there", "::1", ":smile: face",
+             "bell\x07", "cr\rx", "two\nlines", "", "\x1b[31mred", "zero\u200bwidth", "😀 e\u0301"]
+    lines += ["".join(rnd.choice("ab :;[]/\\-_.,09 éü→漢\t") for _ in range(rnd.randint(0, 120))) for _ in range(300)]
+    for kwargs in ({"markup": False, "highlight": False}, {}, {"markup": False, "highlight": False, "soft_wrap": True}):
+        for line in lines:
+            want = io.StringIO()
+            try:
+                Console(file=want, stderr=True, highlight=False, soft_wrap=True).print(line, **kwargs)
+            except Exception as e:  # noqa: BLE001 - e.g. a stray closing tag when markup is on
+                want = type(e)
+            got = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+            monkeypatch.setattr(sys, "stderr", got)
+            console = output.LazyConsole(plain_lines=True, stderr=True, highlight=False, soft_wrap=True)
+            try:
+                console.print(line, **kwargs)
+            except Exception as e:  # noqa: BLE001
+                assert want is type(e), (seed, line, kwargs)
+                continue
+            finally:
+                got.flush()
+                monkeypatch.undo()
+            assert got.buffer.getvalue().decode() == want.getvalue(), (seed, line, kwargs)
+    plain = [line for line in lines if output._plain_line(line, {"markup": False})]
+    assert lines[0] in plain and "x" * 300 in plain and "::1" not in plain and "tab\there" not in plain
