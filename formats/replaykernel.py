@@ -1,16 +1,17 @@
 """Compiled parse of ``dump commitlog --json`` lines and encoding of their records (numba, nopython):
 the batch route of ``append --from`` (a replay), many lines per call instead of one Python object each.
 
-:func:`parse_lines` recognises the exact shape ``dump commitlog --json --body base64`` writes: one
-object of known fields in any order, integers, ``{"ip", "ipHex", "port"}`` hosts, a printable-ASCII
-topic without escapes, ``propertiesRaw`` (JSON escapes decoded, ``\\uXXXX`` pairs included) whose
-entries equal the ``properties`` object (same entries, same order: then
-``parse_properties(raw) == properties`` as the plain route checks), a strict base64 body. Anything
-else, or a value the plain route would refuse or treat specially (a null, a lone surrogate escape,
-an out-of-range or 19-digit number, a ``__CRC32#`` or ``INNER_MULTI_*`` property, a missing store
-time), is marked ``SLOW``: the caller sends that line through
-:meth:`engine.log.messages.MessageBuilder.from_json`, which gives the value or the error. The
-kernel never decides an error itself, so the errors stay those of one implementation.
+:func:`parse_lines` recognises the shape ``dump commitlog --json`` writes (``--body base64``, ``hex``
+or ``text``): one object of known fields in any order, integers, ``{"ip", "ipHex", "port"}`` hosts,
+a printable-ASCII topic without escapes, ``propertiesRaw`` (JSON escapes decoded, ``\\uXXXX``
+pairs included) whose entries equal the ``properties`` object (``parse_properties(raw) ==
+properties``, the plain route's check, told here when neither side repeats a name), one body.
+Anything else, or a value the plain route would refuse or treat specially (a null, a lone
+surrogate escape, an out-of-range or 19-digit number, a ``__CRC32#`` or ``INNER_MULTI_*``
+property, a missing store time, a body not in strict base64 or hex digit pairs), is marked
+``SLOW``: the caller sends that line through :meth:`engine.log.messages.MessageBuilder.from_json`,
+which gives the value or the error. The kernel never decides an error itself, so the errors stay
+those of one implementation.
 
 :func:`encode_records` writes the records (FORMAT.md §2.1) from the parsed columns straight from
 the input bytes (base64 decoded and escapes undone in place), with the body CRC.
@@ -30,11 +31,11 @@ _inline = numba.njit(inline="always")
 OK, BLANK, SLOW = 0, 1, 2
 MAGIC_V2 = -626843477  # formats.records.MAGIC_V2 (a literal: numba freezes globals)
 
-# Field ids: the order of FIELDS; 0..12 carry values, the rest are computed by the store and skipped.
+# Field ids: the order of FIELDS; 0..12, 21 and 22 carry values, 13..20 are computed by the store and skipped.
 FIELDS = (b"topic", b"queueId", b"flag", b"sysFlag", b"bornTimestamp", b"bornHost", b"storeTimestamp", b"storeHost",
           b"reconsumeTimes", b"preparedTransactionOffset", b"properties", b"propertiesRaw", b"bodyBase64",
           b"queueOffset", b"commitLogOffset", b"storeSize", b"bodyCRC", b"bodyLen", b"msgId", b"magicVersion",
-          b"offset")
+          b"offset", b"bodyHex", b"bodyText")
 _FIELD_BYTES = np.frombuffer(b"".join(FIELDS), np.uint8).copy()
 _FIELD_ENDS = np.cumsum([len(f) for f in FIELDS]).astype(np.int64)
 _HOST_FIELDS = np.frombuffer(b"ipipHexport", np.uint8).copy()
@@ -55,6 +56,7 @@ I_BORN_PORT, I_STORE_PORT, I_BORN_HEX, I_BORN_HEXLEN, I_STORE_HEX, I_STORE_HEXLE
 I_TOPIC, I_TOPICLEN, I_RAW, I_RAWEND, I_RAWLEN, I_BODY, I_BODYLEN = 13, 14, 15, 16, 17, 18, 19
 N_COLUMNS = 20
 INT32_MAX = 2147483647
+MAX_ENTRIES = 256  # property entries of a line compared here (O(k^2)); more: the plain route
 
 
 @_inline
@@ -289,53 +291,86 @@ def _host(u8, p, e, port_col, hex_col, cols, at):
         return -1
 
 
+@_inline
+def _same(x, xs, y, ys, n):
+    for k in range(n):
+        if x[xs + k] != y[ys + k]:
+            return False
+    return True
+
+
 @_jit
-def _props_match(u8, p, e, raw, rn, tmp):
-    """The ``properties`` object at ``p`` holds, in order, exactly the entries of the decoded raw string
-    ``raw[:rn]`` (names and values non-empty, no separator; the last ``\\x02`` optional). Returns its end or -1."""
+def _props_match(u8, p, e, raw, rn, tmp, ents):
+    """The ``properties`` object at ``p`` equals ``parse_properties`` of the decoded raw string ``raw[:rn]``
+    (the plain route's check), told without duplicate names on either side. Returns its end or -1."""
+    m = 0
+    start = 0
+    while start < rn:  # MessageDecoder.string2messageProperties
+        end = start
+        while end < rn and raw[end] != 2:
+            end += 1
+        if end - start >= 3:
+            sep = start
+            while sep < end and raw[sep] != 1:
+                sep += 1
+            if start < sep < end - 1:
+                if m == len(ents):
+                    return -1
+                ents[m, 0], ents[m, 1], ents[m, 2], ents[m, 3] = start, sep - start, sep + 1, end - sep - 1
+                for k in range(m):
+                    if ents[k, 1] == ents[m, 1] and _same(raw, ents[k, 0], raw, start, ents[m, 1]):
+                        return -1
+                m += 1
+        start = end + 1
+    for k in range(m):
+        ents[k, 4] = 0
     if p >= e or u8[p] != 123:
         return -1
     p = _ws(u8, p + 1, e)
-    at = 0
     if p < e and u8[p] == 125:
-        return p + 1 if rn == 0 else -1
+        return p + 1 if m == 0 else -1
+    count = 0
     while True:
-        for part in range(2):
-            q = _string_end(u8, p, e)
-            if q < 0:
+        q = _string_end(u8, p, e)
+        if q < 0:
+            return -1
+        kn = _unescape(u8, p + 1, q, tmp, 0)
+        if kn <= 0:
+            return -1
+        p = _ws(u8, q + 1, e)
+        if p >= e or u8[p] != 58:
+            return -1
+        p = _ws(u8, p + 1, e)
+        q = _string_end(u8, p, e)
+        if q < 0:
+            return -1
+        vn = _unescape(u8, p + 1, q, tmp, kn)
+        if vn <= kn:
+            return -1
+        vn -= kn
+        for k in range(kn + vn):
+            if tmp[k] == 1 or tmp[k] == 2:
                 return -1
-            n = _unescape(u8, p + 1, q, tmp, 0)
-            if n <= 0 or at + n > rn:
-                return -1
-            for k in range(n):
-                c = tmp[k]
-                if c == 1 or c == 2 or c != raw[at + k]:
-                    return -1
-            at += n
-            if part == 0:
-                if at >= rn or raw[at] != 1:
-                    return -1
-                at += 1
-                p = _ws(u8, q + 1, e)
-                if p >= e or u8[p] != 58:
-                    return -1
-                p = _ws(u8, p + 1, e)
-            else:
-                p = _ws(u8, q + 1, e)
+        found = -1
+        for k in range(m):
+            if ents[k, 1] == kn and _same(raw, ents[k, 0], tmp, 0, kn):
+                found = k
+                break
+        if found < 0 or ents[found, 4] or ents[found, 3] != vn or not _same(raw, ents[found, 2], tmp, kn, vn):
+            return -1
+        ents[found, 4] = 1
+        count += 1
+        p = _ws(u8, q + 1, e)
         if p < e and u8[p] == 44:
-            if at >= rn or raw[at] != 2:
-                return -1
-            at += 1
             p = _ws(u8, p + 1, e)
             continue
-        if p < e and u8[p] == 125:
-            if at == rn or (at + 1 == rn and raw[at] == 2):
-                return p + 1
+        if p < e and u8[p] == 125 and count == m:
+            return p + 1
         return -1
 
 
 @_jit
-def _parse_line(u8, s, e, cols, at, side, cursor, scratch, table, ends, v5):
+def _parse_line(u8, s, e, cols, at, side, cursor, scratch, ents, table, ends, v5):
     p = _ws(u8, s, e)
     if p == e:
         return BLANK
@@ -406,6 +441,32 @@ def _parse_line(u8, s, e, cols, at, side, cursor, scratch, table, ends, v5):
             cols[at, I_BODYLEN] = o - o0
             cursor[0] = o
             p = q + 1
+        elif f == 21:  # bodyHex: pairs of hex digits
+            q = _string_end(u8, p, e)
+            if q < 0 or (q - p - 1) % 2:
+                return SLOW
+            o = cursor[0]
+            for j in range(p + 1, q, 2):
+                hi, lo = _HEX[u8[j]], _HEX[u8[j + 1]]
+                if (hi | lo) < 0:
+                    return SLOW
+                side[o + (j - p - 1) // 2] = (hi << 4) | lo
+            cols[at, I_BODY] = o
+            cols[at, I_BODYLEN] = (q - p - 1) // 2
+            cursor[0] = o + (q - p - 1) // 2
+            p = q + 1
+        elif f == 22:  # bodyText: its UTF-8 bytes
+            q = _string_end(u8, p, e)
+            if q < 0:
+                return SLOW
+            o = cursor[0]
+            end = _unescape(u8, p + 1, q, side, o)
+            if end < 0:
+                return SLOW
+            cols[at, I_BODY] = o
+            cols[at, I_BODYLEN] = end - o
+            cursor[0] = end
+            p = q + 1
         elif f == 5 or f == 7:
             if f == 5:
                 p = _host(u8, p, e, I_BORN_PORT, I_BORN_HEX, cols, at)
@@ -473,9 +534,14 @@ def _parse_line(u8, s, e, cols, at, side, cursor, scratch, table, ends, v5):
         return SLOW
     if _ws(u8, p, e) != e:
         return SLOW
-    # topic, both times, both hosts, propertiesRaw and the body are needed; bodyHex/bodyText are not known fields
-    need = (1 << 0) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 11) | (1 << 12)
+    # topic, both times, both hosts, propertiesRaw and one body field are needed
+    need = (1 << 0) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 11)
     if seen & need != need:
+        return SLOW
+    bodies = (seen >> 12) & 1
+    bodies += (seen >> 21) & 1
+    bodies += (seen >> 22) & 1
+    if bodies != 1:
         return SLOW
     if cols[at, I_QUEUE] < 0:
         return SLOW
@@ -489,7 +555,7 @@ def _parse_line(u8, s, e, cols, at, side, cursor, scratch, table, ends, v5):
     raw = side[o:o + rn]
     if (v5 and _find(raw, rn, _CRC_KEY)) or _find(raw, rn, _MULTI_KEY):
         return SLOW
-    if props_at >= 0 and _props_match(u8, props_at, e, raw, rn, scratch) < 0:
+    if props_at >= 0 and _props_match(u8, props_at, e, raw, rn, scratch, ents) < 0:
         return SLOW
     cols[at, I_RAW] = o
     cols[at, I_RAWLEN] = rn
@@ -504,14 +570,14 @@ def _parse_line(u8, s, e, cols, at, side, cursor, scratch, table, ends, v5):
 
 
 @_jit
-def parse_lines(u8, starts, ends, cols, status, side, scratch, table, ends_table, v5):
+def parse_lines(u8, starts, ends, cols, status, side, scratch, ents, table, ends_table, v5):
     """Parse each line ``u8[starts[i]:ends[i]]`` into ``cols[i]``; ``status[i]`` OK, BLANK or SLOW. Bodies
     and decoded property strings go to ``side`` (at ``cols[i, I_BODY]``, ``cols[i, I_RAW]``)."""
     cursor = np.zeros(1, np.int64)
     for i in range(len(starts)):
         for c in range(N_COLUMNS):
             cols[i, c] = 0
-        status[i] = _parse_line(u8, starts[i], ends[i], cols, i, side, cursor, scratch, table, ends_table, v5)
+        status[i] = _parse_line(u8, starts[i], ends[i], cols, i, side, cursor, scratch, ents, table, ends_table, v5)
 
 
 def parse(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray, v5: bool):
@@ -522,7 +588,8 @@ def parse(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray, v5: bool):
     longest = int((ends - starts).max()) if n else 0
     scratch = np.empty(longest + 16, np.uint8)
     side = np.empty(len(u8) + 16, np.uint8)  # a decoded body or string is never longer than its JSON text
-    parse_lines(u8, starts, ends, cols, status, side, scratch, _FIELD_BYTES, _FIELD_ENDS, v5)
+    ents = np.empty((MAX_ENTRIES, 5), np.int64)
+    parse_lines(u8, starts, ends, cols, status, side, scratch, ents, _FIELD_BYTES, _FIELD_ENDS, v5)
     return cols, status, side
 
 
