@@ -85,6 +85,7 @@ class DumpReplay:
         # --fsync always puts one message at a time; a __CRC32# reserve depends on the record's position
         self.batch = batch and not app.fsync_always and not builder.crc_on
         self.v5 = cfg.version >= 5
+        self.batched = 0  # lines put by the batch route
         self.line = 0  # lines read so far (the numbering of error messages: universal newlines, from 1)
 
     # --- input ------------------------------------------------------------------------------------
@@ -301,6 +302,7 @@ class DumpReplay:
         if newest > app.last_store_ts:
             app.last_store_ts = newest
         app.written += n
+        self.batched += n
         return BatchResults(phy, total, qo, self._topic_names, group, qid, ts,
                             (u8, cols[rows, k.I_STORE_HEX], cols[rows, k.I_STORE_HEXLEN]), cols[rows, k.I_STORE_PORT])
 
