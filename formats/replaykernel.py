@@ -13,20 +13,19 @@ property, a missing store time, a body not in strict base64 or hex digit pairs),
 which gives the value or the error. The kernel never decides an error itself, so the errors stay
 those of one implementation.
 
-:func:`encode_records` writes the records (FORMAT.md §2.1) from the parsed columns straight from
-the input bytes (base64 decoded and escapes undone in place), with the body CRC.
-``tests/test_append_batch.py`` checks the records equal those the plain route writes.
+:mod:`formats.replayencode` writes the records from the columns; the JSON scanning pieces are in
+:mod:`formats.jsonscan` (numba caches a kernel by its own file: after editing one of those, clear
+``formats/__pycache__/*.nbi``). ``tests/test_append_batch.py`` checks the lines this parser takes
+give the files the plain route gives.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-import numba
 
-from .kernel import _crc, _jit
-
-_inline = numba.njit(inline="always")
+from .jsonscan import _HEX, _inline, _int_end, _int_value, _read_string, _string_end, _unescape, _ws
+from .kernel import _jit
 
 OK, BLANK, SLOW = 0, 1, 2
 MAGIC_V2 = -626843477  # formats.records.MAGIC_V2 (a literal: numba freezes globals)
@@ -36,164 +35,37 @@ FIELDS = (b"topic", b"queueId", b"flag", b"sysFlag", b"bornTimestamp", b"bornHos
           b"reconsumeTimes", b"preparedTransactionOffset", b"properties", b"propertiesRaw", b"bodyBase64",
           b"queueOffset", b"commitLogOffset", b"storeSize", b"bodyCRC", b"bodyLen", b"msgId", b"magicVersion",
           b"offset", b"bodyHex", b"bodyText")
+_DUMP_ORDER = (0, 1, 2, 13, 14, 15, 16, 3, 4, 5, 6, 7, 8, 9, 17, 10, 11, 12)  # dump --json's field order
+_NEXT = np.full(len(FIELDS) + 1, -1, np.int64)  # field id -> the next one in dump order; [-1]: the first
+_NEXT[-1] = _DUMP_ORDER[0]
+for _a, _b in zip(_DUMP_ORDER, _DUMP_ORDER[1:]):
+    _NEXT[_a] = _b
 _FIELD_BYTES = np.frombuffer(b"".join(FIELDS), np.uint8).copy()
 _FIELD_ENDS = np.cumsum([len(f) for f in FIELDS]).astype(np.int64)
-_HOST_FIELDS = np.frombuffer(b"ipipHexport", np.uint8).copy()
 _CRC_KEY = np.frombuffer(b"__CRC32#", np.uint8).copy()
 _MULTI_KEY = np.frombuffer(b"INNER_MULTI_", np.uint8).copy()
 _B64 = np.full(256, -1, np.int64)
 for _i, _c in enumerate(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"):
     _B64[_c] = _i
-_HEX = np.full(256, -1, np.int64)
-for _i, _c in enumerate(b"0123456789abcdef"):
-    _HEX[_c] = _i
-for _i, _c in enumerate(b"ABCDEF"):
-    _HEX[_c] = 10 + _i
-
 # int columns of the parse (I_*), one row per line
 I_QUEUE, I_FLAG, I_SYSFLAG, I_BORN_TS, I_STORE_TS, I_RECONSUME, I_PREPARED = 0, 1, 2, 3, 4, 5, 6
 I_BORN_PORT, I_STORE_PORT, I_BORN_HEX, I_BORN_HEXLEN, I_STORE_HEX, I_STORE_HEXLEN = 7, 8, 9, 10, 11, 12
-I_TOPIC, I_TOPICLEN, I_RAW, I_RAWEND, I_RAWLEN, I_BODY, I_BODYLEN = 13, 14, 15, 16, 17, 18, 19
-N_COLUMNS = 20
+I_TOPIC, I_TOPICLEN, I_RAW, I_RAWLEN, I_BODY, I_BODYLEN = 13, 14, 15, 16, 17, 18
+N_COLUMNS = 19
 INT32_MAX = 2147483647
 MAX_ENTRIES = 256  # property entries of a line compared here (O(k^2)); more: the plain route
 
 
 @_inline
-def _ws(u8, p, e):
-    while p < e and (u8[p] == 32 or u8[p] == 9 or u8[p] == 10 or u8[p] == 13):
-        p += 1
-    return p
-
-
-@_inline
-def _string_end(u8, p, e):
-    """``u8[p]`` is an opening quote: index of the closing quote (escapes checked), -1 if not a string."""
-    if p >= e or u8[p] != 34:
-        return -1
-    p += 1
-    while p < e:
-        c = u8[p]
-        if c == 34:
-            return p
-        if c < 32:
-            return -1
-        if c == 92:
-            if p + 1 >= e:
-                return -1
-            d = u8[p + 1]
-            if d == 117:
-                if p + 5 >= e:
-                    return -1
-                for k in range(2, 6):
-                    if _HEX[u8[p + k]] < 0:
-                        return -1
-                p += 6
-                continue
-            if not (d == 34 or d == 92 or d == 47 or d == 98 or d == 102 or d == 110 or d == 114 or d == 116):
-                return -1
-            p += 2
-            continue
-        p += 1
-    return -1
-
-
-@_inline
-def _hex4(u8, p):
-    return (_HEX[u8[p]] << 12) | (_HEX[u8[p + 1]] << 8) | (_HEX[u8[p + 2]] << 4) | _HEX[u8[p + 3]]
-
-
-@_jit
-def _unescape(u8, s, e, out, o):
-    """The UTF-8 bytes of the JSON string content ``u8[s:e]`` (escapes valid) written at ``out[o]``;
-    returns the end, or -1 for a lone surrogate (its value is the plain route's business)."""
-    p = s
-    while p < e:
-        c = u8[p]
-        if c != 92:
-            out[o] = c
-            o += 1
-            p += 1
-            continue
-        d = u8[p + 1]
-        if d != 117:
-            v = d
-            if d == 98:
-                v = 8
-            elif d == 102:
-                v = 12
-            elif d == 110:
-                v = 10
-            elif d == 114:
-                v = 13
-            elif d == 116:
-                v = 9
-            out[o] = v
-            o += 1
-            p += 2
-            continue
-        cp = _hex4(u8, p + 2)
-        p += 6
-        if 0xD800 <= cp <= 0xDBFF:
-            if p + 5 < e and u8[p] == 92 and u8[p + 1] == 117:
-                lo = _hex4(u8, p + 2)
-                if 0xDC00 <= lo <= 0xDFFF:
-                    cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00)
-                    p += 6
-                else:
-                    return -1
-            else:
-                return -1
-        elif 0xDC00 <= cp <= 0xDFFF:
-            return -1
-        if cp < 0x80:
-            out[o] = cp
-            o += 1
-        elif cp < 0x800:
-            out[o] = 0xC0 | (cp >> 6)
-            out[o + 1] = 0x80 | (cp & 0x3F)
-            o += 2
-        elif cp < 0x10000:
-            out[o] = 0xE0 | (cp >> 12)
-            out[o + 1] = 0x80 | ((cp >> 6) & 0x3F)
-            out[o + 2] = 0x80 | (cp & 0x3F)
-            o += 3
-        else:
-            out[o] = 0xF0 | (cp >> 18)
-            out[o + 1] = 0x80 | ((cp >> 12) & 0x3F)
-            out[o + 2] = 0x80 | ((cp >> 6) & 0x3F)
-            out[o + 3] = 0x80 | (cp & 0x3F)
-            o += 4
-    return o
-
-
-@_inline
-def _int_end(u8, p, e):
-    """End of a JSON integer of at most 18 digits at ``p`` (no fraction/exponent), else -1."""
-    q = p
-    if q < e and u8[q] == 45:
-        q += 1
-    d = q
-    while q < e and 48 <= u8[q] <= 57:
-        q += 1
-    n = q - d
-    if n == 0 or n > 18 or (n > 1 and u8[d] == 48):
-        return -1
-    if q < e and (u8[q] == 46 or u8[q] == 101 or u8[q] == 69):
-        return -1
-    return q
-
-
-@_inline
-def _int_value(u8, p, q):
-    neg = u8[p] == 45
-    if neg:
-        p += 1
-    v = np.int64(0)
-    while p < q:
-        v = v * 10 + (u8[p] - 48)
-        p += 1
-    return -v if neg else v
+def _field_is(u8, s, e, table, ends, f):
+    start = ends[f - 1] if f else 0
+    n = e - s
+    if ends[f] - start != n:
+        return False
+    for k in range(n):
+        if u8[s + k] != table[start + k]:
+            return False
+    return True
 
 
 @_inline
@@ -214,17 +86,25 @@ def _field_id(u8, s, e, table, ends):
 
 
 @_inline
-def _find(buf, n, needle):
-    m = len(needle)
-    for i in range(n - m + 1):
-        if buf[i] == needle[0]:
-            same = True
-            for k in range(1, m):
-                if buf[i + k] != needle[k]:
-                    same = False
-                    break
-            if same:
-                return True
+def _at(buf, i, n, needle):
+    if i + len(needle) > n:
+        return False
+    for k in range(1, len(needle)):
+        if buf[i + k] != needle[k]:
+            return False
+    return True
+
+
+@_inline
+def _special(raw, rn, v5):
+    """Does the property string hold ``__CRC32#`` (5.x: its value is recomputed) or ``INNER_MULTI_``
+    (LMQ dispatch) anywhere? One pass."""
+    for i in range(rn):
+        c = raw[i]
+        if c == 95 and v5 and _at(raw, i, rn, _CRC_KEY):
+            return True
+        if c == 73 and _at(raw, i, rn, _MULTI_KEY):
+            return True
     return False
 
 
@@ -378,33 +258,43 @@ def _parse_line(u8, s, e, cols, at, side, cursor, scratch, ents, table, ends, v5
         return SLOW
     p += 1
     seen = 0
+    prev = len(_NEXT) - 1
     props_at = -1
     while True:
         p = _ws(u8, p, e)
         q = _string_end(u8, p, e)
         if q < 0:
             return SLOW
-        f = _field_id(u8, p + 1, q, table, ends)
+        f = _NEXT[prev]  # the field dump writes after the previous one, tried first
+        if f < 0 or not _field_is(u8, p + 1, q, table, ends, f):
+            f = _field_id(u8, p + 1, q, table, ends)
         if f < 0 or seen & (1 << f):
             return SLOW
         seen |= 1 << f
+        prev = f
         p = _ws(u8, q + 1, e)
         if p >= e or u8[p] != 58:
             return SLOW
         p = _ws(u8, p + 1, e)
-        if f == 0 or f == 11:  # topic, propertiesRaw: strings
-            q = _string_end(u8, p, e)
+        if f == 11:  # propertiesRaw, decoded into the side buffer
+            o = cursor[0]
+            q, end = _read_string(u8, p, e, side, o)
             if q < 0:
                 return SLOW
-            if f == 0:
-                for j in range(p + 1, q):
-                    if u8[j] < 32 or u8[j] > 126 or u8[j] == 92:
-                        return SLOW
-                cols[at, I_TOPIC] = p + 1
-                cols[at, I_TOPICLEN] = q - p - 1
-            elif f == 11:
-                cols[at, I_RAW] = p + 1
-                cols[at, I_RAWEND] = q
+            cols[at, I_RAW] = o
+            cols[at, I_RAWLEN] = end - o
+            cursor[0] = end
+            p = q + 1
+        elif f == 0:  # topic: printable ASCII, no escapes
+            if p >= e or u8[p] != 34:
+                return SLOW
+            q = p + 1
+            while q < e and 32 <= u8[q] <= 126 and u8[q] != 34 and u8[q] != 92:
+                q += 1
+            if q >= e or u8[q] != 34:
+                return SLOW
+            cols[at, I_TOPIC] = p + 1
+            cols[at, I_TOPICLEN] = q - p - 1
             p = q + 1
         elif f == 12:  # bodyBase64, decoded (and so checked) into the side buffer
             if p >= e or u8[p] != 34:
@@ -547,19 +437,13 @@ def _parse_line(u8, s, e, cols, at, side, cursor, scratch, ents, table, ends, v5
         return SLOW
     if cols[at, I_SYSFLAG] & 0xC0:
         return SLOW
-    o = cursor[0]
-    rn = _unescape(u8, cols[at, I_RAW], cols[at, I_RAWEND], side, o)
-    if rn < 0:
-        return SLOW
-    rn -= o
+    o = cols[at, I_RAW]
+    rn = cols[at, I_RAWLEN]
     raw = side[o:o + rn]
-    if (v5 and _find(raw, rn, _CRC_KEY)) or _find(raw, rn, _MULTI_KEY):
+    if _special(raw, rn, v5):
         return SLOW
     if props_at >= 0 and _props_match(u8, props_at, e, raw, rn, scratch, ents) < 0:
         return SLOW
-    cols[at, I_RAW] = o
-    cols[at, I_RAWLEN] = rn
-    cursor[0] = o + rn
     sf = cols[at, I_SYSFLAG] & ~0x30
     if cols[at, I_BORN_HEXLEN] == 32:
         sf |= 0x10
@@ -591,79 +475,3 @@ def parse(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray, v5: bool):
     ents = np.empty((MAX_ENTRIES, 5), np.int64)
     parse_lines(u8, starts, ends, cols, status, side, scratch, ents, _FIELD_BYTES, _FIELD_ENDS, v5)
     return cols, status, side
-
-
-@_inline
-def _put_be(out, p, v, width):
-    for k in range(width):
-        out[p + width - 1 - k] = (v >> (8 * k)) & 0xFF
-
-
-@_inline
-def _put_host(u8, out, p, hexpos, hexlen, port):
-    for k in range(hexlen // 2):
-        out[p + k] = (_HEX[u8[hexpos + 2 * k]] << 4) | _HEX[u8[hexpos + 2 * k + 1]]
-    p += hexlen // 2
-    _put_be(out, p, port, 4)
-    return p + 4
-
-
-@_jit
-def encode_records(u8, side, cols, rows, magic, total, queue_offset, phy, out, at):
-    """Write the record of line ``rows[j]`` at ``out[at[j]]`` (TOTALSIZE ``total[j]``, ``magic[j]``)."""
-    for j in range(len(rows)):
-        i = rows[j]
-        p = at[j]
-        _put_be(out, p, total[j], 4)
-        _put_be(out, p + 4, magic[j], 4)
-        _put_be(out, p + 12, cols[i, I_QUEUE], 4)
-        _put_be(out, p + 16, cols[i, I_FLAG], 4)
-        _put_be(out, p + 20, queue_offset[j], 8)
-        _put_be(out, p + 28, phy[j], 8)
-        _put_be(out, p + 36, cols[i, I_SYSFLAG], 4)
-        _put_be(out, p + 40, cols[i, I_BORN_TS], 8)
-        q = _put_host(u8, out, p + 48, cols[i, I_BORN_HEX], cols[i, I_BORN_HEXLEN], cols[i, I_BORN_PORT])
-        _put_be(out, q, cols[i, I_STORE_TS], 8)
-        q = _put_host(u8, out, q + 8, cols[i, I_STORE_HEX], cols[i, I_STORE_HEXLEN], cols[i, I_STORE_PORT])
-        _put_be(out, q, cols[i, I_RECONSUME], 4)
-        _put_be(out, q + 4, cols[i, I_PREPARED], 8)
-        blen = cols[i, I_BODYLEN]
-        _put_be(out, q + 12, blen, 4)
-        q += 16
-        body = q
-        s = cols[i, I_BODY]
-        out[q:q + blen] = side[s:s + blen]
-        q += blen
-        crc = np.int64(_crc(out, body, blen) & np.uint32(0x7FFFFFFF)) if blen else 0
-        _put_be(out, p + 8, crc, 4)
-        tl = cols[i, I_TOPICLEN]
-        if magic[j] == MAGIC_V2:
-            _put_be(out, q, tl, 2)
-            q += 2
-        else:
-            out[q] = tl
-            q += 1
-        ts = cols[i, I_TOPIC]
-        for k in range(tl):
-            out[q + k] = u8[ts + k]
-        q += tl
-        rn = cols[i, I_RAWLEN]
-        _put_be(out, q, rn, 2)
-        s = cols[i, I_RAW]
-        out[q + 2:q + 2 + rn] = side[s:s + rn]
-
-
-@_jit
-def layout(total, offset, file_size, phy, blank_after):
-    """Place records one put each (FORMAT.md §2.4): a record whose TOTALSIZE + 8 does not fit in what
-    remains of its segment goes to the next one after a BLANK. ``phy[j]``: its offset;
-    ``blank_after[j]``: the BLANK's offset written before record ``j`` (-1: none). Returns the end."""
-    for j in range(len(total)):
-        pos = offset % file_size
-        blank_after[j] = -1
-        if total[j] + 8 > file_size - pos:
-            blank_after[j] = offset
-            offset += file_size - pos
-        phy[j] = offset
-        offset += total[j]
-    return offset

@@ -354,12 +354,12 @@ def test_input_read_in_blocks(tmp_path):
 
 def test_kernel_layout_matches_segment_rule():
     """The compiled layout places records like Appender._put: TOTALSIZE + 8 must fit, else BLANK and next file."""
-    from rmqstore_cli.formats import replaykernel
+    from rmqstore_cli.formats import replayencode
 
     rng = np.random.default_rng(3)
     total = rng.integers(91, 500, 300).astype(np.int64)
     phy, blank = np.empty(300, np.int64), np.empty(300, np.int64)
-    end = replaykernel.layout(total, 100, 1024, phy, blank)
+    end = replayencode.layout(total, 100, 1024, phy, blank)
     offset, expect_phy, expect_blank = 100, [], []
     for t in total.tolist():
         pos = offset % 1024

@@ -26,6 +26,7 @@ import io
 import json
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import numpy as np
@@ -47,6 +48,12 @@ def _kernel():
     from rmqstore_cli.formats import replaykernel
 
     return replaykernel
+
+
+def _encoder():
+    from rmqstore_cli.formats import replayencode
+
+    return replayencode
 
 
 class BatchResults(Sequence):
@@ -91,55 +98,67 @@ class DumpReplay:
     # --- input ------------------------------------------------------------------------------------
 
     def feed_stream(self, stream):
-        """Every line of a binary stream; yields the results of each run of puts."""
-        rest = b""
-        while True:
-            block = stream.read(BLOCK_BYTES)
-            if not block:
-                break
-            block = rest + block
-            cut = block.rfind(b"\n") + 1
-            if not cut:
-                rest = block
-                continue
-            rest = block[cut:]
-            yield from self.feed(block[:cut])
-        if rest:
-            yield from self.feed(rest)
+        """Every line of a binary stream; yields the results of each run of puts. With the batch route, the
+        next block is read and parsed in a second thread while this one is put (the parse needs no store
+        state: it is a function of the bytes)."""
+        blocks = _blocks(stream)
+        if not self.batch:
+            for block in blocks:
+                yield from self.feed(block)
+            return
+        _kernel(), _encoder()  # imported here, not in the worker while this thread imports others
+        with ThreadPoolExecutor(1, thread_name_prefix="append-parse") as pool:
+            ahead = pool.submit(self._read_ahead, blocks)
+            while True:
+                parsed = ahead.result()
+                if parsed is None:
+                    break
+                ahead = pool.submit(self._read_ahead, blocks)
+                yield from self.feed(parsed[0], parsed)
 
-    def feed(self, block: bytes):
-        """Whole lines (the last one may lack its newline); yields the results of each run of puts."""
+    def _read_ahead(self, blocks):
+        block = next(blocks, None)
+        return None if block is None else self._parse(block)
+
+    def _parse(self, block: bytes) -> tuple:
+        """(block, u8, starts, ends, logical lines per line, inner \\r, columns, status, side): no store state."""
         u8 = np.frombuffer(block, np.uint8)
-        nl = np.flatnonzero(u8 == 10)
-        ends = nl.astype(np.int64)
-        if not len(nl) or nl[-1] != len(block) - 1:
-            ends = np.append(ends, len(block)).astype(np.int64)
+        k = _kernel()
+        ends = np.flatnonzero(u8 == 10)
+        if not len(ends) or ends[-1] != len(block) - 1:
+            ends = np.append(ends, len(block))
+        n = len(ends)
         starts = np.empty_like(ends)
         starts[0] = 0
         starts[1:] = ends[:-1] + 1
-        n = len(ends)
-        # universal newlines: a \r inside a line (not before its \n) starts another line of the text
-        cr = np.flatnonzero(u8 == 13)
+        # universal newlines: a \r inside a line (not before its \n nor at the end) starts another line of text
         logical = np.ones(n, np.int64)
         inner = np.zeros(n, bool)
-        if len(cr):
+        if block.find(b"\r") >= 0:
+            cr = np.flatnonzero(u8 == 13)
+            cr = cr[(cr + 1 < len(block)) & (u8[np.minimum(cr + 1, len(block) - 1)] != 10)]
             at = np.searchsorted(ends, cr, side="left")
-            mid = cr != ends[np.minimum(at, n - 1)] - 1
-            np.add.at(logical, at[mid], 1)
-            inner[at[mid]] = True
+            np.add.at(logical, at, 1)
+            inner[at] = True
+        cols = status = side = None
+        if self.batch and (block.isascii() or _valid_utf8(block)):
+            cols, status, side = k.parse(u8, starts, ends, self.v5)
+        return block, u8, starts, ends, logical, inner, cols, status, side
+
+    def feed(self, block: bytes, parsed: tuple | None = None):
+        """Whole lines (the last one may lack its newline); yields the results of each run of puts."""
+        block, u8, starts, ends, logical, inner, cols, status, side = parsed or self._parse(block)
+        k = _kernel()
+        n = len(ends)
         first_line = self.line + 1 + np.concatenate(([0], np.cumsum(logical)[:-1]))
         self.line += int(logical.sum())
         slow = np.ones(n, bool)
         blank = np.zeros(n, bool)
-        if self.batch and (block.isascii() or _valid_utf8(block)):
-            k = _kernel()
-            cols, status, side = k.parse(u8, starts, ends, self.v5)
+        if status is not None:
             blank = status == k.BLANK
             ok = (status == k.OK) & ~inner
             ok &= self._checks(u8, cols, ok)
             slow = ~ok & ~blank
-        else:
-            cols = side = None
         i = 0
         filtered = False
         while i < n:
@@ -291,7 +310,7 @@ class DumpReplay:
             qo[counted] = base[inv] + rank
         phy = np.empty(n, np.int64)
         blank = np.empty(n, np.int64)
-        app.offset = int(k.layout(total, app.offset, app.file_size, phy, blank))
+        app.offset = int(_encoder().layout(total, app.offset, app.file_size, phy, blank))
         cuts = np.flatnonzero(blank >= 0).tolist()
         for a, b in zip([0] + cuts, cuts + [n]):
             if a < b:
@@ -312,7 +331,7 @@ class DumpReplay:
         at = phy - phy[0]
         size = int(at[-1] + total[-1])
         out = np.empty(size, np.uint8)
-        _kernel().encode_records(u8, side, cols, rows, magic, total, qo, phy, out, at)
+        _encoder().encode_records(u8, side, cols, rows, magic, total, qo, phy, out, at)
         start = int(phy[0])
         pos = start % app.file_size
         seg = app.cl.open(start - pos)
@@ -325,6 +344,24 @@ class DumpReplay:
         h = fast.decode_headers(out, at, u8=out)
         chunk = Chunk(SimpleNamespace(start=start), out, h, True)
         app.dispatcher.dispatch_many(app.dispatcher.requests_from_chunk(chunk))
+
+
+def _blocks(stream):
+    """Whole lines of a binary stream in blocks of about BLOCK_BYTES (the last one may lack its newline)."""
+    rest = b""
+    while True:
+        block = stream.read(BLOCK_BYTES)
+        if not block:
+            break
+        block = rest + block
+        cut = block.rfind(b"\n") + 1
+        if not cut:
+            rest = block
+            continue
+        rest = block[cut:]
+        yield block[:cut]
+    if rest:
+        yield rest
 
 
 def _valid_utf8(block: bytes) -> bool:
