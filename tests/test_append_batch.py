@@ -370,3 +370,69 @@ def test_kernel_layout_matches_segment_rule():
         expect_blank.append(b)
         offset += t
     assert phy.tolist() == expect_phy and blank.tolist() == expect_blank and end == offset
+
+
+MUTATIONS = [b'"', b"\\", b"{", b"}", b",", b":", b"0", b"9", b"-", b"e", b".", b"u", b"x", b" ", b"\t", b"=", b"A",
+             b"null", b"\\u0001", b"\\ud800", b"\\u00e9", "é".encode(), b"1234567890123456789"]
+
+
+def test_kernel_records_equal_encode_message_on_mutated_lines():
+    """Mutated dump lines (bytes replaced, removed, JSON tokens inserted): every line the compiled parser takes
+    is one the plain route takes too (or refuses only by the topic/size checks the batch route repeats), and
+    the record it encodes equals ``encode_message`` of the plain route's message, byte for byte."""
+    from rmqstore_cli.engine.log.linejson import line_messages
+    from rmqstore_cli.formats import replayencode, replaykernel
+    from rmqstore_cli.formats.message import encode_message
+
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    lines = _lines(seed, 150, 0.3).split(b"\n")[:-1]
+    cases = []
+    for _ in range(3000):
+        line = bytearray(rng.choice(lines))
+        for _ in range(rng.choice([0, 1, 1, 2])):
+            at = rng.randrange(len(line))
+            op = rng.random()
+            if op < 0.4:
+                line[at:at + 1] = rng.choice(MUTATIONS)
+            elif op < 0.7:
+                del line[at]
+            else:
+                line[at:at] = rng.choice(MUTATIONS)
+        try:
+            bytes(line).decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # a block that is not UTF-8 never reaches the parser
+        if b"\n" not in line and b"\r" not in line:
+            cases.append(bytes(line))
+    taken = 0
+    for version in (4, 5):
+        cfg = StoreConfig(version=version)
+        messages = line_messages(MessageBuilder(cfg))
+        data = b"\n".join(cases) + b"\n"
+        u8 = np.frombuffer(data, np.uint8)
+        ends = np.flatnonzero(u8 == 10)
+        starts = np.concatenate(([0], ends[:-1] + 1))
+        cols, status, side = replaykernel.parse(u8, starts, ends, version >= 5)
+        for i in np.flatnonzero(status == replaykernel.OK).tolist():
+            text = cases[i].decode("utf-8")
+            try:
+                (m,) = messages(text)
+            except InputError as e:
+                assert str(e).startswith("topic") or "bytes" in str(e), (text, str(e))
+                continue
+            except json.JSONDecodeError as e:
+                raise AssertionError(f"the parser took a line json refuses: {text!r}: {e}")
+            taken += 1
+            want = encode_message(topic=m.topic_b, queue_id=m.queue_id, flag=m.flag, queue_offset=7,
+                                  physical_offset=1234, sysflag=m.sysflag, born_timestamp=m.born_timestamp,
+                                  born_host=m.born_host, store_timestamp=m.store_timestamp, store_host=m.store_host,
+                                  reconsume_times=m.reconsume_times, prepared_offset=m.prepared_offset, body=m.body,
+                                  properties=m.props_b, magic=m.magic)
+            out = np.zeros(len(want), np.uint8)
+            one = np.ones(1, np.int64)
+            replayencode.encode_records(u8, side, cols, np.array([i], np.int64), one * m.magic, one * m.total_size,
+                                        one * 7, one * 1234, out, np.zeros(1, np.int64))
+            assert m.total_size == len(want) and bytes(out) == want, text
+    assert taken > 1000, taken
