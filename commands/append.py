@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import typer
 
 from rmqstore_cli.engine.log.appender import Appender
 from rmqstore_cli.engine.config.storeconfig import StoreConfig, apply_settings, read_broker_conf
 from rmqstore_cli.engine.errors import StoreInUseError, UsageError
-from rmqstore_cli.engine.log.messages import InputError, MessageBuilder
+from rmqstore_cli.engine.log.linejson import json_loads as _json_loads  # noqa: F401 (tests)
+from rmqstore_cli.engine.log.linejson import line_messages as _line_messages  # noqa: F401 (tests)
+from rmqstore_cli.engine.log.messages import MessageBuilder
+from rmqstore_cli.engine.log.replay import DumpReplay
 from rmqstore_cli.engine.store import Store, probe_lock
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options
@@ -132,27 +134,12 @@ def append(
             app.open()
             emit(app.put([msg]))
         else:
-            stream = sys.stdin if from_ == "-" else _open_input(from_)
-            messages = _line_messages(builder)
+            stream = sys.stdin.buffer if from_ == "-" else _open_input(from_)
             try:
-                for n, line in enumerate(stream, start=1):
-                    if not line or line.isspace():  # not line.strip(): no copy of each line
-                        continue
-                    try:
-                        msgs = messages(line)
-                    except json.JSONDecodeError as e:
-                        raise UsageError(f"line {n}: not valid JSON ({e.msg} at column {e.colno})") from None
-                    except InputError as e:
-                        raise UsageError(f"line {n}: {e}") from None
-                    if not app.session.active:
-                        app.open()
-                    try:
-                        results = app.put(msgs)
-                    except InputError as e:  # refused before any write: the lines before it are kept
-                        raise UsageError(f"line {n}: {e}") from None
+                for results in DumpReplay(app, builder).feed_stream(stream):
                     emit(results)
             finally:
-                if stream is not sys.stdin:
+                if from_ != "-":
                     stream.close()
     except OSError as e:
         failed = e
@@ -202,62 +189,9 @@ def _parse_props(items: Optional[List[str]]) -> list[tuple[str, str]]:
     return out
 
 
-def _json_loads():
-    """``json.loads`` with its exact results and errors, through msgspec where msgspec agrees.
-
-    msgspec (~3x faster on these lines) accepts a subset of what ``json`` accepts and gives the same
-    value for it (integers of any size included, which orjson turns into floats past 64 bits);
-    what it rejects (NaN, Infinity, lone surrogate escapes, numbers out of a double's range, bad
-    JSON) is parsed again by ``json``, which gives the value or the error message we report."""
-    import msgspec
-
-    fast, slow, error = msgspec.json.Decoder().decode, json.loads, msgspec.DecodeError
-
-    def loads(line: str):
-        try:
-            return fast(line)
-        except error:
-            return slow(line)
-
-    return loads
-
-
-def _line_messages(builder: MessageBuilder):
-    """line -> the messages of ``builder.from_json_line(json.loads(line))``, same errors.
-
-    A line shaped like a ``dump --json`` message (an object of known fields, ``bodyBase64`` valid
-    base64) is decoded by msgspec into a typed record, its body decoded in C on the way (a
-    quarter of ``b64decode``'s time); any other line (a batch, an unknown field, bad base64,
-    anything msgspec refuses) takes the plain route, which gives the values and messages."""
-    import msgspec
-    from rmqstore_cli.engine.log.messages import COMPUTED_FIELDS, INPUT_FIELDS
-
-    unset = msgspec.UNSET
-    names = sorted(INPUT_FIELDS | COMPUTED_FIELDS)
-    line_type = msgspec.defstruct(
-        "DumpLine", [(f, (bytes | msgspec.UnsetType) if f == "bodyBase64" else Any, unset) for f in names],
-        forbid_unknown_fields=True)
-    typed, error, astuple = msgspec.json.Decoder(line_type).decode, msgspec.DecodeError, msgspec.structs.astuple
-    loads = _json_loads()
-    from_json, from_line = builder.from_json, builder.from_json_line
-
-    def messages(line: str) -> list:
-        try:
-            rec = typed(line)
-        except error:
-            return from_line(loads(line))[0]
-        obj = {f: v for f, v in zip(names, astuple(rec)) if v is not unset}
-        body = obj.get("bodyBase64")
-        if body is not None:
-            obj["bodyBase64"] = ""  # a string, as json gives; its bytes go separately
-        return [from_json(obj, body_base64=body)]
-
-    return messages
-
-
 def _open_input(path: str):
     try:
-        return open(path, encoding="utf-8")
+        return open(path, "rb")
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}") from None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checkkernel, fast, indexchain, jsonl, kernel, propscan
+from . import checkkernel, fast, indexchain, jsonl, kernel, propscan, replayencode, replaykernel
 
 
 def warm_up() -> None:
@@ -30,6 +30,15 @@ def warm_up() -> None:
     indexchain.chain_block(np.ones(1, np.int32), np.zeros(1, np.int32), 1, 4, np.zeros(4, np.int32))
     jsonl.kernel_lines(data, h.take(0), 0, "none")  # dump --json's writer (formats.jsonkernel)
     checkkernel.warm_up()
+    line = (b'{"topic":"T","bornTimestamp":1,"storeTimestamp":1,"bornHost":{"ip":"a","ipHex":"01020304","port":1},'
+            b'"storeHost":{"ip":"a","ipHex":"01020304","port":1},"properties":{"K":"v"},"propertiesRaw":"K\\u0001v",'
+            b'"bodyBase64":"AA=="}')  # append --from's batch route (formats.replaykernel, formats.replayencode)
+    u8 = np.frombuffer(line, np.uint8)
+    cols, _, side = replaykernel.parse(u8, np.zeros(1, np.int64), np.full(1, len(line), np.int64), True)
+    one = np.ones(1, np.int64)
+    replayencode.encode_records(u8, side, cols, np.zeros(1, np.int64), one, one * 200, one, one, np.zeros(256, np.uint8),
+                                np.zeros(1, np.int64))
+    replayencode.layout(one * 100, 0, 1 << 20, np.zeros(1, np.int64), np.zeros(1, np.int64))
 
 
 if __name__ == "__main__":

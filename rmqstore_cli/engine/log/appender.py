@@ -245,13 +245,9 @@ class Appender:
         pos = phy % fs
         if need + 8 > fs - pos:
             self._write()  # the records before the BLANK go into this segment first
-            seg = self.cl.open(phy - pos)
-            seg.touch(pos, 8)
-            _BLANK.pack_into(seg.mm, pos, fs - pos, MAGIC_BLANK)
-            seg.dirty = True
+            self.write_blank(phy)
             phy += fs - pos
             self.offset = phy
-            self.blanks += 1
         table = self.table
         if single:
             m = first
@@ -303,6 +299,16 @@ class Appender:
             if self.fsync_always:
                 self.flush()
         return out
+
+    def write_blank(self, at: int) -> None:
+        """End the segment at offset ``at`` with the 8-byte BLANK marker (the rest of it stays zeros)."""
+        fs = self.file_size
+        pos = at % fs
+        seg = self.cl.open(at - pos)
+        seg.touch(pos, 8)
+        _BLANK.pack_into(seg.mm, pos, fs - pos, MAGIC_BLANK)
+        seg.dirty = True
+        self.blanks += 1
 
     def _write(self) -> None:
         """Encode the pending records, write them with one copy into their segment, dispatch them."""

@@ -315,6 +315,17 @@ class MessageBuilder:
         return OutMessage(topic, topic_b, queue_id, flag, sysflag, born_ts, born_host, store_host, reconsume, prepared,
                           body, props_b, crc_prop, magic, store_ts, props_map, total)
 
+    def replay_topic(self, topic: str) -> tuple[bytes, int]:
+        """(UTF-8 bytes, magic) of a replayed message's topic, or the InputError ``from_json`` gives."""
+        key = (topic, False)
+        checked = self._topics.get(key)
+        if checked is None:
+            checked = check_topic(topic, self.version, strict_chars=False,
+                                  auto_v2=self.config.autoMessageVersionOnTopicLen)
+            if len(self._topics) < _CACHE_LIMIT:
+                self._topics[key] = checked
+        return checked
+
     # --- a send from options -----------------------------------------------------------------
 
     def from_options(self, *, topic: str, queue_id: int = 0, body: bytes = b"", tags: str | None = None,
