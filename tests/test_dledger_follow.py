@@ -35,6 +35,10 @@ def _start(root, *extra) -> tuple[subprocess.Popen, queue.Queue]:
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sink: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(p.stdout, sink), daemon=True).start()
+    # stderr drained as it comes: a full pipe would block the follower, which then never sees the SIGINT through
+    p.err_lines = []  # type: ignore[attr-defined]
+    p.err_thread = threading.Thread(target=lambda: p.err_lines.extend(p.stderr), daemon=True)  # type: ignore[attr-defined]
+    p.err_thread.start()
     return p, sink
 
 
@@ -42,10 +46,13 @@ def _stop(p: subprocess.Popen) -> str:
     p.send_signal(signal.SIGINT)
     try:
         rc = p.wait(timeout=WAIT)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    err = p.stderr.read()
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise AssertionError(f"the follower did not stop within {WAIT} s of SIGINT; its stderr: "
+                             f"{''.join(p.err_lines)[-3000:]!r}") from None
+    p.err_thread.join(WAIT)  # the rest of stderr, up to its end
+    err = "".join(p.err_lines)
     assert rc == 0 and "Traceback" not in err, err
     return err
 
