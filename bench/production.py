@@ -45,42 +45,37 @@ def production_suite(b, info: dict) -> None:
             b.measure(row_name("verify", jobs), PRODUCTION_STORE, info, RMQ + ["verify", root, "--json"] + j, records,
                       nbytes, start=RMQ + ["verify", FIXTURE, "--json"] + j)
     crash = crash_copy(PRODUCTION_STORE, info)
-    for jobs in JOBS:
-        j = jflag("recover", jobs)
-        name = row_name("recover (crash)", jobs)
-        if j is None:
-            b.unavailable(name, PRODUCTION_STORE, "`rmqstore recover` has no -j/--jobs")
-            continue
-        dest = os.path.join(WORK, "recover-8g")
 
-        def prep_recover(dest=dest, j=j):
-            _rm(dest + ".bak")
-            fresh_copy(crash, dest, real_last=True, copy=("consumequeue", "index"))
-            warm(dest)
-            return RMQ + ["recover", dest, "--backup-dir", dest + ".bak"] + j
+    def fresh_crash(dest):  # recover works on a copy of the crash copy, its last segment and derived files real
+        fresh_copy(crash, dest, real_last=True, copy=("consumequeue", "index"))
+        warm(dest)
 
-        tiny = os.path.join(WORK, "recover-tiny")
-        b.measure(name, PRODUCTION_STORE, info, None, records, nbytes, prepare=prep_recover,
-                  cleanup=lambda dest=dest: (_rm(dest), _rm(dest + ".bak")),
-                  start=lambda j=j: RMQ + ["recover", tiny_copy(tiny, crash=True), "--backup-dir", tiny + ".bak"] + j)
-    for jobs in JOBS:
-        j = jflag("rebuild", jobs)
-        name = row_name("rebuild all", jobs)
-        if j is None:
-            b.unavailable(name, PRODUCTION_STORE, "`rmqstore rebuild` has no -j/--jobs")
-            continue
-        dest = os.path.join(WORK, "rebuild-8g")
+    def fresh_store(dest):  # rebuild works on a copy whose commitlog is hard-linked (it never writes it)
+        fresh_copy(root, dest)
+        warm(root)
 
-        def prep_rebuild(dest=dest, j=j):
-            _rm(dest + ".bak")
-            fresh_copy(root, dest)
-            warm(root)
-            return RMQ + ["rebuild", "all", dest, "--backup-dir", dest + ".bak"] + j
+    # (row, command words, how the 8 GiB copy is made, the same command's demo-store copy)
+    writing = (("recover (crash)", ["recover"], fresh_crash, lambda tiny: tiny_copy(tiny, crash=True)),
+               ("rebuild all", ["rebuild", "all"], fresh_store, tiny_copy))
+    for label, words, fresh, tiny_of in writing:
+        for jobs in JOBS:
+            j = jflag(words[0], jobs)
+            name = row_name(label, jobs)
+            if j is None:
+                b.unavailable(name, PRODUCTION_STORE, f"`rmqstore {words[0]}` has no -j/--jobs")
+                continue
+            dest = os.path.join(WORK, f"{words[0]}-8g")
+            tiny = os.path.join(WORK, f"{words[0]}-tiny")
 
-        tiny = os.path.join(WORK, "rebuild-tiny")
-        b.measure(name, PRODUCTION_STORE, info, None, records, nbytes, prepare=prep_rebuild,
-                  cleanup=lambda dest=dest: (_rm(dest), _rm(dest + ".bak")),
-                  start=lambda j=j: RMQ + ["rebuild", "all", tiny_copy(tiny), "--backup-dir", tiny + ".bak"] + j)
+            def prepare(dest=dest, j=j, fresh=fresh, words=words):
+                _rm(dest + ".bak")
+                fresh(dest)
+                return RMQ + words + [dest, "--backup-dir", dest + ".bak"] + j
+
+            b.measure(name, PRODUCTION_STORE, info, None, records, nbytes, prepare=prepare,
+                      cleanup=lambda dest=dest: (_rm(dest), _rm(dest + ".bak")),
+                      start=lambda j=j, words=words, tiny=tiny, tiny_of=tiny_of:
+                      RMQ + words + [tiny_of(tiny), "--backup-dir", tiny + ".bak"] + j)
     if has_command("spark", "export"):
         dest = os.path.join(WORK, "spark-export-8g")
 

@@ -217,3 +217,44 @@ def test_tiny_copies_are_writable_and_leave_the_fixture_alone(tmp_path):
             p = os.path.join(d, "commitlog", name)
             assert os.stat(p).st_nlink == 1 and os.access(p, os.W_OK)  # copies, never links to the fixture
     assert before == {p: os.stat(os.path.join(run.FIXTURE, "commitlog", p)).st_nlink for p in before}
+
+
+def test_production_rows_run_their_commands_on_the_demo_store(tmp_path, monkeypatch):
+    """The 8 GiB rows' command lines (verify, recover of a crash copy and rebuild all at -j 1 and -j 2), given
+    the demo store instead: each prepared command runs and finishes, with -j where the command has it and a
+    "not available" -j 2 row where it has not; the Spark export's command line is formed, not run."""
+    from bench import production
+
+    store = tmp_path / "store"
+    shutil.copytree(FIXTURE, store)
+    monkeypatch.setattr(run, "WORK", str(tmp_path / "work"))
+    monkeypatch.setattr(run, "CACHE", str(tmp_path / "cache"))
+    os.makedirs(run.WORK)
+    os.makedirs(run.CACHE)
+    ran = []
+
+    class Recorder(run.Bench):
+        def measure(self, name, store_name, info, cmd_for, records, nbytes, prepare=None, cleanup=None, start=None):
+            if name.startswith("spark"):
+                ran.append((name, prepare()))
+                return
+            cmd = prepare() if prepare else cmd_for
+            c = run.run(cmd)
+            if cleanup:
+                cleanup()
+            tiny = start() if callable(start) else start
+            run.run(tiny)
+            ran.append((name, cmd))
+            self.results.append({"workload": name, "store": store_name, "seconds": c.seconds})
+
+    b = Recorder(1)
+    production.production_suite(b, {"root": str(store), "records": 2080, "bytes": 1})
+    names = [n for n, _ in ran] + [r["workload"] for r in b.results if "not_available" in r]
+    for command in ("verify", "recover (crash)", "rebuild all"):
+        for jobs in production.JOBS:
+            assert production.row_name(command, jobs) in names, (command, jobs, names)
+    for name, cmd in ran:
+        if " -j 2 " in name:
+            assert cmd[-2:] == ["-j", "2"], (name, cmd)
+    assert any(n.startswith("spark export") for n, _ in ran)
+    assert not os.path.exists(os.path.join(run.WORK, "recover-8g")) and not os.path.exists(os.path.join(run.WORK, "rebuild-8g"))
