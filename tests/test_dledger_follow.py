@@ -18,7 +18,7 @@ import time
 
 from .conftest import STORES, copy_store
 from .test_dledger_read import read_back
-from .test_follow import WAIT, _collect, _reader
+from .test_follow import WAIT, _collect, _reader, interruptible
 
 CLI = [sys.executable, "-m", "rmqstore_cli"]
 SAMPLE = "dledger-4.9.3-clean"
@@ -32,7 +32,7 @@ def _data_dir(root) -> str:
 
 def _start(root, *extra) -> tuple[subprocess.Popen, queue.Queue]:
     p = subprocess.Popen(CLI + ["dump", "commitlog", str(root), "--follow", "--json", "--body", "hex", *extra],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     sink: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(p.stdout, sink), daemon=True).start()
     # stderr drained as it comes: a full pipe would block the follower, which then never sees the SIGINT through

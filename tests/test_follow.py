@@ -21,6 +21,15 @@ CLI = [sys.executable, "-m", "rmqstore_cli"]
 WAIT = 60.0
 
 
+def interruptible() -> None:
+    """Popen's preexec_fn: SIGINT at its default and not blocked in the follower, as a terminal user's Ctrl-C finds
+    it. A process started with SIGINT ignored (a job a non-interactive shell runs in the background: CI runners,
+    ``cmd &``) or blocked never turns it into KeyboardInterrupt: the follower would not stop, as ``tail -f`` would
+    not."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _reader(stream, sink: queue.Queue):
     for line in stream:  # one reader for the whole pipe: nothing buffered is lost
         sink.put(line)
@@ -44,7 +53,7 @@ def test_follow_sees_appends_from_another_process_and_rolls(store_copy):
     root = store_copy("4.9.3-clean")
     end_before = sorted(os.listdir(root / "commitlog"))
     follower = subprocess.Popen(CLI + ["dump", "commitlog", str(root), "--follow", "--json", "--body", "hex"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     sink: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(follower.stdout, sink), daemon=True).start()
     try:
@@ -91,7 +100,7 @@ def test_follow_is_read_only_and_takes_no_lock(store_copy):
     before = tree_digest(original)
     root = store_copy("5.3.3-clean")
     followers = [subprocess.Popen(CLI + ["dump", "commitlog", str(r), "--follow"], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for r in (original, root)]
+                                  stderr=subprocess.PIPE, text=True, preexec_fn=interruptible) for r in (original, root)]
     try:
         time.sleep(2.0)
         # a writer still gets the store's lock while it is followed (exit 4 would mean it was taken)
