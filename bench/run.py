@@ -44,26 +44,37 @@ SALVAGE_RECORDS = 1_000_000  # memory rows: salvage --jsonl of this prefix (a mu
 SALVAGE_ROW = f"salvage --jsonl (first {SALVAGE_RECORDS:,} records)"
 
 
-def store(name: str) -> str:
-    path = os.path.join(CACHE, name)
+def _cached(path: str, label: str, make) -> dict:
+    """The store at ``path``, made once by ``make(path)`` (its summary, with the wall and CPU seconds it took,
+    kept in ``path.json``); the summary with ``root``."""
     meta = path + ".json"
     if not os.path.exists(meta):
-        _drop_stale_caches()
         t, c = time.perf_counter(), time.process_time()
-        from bench.production import PRODUCTION_LAYOUT
-
-        layouts = {**gen.MEMORY_STORES_LAYOUT, **PRODUCTION_LAYOUT}
-        body, total, seg = layouts.get(name, (gen.BODY_SIZES.get(name), gen.TOTAL_SIZE, gen.SEGMENT_SIZE))
-        info = gen.generate(path, body, total, seg)
+        info = make(path)
         info["generate_seconds"] = round(time.perf_counter() - t, 1)
         info["generate_cpu_seconds"] = round(time.process_time() - c, 1)
         with open(meta, "w") as f:
             json.dump(info, f)
-        print(f"# generated {name}: {info}", file=sys.stderr)
+        print(f"# generated {label}: {info}", file=sys.stderr)
     with open(meta) as f:
         info = json.load(f)
     info["root"] = path
     return info
+
+
+def store(name: str) -> dict:
+    path = os.path.join(CACHE, name)
+    if not os.path.exists(path + ".json"):
+        _drop_stale_caches()
+
+    def make(path):
+        from bench.production import PRODUCTION_LAYOUT
+
+        layouts = {**gen.MEMORY_STORES_LAYOUT, **PRODUCTION_LAYOUT}
+        body, total, seg = layouts.get(name, (gen.BODY_SIZES.get(name), gen.TOTAL_SIZE, gen.SEGMENT_SIZE))
+        return gen.generate(path, body, total, seg)
+
+    return _cached(path, name, make)
 
 
 def dledger_store(name: str, info: dict) -> dict:
@@ -71,18 +82,7 @@ def dledger_store(name: str, info: dict) -> dict:
     from bench import gendledger
 
     path = os.path.join(os.path.dirname(info["root"]), name + "-dledger")
-    meta = path + ".json"
-    if not os.path.exists(meta):
-        t = time.perf_counter()
-        out = gendledger.convert(info["root"], path)
-        out["generate_seconds"] = round(time.perf_counter() - t, 1)
-        with open(meta, "w") as f:
-            json.dump(out, f)
-        print(f"# generated {name}-dledger: {out}", file=sys.stderr)
-    with open(meta) as f:
-        out = json.load(f)
-    out["root"] = path
-    return out
+    return _cached(path, name + "-dledger", lambda path: gendledger.convert(info["root"], path))
 
 
 DLEDGER_ROW = "verify (DLedger)"

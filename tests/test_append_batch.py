@@ -88,12 +88,9 @@ def _dump_lines(name: str, body: str) -> bytes:
     return r.stdout.encode("utf-8")
 
 
-@pytest.mark.parametrize("body", ["base64", "hex"])
-def test_dumped_store_appended_equals_broker(tmp_path, body):
-    """`dump commitlog --json` of a broker store (no classic batches) appended into an empty store with the
-    broker's settings: its commitlog (BLANKs at 16 KiB segment ends), consume queues and index files."""
-    name = "5.3.3-v2topic"
-    data = _dump_lines(name, body)
+def _append_equals_broker(tmp_path, name: str, data: bytes) -> int:
+    """``append --from`` of ``data`` into an empty store with the broker's settings of sample ``name`` gives the
+    broker's commitlog, consume-queue, ext and index files; returns the broker version."""
     src = tmp_path / "in.jsonl"
     src.write_bytes(data)
     conf, version = write_broker_conf(name, tmp_path / "broker.conf")
@@ -102,6 +99,16 @@ def test_dumped_store_appended_equals_broker(tmp_path, body):
                             str(version), "--quiet"])
     assert r.exit_code == 0, r.output
     assert_same_store_files(shared_store(name), dst)
+    return version
+
+
+@pytest.mark.parametrize("body", ["base64", "hex"])
+def test_dumped_store_appended_equals_broker(tmp_path, body):
+    """`dump commitlog --json` of a broker store (no classic batches) appended into an empty store with the
+    broker's settings: its commitlog (BLANKs at 16 KiB segment ends), consume queues and index files."""
+    name = "5.3.3-v2topic"
+    data = _dump_lines(name, body)
+    version = _append_equals_broker(tmp_path, name, data)
     cfg = small(version, mappedFileSizeCommitLog=65536)
     _, batched = replay(tmp_path / "again", cfg, data, batch=True)
     assert batched == data.count(b"\n")  # every line took the batch route
@@ -131,14 +138,7 @@ def test_broker_puts_in_base64_equal_broker(tmp_path, name):
     """The broker's puts (64 KiB segments, ext, classic batches in between: those take the plain route at
     their place) give the broker's files byte for byte."""
     data = _puts_base64(name)
-    src = tmp_path / "in.jsonl"
-    src.write_bytes(data)
-    conf, version = write_broker_conf(name, tmp_path / "broker.conf")
-    dst = tmp_path / "copy"
-    r = runner.invoke(cli, ["append", str(dst), "--from", str(src), "--config", str(conf), "--broker-version",
-                            str(version), "--quiet"])
-    assert r.exit_code == 0, r.output
-    assert_same_store_files(shared_store(name), dst)
+    _append_equals_broker(tmp_path, name, data)
 
 
 # --- against the plain route on seeded inputs ---------------------------------------------------

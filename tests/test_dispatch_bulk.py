@@ -9,7 +9,6 @@ byte-identical files through the bulk paths.
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
@@ -19,16 +18,7 @@ from rmqstore_cli.engine.config.storeconfig import StoreConfig
 from rmqstore_cli.engine.derived.cqwriter import ConsumeQueueWriter
 from rmqstore_cli.engine.derived.dispatch import DispatchBatch, DispatchRequest
 from rmqstore_cli.engine.derived.indexwriter import IndexWriter, store_time_namer
-
-
-def _files(root) -> dict:
-    out = {}
-    for dp, _, fn in os.walk(root):
-        for n in fn:
-            p = os.path.join(dp, n)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, root)] = f.read()
-    return out
+from tests.conftest import files_of
 
 
 def _requests(rng: random.Random, n: int, start_phy: int = 0) -> list[DispatchRequest]:
@@ -71,7 +61,7 @@ def test_index_bulk_build_matches_one_key_at_a_time(tmp_path, seed):
             else:
                 w.build(DispatchBatch.from_requests(part))
         w.close()
-        results.append((_files(root), w.entries_written))
+        results.append((files_of(root, ""), w.entries_written))
     assert results[0] == results[1]
 
 
@@ -108,7 +98,7 @@ def test_consume_queue_runs_match_unit_by_unit(tmp_path, seed):
                 done += w.put_many(phy[a:b], size[a:b], tags[a:b], qo[a:b])
         state = (done, w.write_offset, w.max_physic_offset, w.out_of_order, w.min_logic_offset)
         w.close()
-        out.append((_files(root), state))
+        out.append((files_of(root, ""), state))
     assert out[0] == out[1]
 
 
