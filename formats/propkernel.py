@@ -17,63 +17,142 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .kernel import _jit
+from .kernel import HIGHS, ONES, _bytes_equal_mask, _jit, _low_byte_index, _prefetch, _word
 
 SEPARATOR = 2  # between entries (\x02)
 SPACE = 0x20  # between KEYS tokens
 INT32_MIN = -(1 << 31)
+SEPARATORS = SEPARATOR * ONES  # the byte repeated in each of a word's 8 bytes
+SPACES = SPACE * ONES
+AHEAD = 8  # records whose property lines are prefetched ahead of the one being scanned
+
+
+LANES16 = 0x00FF00FF00FF00FF  # the low byte of each 16-bit lane
+LANES32 = 0x0000FFFF0000FFFF  # the low half of each 32-bit lane
+POW31 = (1, 31, 961, 29791, 923521, 28629151, 887503681, 27512614111, 852891037441)  # 31**r, r = 0..8
+
+
+@numba.njit(inline="always")
+def _poly(w):
+    """``b0*31^7 + b1*31^6 + ... + b7`` of the word's bytes (b0 lowest): Java's hash step over 8 bytes,
+    without the ``h*31^8`` of what came before. Three multiplies instead of eight: neighbouring bytes
+    are paired in 16-bit lanes (``b0*31 + b1`` < 2^13), pairs in 32-bit lanes (``p0*31^2 + p1`` < 2^23),
+    then the two halves; no lane ever carries into the next."""
+    pairs = (w & np.uint64(LANES16)) * np.uint64(31) + ((w >> np.uint64(8)) & np.uint64(LANES16))
+    quads = (pairs & np.uint64(LANES32)) * np.uint64(961) + ((pairs >> np.uint64(16)) & np.uint64(LANES32))
+    return (quads & np.uint64(0xFFFFFFFF)) * np.uint64(923521) + (quads >> np.uint64(32))
+
+
+@numba.njit(inline="always")
+def _low_bytes(w, r):
+    """The ``r`` (1..8) lowest bytes of ``w`` moved to its top, zeros below (``_poly`` of the result is
+    the hash step over those ``r`` bytes)."""
+    return w << np.uint64(8 * (8 - r))
+
+
+@numba.njit(inline="always")
+def _load(u8, j, r):
+    """The word at ``u8[j]`` of which only the ``r`` (1..8) lowest bytes matter: one load when 8 bytes
+    are left in the buffer, else the ``r`` bytes one by one (the buffer's last few bytes only)."""
+    if j + 8 <= u8.shape[0]:
+        return _word(u8, j)
+    w = np.uint64(0)
+    for t in range(r):
+        w |= np.uint64(u8[j + t]) << np.uint64(8 * t)
+    return w
 
 
 @numba.njit(inline="always")
 def _java_hash(h, u8, s, e):
-    """Java ``String.hashCode`` continued from ``h`` over the ASCII bytes ``u8[s:e]`` (as uint32)."""
-    for j in range(s, e):
-        h = np.uint32(h * np.uint32(31) + np.uint32(u8[j]))
-    return h
+    """Java ``String.hashCode`` continued from ``h`` over the ASCII bytes ``u8[s:e]`` (as uint32).
+
+    Eight bytes per step (``h*31^8 + b0*31^7 + ... + b7``), the last 1-7 bytes as one more step of
+    their own width; in uint64, whose low 32 bits are those of the uint32 arithmetic."""
+    x = np.uint64(h)
+    j = s
+    while j + 8 <= e:
+        x = x * np.uint64(852891037441) + _poly(_word(u8, j))
+        j += 8
+    if j < e:
+        r = e - j
+        x = x * np.uint64(POW31[r]) + _poly(_low_bytes(_load(u8, j, r), r))
+    return np.uint32(x & np.uint64(0xFFFFFFFF))
 
 
 @numba.njit(inline="always")
 def _same_bytes(a, ai, b, bi, n):
-    """``a[ai:ai+n] == b[bi:bi+n]``."""
-    for t in range(n):
-        if a[ai + t] != b[bi + t]:
+    """``a[ai:ai+n] == b[bi:bi+n]`` (eight bytes per step; both spans lie inside their arrays)."""
+    t = 0
+    while t + 8 <= n:
+        if _word(a, ai + t) != _word(b, bi + t):
             return False
+        t += 8
+    if t < n:
+        r = n - t
+        return _low_bytes(_load(a, ai + t, r), r) == _low_bytes(_load(b, bi + t, r), r)
     return True
 
 
-def _find_props(u8, starts, lengths, pats, pat_off, out_s, out_e, ascii_ok):
+def _find_props(u8, starts, lengths, pat_word, pat_mask, pats, pat_off, first, chain, out_s, out_e, ascii_ok):
     """For record i (property string ``u8[starts[i]:starts[i]+lengths[i]]``) and wanted name k
-    (``pats[pat_off[k]:pat_off[k+1]]`` = ``NAME\\x01``): the value span of the last matching entry
-    into ``out_s[k, i]``/``out_e[k, i]`` (left at -1 when absent); ``ascii_ok[i]`` = no byte >= 0x80."""
-    names = pat_off.shape[0] - 1
-    for i in range(starts.shape[0]):
-        s = starts[i]
-        end = s + lengths[i]
-        if lengths[i] <= 0:
+    (``pats[pat_off[k]:pat_off[k+1]]`` = ``NAME\\x01``, no two alike): the value span of the last matching
+    entry into ``out_s[k, i]``/``out_e[k, i]`` (left at -1 when absent); ``ascii_ok[i]`` = no byte >= 0x80.
+
+    Jumps from separator to separator eight bytes at a time (a word's ``\\x02`` bytes found with one
+    subtract-and-mask), OR-ing the words to learn whether any byte is >= 0x80. Each entry's name is
+    compared at the entry's start only: a pattern ends at the name's first ``\\x01``, so only the names
+    of that length (1-8; 9 = longer) and that first byte can match (``first[length * 256 + byte]``,
+    then ``chain[k]``: -1 ends the list); each is compared by one masked word (``pat_word[k]``: its first
+    up to 8 bytes, little-endian; ``pat_mask[k]``: their mask), a longer one then word by word."""
+    shortest = 1 << 30
+    for k in range(pat_off.shape[0] - 1):
+        shortest = min(shortest, pat_off[k + 1] - pat_off[k])
+    count = starts.shape[0]
+    for i in range(count):
+        if i + AHEAD < count:
+            _prefetch(u8, starts[i + AHEAD])
+            _prefetch(u8, starts[i + AHEAD] + 64)
+        ln = lengths[i]
+        if ln <= 0:
             continue
+        s = starts[i]
+        end = s + ln
+        seen = np.uint64(0)  # every byte OR-ed in: a top bit set means a non-ASCII byte
         entry = s
         j = s
-        while j <= end:
-            if j < end:
-                b = u8[j]
-                if b >= 0x80:
-                    ascii_ok[i] = False
-                if b != SEPARATOR:
-                    j += 1
-                    continue
-            # entry [entry, j)
-            n = j - entry
-            first = u8[entry] if n > 0 else 0
-            for k in range(names):
-                a = pat_off[k]
-                L = pat_off[k + 1] - a
-                if n <= L or first != pats[a]:
-                    continue
-                if _same_bytes(u8, entry, pats, a, L):
-                    out_s[k, i] = entry + L
-                    out_e[k, i] = j
-            entry = j + 1
-            j += 1
+        while True:
+            sep = end
+            while j < end:
+                r = end - j
+                if r >= 8:
+                    w = _word(u8, j)
+                else:  # the string's last bytes: the ones after it read as zeros
+                    w = _load(u8, j, r) & ((np.uint64(1) << np.uint64(8 * r)) - np.uint64(1))
+                seen |= w
+                z = _bytes_equal_mask(w, np.uint64(SEPARATORS))
+                if z:
+                    sep = j + _low_byte_index(z)
+                    break
+                j += 8
+            n = sep - entry  # entry [entry, sep)
+            if n > shortest:
+                head = _load(u8, entry, min(n, 8))
+                z = _bytes_equal_mask(head, np.uint64(ONES))
+                k = first[(_low_byte_index(z) + 1 if z else 9) * 256 + np.int64(head & np.uint64(0xFF))]
+                while k >= 0:
+                    a = pat_off[k]
+                    L = pat_off[k + 1] - a
+                    if n > L and (head & pat_mask[k]) == pat_word[k] and (
+                            L <= 8 or _same_bytes(u8, entry + 8, pats, a + 8, L - 8)):
+                        out_s[k, i] = entry + L
+                        out_e[k, i] = sep
+                        break
+                    k = chain[k]
+            if sep >= end:
+                break
+            entry = sep + 1
+            j = entry
+        ascii_ok[i] = (seen & np.uint64(HIGHS)) == 0
 
 
 def _java_hash_spans(u8, starts, ends, out):
@@ -85,15 +164,22 @@ def _java_hash_spans(u8, starts, ends, out):
 def _group_spans(u8, starts, lengths, group, firsts, slots):
     """Equal byte spans ``u8[starts[i]:starts[i]+lengths[i]]`` grouped: ``group[i]`` is the span's group,
     numbered in first-occurrence order, ``firsts[g]`` the first span of group g; returns the number of
-    groups. One open-addressing table keyed by (Java hash, length) whose hits are confirmed byte by byte,
-    so different spans never share a group, whatever their hashes. ``slots``: the table, all -1, a power
-    of two of at least 2n entries (made by the caller: an array made in a kernel makes loading it from the
-    cache import numba's array module, ~30 ms of a command's start)."""
+    groups. A span equal to the one before it (records of one topic come in runs) takes its group at
+    once; the others go through one open-addressing table keyed by (Java hash, length) whose hits are
+    confirmed byte by byte, so different spans never share a group, whatever their hashes. ``slots``: the
+    table, all -1, a power of two of at least 2n entries (made by the caller: an array made in a kernel
+    makes loading it from the cache import numba's array module, ~30 ms of a command's start)."""
     n = starts.shape[0]
     mask = slots.shape[0] - 1
     groups = 0
+    last = -1
     for i in range(n):
         s, ln = starts[i], lengths[i]
+        if last >= 0:
+            f = firsts[last]
+            if lengths[f] == ln and _same_bytes(u8, starts[f], u8, s, ln):
+                group[i] = last
+                continue
         h = _java_hash(np.uint32(0), u8, s, s + ln)
         k = np.int64((np.uint64(h) * np.uint64(0x9E3779B1) + np.uint64(ln)) & np.uint64(mask))
         while True:
@@ -109,6 +195,7 @@ def _group_spans(u8, starts, lengths, group, firsts, slots):
                 group[i] = g
                 break
             k = (k + 1) & mask
+        last = group[i]
     return groups
 
 
@@ -119,6 +206,27 @@ def _key_hash_of(h):
     if v == INT32_MIN:
         return np.int32(0)
     return np.int32(-v if v < 0 else v)
+
+
+@numba.njit(inline="always")
+def _hash_token(h, u8, j, e):
+    """Java hash continued from ``h`` over the bytes from ``u8[j]`` up to the first space or ``e``, and
+    where it stopped: the space is looked for and the bytes hashed in the same 8-byte steps."""
+    x = np.uint64(h)
+    while j < e:
+        r = min(e - j, 8)
+        w = _load(u8, j, r)
+        z = _bytes_equal_mask(w, np.uint64(SPACES))
+        if z:
+            r = min(r, _low_byte_index(z))  # a space past ``e`` is not one
+        if r == 8:
+            x = x * np.uint64(852891037441) + _poly(w)
+        elif r > 0:
+            x = x * np.uint64(POW31[r]) + _poly(_low_bytes(w, r))
+        j += r
+        if r < 8:
+            break
+    return np.uint32(x & np.uint64(0xFFFFFFFF)), j
 
 
 def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
@@ -142,10 +250,7 @@ def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
                     j += 1
                 if j >= e:
                     break
-                h = np.uint32(prefix[i])
-                while j < e and u8[j] != SPACE:
-                    h = np.uint32(h * np.uint32(31) + np.uint32(u8[j]))
-                    j += 1
+                h, j = _hash_token(np.uint32(prefix[i]), u8, j, e)
                 out[t] = _key_hash_of(h)
                 t += 1
                 c += 1

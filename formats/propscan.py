@@ -12,6 +12,7 @@ with :func:`formats.properties.parse_properties` (hashes are over UTF-16 units t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -39,14 +40,33 @@ def scan(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray, names=WANTED) 
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     n = len(starts)
-    pats = b"".join(k.encode("ascii") + b"\x01" for k in names)
-    off = np.cumsum([0] + [len(k) + 1 for k in names]).astype(np.int64)
+    names = tuple(dict.fromkeys(names))  # each name once (the kernel gives an entry to one name)
+    pats, off, words, masks, first, chain = _patterns(names)
     out_s = np.full((len(names), n), -1, dtype=np.int64)  # one contiguous row per name
     out_e = np.full((len(names), n), -1, dtype=np.int64)
     ascii_ok = np.ones(n, dtype=bool)
     if n:
-        _kernels().find_props(_view(u8), starts, lengths, np.frombuffer(pats, np.uint8), off, out_s, out_e, ascii_ok)
+        _kernels().find_props(_view(u8), starts, lengths, words, masks, pats, off, first, chain, out_s, out_e, ascii_ok)
     return PropValues(dict(zip(names, out_s)), dict(zip(names, out_e)), ascii_ok)
+
+
+@lru_cache(maxsize=16)
+def _patterns(names: tuple) -> tuple:
+    """The kernel's form of the wanted names (:func:`formats.propkernel.find_props`): the ``NAME\\x01``
+    patterns back to back and where each starts; each one's first (up to) 8 bytes as a little-endian word
+    and the mask of those bytes; the names by pattern length (9: longer than 8) and first byte, listed in
+    ``first`` and chained in ``chain``."""
+    raw = [k.encode("ascii") + b"\x01" for k in names]
+    pats = np.frombuffer(b"".join(raw), np.uint8)
+    off = np.cumsum([0] + [len(p) for p in raw]).astype(np.int64)
+    words = np.array([int.from_bytes(p[:8], "little") for p in raw], dtype=np.uint64)
+    masks = np.array([(1 << (8 * min(len(p), 8))) - 1 for p in raw], dtype=np.uint64)
+    first = np.full(10 * 256, -1, np.int64)
+    chain = np.full(len(raw), -1, np.int64)
+    for k in reversed(range(len(raw))):
+        slot = min(len(raw[k]), 9) * 256 + raw[k][0]
+        chain[k], first[slot] = first[slot], k
+    return pats, off, words, masks, first, chain
 
 
 def _view(u8) -> np.ndarray:
