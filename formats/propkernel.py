@@ -234,7 +234,13 @@ def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
     non-empty space-separated token of KEYS, in order (duplicates kept); ``prefix[i]`` is the uint32
     hash of ``topic#``. Writes ``counts[i]`` and appends to ``out``; returns how many were written."""
     t = 0
-    for i in range(use.shape[0]):
+    count = use.shape[0]
+    for i in range(count):
+        if i + AHEAD < count:  # the values sit one record apart: start loading the next ones' early
+            if uniq_s[i + AHEAD] >= 0:
+                _prefetch(u8, uniq_s[i + AHEAD])
+            if keys_s[i + AHEAD] >= 0:
+                _prefetch(u8, keys_s[i + AHEAD])
         if not use[i]:
             continue
         c = 0

@@ -1,0 +1,145 @@
+"""The word-at-a-time property kernels (formats.propkernel through formats.propscan) against an
+independent pure-Python parse of random property strings: value spans of the wanted names, the
+non-ASCII flag, index key hashes, Java hashes of byte spans and span grouping.
+
+Property strings are built from pieces that stress the 8-byte steps: names that are prefixes of one
+another (KEYS / KEYSX / KEY), names of 1-11 bytes (patterns shorter and longer than a word), separators
+in odd places, non-ASCII bytes, values longer than many words, and strings that end at the very end of
+their buffer (where a word load would run past it). The seed is printed; any seed must pass.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from rmqstore_cli.formats import propscan
+from rmqstore_cli.formats.hashing import index_key_hash
+
+NAMES = propscan.WANTED + ("KEYSX", "K", "CLUSTER", "LONG_NAME_X")
+
+
+def _spans(raw: bytes, base: int, names) -> dict:
+    """Reference for scan: split at \\x02; an entry ``NAME\\x01value`` with a non-empty value sets NAME's
+    span (the last one wins). Independent of the kernels (plain bytes operations)."""
+    out = {k: (-1, -1) for k in names}
+    pos = 0
+    for entry in raw.split(b"\x02"):
+        for k in names:
+            pat = k.encode() + b"\x01"
+            if entry.startswith(pat) and len(entry) > len(pat):
+                out[k] = (base + pos + len(pat), base + pos + len(entry))
+        pos += len(entry) + 1
+    return out
+
+
+def _java_hash_bytes(data: bytes, h: int = 0) -> int:
+    for b in data:
+        h = (31 * h + b) & 0xFFFFFFFF
+    return h
+
+
+def _random_props(rng: random.Random) -> bytes:
+    names = [b"TAGS", b"KEYS", b"KEYSX", b"KEY", b"UNIQ_KEY", b"UNIQ_KE", b"DELAY", b"K", b"CLUSTER", b"LONG_NAME_X",
+             b"LONG_NAME_", b"X", b""]
+    values = [b"", b"a", b"TagA", b"k1 k2", b"  k3   k4 ", b" ", b"\x01", b"a\x01b", b"\xc3\xa9t\xc3\xa9", b"\xff",
+              b"0A0000070C3B1B6D3B2E000000000001", b"x" * 7, b"y" * 8, b"z" * 9, b"w" * 15, b"v" * 16, b"u" * 17]
+    pieces = []
+    for _ in range(rng.randint(0, 7)):
+        roll = rng.random()
+        if roll < 0.7:
+            v = rng.choice(values)
+            if rng.random() < 0.05:
+                v = bytes(rng.choice(b"ab \x01\x80") for _ in range(rng.randint(100, 3000)))  # a long value
+            pieces.append(rng.choice(names) + b"\x01" + v)
+        elif roll < 0.85:
+            pieces.append(b"")  # separators side by side
+        else:
+            pieces.append(bytes(rng.randrange(256) for _ in range(rng.randint(1, 12))))  # any bytes at all
+    raw = b"\x02".join(pieces)
+    if rng.random() < 0.2:
+        raw += b"\x02"
+    if rng.random() < 0.1:
+        raw = b"\x02" + raw
+    return raw
+
+
+def _check(buf: bytes, starts: list, lengths: list, topic: str = "TopicF") -> None:
+    u8 = np.frombuffer(buf, np.uint8)
+    pv = propscan.scan(u8, np.asarray(starts, np.int64), np.asarray(lengths, np.int64), names=NAMES)
+    use = np.zeros(len(starts), bool)
+    want_counts, want_keys = [], []
+    for i, (s, n) in enumerate(zip(starts, lengths)):
+        raw = buf[s:s + max(n, 0)]
+        want = _spans(raw, s, NAMES)
+        got = {k: (int(pv.start[k][i]), int(pv.end[k][i])) for k in NAMES}
+        assert got == want, (raw, got, want)
+        assert bool(pv.ascii[i]) == all(b < 0x80 for b in raw), raw
+        use[i] = pv.ascii[i] and i % 5 != 2  # some records left to the one-at-a-time rules
+        if not use[i]:
+            want_counts.append(0)
+            continue
+        keys = []
+        us, ue = want["UNIQ_KEY"]
+        if us >= 0:
+            keys.append(buf[us:ue])
+        ks, ke = want["KEYS"]
+        if ks >= 0:
+            keys += [t for t in buf[ks:ke].split(b" ") if t]
+        want_counts.append(len(keys))
+        want_keys += [index_key_hash(topic + "#" + k.decode("ascii")) for k in keys]
+    prefix = np.full(len(starts), _java_hash_bytes(f"{topic}#".encode()), np.uint32)
+    counts, kh = propscan.key_hashes(u8, use, prefix, pv)
+    assert counts.tolist() == want_counts
+    assert kh.tolist() == want_keys
+
+
+def test_property_kernels_equal_a_plain_parse():
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    edge = [b"", b"TAGS\x01a", b"TAGS\x01", b"KEYS\x01k", b"KEYSX\x01k", b"KEY\x01k", b"UNIQ_KEY\x01u", b"\x02", b"\x02\x02",
+            b"TAGS\x01" + b"\xe9" * 40, b"KEYS\x01 " * 3, b"\x01\x02\x01", b"LONG_NAME_X\x01v\x02LONG_NAME_\x01w",
+            b"TAGS\x01a\x02TAGS\x01", b"TAGS\x01a\x02TAGS\x01b", b"K\x01\x01", b"CLUSTER\x01c" + b"\x02" * 9]
+    cases = edge + [_random_props(rng) for _ in range(3000)]
+    # one buffer, each string after 0-9 bytes of other data (every alignment of the 8-byte steps)
+    buf = bytearray()
+    starts, lengths = [], []
+    for c in cases:
+        buf += bytes(rng.choice(b"\x01\x02 TAGS\xff") for _ in range(rng.randint(0, 9)))
+        starts.append(len(buf))
+        lengths.append(len(c))
+        buf += c
+    _check(bytes(buf), starts, lengths)
+    # strings that end exactly where their buffer ends (no byte may be read past it)
+    for c in edge + cases[len(edge):len(edge) + 300]:
+        pad = rng.randint(0, 3)
+        _check(b"\x02" * pad + c, [pad], [len(c)])
+
+
+def test_java_hash_spans_and_groups_equal_plain_computations():
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    words = [b"", b"a", b"Aa", b"BB", b"TopicTest", b"BenchTopicA", b"%RETRY%g", b"\xc3\xa9", b"\x00" * 9, b"x" * 64]
+    words += [bytes(rng.randrange(256) for _ in range(rng.randint(0, 40))) for _ in range(300)]
+    picks = [rng.choice(words) for _ in range(4000)]
+    data = bytearray()
+    starts = []
+    for w in picks:
+        data += bytes(rng.randint(0, 3))
+        starts.append(len(data))
+        data += w
+    u8 = np.frombuffer(bytes(data), np.uint8)
+    s = np.asarray(starts, np.int64)
+    n = np.asarray([len(w) for w in picks], np.int64)
+    assert propscan.java_hash_spans(u8, s, s + n).tolist() == [_java_hash_bytes(w) for w in picks]
+    group, firsts = propscan.group_spans(u8, s, n)
+    seen: dict = {}
+    want = [seen.setdefault(w, len(seen)) for w in picks]
+    assert group.tolist() == want
+    assert [picks[f] for f in firsts.tolist()] == list(seen)
+    # the last span ends at the buffer's end
+    tail = np.frombuffer(b"ab" + picks[-1], np.uint8)
+    assert propscan.java_hash_spans(tail, np.array([2]), np.array([len(tail)])).tolist() == [_java_hash_bytes(picks[-1])]
