@@ -161,25 +161,35 @@ def _java_hash_spans(u8, starts, ends, out):
         out[i] = _java_hash(np.uint32(0), u8, starts[i], ends[i])
 
 
+@numba.njit(inline="always")
+def _span_length(u8, starts, lengths, i):
+    """Span i's length, clipped to the buffer (callers pass spans of valid records, which always fit)."""
+    return min(max(lengths[i], 0), max(u8.shape[0] - starts[i], 0))
+
+
 def _group_spans(u8, starts, lengths, group, firsts, slots):
-    """Equal byte spans ``u8[starts[i]:starts[i]+lengths[i]]`` grouped: ``group[i]`` is the span's group,
-    numbered in first-occurrence order, ``firsts[g]`` the first span of group g; returns the number of
-    groups. A span equal to the one before it (records of one topic come in runs) takes its group at
-    once; the others go through one open-addressing table keyed by (Java hash, length) whose hits are
-    confirmed byte by byte, so different spans never share a group, whatever their hashes. ``slots``: the
-    table, all -1, a power of two of at least 2n entries (made by the caller: an array made in a kernel
-    makes loading it from the cache import numba's array module, ~30 ms of a command's start)."""
+    """Equal byte spans ``u8[starts[i]:starts[i]+lengths[i]]`` (lengths clipped to the buffer) grouped:
+    ``group[i]`` is the span's group, numbered in first-occurrence order, ``firsts[g]`` the first span of
+    group g; returns the number of groups. A span equal to the one before it (records of one topic come
+    in runs) takes its group at once; the others go through one open-addressing table keyed by (Java hash,
+    length) whose hits are confirmed byte by byte, so different spans never share a group, whatever their
+    hashes. ``slots``: the table, all -1, a power of two of at least 2n entries (made by the caller: an
+    array made in a kernel makes loading it from the cache import numba's array module, ~30 ms of a
+    command's start)."""
     n = starts.shape[0]
     mask = slots.shape[0] - 1
     groups = 0
     last = -1
+    last_s = 0
+    last_ln = -1
     for i in range(n):
-        s, ln = starts[i], lengths[i]
-        if last >= 0:
-            f = firsts[last]
-            if lengths[f] == ln and _same_bytes(u8, starts[f], u8, s, ln):
-                group[i] = last
-                continue
+        if i + AHEAD < n:
+            _prefetch(u8, starts[i + AHEAD])
+        s = starts[i]
+        ln = _span_length(u8, starts, lengths, i)
+        if ln == last_ln and _same_bytes(u8, last_s, u8, s, ln):
+            group[i] = last
+            continue
         h = _java_hash(np.uint32(0), u8, s, s + ln)
         k = np.int64((np.uint64(h) * np.uint64(0x9E3779B1) + np.uint64(ln)) & np.uint64(mask))
         while True:
@@ -191,11 +201,13 @@ def _group_spans(u8, starts, lengths, group, firsts, slots):
                 groups += 1
                 break
             f = firsts[g]
-            if lengths[f] == ln and _same_bytes(u8, starts[f], u8, s, ln):
+            if _span_length(u8, starts, lengths, f) == ln and _same_bytes(u8, starts[f], u8, s, ln):
                 group[i] = g
                 break
             k = (k + 1) & mask
         last = group[i]
+        last_s = starts[firsts[last]]
+        last_ln = ln
     return groups
 
 
@@ -232,7 +244,8 @@ def _hash_token(h, u8, j, e):
 def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
     """Index key hashes of ``topic#key`` for the records with ``use[i]``: UNIQ_KEY first, then every
     non-empty space-separated token of KEYS, in order (duplicates kept); ``prefix[i]`` is the uint32
-    hash of ``topic#``. Writes ``counts[i]`` and appends to ``out``; returns how many were written."""
+    hash of ``topic#``. Writes ``counts[i]`` and appends to ``out``; returns how many were written, or -1
+    when ``out`` has no room for them all."""
     t = 0
     count = use.shape[0]
     for i in range(count):
@@ -245,6 +258,8 @@ def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
             continue
         c = 0
         if uniq_s[i] >= 0:
+            if t >= out.shape[0]:
+                return -1
             out[t] = _key_hash_of(_java_hash(np.uint32(prefix[i]), u8, uniq_s[i], uniq_e[i]))
             t += 1
             c += 1
@@ -256,6 +271,8 @@ def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
                     j += 1
                 if j >= e:
                     break
+                if t >= out.shape[0]:
+                    return -1
                 h, j = _hash_token(np.uint32(prefix[i]), u8, j, e)
                 out[t] = _key_hash_of(h)
                 t += 1

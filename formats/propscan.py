@@ -82,13 +82,16 @@ def key_hashes(u8: np.ndarray, use: np.ndarray, prefix: np.ndarray, pv: PropValu
     n = len(use)
     us, ue, ks, ke = pv.start["UNIQ_KEY"], pv.end["UNIQ_KEY"], pv.start["KEYS"], pv.end["KEYS"]
     use = np.ascontiguousarray(use, dtype=bool)
-    room = int(np.count_nonzero(use & (us >= 0))) + int(((ke - ks + 1) // 2)[use & (ks >= 0)].sum())
-    out = np.empty(room, dtype=np.int32)
+    prefix = np.ascontiguousarray(prefix, dtype=np.uint32)
+    out = np.empty(3 * n + 16, dtype=np.int32)  # room for most chunks (a UNIQ_KEY and two KEYS tokens a record)
     counts = np.zeros(n, dtype=np.int16)
-    if n:
-        got = _kernels().key_hashes(_view(u8), use, np.ascontiguousarray(prefix, dtype=np.uint32), us, ue, ks, ke, counts, out)
-        out = out[:got]
-    return counts, out
+    if not n:
+        return counts, out[:0]
+    got = _kernels().key_hashes(_view(u8), use, prefix, us, ue, ks, ke, counts, out)
+    if got < 0:  # more keys than that: room for every one
+        out = np.empty(int(np.count_nonzero(use & (us >= 0))) + int(((ke - ks + 1) // 2)[use & (ks >= 0)].sum()), np.int32)
+        got = _kernels().key_hashes(_view(u8), use, prefix, us, ue, ks, ke, counts, out)
+    return counts, out[:got]
 
 
 def java_hash_spans(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -104,8 +107,7 @@ def group_spans(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tupl
     """Equal byte spans grouped (compiled kernel): (group int32 per span, numbered in first-occurrence
     order; index of each group's first span). Spans are compared byte for byte, never by hash alone."""
     starts = np.ascontiguousarray(starts, dtype=np.int64)
-    # never read past the buffer (callers pass spans of valid records, which always fit)
-    lengths = np.ascontiguousarray(np.clip(lengths, 0, np.maximum(len(u8) - starts, 0)), dtype=np.int64)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)  # clipped to the buffer by the kernel
     n = len(starts)
     group = np.empty(n, dtype=np.int32)
     firsts = np.empty(n, dtype=np.int64)

@@ -101,7 +101,9 @@ def test_property_kernels_equal_a_plain_parse():
     rng = random.Random(seed)
     edge = [b"", b"TAGS\x01a", b"TAGS\x01", b"KEYS\x01k", b"KEYSX\x01k", b"KEY\x01k", b"UNIQ_KEY\x01u", b"\x02", b"\x02\x02",
             b"TAGS\x01" + b"\xe9" * 40, b"KEYS\x01 " * 3, b"\x01\x02\x01", b"LONG_NAME_X\x01v\x02LONG_NAME_\x01w",
-            b"TAGS\x01a\x02TAGS\x01", b"TAGS\x01a\x02TAGS\x01b", b"K\x01\x01", b"CLUSTER\x01c" + b"\x02" * 9]
+            b"TAGS\x01a\x02TAGS\x01", b"TAGS\x01a\x02TAGS\x01b", b"K\x01\x01", b"CLUSTER\x01c" + b"\x02" * 9,
+            b"UNIQ_KEY\x01" + b"u" * 5000 + b"\x02TAGS\x01" + b"t" * 777,
+            b"KEYS\x01" + b" ".join(b"k%d" % i for i in range(60))]  # more keys than key_hashes' first room
     cases = edge + [_random_props(rng) for _ in range(3000)]
     # one buffer, each string after 0-9 bytes of other data (every alignment of the 8-byte steps)
     buf = bytearray()
