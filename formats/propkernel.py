@@ -112,10 +112,10 @@ def _find_props(u8, starts, lengths, pat_word, pat_mask, pats, pat_off, first, c
         if i + AHEAD < count:
             _prefetch(u8, starts[i + AHEAD])
             _prefetch(u8, starts[i + AHEAD] + 64)
-        ln = lengths[i]
+        s = starts[i]
+        ln = min(lengths[i], u8.shape[0] - s)  # never past the buffer (a record's properties always fit)
         if ln <= 0:
             continue
-        s = starts[i]
         end = s + ln
         seen = np.uint64(0)  # every byte OR-ed in: a top bit set means a non-ASCII byte
         entry = s
@@ -157,7 +157,10 @@ def _find_props(u8, starts, lengths, pat_word, pat_mask, pats, pat_off, first, c
 
 def _java_hash_spans(u8, starts, ends, out):
     """Java ``String.hashCode`` (as uint32) of each ASCII byte span ``u8[starts[i]:ends[i]]``."""
-    for i in range(starts.shape[0]):
+    count = starts.shape[0]
+    for i in range(count):
+        if i + AHEAD < count:
+            _prefetch(u8, starts[i + AHEAD])
         out[i] = _java_hash(np.uint32(0), u8, starts[i], ends[i])
 
 
