@@ -12,8 +12,8 @@ from rmqstore_cli.engine.repair.recovery import plan_truncate
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, guard_lock, open_store
 from .offsets_cmd import plan_impact, print_consumer_impact
 from .output import Output, handle_errors
-from .recover import (BackupOpt, DryRunOpt, ForceOpt, YesOpt, apply_and_verify, assess, finish_without_actions,
-                      print_plan)
+from .recover import (BackupOpt, DryRunOpt, ForceOpt, JobsOpt, YesOpt, apply_and_verify, assess, finish_without_actions,
+                      jobs_of, print_plan)
 
 
 @handle_errors
@@ -27,6 +27,7 @@ def truncate(
     force: bool = ForceOpt,
     yes: bool = YesOpt,
     json_: bool = JsonOpt,
+    jobs: int = JobsOpt,
     geometry: Geometry = None,
 ):
     """Cut the commitlog at a record boundary; consume queues, ext and index follow (as the broker truncates dirty files).
@@ -36,6 +37,7 @@ def truncate(
     """
     if (offset is None) == (index is None):
         raise UsageError("give --offset or --index (one of them)")
+    jobs = jobs_of(jobs)
     st = open_store(store, geometry, command="truncate", writes=True)
     out = Output(json_)
     guard_lock(st, force, yes)
@@ -56,8 +58,8 @@ def truncate(
         if index is not None:
             st.close()
             raise UsageError("--index is for DLedger stores (entry index); give --offset")
-        plan = plan_truncate(st, offset, geometry.broker_version)
-        assess(st, plan)
+        plan = plan_truncate(st, offset, geometry.broker_version, jobs)
+        assess(st, plan, jobs)
         print_plan(out, plan, f"truncate {st.root} at {offset}")
         print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side
     if dry_run:
@@ -66,7 +68,8 @@ def truncate(
     if not plan.actions:
         st.close()
         raise typer.Exit(finish_without_actions(plan, out, json_, "truncate"))
-    raise typer.Exit(apply_and_verify(st, plan, out, backup_dir=backup_dir, force=force, command="truncate", json_=json_))
+    raise typer.Exit(apply_and_verify(st, plan, out, backup_dir=backup_dir, force=force, command="truncate", json_=json_,
+                                     jobs=jobs))
 
 
 def register(app: typer.Typer, panel: str | None = None) -> None:
