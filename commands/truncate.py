@@ -12,8 +12,13 @@ from rmqstore_cli.engine.repair.recovery import plan_truncate
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, guard_lock, open_store
 from .offsets_cmd import plan_impact, print_consumer_impact
 from .output import Output, handle_errors
-from .recover import (BackupOpt, DryRunOpt, ForceOpt, JobsOpt, YesOpt, apply_and_verify, assess, finish_without_actions,
+from .recover import (BackupOpt, DryRunOpt, ForceOpt, YesOpt, apply_and_verify, assess, finish_without_actions,
                       jobs_of, print_plan)
+
+JobsOpt = typer.Option(1, "-j", "--jobs", min=0, help="Processes (0: one per core). Each walks whole commitlog "
+                       "segments: the check of consume queues and index against the log, verify before and after, and "
+                       "the re-dispatch's parsing (its writes stay in one process, in log order). Same plan, output, "
+                       "files and exit code as -j 1.")
 
 
 @handle_errors

@@ -44,6 +44,9 @@ def used(monkeypatch):
             return 1764150000.0
 
     monkeypatch.setattr(indexwriter, "time", Clock)
+    # small chunks and hand-overs: a worker pauses its walk and resumes it many times in each segment
+    monkeypatch.setattr(recoveryjobs, "CHUNK", 7)
+    monkeypatch.setattr(recoveryjobs, "HAND_OVER", 10)
     seen = {"walk": 0, "derived": 0, "dispatch": 0}
 
     real_walk = recoveryjobs.broker_walk_jobs

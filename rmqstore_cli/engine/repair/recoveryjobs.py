@@ -22,6 +22,7 @@ from ..log.walk import LogTally, WalkStop, broker_walk
 from .probes import SegmentFrom
 
 HAND_OVER = 1 << 16  # dispatched records a worker gathers before handing them over (~2.6 MB)
+CHUNK = 8192  # records per chunk of a worker's walk (broker_walk's default)
 
 
 class _PredictionInputs(DispatchPrediction):
@@ -81,7 +82,7 @@ def _walk_segment(i: int, segments, cfg, version: int, start_index: int, check_c
 
     pos = 0
     while True:
-        stop = broker_walk([SegmentFrom(seg, pos) if pos else seg], cfg, version, 0, check_crc, sink)
+        stop = broker_walk([SegmentFrom(seg, pos) if pos else seg], cfg, version, 0, check_crc, sink, chunk=CHUNK)
         if stop.kind == fast.STOP_CHUNK:
             yield coll.take()
             pos = stop.offset - seg.start
