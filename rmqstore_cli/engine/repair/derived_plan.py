@@ -59,7 +59,7 @@ def check_derived(planner) -> None:
     else:
         if not planner.cl_kept:
             return
-        found = windowed_verdicts(planner, planner.jobs)  # one segment at a time while no unit lies
+        found = windowed_verdicts(planner)  # one segment at a time while no unit lies
     if found is None:
         _check_queues(planner)
     else:
@@ -87,7 +87,7 @@ def _verify_along(planner) -> dict | None:
         from ..verify.pipeline import verify_store_jobs
 
         planner.verify_findings = verify_store_jobs(store, planner.jobs).findings
-        return windowed_verdicts(planner, planner.jobs) if planner.cl_kept else None
+        return windowed_verdicts(planner) if planner.cl_kept else None
     check = WindowedCheck.start(planner) if planner.cl_kept else None
 
     def reports():

@@ -63,10 +63,11 @@ def _queue_files(qs) -> list:
     return out
 
 
-def windowed_verdicts(planner, jobs: int = 1) -> dict | None:
+def windowed_verdicts(planner) -> dict | None:
     """{(topic, queueId): (QueueVerdict, broker end, broker maxPhysicOffset)} as ``check_derived`` finds
     them, and ``planner.record_table`` set lazily; None when only the whole table can say (then nothing
-    is changed). ``jobs`` > 1: whole segments checked by that many forked workers, merged here in log order."""
+    is changed). ``planner.jobs`` > 1: whole segments checked by that many forked workers, merged here in log order."""
+    jobs = getattr(planner, "jobs", 1)
     check = WindowedCheck.start(planner)
     if check is None:
         return None
