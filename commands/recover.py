@@ -16,6 +16,17 @@ BackupOpt = typer.Option(None, "--backup-dir", help="Where removed/overwritten b
 DryRunOpt = typer.Option(False, "--dry-run", help="Print the plan only; change nothing. Exit 0 nothing to repair (at most housekeeping the broker does at every start) and nothing damaged, 1 repairs planned or damage found, 2 data would be lost without an explicit choice.")
 ForceOpt = typer.Option(False, "--force", help="Go on even if the store's lock file is held (only when you are sure no broker runs); asks for confirmation.")
 YesOpt = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (with --force).")
+JobsOpt = typer.Option(1, "-j", "--jobs", min=0, help="Processes (0: one per core). Each walks whole commitlog "
+                       "segments: the broker's CRC walk, the check of consume queues and index against the log, "
+                       "verify before and after, and the re-dispatch's parsing (its writes stay in one process, in "
+                       "log order). Same plan, output, files and exit code as -j 1.")
+
+
+def jobs_of(jobs: int) -> int:
+    """``-j``'s value: 0 is one process per core."""
+    from rmqstore_cli.engine.parallel import default_jobs
+
+    return jobs or default_jobs()
 
 
 def print_plan(out: Output, plan, title: str) -> None:
@@ -104,16 +115,16 @@ def print_findings(say, plan) -> None:
            2: " (refused: data would be lost)"}.get(plan.expected_exit, ""))
 
 
-def assess(st, plan) -> None:
-    """Run verify now (or take the one the planning walk made) and sort its findings against the plan
-    (fixed / kept on purpose / left)."""
+def assess(st, plan, jobs: int = 1) -> None:
+    """Run verify now (by ``jobs`` processes; or take the one the planning walk made) and sort its findings
+    against the plan (fixed / kept on purpose / left)."""
     from rmqstore_cli.engine.repair.outcome import assess_plan
 
-    assess_plan(st, plan, getattr(plan, "verify_findings", None))
+    assess_plan(st, plan, getattr(plan, "verify_findings", None), jobs)
 
 
 def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command: str, index_namer=None,
-                     json_: bool = False, replan=None) -> int:
+                     json_: bool = False, replan=None, jobs: int = 1) -> int:
     """Backup + apply + verify; returns the exit code.
 
     ``replan()`` -> (open store, assessed plan): with it, the plan printed is applied only if the store is
@@ -139,7 +150,7 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
             if refused is not None:
                 backup.mark("complete")  # nothing applied: not an interrupted run to resume
                 return refused
-        res = apply_plan(plan, root, config, backup, index_namer=index_namer)
+        res = apply_plan(plan, root, config, backup, index_namer=index_namer, jobs=jobs)
         backup.mark("complete")
     finally:
         if lock is not None:
@@ -150,7 +161,7 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
                  f"(undo with: rmqstore restore {backup.dir})", markup=False, highlight=False)
     if json_:
         out.line({"type": "applied", "backup": backup.dir, "steps": res.steps, "dispatch": res.dispatch})
-    code = run_verify(root, config, out, json_, plan.kept_findings, plan.left_findings)
+    code = run_verify(root, config, out, json_, plan.kept_findings, plan.left_findings, jobs)
     if not plan.commitlog.get("dledger"):
         from .explain_view import print_next_start
 
@@ -181,22 +192,22 @@ def _plan_again(replan, out: Output, command: str, root: str, backup, json_: boo
         st.close()
 
 
-def run_verify(root: str, config, out: Output, json_: bool, kept: list = (), left: list = ()) -> int:
+def run_verify(root: str, config, out: Output, json_: bool, kept: list = (), left: list = (), jobs: int = 1) -> int:
     """verify after apply; exit 0 when clean or when only the findings the plan kept on purpose remain."""
-    return report_verify(verify_after(root, config), root, out, json_, kept, left)
+    return report_verify(verify_after(root, config, jobs), root, out, json_, kept, left)
 
 
 def verify_after(root: str, config, jobs: int = 1):
     """verify of the store as the apply left it (opened afresh, with the geometry the command used);
     ``jobs`` > 1 walks the commitlog segments in that many processes, as ``verify -j``."""
     from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.verify.pipeline import iter_segments_parallel, verify_store
+    from rmqstore_cli.engine.verify.pipeline import verify_store_jobs
 
     st = Store.open(root, overrides={k: getattr(config, k) for k in (
         "version", "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "mappedFileSizeConsumeQueueExt",
         "enableConsumeQueueExt", "maxHashSlotNum", "maxIndexNum", "dLegerSelfId")})
     with st:
-        return verify_store(st, reports=iter_segments_parallel(st.commitlog, jobs) if jobs > 1 else None)
+        return verify_store_jobs(st, jobs)
 
 
 def report_verify(result, root: str, out: Output, json_: bool, kept: list = (), left: list = ()) -> int:
@@ -254,6 +265,7 @@ def recover(
         False, "--cut-damaged", help="DLedger store without a replica: cut the log before the first damaged entry "
         "(it and every later entry are lost; the plan says how many)."),
     json_: bool = JsonOpt,
+    jobs: int = JobsOpt,
     geometry: Geometry = None,
 ):
     """Do what the broker's next start would do (crash or normal recovery), without its data loss.
@@ -261,6 +273,8 @@ def recover(
     Prints the plan, then (unless --dry-run) copies every byte it removes or overwrites into a backup
     folder, applies the plan with fsync, and runs verify. Exit 4 if a broker holds the lock.
     """
+    jobs = jobs_of(jobs)
+
     def make_plan(st=None):
         st = st or open_store(store, geometry, command="recover", writes=True)
         if st.is_dledger:
@@ -272,8 +286,9 @@ def recover(
             raise UsageError("--from-replica and --cut-damaged are for DLedger stores")
         from rmqstore_cli.engine.repair.recovery import plan_recovery
 
-        plan = plan_recovery(st, geometry.broker_version, keep_valid_after=not stop_at_first_error, with_verify=True)
-        assess(st, plan)
+        plan = plan_recovery(st, geometry.broker_version, keep_valid_after=not stop_at_first_error, with_verify=True,
+                             jobs=jobs)
+        assess(st, plan, jobs)
         return st, plan
 
     st = open_store(store, geometry, command="recover", writes=True)
@@ -305,7 +320,7 @@ def recover(
 
         plan.salvage_hook = lambda bdir: salvage_ranges_to_jsonl(st, plan, bdir)  # type: ignore[attr-defined]
     code = apply_and_verify(st, plan, out, backup_dir=backup_dir, force=force, command="recover", json_=json_,
-                            replan=make_plan)
+                            replan=make_plan, jobs=jobs)
     raise typer.Exit(code)
 
 

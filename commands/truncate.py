@@ -13,7 +13,12 @@ from .common import Geometry, JsonOpt, StoreArg, geometry_options, guard_lock, o
 from .offsets_cmd import plan_impact, print_consumer_impact
 from .output import Output, handle_errors
 from .recover import (BackupOpt, DryRunOpt, ForceOpt, YesOpt, apply_and_verify, assess, finish_without_actions,
-                      print_plan)
+                      jobs_of, print_plan)
+
+JobsOpt = typer.Option(1, "-j", "--jobs", min=0, help="Processes (0: one per core). Each walks whole commitlog "
+                       "segments: the check of consume queues and index against the log, verify before and after, and "
+                       "the re-dispatch's parsing (its writes stay in one process, in log order). Same plan, output, "
+                       "files and exit code as -j 1.")
 
 
 @handle_errors
@@ -27,6 +32,7 @@ def truncate(
     force: bool = ForceOpt,
     yes: bool = YesOpt,
     json_: bool = JsonOpt,
+    jobs: int = JobsOpt,
     geometry: Geometry = None,
 ):
     """Cut the commitlog at a record boundary; consume queues, ext and index follow (as the broker truncates dirty files).
@@ -36,6 +42,7 @@ def truncate(
     """
     if (offset is None) == (index is None):
         raise UsageError("give --offset or --index (one of them)")
+    jobs = jobs_of(jobs)
     st = open_store(store, geometry, command="truncate", writes=True)
     out = Output(json_)
     guard_lock(st, force, yes)
@@ -56,8 +63,8 @@ def truncate(
         if index is not None:
             st.close()
             raise UsageError("--index is for DLedger stores (entry index); give --offset")
-        plan = plan_truncate(st, offset, geometry.broker_version)
-        assess(st, plan)
+        plan = plan_truncate(st, offset, geometry.broker_version, jobs)
+        assess(st, plan, jobs)
         print_plan(out, plan, f"truncate {st.root} at {offset}")
         print_consumer_impact(out, plan_impact(st, plan))  # the consumers' side
     if dry_run:
@@ -66,7 +73,8 @@ def truncate(
     if not plan.actions:
         st.close()
         raise typer.Exit(finish_without_actions(plan, out, json_, "truncate"))
-    raise typer.Exit(apply_and_verify(st, plan, out, backup_dir=backup_dir, force=force, command="truncate", json_=json_))
+    raise typer.Exit(apply_and_verify(st, plan, out, backup_dir=backup_dir, force=force, command="truncate", json_=json_,
+                                     jobs=jobs))
 
 
 def register(app: typer.Typer, panel: str | None = None) -> None:

@@ -81,6 +81,19 @@ class LogTally:
             self.last_cq_phy = int(phy[cq[-1]])
 
 
+    def merge(self, later: "LogTally") -> None:
+        """Fold in the tally of the records that follow this one's in the log (a ``-j`` worker's segment)."""
+        if not later.count:
+            return
+        self.count += later.count
+        if self.first is None:
+            self.first = later.first
+        self.last_start, self.last_end, self.last_ts = later.last_start, later.last_end, later.last_ts
+        self.newest_ts = later.newest_ts if self.newest_ts is None else max(self.newest_ts, later.newest_ts)
+        if later.last_cq_phy is not None:
+            self.last_cq_ts, self.last_cq_phy = later.last_cq_ts, later.last_cq_phy
+
+
 def cq_dispatched(sysflag: np.ndarray) -> np.ndarray:
     """Build-consume-queue dispatcher only takes NOT and COMMIT records (§14.1)."""
     tran = sysflag & SYSFLAG_TRANSACTION_MASK

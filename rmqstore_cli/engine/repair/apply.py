@@ -72,12 +72,12 @@ def take_lock(root: str, force: bool) -> StoreLock | None:
 
 
 def apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, index_namer=None,
-               zero_tails: bool = True) -> ApplyResult:
+               zero_tails: bool = True, jobs: int = 1) -> ApplyResult:
     """Carry out ``plan`` on the store (the caller holds the lock). An I/O error (a full disk: ENOSPC
     from the space reservation before any mapped write) undoes every step done so far from the
     backup journal, so the store is left as it was, then is raised again."""
     try:
-        return _apply_plan(plan, store_root, config, backup, index_namer=index_namer, zero_tails=zero_tails)
+        return _apply_plan(plan, store_root, config, backup, index_namer=index_namer, zero_tails=zero_tails, jobs=jobs)
     except OSError as e:
         from .backup import restore
 
@@ -91,7 +91,7 @@ def apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, i
 
 
 def _apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, index_namer=None,
-                zero_tails: bool = True) -> ApplyResult:
+                zero_tails: bool = True, jobs: int = 1) -> ApplyResult:
     res = ApplyResult(backup.dir)
     root = os.path.abspath(store_root)
     for a in plan.actions:
@@ -124,7 +124,7 @@ def _apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, 
         res.dispatch = run_dispatch(root, config, backup, dispatch.extra["from"], dispatch.extra["to"],
                                     plan.dispatch.get("queuesGaining", {}),
                                     index_namer or reused_names(dispatch.extra.get("indexNames") or []),
-                                    index_after=dispatch.extra.get("indexAfter"))
+                                    index_after=dispatch.extra.get("indexAfter"), jobs=jobs)
         res.steps.append(f"dispatched {res.dispatch['records']} records: {res.dispatch['cqUnits']} consume-queue units, "
                          f"{res.dispatch['indexEntries']} index entries")
     if any(a.kind == "timer" for a in plan.actions):
@@ -184,8 +184,12 @@ def _index_msg_timestamp(root: str) -> int | None:
 
 
 def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gaining: dict, index_namer,
-                 index_after: tuple | None = None) -> dict:
-    """Re-dispatch [start, end) with the Dispatcher; every file it may change is saved first."""
+                 index_after: tuple | None = None, jobs: int = 1) -> dict:
+    """Re-dispatch [start, end) with the Dispatcher; every file it may change is saved first.
+
+    ``jobs`` > 1 and [start, end) beginning in the first segment (a crash's whole-log re-dispatch): forked
+    workers parse whole segments into dispatch columns (rebuild -j's path, repair/rebuild.py), the writes stay
+    here, in log order. Both read from the first segment on, going into the next one past a BLANK."""
     from ..derived.dispatch import Dispatcher
     from ..store import Store
 
@@ -227,11 +231,17 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
         for k, s in enumerate(segs):
             if s.start <= start:
                 start_index = k
-        for chunk in st.commitlog.scan(start_index=start_index, check_crc=False):
-            batch = d.requests_from_chunk(chunk)
-            d.dispatch_many(batch.take(np.flatnonzero((batch.phy >= start) & (batch.phy < end))))
-            if chunk.segment.start + int(chunk.headers.offsets[-1]) >= end:
-                break
+        if jobs > 1 and start_index == 0 and len(segs) > 1:
+            from .rebuild import _parallel_requests
+
+            _parallel_requests(st, d, jobs, lambda batch: d.dispatch_many(
+                batch.take(np.flatnonzero((batch.phy >= start) & (batch.phy < end)))))
+        else:
+            for chunk in st.commitlog.scan(start_index=start_index, check_crc=False):
+                batch = d.requests_from_chunk(chunk)
+                d.dispatch_many(batch.take(np.flatnonzero((batch.phy >= start) & (batch.phy < end))))
+                if chunk.segment.start + int(chunk.headers.offsets[-1]) >= end:
+                    break
         d.flush()
     finally:
         d.close(flush=False)

@@ -82,6 +82,12 @@ def _verify_along(planner) -> dict | None:
     from .derived_windows import WindowedCheck
 
     store = planner.store
+    if planner.jobs > 1:
+        # -j: verify's own workers (window checks included), then the derived check's workers (one walk each)
+        from ..verify.pipeline import verify_store_jobs
+
+        planner.verify_findings = verify_store_jobs(store, planner.jobs).findings
+        return windowed_verdicts(planner) if planner.cl_kept else None
     check = WindowedCheck.start(planner) if planner.cl_kept else None
 
     def reports():

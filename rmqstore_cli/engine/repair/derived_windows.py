@@ -66,10 +66,13 @@ def _queue_files(qs) -> list:
 def windowed_verdicts(planner) -> dict | None:
     """{(topic, queueId): (QueueVerdict, broker end, broker maxPhysicOffset)} as ``check_derived`` finds
     them, and ``planner.record_table`` set lazily; None when only the whole table can say (then nothing
-    is changed)."""
+    is changed). ``planner.jobs`` > 1: whole segments checked by that many forked workers, merged here in log order."""
+    jobs = getattr(planner, "jobs", 1)
     check = WindowedCheck.start(planner)
     if check is None:
         return None
+    if jobs > 1 and len(check.segs) > 1:
+        return check.run_parallel(jobs)
     for k, lo, hi, t in _window_tables(planner.store, check.segs, check.wbounds, check.limits, planner.end):
         if not check.window(k, lo, hi, t):
             return None
@@ -176,6 +179,30 @@ class WindowedCheck:
             return False
         return True
 
+    def run_parallel(self, jobs: int) -> dict | None:
+        """The windows of every segment checked by ``jobs`` forked workers, each segment from a fresh start (the
+        checks of a window need nothing of the windows before it); what each adds is folded in here in log order."""
+        from rmqstore_cli.formats.warmup import warm_up
+
+        from ..parallel import stream_segments
+
+        warm_up()
+        stream = stream_segments(_segment_partial, len(self.segs), jobs, self)
+        try:
+            for count, newest, newest_cq, tails, lied in stream:
+                if lied:
+                    self.lied = True
+                    return None
+                self.count += count
+                if newest is not None:
+                    self.newest = newest if self.newest is None else max(self.newest, newest)
+                self.newest_cq = max(self.newest_cq, newest_cq)
+                for key, parts in tails.items():
+                    self.tails.setdefault(key, []).extend(parts)
+        finally:
+            stream.close()
+        return self.finish()
+
     def finish(self) -> dict | None:
         """The verdicts (``windowed_verdicts``'s answer), or None after a lying unit."""
         if self.lied:
@@ -191,18 +218,29 @@ def _window_bounds(cl, segs: list) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def _window_tables(store, segs: list, wbounds: np.ndarray, limits: np.ndarray, end: int):
-    """(window number, lo, hi, records) of each window of ``segs``, one at a time:
+def _window_tables(store, segs: list, wbounds: np.ndarray, limits: np.ndarray, end: int, only: int | None = None):
+    """(window number, lo, hi, records) of each window of ``segs`` (or of segment ``only``), one at a time:
     verify's records of the window (no CRC) cut at ``end``; [lo, hi) its offsets inside the recovered log."""
     cl = store.commitlog
     firsts = first_windows(cl)
-    for i in range(len(segs)):
+    for i in range(len(segs)) if only is None else (only,):
         for rep in iter_segment_windows(cl, i, check_crc=False, first_window=firsts[i]):
             k = rep.index
             hi = min(int(wbounds[k + 1]) if k + 1 < len(wbounds) else end, int(limits[i]))
             t = table_of_reports(store, [rep], end)
             yield k, rep.window_start, hi, t.recs
             del t, rep
+
+
+def _segment_partial(i: int, check: WindowedCheck):
+    """In a ``-j`` worker (a forked copy of ``check``): segment ``i``'s windows from a fresh start; one item, what
+    they add (records, newest store times, the queues' tails) or that a unit lies."""
+    check.count, check.newest, check.newest_cq, check.tails, check.lied = 0, None, 0, {}, False
+    p = check.planner
+    for k, lo, hi, t in _window_tables(p.store, check.segs, check.wbounds, check.limits, p.end, only=i):
+        if not check.window(k, lo, hi, t):
+            break
+    yield check.count, check.newest, check.newest_cq, check.tails, check.lied
 
 
 def _check_units(t, key, first: int, units: np.ndarray, first_real, lo: int, hi: int, named: set | None = None) -> None:

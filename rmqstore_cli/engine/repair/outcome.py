@@ -136,12 +136,13 @@ class PlanScope:
         return "kept", "the broker's recovery does not check this: the record stays in the log"
 
 
-def assess_plan(store, plan, findings=None) -> None:
-    """Fill ``plan.fixed_findings / kept_findings / left_findings`` from a verify of ``store`` now."""
+def assess_plan(store, plan, findings=None, jobs: int = 1) -> None:
+    """Fill ``plan.fixed_findings / kept_findings / left_findings`` from a verify of ``store`` now (by ``jobs``
+    processes)."""
     if findings is None:
-        from ..verify.pipeline import verify_store
+        from ..verify.pipeline import verify_store_jobs
 
-        findings = verify_store(store).findings
+        findings = verify_store_jobs(store, jobs).findings
     scope = PlanScope(store.root, plan)
     plan.fixed_findings, plan.kept_findings, plan.left_findings = [], [], []
     for f in findings:

@@ -41,8 +41,9 @@ class Planner:
     """Builds a RecoveryPlan; one method per broker step."""
 
     def __init__(self, store: Store, version: int, *, keep_valid_after: bool = False, cut_at: int | None = None,
-                 broker_only: bool = False):
+                 broker_only: bool = False, jobs: int = 1):
         self.cut_at = cut_at
+        self.jobs = jobs  # processes for the walks of the log (recoveryjobs.py, derived_windows.py)
         self.broker_only = broker_only
         self.store = store
         self.cfg = store.config
@@ -227,6 +228,7 @@ class Planner:
             lenient_records(segs, start, tally)
         self.walk_first = len(tally)
         sink = tally
+        pred = None
         self.early_prediction = None
         if not self.plan.last_exit_ok and not self.broker_only:
             # An abnormal start re-dispatches every record it walks: the consume-queue puts are predicted
@@ -240,7 +242,13 @@ class Planner:
             def sink(seg_start, buf, h, tally=tally, pred=pred):
                 tally(seg_start, buf, h)
                 pred(seg_start, buf, h)
-        stop = broker_walk(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, sink)
+        if self.jobs > 1 and len(segs) - start > 1 and not self.store.batch_topics():
+            from .recoveryjobs import broker_walk_jobs
+
+            stop = broker_walk_jobs(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, tally, pred,
+                                    self.jobs)
+        else:
+            stop = broker_walk(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, sink)
         # Every record walked lies before the stop: the tally describes the recovered log.
         self.tally, self.stop, self.start_index, self.lenient_upto = tally, stop, start, start
         end = stop.offset if segs else 0
@@ -485,19 +493,21 @@ class Planner:
 
 
 def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after: bool = False,
-                  broker_only: bool = False, with_verify: bool = False) -> RecoveryPlan:
+                  broker_only: bool = False, with_verify: bool = False, jobs: int = 1) -> RecoveryPlan:
     """The broker's next start, as a plan (nothing is changed).
 
     ``broker_only``: the broker's own steps only, without our checks of every consume queue and index
     file against the log (derived_plan) and without reading the records before the broker's walk: enough
     for what the next start reads (engine.startup), not a plan to apply (its checkpoint times may differ).
     ``with_verify``: verify the store too, in the same walk of the log as the derived-file check; its
-    findings are ``plan.verify_findings`` (for ``outcome.assess_plan``), else None."""
+    findings are ``plan.verify_findings`` (for ``outcome.assess_plan``), else None.
+    ``jobs`` > 1: the walks of the log (the broker's, the derived-file check's, verify's) in that many
+    processes, whole segments each (recoveryjobs.py); the same plan."""
     from .startup import startup_cost
 
     v = version or store.config.version
     fingerprint = store_fingerprint(store.root)
-    planner = Planner(store, v, keep_valid_after=keep_valid_after, broker_only=broker_only)
+    planner = Planner(store, v, keep_valid_after=keep_valid_after, broker_only=broker_only, jobs=jobs)
     planner.verify_along = with_verify and not broker_only
     plan = planner.run()
     plan.verify_findings = getattr(planner, "verify_findings", None)
@@ -506,8 +516,9 @@ def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after:
     return plan
 
 
-def plan_truncate(store: Store, offset: int, version: int | None = None) -> RecoveryPlan:
-    """Cut the commitlog at a record boundary and cascade (refuses a non-boundary offset)."""
+def plan_truncate(store: Store, offset: int, version: int | None = None, jobs: int = 1) -> RecoveryPlan:
+    """Cut the commitlog at a record boundary and cascade (refuses a non-boundary offset); ``jobs`` > 1: the
+    derived-file check walks whole segments in that many processes (same plan)."""
     from ..errors import UsageError
 
     end = store.commitlog.find_end(check_crc=False).stop
@@ -521,4 +532,4 @@ def plan_truncate(store: Store, offset: int, version: int | None = None) -> Reco
             raise UsageError(f"offset {offset} is not a record boundary; nearest boundaries: "
                              f"{before if before is not None else '-'} and {after if after is not None else '-'}")
     v = version or store.config.version
-    return Planner(store, v, cut_at=offset).run()
+    return Planner(store, v, cut_at=offset, jobs=jobs).run()
