@@ -155,3 +155,35 @@ def test_a_module_loaded_on_first_use_is_the_real_module():
     p = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, cwd=REPO, timeout=120,
                        env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+
+
+def test_the_runtime_cache_key_follows_the_codegen_identity():
+    """A different CPU (name or features) or LLVM triple gives another cache entry, never the same one."""
+    from numba.core.registry import cpu_target
+
+    from rmqstore_cli.formats import numbastart
+
+    ctx = cpu_target.target_context
+    real = ctx.codegen().magic_tuple()
+
+    class Codegen:
+        def __init__(self, magic):
+            self._magic = magic
+
+        def magic_tuple(self):
+            return self._magic
+
+    class Ctx:
+        def __init__(self, magic):
+            self._codegen = Codegen(magic)
+            self.call_conv = ctx.call_conv
+
+        def codegen(self):
+            return self._codegen
+
+    key = numbastart.nrt_cache_key(Ctx(real))
+    assert key == numbastart.nrt_cache_key(ctx) and key == numbastart.nrt_cache_key(Ctx(tuple(real)))
+    triple, cpu, features = real
+    others = {numbastart.nrt_cache_key(Ctx(m)) for m in
+              [(triple, cpu + "x", features), (triple, cpu, features + ",+avx512f"), ("aarch64-unknown-linux-gnu", cpu, features)]}
+    assert key not in others and len(others) == 3
