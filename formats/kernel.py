@@ -33,6 +33,8 @@ import numpy as np
 from llvmlite import ir
 from numba import types
 
+from . import numbastart  # noqa: F401  (numba's start trimmed to what cached loads need: see there)
+
 # --- layout (FORMAT.md §2.1; equal to formats.records, asserted in tests/test_kernel.py) ---------
 OFF_TOTALSIZE = 0
 OFF_MAGIC = 4

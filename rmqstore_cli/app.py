@@ -197,6 +197,29 @@ def main() -> None:
     _new_app(cls=LazyRoot)()
 
 
+def load_on_first_use(name: str) -> None:
+    """Make the standard-library module ``name`` load when something first reads from it (the import
+    system's own LazyLoader), not when it is imported. For ``importlib.metadata``: numba imports it at
+    its own import for the extension entry points, which only compiling runs (formats/numbastart.py),
+    so a command that loads cached kernels would pay its import (~10 ms) for nothing. Anything that
+    uses it (``--version``, numba when it compiles) loads it then, unchanged."""
+    import importlib.util
+
+    if name in sys.modules:
+        return
+    parent_name, _, child = name.rpartition(".")
+    parent = importlib.import_module(parent_name) if parent_name else None
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+        return
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    if parent is not None:
+        setattr(parent, child, module)
+
+
 def run() -> None:
     """The process entry (the ``rmqstore`` script, ``python -m rmqstore_cli``): :func:`main`, then leave
     without the interpreter's teardown. Tearing down the modules a record-reading command loaded (numba,
@@ -212,6 +235,7 @@ def run() -> None:
     import threading
 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    load_on_first_use("importlib.metadata")
     try:
         main()
         code = 0

@@ -8,7 +8,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[spark,test,rocksdb]' 2>&1 | grep -v "is ignored: it is neither" || true
 .venv/bin/python -c "import rmqstore_cli.app, rmqstore_cli.formats, rmqstore_cli.commands"
-# Compile the numba read kernels once now (cached per environment) rather than in the first command.
+# Compile the numba read kernels once now (cached per environment) rather than in the first command; this also
+# caches numba's runtime (NRT) machine code beside them, which every record-reading start would compile (formats/numbastart.py).
 .venv/bin/python -m rmqstore_cli.formats.warmup
 # Byte-compile the sources: PYTHONDONTWRITEBYTECODE (set on some machines) would otherwise make every command
 # start compile ~120 modules from source (0.15-0.2 s of CPU each time).

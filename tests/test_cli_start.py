@@ -1,8 +1,10 @@
 """A command's start loads only what that command uses (what keeps `verify`, `recover --dry-run`,
 `rebuild all --dry-run` and `dump commitlog --limit 1 --json` starting fast on a small store). Checked by
 the modules a real run has imported when it exits, never by a timing: the other commands' modules, the
-libraries only other commands need, the numba kernels it does not call, and numba's array module (which
-loading a cached kernel imports when the kernel makes an array itself) must not be among them."""
+libraries only other commands need, the numba kernels it does not call, numba's array module (which
+loading a cached kernel imports when the kernel makes an array itself), what only numba's compiling
+needs (importlib.metadata, loaded on first use: formats/numbastart.py) and numpy.ma must not be among them;
+nor rich, when nothing is printed to a terminal."""
 
 from __future__ import annotations
 
@@ -25,12 +27,17 @@ KERNEL_MODULES = {"kernel", "checkkernel", "propkernel", "indexchain", "jsonkern
 # libraries no start below needs: Spark, Arrow, msgspec, RocksDB bindings, pydantic (typer >= 0.29)
 NEVER = ("pyspark", "pyarrow", "msgspec", "rocksdict", "pydantic", "rmqstore_cli.spark", "rich.progress")
 
-# (argv, commands modules it may load, kernel modules it may load, rich allowed: only recover draws a
-# table here; the others print plain lines, which need no rich when stderr is not a terminal)
+# a record-reading start loads cached kernels only: what numba needs to compile, and numpy's masked arrays
+# (numba's ndarray typing asks for them), stay unloaded (formats/numbastart.py); importlib.metadata is in
+# sys.modules as a module loaded on first use (rmqstore_cli.app.load_on_first_use), its parts only if used
+NOT_FOR_CACHED_LOADS = ("numpy.ma", "importlib.metadata._meta", "importlib.metadata._adapters")
+
+# (argv, commands modules it may load, kernel modules it may load, rich allowed: none here, as the
+# plain lines and recover's summary table need no rich when stdout/stderr are not terminals)
 CASES = {
     "verify": (["verify", STORE], {"verify"}, {"kernel", "checkkernel", "propkernel", "indexchain"}, False),
     "recover": (["recover", STORE, "--dry-run"], {"recover", "explain_view", "offsets_cmd"},
-                {"kernel", "checkkernel", "propkernel", "indexchain"}, True),
+                {"kernel", "checkkernel", "propkernel", "indexchain"}, False),
     "rebuild": (["rebuild", "all", STORE, "--dry-run"], {"rebuild", "recover"},
                 {"kernel", "checkkernel", "propkernel", "indexchain"}, False),
     "dump": (["dump", "commitlog", STORE, "--limit", "1", "--json"], {"dump", "dump_timer", "dledger_cmd", "offsets_cmd"},
@@ -75,8 +82,13 @@ def test_a_command_start_loads_only_what_the_command_uses(tmp_path, case):
         assert not [m for m in mods if m == "rich" or m.startswith("rich.")]
     if case == "version":
         assert not {"numpy", "numba", "construct"} & mods and not _under(mods, "rmqstore_cli.engine")
+        assert p.stdout.startswith("rmqstore ")  # importlib.metadata, loaded on first use, works
     else:
         assert "numba" in mods and kernels & _under(mods, "rmqstore_cli.formats")  # the probe sees a real run
+        # recover's plan calls np.unique, which imports numpy.ma itself (numpy 2.x)
+        not_loaded = [n for n in NOT_FOR_CACHED_LOADS if not (case == "recover" and n == "numpy.ma")]
+        assert not [m for m in mods if any(m == n or m.startswith(n + ".") for n in not_loaded)]
+        assert "rmqstore_cli.formats.numbastart" in mods
 
 
 def test_the_probe_sees_what_a_run_imports(tmp_path):
@@ -84,6 +96,8 @@ def test_the_probe_sees_what_a_run_imports(tmp_path):
     mods, p = imported(tmp_path, ["--help"])  # --help lists every command, so it loads every module
     assert p.returncode == 0
     assert {"verify", "dump", "append", "spark_cmd", "offsets_cmd"} <= _under(mods, "rmqstore_cli.commands")
+    mods, p = imported(tmp_path, ["--version"])  # reads the installed version: importlib.metadata loads then
+    assert p.returncode == 0 and "importlib.metadata._meta" in mods
 
 
 def test_every_commands_module_is_known_here():
@@ -181,3 +195,62 @@ def test_plain_lines_on_stderr_are_what_rich_prints(monkeypatch):
             assert got.buffer.getvalue().decode() == want.getvalue(), (seed, line, kwargs)
     plain = [line for line in lines if output._plain_line(line, {"markup": False})]
     assert lines[0] in plain and "x" * 300 in plain and "::1" not in plain and "tab\there" not in plain
+
+
+def test_a_piped_key_value_table_is_what_rich_prints(monkeypatch):
+    """Output.kv on a piped stdout draws its table itself (commands/output.py _plain_kv): exactly what rich's
+    Console would print for it, and it does so for the plain ASCII tables a plan's summary is."""
+    import io
+    import random
+
+    from rich.console import Console
+
+    from rmqstore_cli.commands import output
+
+    seed = random.randrange(1 << 30)
+    rnd = random.Random(seed)
+    alphabet = "ab :;[]/\\-_.,09 éü→漢\t"
+    drawn = 0
+    for trial in range(400):
+        n = rnd.randint(1, 6)
+        obj = {("".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 12))) if rnd.random() < 0.3 else
+                rnd.choice(["lastExitOK", "maxPhyOffset", "queues", "k"]) + str(i)):
+               rnd.choice([True, 3658653, -1, None, "x" * rnd.randint(0, 250), "a b", "ab  ", "",
+                           "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 30)))]) for i in range(n)}
+        title = rnd.choice([None, "", "after recovery", "x" * 90, "[b]t[/b]", ":smile:", "tab\tt", "é"])
+        got = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+        monkeypatch.setattr(sys, "stdout", got)
+        monkeypatch.setattr(output, "stdout", output.LazyConsole(soft_wrap=False, highlight=False, width_when_piped=True))
+        rows = [(str(k), output._cell(v)) for k, v in obj.items()]
+        plain = output._plain_kv(title, rows)
+        output.Output(False).kv(obj, title=title)
+        got.flush()
+        monkeypatch.undo()
+        want = io.StringIO()
+        Console(file=want, soft_wrap=False, highlight=False, width=output.PIPED_WIDTH).print(
+            _rich_kv(obj, title))
+        assert got.buffer.getvalue().decode() == want.getvalue(), (seed, trial, obj, title)
+        if plain is not None:
+            assert plain == want.getvalue(), (seed, trial, obj, title)
+            drawn += 1
+    assert drawn > 10, seed  # the plain path is taken (~1 in 12 of these), not only rich's
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO(), encoding="utf-8"))
+    monkeypatch.setattr(output, "stdout", output.LazyConsole(soft_wrap=False, highlight=False, width_when_piped=True))
+    assert output._plain_kv("after recovery", [("lastExitOK", "True"), ("queues", "13")])  # recover's summary
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich would style it: rich draws it
+    assert output._plain_kv("after recovery", [("lastExitOK", "True"), ("queues", "13")]) is None
+
+
+def _rich_kv(obj: dict, title):
+    """The table Output.kv gives rich (its code before the plain path), built here independently."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from rmqstore_cli.commands import output
+
+    t = Table(title=title, show_header=False)
+    t.add_column("field", style="bold")
+    t.add_column("value", overflow="fold")
+    for k, v in obj.items():
+        t.add_row(Text(str(k)), Text(output._cell(v)))
+    return t
