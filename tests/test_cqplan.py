@@ -26,17 +26,20 @@ def _records(rng: random.Random, n: int) -> list[DispatchRequest]:
     for _ in range(n):
         topic, q = rng.choice(TOPICS), rng.randint(0, 2)
         qo = next_qo.get((topic, q), rng.choice([0, 0, 4]))
-        kind = rng.randrange(12)
+        kind = rng.randrange(40)
         if kind == 0:
             qo = 0
         elif kind == 1:
             qo += rng.randint(1, 3)
         elif kind == 2:
             qo = max(0, qo - rng.randint(1, 4))
-        next_qo[(topic, q)] = qo + 1
-        size = rng.randint(60, 200)
-        p = phy if rng.randrange(15) else max(0, phy - rng.randint(100, 400))  # an older record again
         flag = rng.choice([0] * 8 + [0x4, 0x8, 0xC])
+        if flag in (0x4, 0xC):  # prepared / rollback: no consume queue unit, offset 0 (the queue does not move)
+            qo = 0
+        else:
+            next_qo[(topic, q)] = qo + 1
+        size = rng.randint(60, 200)
+        p = phy if rng.randrange(40) else max(0, phy - rng.randint(100, 400))  # an older record again
         out.append(DispatchRequest(p, size, topic, q, qo, flag, 1_700_000_000_000 + len(out), rng.randint(-9, 9)))
         phy += size
     return out
@@ -46,7 +49,8 @@ def _records(rng: random.Random, n: int) -> list[DispatchRequest]:
 def test_planned_queues_match_unit_by_unit(tmp_path, seed, monkeypatch):
     print("seed", seed)
     rng = random.Random(seed)
-    cfg = StoreConfig(version=5).with_(mappedFileSizeConsumeQueue=20 * rng.choice([3, 8, 40]), messageIndexEnable=False)
+    units_per_file = rng.choice([3, 8, 40, 400])
+    cfg = StoreConfig(version=5).with_(mappedFileSizeConsumeQueue=20 * units_per_file, messageIndexEnable=False)
     recs = _records(rng, 500)
     # the broker's rule, record after record, in an independent writer per queue
     ref_root = tmp_path / "ref"
@@ -70,11 +74,12 @@ def test_planned_queues_match_unit_by_unit(tmp_path, seed, monkeypatch):
     straight = ConsumeQueueWriter.append_straight
     monkeypatch.setattr(ConsumeQueueWriter, "append_straight", lambda w, *a: copied.append(straight(w, *a)) or copied[-1])
     d = Dispatcher(str(tmp_path / "bulk"), cfg, batch_topics=set())
-    cuts = sorted(rng.sample(range(1, len(recs)), 6))
+    cuts = sorted(rng.sample(range(1, len(recs)), 3))
     for a, b in zip([0] + cuts, cuts + [len(recs)]):
         d.dispatch_many(DispatchBatch.from_requests(recs[a:b]))
     d.close()
     assert files_of(tmp_path / "bulk") == files_of(ref_root)
     assert (d.stats.cq_units, d.stats.cq_skipped, d.stats.unsafe_topics) == (done, skipped, unsafe)
     assert [f.code for f in d.problems] == ["DISPATCH_UNSAFE_TOPIC"] * unsafe
-    assert any(copied)  # the copy path was taken (and refused where the rule differs: compared above)
+    if units_per_file >= 40:  # batches of ~10 units per queue fit in a file: the copy path is taken
+        assert any(copied)
