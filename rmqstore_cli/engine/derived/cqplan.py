@@ -75,7 +75,7 @@ def queue_plan(b) -> QueuePlan:
     cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
     p.starts = np.concatenate(([0], cuts, [n])).astype(np.int64) if n else np.zeros(1, np.int64)
     firsts = p.starts[:-1]
-    p.rows = rows
+    p.rows = rows.astype(np.int32) if len(b) < 2**31 else rows  # rows of one chunk: half the bytes through a -j pipe
     p.tids = tid[firsts] if order is None else tid[order][firsts]
     p.qids = b.queue_id[rows[firsts]]
     phy, size, qo = b.phy[rows], b.size[rows], b.queue_offset[rows]

@@ -127,7 +127,9 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
                 d.dispatch_many(reqs)
 
             if jobs > 1:
-                _parallel_requests(store, d, jobs, handle)
+                # a record's strings (spans into its segment) travel only when someone reads them: the topic filter
+                # and the one-key-at-a-time index writer (maxIndexNum < 2)
+                parallel_requests(store, d, jobs, handle, strings=topic is not None or cfg.maxIndexNum < 2)
             else:
                 for chunk in store.commitlog.scan(check_crc=False, stop_at_invalid=False):
                     handle(d.requests_from_chunk(chunk))
@@ -164,9 +166,14 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
             "problems": [f.as_json() for f in getattr(d, "problems", [])]}  # records not dispatched, and why
 
 
-def _parallel_requests(store, d, jobs: int, handle) -> None:
-    """``-j``: parse the records of each segment in forked workers, dispatch them here in log order, a
+def parallel_requests(store, d, jobs: int, handle, strings: bool = True) -> None:
+    """``-j``: parse the records of each segment in forked workers, ``handle`` their batches here in log order, a
     chunk's batch at a time (:func:`.parallel.stream_segments`: never a whole segment's batches at once).
+
+    A worker does all the per-record work: the scan, the property scan, the index key hashes and the
+    consume-queue units grouped and packed per queue (:mod:`..derived.cqplan`); ``handle`` (e.g.
+    ``d.dispatch_many``) is left with the writes in order. ``strings``: the batches can be read as requests
+    (topic and key strings); without it they carry only what the bulk dispatch reads.
 
     The walk goes on into segment i + 1 only when segment i ends in a BLANK, exactly as one scan
     does; what workers made past the end of the log is dropped unread.
@@ -176,7 +183,7 @@ def _parallel_requests(store, d, jobs: int, handle) -> None:
     n = len(store.commitlog.segments.segments)
     if jobs > 1 and n > 1:
         _warm_kernels(store, d)
-    for item in stream_segments(_segment_requests, n, jobs, store, d, jobs > 1):
+    for item in stream_segments(_segment_requests, n, jobs, store, d, jobs > 1, strings):
         if isinstance(item, _SegmentEnd):
             if not item.continues:
                 break
@@ -200,14 +207,17 @@ class _SegmentEnd:
         self.continues = continues
 
 
-def _segment_requests(i: int, store, d, packed: bool = False):
+_parallel_requests = parallel_requests
+
+
+def _segment_requests(i: int, store, d, packed: bool = False, strings: bool = True):
     from ..log.commitlog import ScanResult
 
     res = ScanResult()
     segs = store.commitlog.segments.segments
     for c in store.commitlog.scan(start_index=i, end_index=i + 1, check_crc=False, result=res, stop_at_invalid=False):
         b = d.requests_from_chunk(c)
-        yield _pack_batch(b, i) if packed else b
+        yield _pack_batch(b, i, strings) if packed else b
     yield _SegmentEnd(res.stop is not None and res.stop.kind == "blank" and res.stop.segment is segs[i])
 
 
@@ -270,12 +280,14 @@ def _widen(a):
     return a.value() if isinstance(a, _Narrow) else a
 
 
-def _pack_batch(batch, segment_index: int) -> dict:
+def _pack_batch(batch, segment_index: int, strings: bool = True) -> dict:
     """A DispatchBatch as the columns it holds (int64 ones narrowed), its strings left undecoded (see
-    _SegmentStrings)."""
+    _SegmentStrings), or left out without ``strings``."""
     from ..derived.dispatch import DispatchBatch
 
     state = {k: _narrow(getattr(batch, k)) for k in DispatchBatch.__slots__}
+    if not strings:
+        state["_strings"] = state["_rows"] = None
     if state["_strings"] is not None:
         state["_strings"] = _SegmentStrings(state["_strings"], segment_index)
     return state
