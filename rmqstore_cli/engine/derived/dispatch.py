@@ -29,7 +29,7 @@ import numpy as np
 
 from rmqstore_cli.formats import fast
 from rmqstore_cli.formats.extaddr import is_ext_addr
-from rmqstore_cli.formats.records import TRANSACTION_COMMIT, TRANSACTION_NOT
+from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 from rmqstore_cli.formats.tags import TagsCodeError, tags_code
 
 from ..log.checkpointwriter import CheckpointWriter
@@ -331,6 +331,20 @@ class Dispatcher:
         self.checkpoint.flush()
 
     # --- durability ----------------------------------------------------------------------------
+
+    def written_ranges(self) -> list[tuple[int, int, int]]:
+        """(descriptor, start, end) of the bytes written so far that will not change again in the files being
+        written now: each queue's current file up to its write position, the current index file's entries (its
+        header and slot table change until the end). For a caller that starts their write-back early."""
+        out = []
+        for w in self._queues.values():
+            seg = w.files.current
+            if seg is not None and seg.mm is not None and seg.start <= w.write_offset:
+                out.append((seg.fd, 0, min(w.write_offset - seg.start, seg.size)))
+        if self.index is not None and self.index.cur is not None and self.index.cur.seg.mm is not None:
+            cur = self.index.cur
+            out.append((cur.seg.fd, cur.entry_base, cur.entry_base + cur.index_count * INDEX_ENTRY_SIZE))
+        return out
 
     def flush(self, checkpoint: bool = True) -> None:
         """Make every unit and entry written so far durable (then the checkpoint)."""

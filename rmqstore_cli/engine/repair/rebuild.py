@@ -109,6 +109,7 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
                         start = min(start, end)
         d = Dispatcher(tmp, cfg.with_(messageIndexEnable=cfg.messageIndexEnable and "index" in parts),
                        index_namer=index_namer, batch_topics=store.batch_topics())
+        writeback = _Writeback(d)
         try:
             def handle(reqs) -> None:
                 keep = np.ones(len(reqs), dtype=bool)
@@ -125,6 +126,7 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
                 if not keep.all():
                     reqs = reqs.take(np.flatnonzero(keep))
                 d.dispatch_many(reqs)
+                writeback.after(reqs)
 
             if jobs > 1:
                 # a record's strings (spans into its segment) travel only when someone reads them: the topic filter
@@ -198,6 +200,47 @@ def _warm_kernels(store, d) -> None:
     for chunk in store.commitlog.scan(end_index=1, check_crc=False):
         d.requests_from_chunk(chunk)
         break
+
+
+class _Writeback:
+    """Starts writing the rebuilt files to disk while the rebuild goes on: every WRITEBACK_BYTES of log dispatched,
+    the bytes that will not change again (queue units, index entries: :meth:`Dispatcher.written_ranges`) are
+    handed to the kernel's write-back (sync_file_range, SYNC_FILE_RANGE_WRITE: it starts the writes and returns).
+    Otherwise the kernel holds every dirty page until the final flush, which then waits for all of them at once
+    (hundreds of MB of index and queue pages on a large store). Durability is unchanged: the final flush and
+    fsyncs run as before. A no-op where the C library has no sync_file_range."""
+
+    WRITEBACK_BYTES = 128 << 20
+    _START_WRITE = 2  # SYNC_FILE_RANGE_WRITE
+
+    def __init__(self, d):
+        self.d = d
+        self.since = 0
+        self.call = _sync_file_range()
+
+    def after(self, reqs) -> None:
+        if self.call is None or not len(reqs):
+            return
+        self.since += int(reqs.phy[-1]) + int(reqs.size[-1]) - int(reqs.phy[0])
+        if self.since < self.WRITEBACK_BYTES:
+            return
+        self.since = 0
+        for fd, start, end in self.d.written_ranges():
+            if end > start:
+                self.call(fd, start, end - start, self._START_WRITE)  # a failure only leaves it to the final flush
+
+
+def _sync_file_range():
+    """libc's sync_file_range(int, off64_t, off64_t, unsigned), or None."""
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
 
 
 class _SegmentEnd:
