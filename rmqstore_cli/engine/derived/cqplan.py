@@ -68,7 +68,7 @@ def queue_plan(b) -> QueuePlan:
         rows = sel
         ks = key
     else:
-        order = np.argsort(key, kind="stable")
+        order = np.argsort(_dense(tid, qid, key), kind="stable")
         rows = sel[order]
         ks = key[order]
     n = len(rows)
@@ -97,3 +97,14 @@ def queue_plan(b) -> QueuePlan:
     p.first_end = end[firsts]
     p.last_end = end[p.starts[1:] - 1] if n else np.zeros(0, np.int64)
     return p
+
+
+def _dense(tid: np.ndarray, qid: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """``key`` ((topic id, queue id as unsigned)) as small numbers in the same order when they fit in 16 bits (a
+    chunk holds a few queues): numpy's stable sort of uint16 is a radix sort, several times faster."""
+    q = qid & 0xFFFFFFFF
+    lo = int(q.min())
+    span = int(q.max()) - lo + 1
+    if (int(tid.max()) + 1) * span > 1 << 16:
+        return key
+    return (tid * span + (q - lo)).astype(np.uint16)
