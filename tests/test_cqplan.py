@@ -83,3 +83,13 @@ def test_planned_queues_match_unit_by_unit(tmp_path, seed, monkeypatch):
     assert [f.code for f in d.problems] == ["DISPATCH_UNSAFE_TOPIC"] * unsafe
     if units_per_file >= 40:  # batches of ~10 units per queue fit in a file: the copy path is taken
         assert any(copied)
+
+
+def test_a_batch_without_queue_units(tmp_path):
+    """Only prepared / rollback records (no consume-queue unit): nothing written, nothing taken."""
+    cfg = StoreConfig(version=5).with_(messageIndexEnable=False)
+    d = Dispatcher(str(tmp_path), cfg, batch_topics=set())
+    d.dispatch_many(DispatchBatch.from_requests([DispatchRequest(100 * i, 100, "A", i % 2, 0, 0x4 if i % 2 else 0xC, 1, 0)
+                                                  for i in range(5)]))
+    d.close()
+    assert d.stats.cq_units == 0 and files_of(tmp_path) == {}

@@ -63,7 +63,7 @@ def queue_plan(b) -> QueuePlan:
     p.last_row = int(sel[-1]) if len(sel) else -1
     qid = b.queue_id[sel]
     key = (tid << 32) | (qid & 0xFFFFFFFF)
-    if len(key) and (key == key[0]).all():
+    if not len(key) or (key == key[0]).all():
         order = None
         rows = sel
         ks = key
