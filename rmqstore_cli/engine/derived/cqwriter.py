@@ -200,6 +200,25 @@ class ConsumeQueueWriter:
             i += run
         return done
 
+    def append_straight(self, units: np.ndarray, first_offset: int, first_end: int, last_end: int) -> bool:
+        """Copy packed ``units`` (CQ_DTYPE, records in log order, ends strictly increasing, queue offsets
+        consecutive from ``first_offset`` / 20) when ``put`` would append every one of them at the write
+        position of the current file; False (nothing written) when it would not, or they do not fit in it."""
+        w = self.write_offset
+        fs = self.file_size
+        if (not self.has_files or first_offset != w or first_end <= self.max_physic_offset or fs % CQ_UNIT_SIZE
+                or w == self.first_create_start):
+            return False
+        in_file = w % fs
+        n = len(units) * CQ_UNIT_SIZE
+        if in_file + n > fs:
+            return False
+        seg = self.files.open(w - in_file)
+        seg.write(in_file, units.view(np.uint8))
+        self.write_offset = w + n
+        self.max_physic_offset = last_end
+        return True
+
     def flush(self) -> None:
         self.files.flush()
 

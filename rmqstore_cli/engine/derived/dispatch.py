@@ -29,7 +29,7 @@ import numpy as np
 
 from rmqstore_cli.formats import fast
 from rmqstore_cli.formats.extaddr import is_ext_addr
-from rmqstore_cli.formats.records import TRANSACTION_COMMIT, TRANSACTION_NOT
+from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 from rmqstore_cli.formats.tags import TagsCodeError, tags_code
 
 from ..log.checkpointwriter import CheckpointWriter
@@ -38,6 +38,7 @@ from .cqwriter import ConsumeQueueExtWriter, ConsumeQueueWriter
 from ..findings import Finding
 from .indexwriter import IndexWriter
 from .dispatchcolumns import TopicInterner, dispatch_columns
+from .cqplan import queue_plan, unsafe_topic_dir
 from .lmq import LMQ_PROPS, LmqTargets, MultiDispatchRule, chunk_targets
 from .batchcq import batch_topics_at, chunk_batch_fields
 from .bcqwriter import BatchConsumeQueueWriter
@@ -54,11 +55,6 @@ class DispatchStats:
     unsafe_topics: int = 0
     lmq_units: int = 0  # multi-dispatch units (also counted in cq_units)
     bcq_units: int = 0  # batch consume queue units (also counted in cq_units)
-
-
-def unsafe_topic_dir(topic: str) -> bool:
-    """A topic that cannot be used as a directory name inside ``consumequeue/``."""
-    return (not topic) or "/" in topic or "\x00" in topic or topic in (".", "..")
 
 
 class Dispatcher:
@@ -177,63 +173,52 @@ class Dispatcher:
             self.checkpoint.set(logicsMsgTimestamp=logics_ts)
 
     def _dispatch_cq(self, b: DispatchBatch) -> int | None:
-        """CommitLogDispatcherBuildConsumeQueue over a batch, grouped per queue; returns the
+        """CommitLogDispatcherBuildConsumeQueue over a batch, grouped per queue (:mod:`.cqplan`); returns the
         store time of the last record it took (the checkpoint's logicsMsgTimestamp)."""
         stats = self.stats
-        t = b.sysflag & 0xC
-        sel = np.flatnonzero((t == TRANSACTION_NOT) | (t == TRANSACTION_COMMIT))
-        if not len(sel):
+        plan = b.cq_plan if b.cq_plan is not None else queue_plan(b)
+        names = plan.names
+        for i in plan.unsafe.tolist():
+            stats.unsafe_topics += 1
+            topic = b.topic_names[int(b.topic_ids[i])] if b.topic_ids is not None else b.topic[i]
+            self.problems.append(Finding("DISPATCH_UNSAFE_TOPIC", "error", None, int(b.phy[i]),
+                                         f"topic {topic!r} cannot be a consume queue directory; not dispatched"))
+        if plan.last_row < 0:
             return None
-        if b.topic_ids is not None:
-            names = b.topic_names
-            tid = b.topic_ids[sel].astype(np.int64)
-        else:
-            names = list(dict.fromkeys(b.topic))
-            ids = {t: k for k, t in enumerate(names)}
-            tid = np.fromiter(map(ids.__getitem__, b.topic), dtype=np.int64, count=len(b))[sel]
-        bad_ids = [k for k, name in enumerate(names) if unsafe_topic_dir(name)]
-        if bad_ids:
-            bad = np.isin(tid, bad_ids)
-            for i, t in zip(sel[bad].tolist(), tid[bad].tolist()):
-                stats.unsafe_topics += 1
-                self.problems.append(Finding("DISPATCH_UNSAFE_TOPIC", "error", None, int(b.phy[i]),
-                                             f"topic {names[t]!r} cannot be a consume queue directory; not dispatched"))
-            sel, tid = sel[~bad], tid[~bad]
-            if not len(sel):
-                return None
-        qid = b.queue_id[sel]
-        key = (tid << 32) | (qid & 0xFFFFFFFF)
-        if len(names) == 1 and (qid == qid[0]).all():
-            groups = [(sel, int(tid[0]))]
-        else:
-            order = np.argsort(key, kind="stable")
-            ks = key[order]
-            cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
-            groups = zip(np.split(sel[order], cuts), tid[order][np.r_[0, cuts]].tolist())
         ext_on = self.config.enableConsumeQueueExt
-        for g, t in groups:
-            topic, q = names[t], int(b.queue_id[g[0]])
+        rows, starts, units = plan.rows, plan.starts.tolist(), plan.units
+        straight, first_offset = plan.straight.tolist(), plan.first_offset.tolist()
+        first_end, last_end = plan.first_end.tolist(), plan.last_end.tolist()
+        for g, (t, q) in enumerate(zip(plan.tids.tolist(), plan.qids.tolist())):
+            topic = names[t]
+            lo, hi = starts[g], starts[g + 1]
             if topic in self.batch_topics:  # BatchConsumeQueue.putMessagePositionInfoWrapper (§9.3)
-                base = b.queue_offset[g] if b.msg_base is None else b.msg_base[g]
-                count = np.ones(len(g), np.int64) if b.batch_size is None else b.batch_size[g]
-                done = self.bcq(topic, q).put_many(b.phy[g], b.size[g], b.tags_code[g], b.store_timestamp[g], base, count)
+                r = rows[lo:hi]
+                base = b.queue_offset[r] if b.msg_base is None else b.msg_base[r]
+                count = np.ones(len(r), np.int64) if b.batch_size is None else b.batch_size[r]
+                done = self.bcq(topic, q).put_many(b.phy[r], b.size[r], b.tags_code[r], b.store_timestamp[r], base, count)
                 stats.cq_units += done
                 stats.bcq_units += done
-                stats.cq_skipped += len(g) - done
+                stats.cq_skipped += len(r) - done
                 continue
             cq = self._queues.get((topic, q)) or self.queue(topic, q)
-            phy, size, tags, qo = b.phy[g], b.size[g], b.tags_code[g], b.queue_offset[g]
             if not ext_on:
-                done = cq.put_many(phy, size, tags, qo)
+                if straight[g] and cq.append_straight(units[lo:hi], first_offset[g], first_end[g], last_end[g]):
+                    stats.cq_units += hi - lo
+                    continue
+                r = rows[lo:hi]
+                done = cq.put_many(b.phy[r], b.size[r], b.tags_code[r], b.queue_offset[r])
                 stats.cq_units += done
-                stats.cq_skipped += len(g) - done
+                stats.cq_skipped += len(r) - done
                 continue
             # Writing the ext unit only for units the queue accepts keeps a re-dispatch
             # from leaving orphan ext units (Java writes it before the duplicate check).
+            r = rows[lo:hi]
             ext = self.ext(topic, q)
-            ts = b.store_timestamp[g].tolist()
-            bms = [b.bitmap[i] for i in g.tolist()] if b.bitmap is not None else [b""] * len(g)
-            for p, s, tg, o, st, bm in zip(phy.tolist(), size.tolist(), tags.tolist(), qo.tolist(), ts, bms):
+            ts = b.store_timestamp[r].tolist()
+            bms = [b.bitmap[i] for i in r.tolist()] if b.bitmap is not None else [b""] * len(r)
+            for p, s, tg, o, st, bm in zip(b.phy[r].tolist(), b.size[r].tolist(), b.tags_code[r].tolist(),
+                                           b.queue_offset[r].tolist(), ts, bms):
                 if not cq.accepts(p, s, o):
                     stats.cq_skipped += 1
                     continue
@@ -245,7 +230,7 @@ class Dispatcher:
                     stats.cq_units += 1
                 else:
                     stats.cq_skipped += 1
-        return int(b.store_timestamp[sel[-1]])
+        return int(b.store_timestamp[plan.last_row])
 
     def _dispatch_lmq(self, b: DispatchBatch) -> None:
         """multiDispatchLmqQueue: after the records' own units, each record's multi-dispatch units, with its
@@ -308,6 +293,7 @@ class Dispatcher:
                 except TagsCodeError as e:
                     self.problems.append(Finding("DISPATCH_BAD_DELAY", "error", None, int(batch.phy[i]), str(e)))
             batch = batch.take(np.flatnonzero(~tags_bad))
+        batch.cq_plan = queue_plan(batch)
         return batch
 
     def _batch_columns(self, batch: DispatchBatch, u8, h, tids, names) -> np.ndarray:
@@ -345,6 +331,20 @@ class Dispatcher:
         self.checkpoint.flush()
 
     # --- durability ----------------------------------------------------------------------------
+
+    def written_ranges(self) -> list[tuple[int, int, int]]:
+        """(descriptor, start, end) of the bytes written so far that will not change again in the files being
+        written now: each queue's current file up to its write position, the current index file's entries (its
+        header and slot table change until the end). For a caller that starts their write-back early."""
+        out = []
+        for w in self._queues.values():
+            seg = w.files.current
+            if seg is not None and seg.mm is not None and seg.start <= w.write_offset:
+                out.append((seg.fd, 0, min(w.write_offset - seg.start, seg.size)))
+        if self.index is not None and self.index.cur is not None and self.index.cur.seg.mm is not None:
+            cur = self.index.cur
+            out.append((cur.seg.fd, cur.entry_base, cur.entry_base + cur.index_count * INDEX_ENTRY_SIZE))
+        return out
 
     def flush(self, checkpoint: bool = True) -> None:
         """Make every unit and entry written so far durable (then the checkpoint)."""

@@ -74,7 +74,7 @@ class DispatchBatch(Sequence):
     strings are decoded only if someone reads them."""
 
     __slots__ = _NUMBERS + ("_topic", "_uniq", "_keys", "bitmap", "topic_ids", "topic_names", "key_count", "key_hashes",
-                            "_strings", "_rows", "lmq", "msg_base", "batch_size")
+                            "_strings", "_rows", "lmq", "msg_base", "batch_size", "cq_plan")
 
     def __init__(self, phy, size, topic, queue_id, queue_offset, sysflag, store_timestamp, tags_code,
                  uniq_key, keys, bitmap=None, *, topic_ids=None, topic_names=None, key_count=None, key_hashes=None,
@@ -83,6 +83,7 @@ class DispatchBatch(Sequence):
         self.lmq = lmq  # the records' multi-dispatch units (None: none)
         # batch consume queue fields (None: each record's QUEUEOFFSET and 1), set for chunks holding batch topics
         self.msg_base, self.batch_size = None, None
+        self.cq_plan = None  # the consume-queue units grouped and packed (.cqplan), made with the batch
         self.phy = np.asarray(phy, dtype=i64)
         self.size = np.asarray(size, dtype=i64)
         self.queue_id = np.asarray(queue_id, dtype=i64)

@@ -26,11 +26,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rmqstore_cli.formats.indexbuild import put_entries
 from rmqstore_cli.formats.hashing import INT_MIN, index_key_hash, index_key_hash_many, java_hash
 from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, TRANSACTION_ROLLBACK
 
 from ..config.storeconfig import StoreConfig
-from .index import ENTRY_DTYPE, HEADER_STRUCT
+from .index import HEADER_STRUCT
 from ..log.mappedfile import WritableSegment, fsync_dir, makedirs
 
 INT_MAX = (1 << 31) - 1
@@ -129,6 +130,7 @@ class _OpenIndex:
         self.disk_count_raw = disk_count  # 0 on a fresh file until the first put
         self.index_count = disk_count if disk_count > 0 else 1
         self.slot_table = np.frombuffer(self.seg.mm, dtype=">i4", count=slots, offset=INDEX_HEADER_SIZE)
+        self.u8 = np.frombuffer(self.seg.mm, dtype=np.uint8)  # what the compiled put_many writes through
 
     @property
     def full(self) -> bool:
@@ -175,48 +177,19 @@ class _OpenIndex:
     # --- many keys at once, same result as repeated put() ----------------------------------
 
     def put_many(self, hashes: np.ndarray, phys: np.ndarray, tss: np.ndarray) -> None:
+        """``put`` for each key in order (keyHash >= 0), in one compiled pass over the mapped file."""
         k = len(hashes)
         assert k <= self.entries - self.index_count
         if k == 0:
             return
         c = self.index_count
-        diffs = np.empty(k, dtype=np.int64)
-        j0 = 0
+        first_diff = -1
         if c <= 1:  # first entry: diff against the inherited begin, then begin := its own values
-            diffs[0] = self._diff(int(tss[0]))
+            first_diff = self._diff(int(tss[0]))
             self.begin_phy, self.begin_ts = int(phys[0]), int(tss[0])
-            j0 = 1
-        if k > j0:
-            if self.begin_ts <= 0:
-                diffs[j0:] = 0
-            else:
-                d = tss[j0:] - self.begin_ts
-                q = np.where(d >= 0, d // 1000, -((-d) // 1000))
-                diffs[j0:] = np.clip(q, 0, INT_MAX)
-        slots = hashes % self.slots
-        nums = np.arange(c, c + k, dtype=np.int64)
-        order = np.argsort(slots, kind="stable")
-        ss = slots[order]
-        same = np.zeros(k, dtype=bool)
-        same[1:] = ss[1:] == ss[:-1]
-        old = self.slot_table[ss].astype(np.int64)
-        prev_sorted = np.where(same, np.concatenate(([0], nums[order][:-1])), old)
-        prev = np.empty(k, dtype=np.int64)
-        prev[order] = prev_sorted
-        bad = (prev <= 0) | (prev > nums)
-        prev[bad] = 0
-        rec = np.empty(k, dtype=ENTRY_DTYPE)
-        rec["keyHash"] = hashes
-        rec["phyOffset"] = phys
-        rec["timeDiff"] = diffs
-        rec["prevIndex"] = prev
-        pos = self.entry_base + c * INDEX_ENTRY_SIZE
-        self.seg.write(pos, rec.tobytes())
-        last = np.ones(k, dtype=bool)
-        last[:-1] = ss[1:] != ss[:-1]
-        self.slot_table[ss[last]] = nums[order][last]
+        self.seg.touch(self.entry_base + c * INDEX_ENTRY_SIZE, k * INDEX_ENTRY_SIZE)
+        self.slot_count += put_entries(self.u8, self.slots, c, hashes, phys, tss, self.begin_ts, first_diff)
         self.seg.dirty = True
-        self.slot_count += int(np.count_nonzero(prev == 0))
         self.index_count = c + k
         self.end_phy, self.end_ts = int(phys[-1]), int(tss[-1])
 
@@ -224,7 +197,7 @@ class _OpenIndex:
         if self.seg.mm is None:
             return  # closed already (a failed switch to a new file leaves the old one as current)
         self.write_header()
-        self.slot_table = None
+        self.slot_table = self.u8 = None
         self.seg.close(flush=flush)
 
 
