@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checkkernel, dledgerkernel, fast, indexchain, jsonl, kernel, propscan, replayencode, replaykernel
+from . import checkkernel, dledgerkernel, fast, indexbuild, indexchain, jsonl, kernel, propscan, replayencode, replaykernel
+
+
+def one_i64() -> np.ndarray:
+    return np.ones(1, np.int64)
 
 
 def warm_up() -> None:
@@ -28,6 +32,8 @@ def warm_up() -> None:
     propscan.java_hash_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
     propscan.group_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
     indexchain.chain_block(np.ones(1, np.int32), np.zeros(1, np.int32), 1, 4, np.zeros(4, np.int32))
+    # rebuild's index writer: one entry into a scratch file of 4 slots and 2 entries
+    indexbuild.put_entries(np.zeros(40 + 4 * 4 + 2 * 20, np.uint8), 4, 1, np.ones(1, np.int64), one_i64(), one_i64(), 0)
     jsonl.kernel_lines(data, h.take(0), 0, "none")  # dump --json's writer (formats.jsonkernel)
     checkkernel.warm_up()
     # the DLedger entry walk, with the argument types engine/log/dledger.walk_entries passes

@@ -64,13 +64,13 @@ def used(monkeypatch):
     monkeypatch.setattr(derived_windows.WindowedCheck, "run_parallel", check)
     from rmqstore_cli.engine.repair import rebuild
 
-    real_req = rebuild._parallel_requests
+    real_req = rebuild.parallel_requests
 
     def requests(*a, **k):
         seen["dispatch"] += 1
         return real_req(*a, **k)
 
-    monkeypatch.setattr(rebuild, "_parallel_requests", requests)
+    monkeypatch.setattr(rebuild, "parallel_requests", requests)
     return seen
 
 

@@ -232,9 +232,9 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
             if s.start <= start:
                 start_index = k
         if jobs > 1 and start_index == 0 and len(segs) > 1:
-            from .rebuild import _parallel_requests
+            from .rebuild import parallel_requests
 
-            _parallel_requests(st, d, jobs, lambda batch: d.dispatch_many(
+            parallel_requests(st, d, jobs, lambda batch: d.dispatch_many(
                 batch.take(np.flatnonzero((batch.phy >= start) & (batch.phy < end)))))
         else:
             for chunk in st.commitlog.scan(start_index=start_index, check_crc=False):

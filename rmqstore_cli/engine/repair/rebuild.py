@@ -250,8 +250,6 @@ class _SegmentEnd:
         self.continues = continues
 
 
-_parallel_requests = parallel_requests
-
 
 def _segment_requests(i: int, store, d, packed: bool = False, strings: bool = True):
     from ..log.commitlog import ScanResult
