@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from rmqstore_cli.engine.errors import UsageError
+from rmqstore_cli.engine.parallel import default_jobs
 from rmqstore_cli.engine.repair import salvage as engine
 
 from .common import (Geometry, JsonOpt, StoreArg, geometry_options, open_store,
@@ -25,6 +26,9 @@ def salvage(
     until: Optional[str] = typer.Option(None, "--until", help="With --jsonl: only records stored at or before this time."),
     json_: bool = JsonOpt,
     geometry: Geometry = None,
+    jobs: int = typer.Option(1, "-j", "--jobs", min=0, help="Worker processes for --jsonl (0: one per core): each "
+                             "walks, decodes and renders whole commitlog segments, this process writes their lines in "
+                             "log order. Same file and report as -j 1. A DLedger log and --to run in one process."),
 ):
     """Rescue every valid record past corruption into a new store or JSON Lines (source untouched).
 
@@ -43,7 +47,10 @@ def salvage(
     st = open_store(store, geometry, command="salvage --jsonl" if jsonl else "salvage --to")
     with st:
         v = geometry.broker_version or st.config.version
-        rep = engine.to_store(st, v, to) if to else engine.to_jsonl(st, v, jsonl, since=since_ms, until=until_ms)
+        if to:
+            rep = engine.to_store(st, v, to)
+        else:
+            rep = engine.to_jsonl(st, v, jsonl, since=since_ms, until=until_ms, jobs=jobs or default_jobs())
     out = Output(json_)
     d = rep.as_json()
     if json_:
