@@ -52,12 +52,15 @@ class StoreDiff:
                 "checkpoints": self.checkpoints, "notes": self.notes}
 
 
-def diff_stores(a, b, progress=None) -> StoreDiff:
-    """Compare two opened :class:`~.store.Store` objects (both read-only)."""
+def diff_stores(a, b, progress=None, jobs: int = 1) -> StoreDiff:
+    """Compare two opened :class:`~.store.Store` objects (both read-only); ``jobs`` > 1 spreads the walks, the byte
+    comparison and the index digests over that many processes (:mod:`.diffjobs`: the same result)."""
+    from . import diffjobs
+
     d = StoreDiff(a.root, b.root)
     ends = {}
     for side, st in (("a", a), ("b", b)):
-        res = st.commitlog.find_end(check_crc=False)
+        res = diffjobs.find_end(st.commitlog, jobs)
         stop = res.stop
         ends[side] = stop.offset if stop else 0
         d.logs[side] = {"minOffset": st.commitlog.min_offset if st.commitlog.segments.segments else 0,
@@ -67,7 +70,10 @@ def diff_stores(a, b, progress=None) -> StoreDiff:
     if d.logs["a"]["minOffset"] != d.logs["b"]["minOffset"]:
         d.notes.append("the logs start at different offsets (older files deleted on one side); compared from "
                        f"{lo}")
-    first = _first_difference(a.commitlog, b.commitlog, lo, hi, d, progress)
+    if jobs > 1:
+        first = diffjobs.first_difference(a.commitlog, b.commitlog, lo, hi, d, progress, jobs)
+    else:
+        first = _first_difference(a.commitlog, b.commitlog, lo, hi, d, progress)
     if first is not None:
         d.relation = DIVERGENT
         d.first_divergence = first
@@ -77,7 +83,7 @@ def diff_stores(a, b, progress=None) -> StoreDiff:
     if ends["a"] != ends["b"]:
         d.longer = "a" if ends["a"] > ends["b"] else "b"
     d.queues = _queues(a, b)
-    d.index_files = _index_files(a, b)
+    d.index_files = _index_files(a, b, jobs)
     d.checkpoints = {"a": a.checkpoint().as_json(a.config.version), "b": b.checkpoint().as_json(b.config.version)}
     return d
 
@@ -141,8 +147,10 @@ def _queues(a, b) -> list[dict]:
     return rows
 
 
-def _index_files(a, b) -> list[dict]:
+def _index_files(a, b, jobs: int = 1) -> list[dict]:
     """Index files paired by the first commitlog offset they index (names follow each broker's clock)."""
+    from .diffjobs import digests
+
     def files(st):
         out = {}
         for f in st.index.files:
@@ -151,6 +159,8 @@ def _index_files(a, b) -> list[dict]:
         return out
 
     fa, fb = files(a), files(b)
+    both = [(f, g) for begin in sorted(set(fa) & set(fb)) for (f, _), (g, _) in zip(fa[begin], fb[begin])]
+    digest = digests([f.path for pair in both for f in pair], jobs, _digest)
     rows = []
     for begin in sorted(set(fa) | set(fb)):
         la, lb = fa.get(begin, []), fb.get(begin, [])
@@ -162,7 +172,7 @@ def _index_files(a, b) -> list[dict]:
                 row[f"{side}IndexCount"] = e[1].indexCount if e else None
                 row[f"{side}EndPhyOffset"] = e[1].endPhyOffset if e else None
             if ea and eb:
-                row["state"] = "same" if _digest(ea[0]) == _digest(eb[0]) else "differs"
+                row["state"] = "same" if digest[ea[0].path] == digest[eb[0].path] else "differs"
             else:
                 row["state"] = "only in a" if ea else "only in b"
             rows.append(row)
