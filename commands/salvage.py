@@ -28,7 +28,7 @@ def salvage(
     geometry: Geometry = None,
     jobs: int = typer.Option(1, "-j", "--jobs", min=0, help="Worker processes for --jsonl (0: one per core): each "
                              "walks, decodes and renders whole commitlog segments, this process writes their lines in "
-                             "log order. Same file and report as -j 1. A DLedger log and --to run in one process."),
+                             "log order. Same file and report as -j 1. --to runs in one process."),
 ):
     """Rescue every valid record past corruption into a new store or JSON Lines (source untouched).
 

@@ -32,9 +32,8 @@ class Piece:
 
 
 def splits(store) -> bool:
-    """Whether the rescue can be cut at segment boundaries (a classic log of more than one segment)."""
-    cl = store.commitlog
-    return not getattr(cl, "is_dledger", False) and len(cl.segments.segments) > 1
+    """Whether the rescue can be cut at segment (DLedger: data file) boundaries: more than one."""
+    return len(store.commitlog.segments.segments) > 1
 
 
 def write_parallel(store, version: int, f, report: SalvageReport, start: int, since: int | None, until: int | None,
@@ -46,6 +45,9 @@ def write_parallel(store, version: int, f, report: SalvageReport, start: int, si
     if bounds is None:
         return
     start, end, lo, hi = bounds
+    if getattr(store.commitlog, "is_dledger", False):
+        _write_dledger(store, f, report, start, end, lo, hi, jobs)
+        return
     segs = store.commitlog.segments.segments
     first = next((k for k, s in enumerate(segs) if s.start + s.size > start), len(segs))
     if first == len(segs):
@@ -54,11 +56,7 @@ def write_parallel(store, version: int, f, report: SalvageReport, start: int, si
     pieces = stream_segments(_segment_pieces, len(segs) - first, jobs, store, first, version, start, end, lo, hi)
     try:
         for piece in pieces:
-            f.write(piece.text)
-            report.skipped += piece.skipped
-            for key, n in piece.rescued.items():
-                report.rescued[key] = report.rescued.get(key, 0) + n
-            report.records += piece.records
+            _merge(piece, f, report)
             if piece.ended:
                 break
     finally:
@@ -80,4 +78,62 @@ def _segment_pieces(i: int, store, first: int, version: int, start: int, end: in
         if len(lines) >= PIECE_RECORDS:
             yield Piece("".join(lines), rep.skipped, rep.rescued, rep.records)
             rep, lines = SalvageReport(), []
+    yield Piece("".join(lines), rep.skipped, rep.rescued, rep.records)
+
+
+def _merge(piece: Piece, f, report: SalvageReport) -> None:
+    f.write(piece.text)
+    report.skipped += piece.skipped
+    for key, n in piece.rescued.items():
+        report.rescued[key] = report.rescued.get(key, 0) + n
+    report.records += piece.records
+
+
+def _write_dledger(store, f, report: SalvageReport, start: int, end: int | None, lo: int, hi: int, jobs: int) -> None:
+    """A DLedger log: workers walk whole data files (:func:`..log.dledgerjobs.walk_log`), this process follows the
+    entry chain and walks itself where one process would walk differently (past damage)."""
+    from ..log.dledgerjobs import FilePart, LogWalk, walk_log
+    from .dledgersalvage import chunk_messages, message_checks, resume_past
+
+    cl = store.commitlog
+    checks = message_checks(cl)
+    items = walk_log(cl, resume_past(cl, report), LogWalk(), jobs=jobs, file_part=_dledger_pieces,
+                     args=(store, start, end, lo, hi))
+    try:
+        for item in items:
+            if isinstance(item, FilePart):
+                _merge(item.item, f, report)
+                if item.item.ended:
+                    return
+                continue
+            for seg, pos in chunk_messages(cl, item, report, start, checks):
+                if end is not None and seg.start + pos >= end:
+                    return
+                msg = rescue(seg, pos, lo, hi, report)
+                if msg is not None:
+                    f.write(json_line(msg))
+    finally:
+        items.close()
+
+
+def _dledger_pieces(chunks, store, start: int, end: int | None, lo: int, hi: int):
+    """In a worker: one data file's rescued messages as :class:`Piece` s."""
+    from .dledgersalvage import chunk_messages, message_checks
+
+    cl = store.commitlog
+    checks = message_checks(cl)
+    rep = SalvageReport()
+    lines: list[str] = []
+    for ec in chunks:
+        for seg, pos in chunk_messages(cl, ec, rep, start, checks):
+            if end is not None and seg.start + pos >= end:
+                yield Piece("".join(lines), rep.skipped, rep.rescued, rep.records, ended=True)
+                return
+            msg = rescue(seg, pos, lo, hi, rep)
+            if msg is None:
+                continue
+            lines.append(json_line(msg))
+            if len(lines) >= PIECE_RECORDS:
+                yield Piece("".join(lines), rep.skipped, rep.rescued, rep.records)
+                rep, lines = SalvageReport(), []
     yield Piece("".join(lines), rep.skipped, rep.rescued, rep.records)
