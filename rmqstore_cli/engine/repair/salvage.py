@@ -142,9 +142,9 @@ def rescue(seg, pos: int, lo: int, hi: int, report: SalvageReport) -> dict | Non
     return msg
 
 
-def json_line(msg: dict) -> str:
-    """A rescued record as one line of the ``--jsonl`` file."""
-    return json.dumps(render_body(msg, "hex"), ensure_ascii=False, separators=(",", ":"), default=_js) + "\n"
+def json_line(msg: dict) -> bytes:
+    """A rescued record as one line of the ``--jsonl`` file (UTF-8)."""
+    return (json.dumps(render_body(msg, "hex"), ensure_ascii=False, separators=(",", ":"), default=_js) + "\n").encode()
 
 
 def to_jsonl(store, version: int, path: str, start: int = 0, since: int | None = None,
@@ -152,7 +152,7 @@ def to_jsonl(store, version: int, path: str, start: int = 0, since: int | None =
     """Every rescued record into the JSON Lines file ``path``; with ``jobs`` > 1 worker processes render whole
     segments and this one writes their lines in log order (the same file, the same report)."""
     rep = SalvageReport()
-    with open(path, "w", encoding="utf-8") as f:
+    with open(path, "wb") as f:
         from .salvagejobs import splits, write_parallel
 
         if jobs > 1 and splits(store):

@@ -1,39 +1,72 @@
-"""``salvage -j``: the rescue of a classic commitlog spread over worker processes, segment by segment.
+"""``salvage -j``: the rescue spread over worker processes, the lines written here in log order.
 
-Records never cross a segment (§2.6) and the salvage walk resynchronises within a segment, so each segment's
-walk is independent of the others: forked workers each walk whole segments (:func:`.salvage.scan_segment`),
-decode and render the rescued records as ``--jsonl`` lines, and send them back in pieces of at most
-:data:`PIECE_RECORDS` lines with what the piece added to the report (skipped ranges, rescued counts per queue in
-order of first sight). This process writes the pieces in log order and merges the report, which gives the file
-and the report of one walk byte for byte. With ``--since``/``--until`` the walk ends at the first record past the
-range, as one walk does: the worker of the segment where that record lies says so and the pieces after it are
-not taken (the workers are stopped).
+A classic log is cut into parts of :data:`PART_BYTES` bytes of a segment (records never cross a segment, §2.6).
+The worker of a part starts at the first self-consistent record at or after the part's first byte (the
+salvage's resynchronisation; a segment's first part at its start), walks, decodes and renders every record and
+skipped range that *starts* inside the part, and sends back one :class:`Piece`: the lines, what they add to the
+report (skipped ranges, rescued counts per queue in order of first sight), where it started and where the walk
+stood when it left the part. The salvage walk is memoryless (a record's checks do not depend on the records
+before it), so a part whose worker started where the previous part's walk left it holds exactly the lines of
+one walk; where they differ (damage across a part boundary, a record look-alike inside a body) this process
+walks that part itself from where the previous part's walk left it. The file and the report are those of one
+walk byte for byte. With ``--since``/``--until`` the walk ends at the first record past the range, as one walk
+does: the part that meets it says so and the workers are stopped.
+
+A DLedger log is split by data file (:func:`..log.dledgerjobs.walk_log`): the entry chain crosses files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..log.walk import resync
 from ..parallel import stream_segments
 from .salvage import SalvageReport, json_line, rescue, scan_segment, time_bounds
 
-PIECE_RECORDS = 2048  # lines a worker renders before handing them on (~5 MB of 1 KiB bodies in hex)
+PART_BYTES = 4 << 20  # bytes of a segment per worker task (its lines: ~9 MB with 1 KiB bodies in hex)
+PIECE_RECORDS = 2048  # DLedger: lines a worker renders before handing them on
 
 
 @dataclass
 class Piece:
-    """Consecutive rendered lines of one segment and what they add to the report."""
+    """Consecutive rendered lines and what they add to the report."""
 
-    text: str
+    text: bytes  # the lines, UTF-8
     skipped: list
     rescued: dict
     records: int
     ended: bool = False  # the walk reached a record past ``--until``: nothing after this piece counts
+    begin: int | None = None  # classic part: where in the segment its walk started (None: nothing to walk)
+    next: int | None = None  # classic part: where the walk stood when it left the part (None: the segment ended)
 
 
 def splits(store) -> bool:
-    """Whether the rescue can be cut at segment (DLedger: data file) boundaries: more than one."""
+    """Whether the rescue can be cut: more than one segment (DLedger: data file)."""
     return len(store.commitlog.segments.segments) > 1
+
+
+class _Parts:
+    """The segments from ``start`` on, each cut into parts of PART_BYTES from where its walk starts."""
+
+    def __init__(self, segs: list, start: int):
+        self.segs = []  # (segment, position the walk starts at, first part number)
+        n = 0
+        for seg in segs:
+            if seg.start + seg.size <= start or not seg.size:
+                continue
+            lo = max(0, start - seg.start)
+            self.segs.append((seg, lo, n))
+            n += -(-(seg.size - lo) // PART_BYTES)
+        self.count = n
+
+    def part(self, j: int) -> tuple:
+        """(segment, first byte, end byte, first part of its segment?) of part ``j``."""
+        import bisect
+
+        k = bisect.bisect_right([first for _, _, first in self.segs], j) - 1
+        seg, lo, first = self.segs[k]
+        a = lo + (j - first) * PART_BYTES
+        return seg, a, min(seg.size, a + PART_BYTES), j == first
 
 
 def write_parallel(store, version: int, f, report: SalvageReport, start: int, since: int | None, until: int | None,
@@ -48,37 +81,72 @@ def write_parallel(store, version: int, f, report: SalvageReport, start: int, si
     if getattr(store.commitlog, "is_dledger", False):
         _write_dledger(store, f, report, start, end, lo, hi, jobs)
         return
-    segs = store.commitlog.segments.segments
-    first = next((k for k, s in enumerate(segs) if s.start + s.size > start), len(segs))
-    if first == len(segs):
+    parts = _Parts(store.commitlog.segments.segments, start)
+    if not parts.count:
         return
     warm_up()  # numba imported and every kernel loaded once, before the fork, not in each worker
-    pieces = stream_segments(_segment_pieces, len(segs) - first, jobs, store, first, version, start, end, lo, hi)
+    pieces = stream_segments(_part_piece, parts.count, jobs, store, parts, version, end, lo, hi)
     try:
-        for piece in pieces:
+        stood = None  # where the walk of the previous part left it
+        for j, piece in enumerate(pieces):
+            seg, a, b, first = parts.part(j)
+            want = a if first else stood
+            if piece.begin != want:  # the worker did not start where one walk stands: walk this part here
+                piece = render_part(store, seg, version, want, b, end, lo, hi)
             _merge(piece, f, report)
             if piece.ended:
-                break
+                return
+            stood = piece.next
     finally:
         pieces.close()
 
 
-def _segment_pieces(i: int, store, first: int, version: int, start: int, end: int | None, lo: int, hi: int):
-    seg = store.commitlog.segments.segments[first + i]
+def _part_piece(j: int, store, parts: _Parts, version: int, end: int | None, lo: int, hi: int):
+    seg, a, b, first = parts.part(j)
+    begin = a if first else resync(seg.buffer(), a, seg.size, seg.start, max(version, 5))
+    yield render_part(store, seg, version, begin, b, end, lo, hi)
+
+
+def render_part(store, seg, version: int, begin: int | None, b: int, end: int | None, lo: int, hi: int) -> Piece:
+    """The salvage walk of ``seg`` from ``begin``: the records and skipped ranges that start before ``b``."""
     rep = SalvageReport()
-    lines: list[str] = []
-    for s, pos in scan_segment(store, seg, version, rep, start):
-        if end is not None and s.start + pos >= end:
-            yield Piece("".join(lines), rep.skipped, rep.rescued, rep.records, ended=True)
-            return
-        msg = rescue(s, pos, lo, hi, rep)
-        if msg is None:
-            continue
-        lines.append(json_line(msg))
-        if len(lines) >= PIECE_RECORDS:
-            yield Piece("".join(lines), rep.skipped, rep.rescued, rep.records)
-            rep, lines = SalvageReport(), []
-    yield Piece("".join(lines), rep.skipped, rep.rescued, rep.records)
+    lines: list[bytes] = []
+    piece = Piece(b"", rep.skipped, rep.rescued, 0, begin=begin)
+    if begin is None:
+        return piece
+    seen = 0
+    walk = scan_segment(store, seg, version, rep, seg.start + begin)
+    try:
+        for s, pos in walk:
+            if _left(rep.skipped, seen, seg.start, b, piece):
+                break
+            seen = len(rep.skipped)
+            if pos >= b:
+                piece.next = pos
+                break
+            if end is not None and s.start + pos >= end:
+                piece.ended = True
+                break
+            msg = rescue(s, pos, lo, hi, rep)
+            if msg is not None:
+                lines.append(json_line(msg))
+        else:
+            _left(rep.skipped, seen, seg.start, b, piece)
+    finally:
+        walk.close()
+    piece.text, piece.records = b"".join(lines), rep.records
+    return piece
+
+
+def _left(skipped: list, seen: int, seg_start: int, b: int, piece: Piece) -> bool:
+    """Whether a skipped range added since ``seen`` starts at or after ``b`` (in the next part): it is dropped from
+    this part, whose walk left the part there."""
+    for k in range(seen, len(skipped)):
+        if skipped[k][0] >= seg_start + b:
+            piece.next = skipped[k][0] - seg_start
+            del skipped[k:]
+            return True
+    return False
 
 
 def _merge(piece: Piece, f, report: SalvageReport) -> None:
@@ -123,17 +191,17 @@ def _dledger_pieces(chunks, store, start: int, end: int | None, lo: int, hi: int
     cl = store.commitlog
     checks = message_checks(cl)
     rep = SalvageReport()
-    lines: list[str] = []
+    lines: list[bytes] = []
     for ec in chunks:
         for seg, pos in chunk_messages(cl, ec, rep, start, checks):
             if end is not None and seg.start + pos >= end:
-                yield Piece("".join(lines), rep.skipped, rep.rescued, rep.records, ended=True)
+                yield Piece(b"".join(lines), rep.skipped, rep.rescued, rep.records, ended=True)
                 return
             msg = rescue(seg, pos, lo, hi, rep)
             if msg is None:
                 continue
             lines.append(json_line(msg))
             if len(lines) >= PIECE_RECORDS:
-                yield Piece("".join(lines), rep.skipped, rep.rescued, rep.records)
+                yield Piece(b"".join(lines), rep.skipped, rep.rescued, rep.records)
                 rep, lines = SalvageReport(), []
-    yield Piece("".join(lines), rep.skipped, rep.rescued, rep.records)
+    yield Piece(b"".join(lines), rep.skipped, rep.rescued, rep.records)
