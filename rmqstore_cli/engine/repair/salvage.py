@@ -62,11 +62,13 @@ def scan(store, version: int, report: SalvageReport, start: int = 0) -> Iterator
         yield from scan_segment(store, seg, version, report, start)
 
 
-def scan_segment(store, seg, version: int, report: SalvageReport, start: int = 0) -> Iterator[tuple]:
+def scan_segment(store, seg, version: int, report: SalvageReport, start: int = 0, pause: int = PAUSE_RECORDS,
+                 chunk: int = WALK_CHUNK) -> Iterator[tuple]:
     """:func:`scan` within one classic segment (records never cross one, so segments are independent).
 
-    The walk runs in stretches of at most ~PAUSE_RECORDS records: the record checks do not depend on
-    the records before, so resuming after the last valid record handed on walks exactly as one walk."""
+    The walk runs in stretches of at most ~``pause`` records (``chunk`` per kernel call): the record checks do not
+    depend on the records before, so resuming after the last valid record handed on walks exactly as one walk
+    (a caller that stops early asks for short stretches: the walk does not run far ahead of what is taken)."""
     if seg.start + seg.size <= start or not seg.size:
         return
     cfg = store.config
@@ -76,9 +78,9 @@ def scan_segment(store, seg, version: int, report: SalvageReport, start: int = 0
 
         def sink(s, _b, h, starts=starts):
             starts.append(h.offsets + s)
-            return sum(len(a) for a in starts) >= PAUSE_RECORDS
+            return sum(len(a) for a in starts) >= pause
 
-        stop = broker_walk([_View(seg, pos)], cfg, max(version, 5), 0, True, sink, WALK_CHUNK)
+        stop = broker_walk([_View(seg, pos)], cfg, max(version, 5), 0, True, sink, chunk)
         for part in starts:
             for p in part.tolist():
                 yield seg, p - seg.start

@@ -25,6 +25,7 @@ from .salvage import SalvageReport, json_line, rescue, scan_segment, time_bounds
 
 PART_BYTES = 4 << 20  # bytes of a segment per worker task (its lines: ~9 MB with 1 KiB bodies in hex)
 PIECE_RECORDS = 2048  # DLedger: lines a worker renders before handing them on
+WALK_RECORDS = 256  # records a part's walk takes at a time: it stops at the part's end, not far past it
 
 
 @dataclass
@@ -103,7 +104,9 @@ def write_parallel(store, version: int, f, report: SalvageReport, start: int, si
 
 def _part_piece(j: int, store, parts: _Parts, version: int, end: int | None, lo: int, hi: int):
     seg, a, b, first = parts.part(j)
-    begin = a if first else resync(seg.buffer(), a, seg.size, seg.start, max(version, 5))
+    # a record starting in the part, if any: none (a part inside one big record) is walked here from where one
+    # walk stands, which then finds nothing before the part's end
+    begin = a if first else resync(seg.buffer(), a, min(seg.size, b + 8), seg.start, max(version, 5))
     yield render_part(store, seg, version, begin, b, end, lo, hi)
 
 
@@ -115,7 +118,7 @@ def render_part(store, seg, version: int, begin: int | None, b: int, end: int | 
     if begin is None:
         return piece
     seen = 0
-    walk = scan_segment(store, seg, version, rep, seg.start + begin)
+    walk = scan_segment(store, seg, version, rep, seg.start + begin, WALK_RECORDS, WALK_RECORDS)
     try:
         for s, pos in walk:
             if _left(rep.skipped, seen, seg.start, b, piece):
