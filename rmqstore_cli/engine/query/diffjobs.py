@@ -50,7 +50,7 @@ def first_difference(cla, clb, lo: int, hi: int, d: StoreDiff, progress, jobs: i
     first = None
     found = stream_segments(_compare_range, len(starts), jobs, cla, clb, starts, hi)
     try:
-        for k, at in enumerate(found):
+        for k, (at,) in enumerate(found):
             if at is not None:
                 first = at
                 break
@@ -64,7 +64,8 @@ def first_difference(cla, clb, lo: int, hi: int, d: StoreDiff, progress, jobs: i
 
 def _compare_range(k: int, cla, clb, starts: list, hi: int):
     a = starts[k]
-    yield _first_difference(cla, clb, a, min(hi, a + TASK), StoreDiff("", ""), None)
+    # a tuple: a bare None is how a stream's worker says a task is done
+    yield (_first_difference(cla, clb, a, min(hi, a + TASK), StoreDiff("", ""), None),)
 
 
 def digests(paths: list, jobs: int, digest) -> dict:
