@@ -159,3 +159,30 @@ def test_the_workers_check_the_entries(tmp_path, monkeypatch):
     _verify(root, 2)
     pids = log.read_text().split()
     assert len(pids) == len(_data_files(root)[0]) and str(os.getpid()) not in pids and len(set(pids)) == 2
+
+
+def _stats(root, jobs: int) -> dict:
+    from rmqstore_cli.engine.query.stats import compute_stats
+    from rmqstore_cli.engine.store import Store
+
+    with Store.open(str(root)) as st:
+        out = compute_stats(st, jobs=jobs)
+    out.pop("nextCleanup", None)  # the disk's fill level and the clock now: not the log's
+    return out
+
+
+@pytest.mark.parametrize("rel", dledger_roots())
+def test_stats_jobs_equal_one_process_on_every_dledger_store(rel):
+    one = _stats(STORES / rel, 1)
+    assert one["commitlog"]["maxOffset"] > 0
+    assert _stats(STORES / rel, 2) == one
+
+
+@pytest.mark.parametrize("name", ["dledger-4.9.3-clean", "dledger-5.3.3-clean"])
+def test_stats_jobs_equal_one_process_on_seeded_damage(tmp_path, name):
+    print(f"seed {SEED} (RMQSTORE_DLEDGER_JOBS_SEED)")
+    rng = random.Random(f"{SEED}-stats-{name}")
+    for case in range(4):
+        root = copy_store(name, tmp_path / f"{name}-{case}")
+        hows = damage_dledger(root, rng)
+        assert _stats(root, 2) == _stats(root, 1), hows
