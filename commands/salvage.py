@@ -27,8 +27,9 @@ def salvage(
     json_: bool = JsonOpt,
     geometry: Geometry = None,
     jobs: int = typer.Option(1, "-j", "--jobs", min=0, help="Worker processes for --jsonl (0: one per core): each "
-                             "walks, decodes and renders whole commitlog segments, this process writes their lines in "
-                             "log order. Same file and report as -j 1. --to runs in one process."),
+                             "walks, decodes and renders 4 MiB parts of the commitlog segments (DLedger: whole data "
+                             "files), this process writes their lines in log order. Same file and report as -j 1. "
+                             "--to runs in one process."),
 ):
     """Rescue every valid record past corruption into a new store or JSON Lines (source untouched).
 
