@@ -12,7 +12,8 @@ walks that part itself from where the previous part's walk left it. The file and
 walk byte for byte. With ``--since``/``--until`` the walk ends at the first record past the range, as one walk
 does: the part that meets it says so and the workers are stopped.
 
-A DLedger log is split by data file (:func:`..log.dledgerjobs.walk_log`): the entry chain crosses files.
+A DLedger log is walked here (the entry chain crosses files; the walk is compiled and cheap) and the positions
+of the rescued messages go to the workers in batches, for the costly part: decoding and rendering.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from ..parallel import stream_segments
 from .salvage import SalvageReport, json_line, rescue, scan_segment, time_bounds
 
 PART_BYTES = 4 << 20  # bytes of a segment per worker task (its lines: ~9 MB with 1 KiB bodies in hex)
-PIECE_RECORDS = 2048  # DLedger: lines a worker renders before handing them on
 WALK_RECORDS = 256  # records a part's walk takes at a time: it stops at the part's end, not far past it
 
 
@@ -161,50 +161,59 @@ def _merge(piece: Piece, f, report: SalvageReport) -> None:
 
 
 def _write_dledger(store, f, report: SalvageReport, start: int, end: int | None, lo: int, hi: int, jobs: int) -> None:
-    """A DLedger log: workers walk whole data files (:func:`..log.dledgerjobs.walk_log`), this process follows the
-    entry chain and walks itself where one process would walk differently (past damage)."""
-    from ..log.dledgerjobs import FilePart, LogWalk, walk_log
-    from .dledgersalvage import chunk_messages, message_checks, resume_past
+    """A DLedger log: this process walks the entries and checks their messages (the salvage's own walk, compiled
+    and vectorised: ~1 s per GiB) and hands the positions of the rescued messages to the workers in batches of
+    :data:`BATCH_RECORDS`, :data:`WINDOW_BATCHES` batches at a time; the workers decode and render them (the
+    ~20 s per GiB), one piece per batch, written here in order. The entry chain never leaves this process."""
+    from rmqstore_cli.formats.warmup import warm_up
 
-    cl = store.commitlog
-    checks = message_checks(cl)
-    items = walk_log(cl, resume_past(cl, report), LogWalk(), jobs=jobs, file_part=_dledger_pieces,
-                     args=(store, start, end, lo, hi))
+    from .dledgersalvage import scan_dledger
+
+    segs = store.commitlog.segments.segments
+    number = {id(seg): k for k, seg in enumerate(segs)}
+    warm_up()  # numba imported and every kernel loaded once, before the forks, not in each worker
+    batches: list = []  # (segment number, positions) of the window being gathered
+    current: list = []
+    seg_of = None
+    for seg, pos in scan_dledger(store, report, start):  # the skipped ranges go to report here, in log order
+        if end is not None and seg.start + pos >= end:
+            break
+        k = number[id(seg)]
+        if current and (k != seg_of or len(current) >= BATCH_RECORDS):
+            batches.append((seg_of, current))
+            current = []
+            if len(batches) >= WINDOW_BATCHES:
+                _render_batches(store, batches, f, report, lo, hi, jobs)
+                batches = []
+        seg_of = k
+        current.append(pos)
+    if current:
+        batches.append((seg_of, current))
+    _render_batches(store, batches, f, report, lo, hi, jobs)
+
+
+BATCH_RECORDS = 2048  # DLedger: messages a worker renders per batch (one piece)
+WINDOW_BATCHES = 64  # DLedger: batches gathered before the workers render them (positions held: ~1 MB)
+
+
+def _render_batches(store, batches: list, f, report: SalvageReport, lo: int, hi: int, jobs: int) -> None:
+    if not batches:
+        return
+    pieces = stream_segments(_batch_piece, len(batches), jobs, store, batches, lo, hi)
     try:
-        for item in items:
-            if isinstance(item, FilePart):
-                _merge(item.item, f, report)
-                if item.item.ended:
-                    return
-                continue
-            for seg, pos in chunk_messages(cl, item, report, start, checks):
-                if end is not None and seg.start + pos >= end:
-                    return
-                msg = rescue(seg, pos, lo, hi, report)
-                if msg is not None:
-                    f.write(json_line(msg))
+        for piece in pieces:
+            _merge(piece, f, report)  # no skipped range: the walk here added them, in order
     finally:
-        items.close()
+        pieces.close()
 
 
-def _dledger_pieces(chunks, store, start: int, end: int | None, lo: int, hi: int):
-    """In a worker: one data file's rescued messages as :class:`Piece` s."""
-    from .dledgersalvage import chunk_messages, message_checks
-
-    cl = store.commitlog
-    checks = message_checks(cl)
+def _batch_piece(i: int, store, batches: list, lo: int, hi: int):
+    k, positions = batches[i]
+    seg = store.commitlog.segments.segments[k]
     rep = SalvageReport()
-    lines: list[bytes] = []
-    for ec in chunks:
-        for seg, pos in chunk_messages(cl, ec, rep, start, checks):
-            if end is not None and seg.start + pos >= end:
-                yield Piece(b"".join(lines), rep.skipped, rep.rescued, rep.records, ended=True)
-                return
-            msg = rescue(seg, pos, lo, hi, rep)
-            if msg is None:
-                continue
+    lines = []
+    for pos in positions:
+        msg = rescue(seg, pos, lo, hi, rep)
+        if msg is not None:
             lines.append(json_line(msg))
-            if len(lines) >= PIECE_RECORDS:
-                yield Piece(b"".join(lines), rep.skipped, rep.rescued, rep.records)
-                rep, lines = SalvageReport(), []
-    yield Piece(b"".join(lines), rep.skipped, rep.rescued, rep.records)
+    yield Piece(b"".join(lines), [], rep.rescued, rep.records)
