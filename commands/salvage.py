@@ -9,6 +9,7 @@ import typer
 from rmqstore_cli.engine.errors import UsageError
 from rmqstore_cli.engine.parallel import default_jobs
 from rmqstore_cli.engine.repair import salvage as engine
+from rmqstore_cli.engine.repair.salvagejobs import to_jsonl_jobs
 
 from .common import (Geometry, JsonOpt, StoreArg, geometry_options, open_store,
                      parse_time_option)
@@ -51,7 +52,7 @@ def salvage(
         if to:
             rep = engine.to_store(st, v, to)
         else:
-            rep = engine.to_jsonl(st, v, jsonl, since=since_ms, until=until_ms, jobs=jobs or default_jobs())
+            rep = to_jsonl_jobs(st, v, jsonl, since=since_ms, until=until_ms, jobs=jobs or default_jobs())
     out = Output(json_)
     d = rep.as_json()
     if json_:

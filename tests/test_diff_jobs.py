@@ -12,7 +12,6 @@ import pytest
 from typer.testing import CliRunner
 
 from rmqstore_cli.app import app
-from rmqstore_cli.engine.query import diff as diff_mod
 from rmqstore_cli.engine.query import diffjobs
 from tests.conftest import STORES, copy_store, tree_digest
 from tests.test_salvage_jobs import shared_roots
@@ -25,7 +24,7 @@ runner = CliRunner()
 
 @pytest.fixture(autouse=True)
 def small_ranges(monkeypatch):
-    monkeypatch.setattr(diff_mod, "WINDOW", 3001)
+    monkeypatch.setattr(diffjobs, "WINDOW", 3001)
     monkeypatch.setattr(diffjobs, "TASK", 7 * 1024 + 5)
 
 

@@ -52,8 +52,8 @@ def _same(root, tmp_path, *extra, jobs=(2, 3)) -> tuple:
 @pytest.mark.parametrize("rel", shared_roots())
 def test_jobs_equal_one_process_on_every_shared_store(rel, tmp_path, monkeypatch):
     monkeypatch.setattr(salvagejobs, "PART_BYTES", 4093)
-    monkeypatch.setattr(salvagejobs, "BATCH_RECORDS", 7)
-    monkeypatch.setattr(salvagejobs, "WINDOW_BATCHES", 5)
+    monkeypatch.setattr(salvagejobs, "BATCH_RECORDS", 97)  # DLedger: several rounds of batches, batches cut
+    monkeypatch.setattr(salvagejobs, "WINDOW_BATCHES", 4)  # at data file ends
     root = STORES / rel
     before = tree_digest(root)
     code, out, data = _same(root, tmp_path)
@@ -97,7 +97,7 @@ def test_jobs_equal_one_process_with_a_time_range(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["dledger-4.9.3-clean", "dledger-5.3.3-clean"])
 def test_dledger_jobs_equal_one_process_on_seeded_damage(tmp_path, monkeypatch, name):
     print(f"seed {SEED} (RMQSTORE_SALVAGE_JOBS_SEED)")
-    monkeypatch.setattr(salvagejobs, "BATCH_RECORDS", 50)
+    monkeypatch.setattr(salvagejobs, "BATCH_RECORDS", 150)
     monkeypatch.setattr(salvagejobs, "WINDOW_BATCHES", 3)
     rng = random.Random(f"{SEED}-{name}")
     for case in range(4):

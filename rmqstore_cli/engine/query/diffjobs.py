@@ -14,8 +14,9 @@ Records, bytes and digests stay in the workers: what crosses is an offset or a h
 
 from __future__ import annotations
 
-from .diff import WINDOW, StoreDiff, _first_difference
+import numpy as np
 
+WINDOW = 8 << 20  # bytes compared at a time (numpy on the read-only mappings): memory does not grow with the log
 TASK = 8 * WINDOW  # bytes of the logs a worker compares per task (64 MiB)
 
 
@@ -41,16 +42,18 @@ def find_end(cl, jobs: int):
     return res
 
 
-def first_difference(cla, clb, lo: int, hi: int, d: StoreDiff, progress, jobs: int) -> int | None:
-    """The first offset in [lo, hi) where the logs differ (or one has no file), by ``jobs`` workers; counts the
-    bytes compared before it into ``d`` as one process does."""
+def first_difference(cla, clb, lo: int, hi: int, progress, jobs: int = 1) -> tuple[int | None, int]:
+    """(the first offset in [lo, hi) where the logs differ or one has no file, or None; the bytes compared before
+    it), by ``jobs`` workers (TASK bytes each) or in this process."""
+    if jobs <= 1:
+        return compare_range(cla, clb, lo, hi, progress)
     from ..parallel import stream_segments
 
     starts = list(range(lo, hi, TASK))
     first = None
-    found = stream_segments(_compare_range, len(starts), jobs, cla, clb, starts, hi)
+    found = stream_segments(_compare_task, len(starts), jobs, cla, clb, starts, hi)
     try:
-        for k, (at,) in enumerate(found):
+        for k, (at, _) in enumerate(found):
             if at is not None:
                 first = at
                 break
@@ -58,14 +61,35 @@ def first_difference(cla, clb, lo: int, hi: int, d: StoreDiff, progress, jobs: i
                 progress(min(hi, starts[k] + TASK) - starts[k])
     finally:
         found.close()
-    d.compared_bytes += (first if first is not None else max(hi, lo)) - lo
-    return first
+    return first, (first if first is not None else max(hi, lo)) - lo
 
 
-def _compare_range(k: int, cla, clb, starts: list, hi: int):
+def _compare_task(k: int, cla, clb, starts: list, hi: int):
     a = starts[k]
-    # a tuple: a bare None is how a stream's worker says a task is done
-    yield (_first_difference(cla, clb, a, min(hi, a + TASK), StoreDiff("", ""), None),)
+    yield compare_range(cla, clb, a, min(hi, a + TASK), None)  # a tuple: a bare None ends a stream's task
+
+
+def compare_range(cla, clb, lo: int, hi: int, progress) -> tuple[int | None, int]:
+    """The walk of one process over [lo, hi): window by window, each ending at the end of either side's file."""
+    pos, compared = lo, 0
+    while pos < hi:
+        sa, sb = cla.segments.find(pos), clb.segments.find(pos)
+        if sa is None or sb is None:
+            return pos, compared  # one side has no file here: the logs cannot agree
+        stop = min(hi, sa.start + sa.size, sb.start + sb.size, pos + WINDOW)
+        if stop <= pos:
+            return pos, compared
+        va = np.frombuffer(sa.buffer(), np.uint8, count=stop - pos, offset=pos - sa.start)
+        vb = np.frombuffer(sb.buffer(), np.uint8, count=stop - pos, offset=pos - sb.start)
+        ne = np.flatnonzero(va != vb)
+        del va, vb
+        if len(ne):
+            return pos + int(ne[0]), compared + int(ne[0])
+        compared += stop - pos
+        if progress:
+            progress(stop - pos)
+        pos = stop
+    return None, compared
 
 
 def digests(paths: list, jobs: int, digest) -> dict:

@@ -144,24 +144,25 @@ def rescue(seg, pos: int, lo: int, hi: int, report: SalvageReport) -> dict | Non
     return msg
 
 
+def write_lines(store, version: int, f, report: SalvageReport, start: int, since: int | None,
+                until: int | None) -> None:
+    """The rescued records as ``--jsonl`` lines into the binary file ``f``, walked and rendered in this process."""
+    for msg in records(store, version, report, start, since, until):
+        f.write(json_line(msg))
+
+
 def json_line(msg: dict) -> bytes:
     """A rescued record as one line of the ``--jsonl`` file (UTF-8)."""
     return (json.dumps(render_body(msg, "hex"), ensure_ascii=False, separators=(",", ":"), default=_js) + "\n").encode()
 
 
 def to_jsonl(store, version: int, path: str, start: int = 0, since: int | None = None,
-             until: int | None = None, jobs: int = 1) -> SalvageReport:
-    """Every rescued record into the JSON Lines file ``path``; with ``jobs`` > 1 worker processes render whole
-    segments and this one writes their lines in log order (the same file, the same report)."""
+             until: int | None = None, write=None) -> SalvageReport:
+    """Every rescued record into the JSON Lines file ``path``. ``write(store, version, f, report, start, since,
+    until)`` writes the lines (default: this process; ``salvage -j``: :func:`.salvagejobs.to_jsonl_jobs`)."""
     rep = SalvageReport()
     with open(path, "wb") as f:
-        from .salvagejobs import splits, write_parallel
-
-        if jobs > 1 and splits(store):
-            write_parallel(store, version, f, rep, start, since, until, jobs)
-        else:
-            for msg in records(store, version, rep, start, since, until):
-                f.write(json_line(msg))
+        (write or write_lines)(store, version, f, rep, start, since, until)
         f.flush()
         if stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # a pipe or /dev/null cannot be synced (EINVAL)
             os.fsync(f.fileno())

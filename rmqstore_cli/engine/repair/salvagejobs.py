@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..log.walk import resync
 from ..parallel import stream_segments
-from .salvage import SalvageReport, json_line, rescue, scan_segment, time_bounds
+from .salvage import SalvageReport, json_line, rescue, scan_segment, time_bounds, to_jsonl
 
 PART_BYTES = 4 << 20  # bytes of a segment per worker task (its lines: ~9 MB with 1 KiB bodies in hex)
 WALK_RECORDS = 256  # records a part's walk takes at a time: it stops at the part's end, not far past it
@@ -39,6 +39,16 @@ class Piece:
     ended: bool = False  # the walk reached a record past ``--until``: nothing after this piece counts
     begin: int | None = None  # classic part: where in the segment its walk started (None: nothing to walk)
     next: int | None = None  # classic part: where the walk stood when it left the part (None: the segment ended)
+
+
+def to_jsonl_jobs(store, version: int, path: str, since: int | None = None, until: int | None = None,
+                  jobs: int = 1) -> SalvageReport:
+    """:func:`.salvage.to_jsonl` with ``jobs`` worker processes rendering the lines (the same file and report)."""
+    from functools import partial
+
+    if jobs > 1 and splits(store):
+        return to_jsonl(store, version, path, since=since, until=until, write=partial(write_parallel, jobs=jobs))
+    return to_jsonl(store, version, path, since=since, until=until)
 
 
 def splits(store) -> bool:
