@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from rmqstore_cli.engine.parallel import default_jobs
 from rmqstore_cli.engine.query.diff import diff_stores
 
 from .common import Geometry, JsonOpt, geometry_options, open_store
@@ -30,6 +31,10 @@ def diff(
                                   show_default=False),
     json_: bool = JsonOpt,
     geometry: Geometry = None,
+    jobs: int = typer.Option(1, "-j", "--jobs", min=0, help="Worker processes (0: one per core): they walk whole "
+                             "commitlog segments to find each log's end, compare the logs' bytes in 64 MiB ranges and "
+                             "hash the index files; this process takes the first difference in log order. Same output "
+                             "as -j 1."),
 ):
     """Compare two stores of one broker pair (master/slave, or before/after a repair).
 
@@ -45,7 +50,7 @@ def diff(
     with a, b:
         total = sum(s.size for s in a.commitlog.segments)
         with progress("comparing commitlogs", total) as advance:
-            d = diff_stores(a, b, advance)
+            d = diff_stores(a, b, advance, jobs=jobs or default_jobs())
     out = Output(json_)
     if json_:
         out.line(d.as_json())

@@ -7,7 +7,9 @@ from typing import Optional
 import typer
 
 from rmqstore_cli.engine.errors import UsageError
+from rmqstore_cli.engine.parallel import default_jobs
 from rmqstore_cli.engine.repair import salvage as engine
+from rmqstore_cli.engine.repair.salvagejobs import to_jsonl_jobs
 
 from .common import (Geometry, JsonOpt, StoreArg, geometry_options, open_store,
                      parse_time_option)
@@ -25,6 +27,10 @@ def salvage(
     until: Optional[str] = typer.Option(None, "--until", help="With --jsonl: only records stored at or before this time."),
     json_: bool = JsonOpt,
     geometry: Geometry = None,
+    jobs: int = typer.Option(1, "-j", "--jobs", min=0, help="Worker processes for --jsonl (0: one per core): each "
+                             "walks, decodes and renders 4 MiB parts of the commitlog segments (DLedger: whole data "
+                             "files), this process writes their lines in log order. Same file and report as -j 1. "
+                             "--to runs in one process."),
 ):
     """Rescue every valid record past corruption into a new store or JSON Lines (source untouched).
 
@@ -43,7 +49,10 @@ def salvage(
     st = open_store(store, geometry, command="salvage --jsonl" if jsonl else "salvage --to")
     with st:
         v = geometry.broker_version or st.config.version
-        rep = engine.to_store(st, v, to) if to else engine.to_jsonl(st, v, jsonl, since=since_ms, until=until_ms)
+        if to:
+            rep = engine.to_store(st, v, to)
+        else:
+            rep = to_jsonl_jobs(st, v, jsonl, since=since_ms, until=until_ms, jobs=jobs or default_jobs())
     out = Output(json_)
     d = rep.as_json()
     if json_:

@@ -3,8 +3,8 @@
 A slave copies the master's commitlog byte for byte (HA replication ships commitlog bytes), so
 over the offsets both hold the two logs must be equal, and one may reach further: a *prefix*.
 The comparison streams: the valid end of each log comes from the engine's walk, then the bytes
-both hold are compared window by window (``WINDOW`` bytes at a time, numpy on the read-only
-mappings), so memory does not grow with the log. Derived files are per broker (each builds its
+both hold are compared window by window (:mod:`.diffjobs`: ``WINDOW`` bytes at a time, numpy on the
+read-only mappings), so memory does not grow with the log. Derived files are per broker (each builds its
 own consume queues and index, index files are named by each broker's clock), so they are
 compared by what they say: per-queue min/max offsets, index files paired by the first commitlog
 offset they cover, checkpoints field by field.
@@ -15,12 +15,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from rmqstore_cli.formats import fast
 from rmqstore_cli.formats.message import RecordError, decode_message
 
-WINDOW = 8 << 20
 IDENTICAL, PREFIX, DIVERGENT = "identical", "prefix", "divergent"
 RECORD_FIELDS = ("offset", "storeSize", "topic", "queueId", "queueOffset", "storeTimestamp", "bornTimestamp",
                  "msgId", "bodyCRC")
@@ -52,12 +50,15 @@ class StoreDiff:
                 "checkpoints": self.checkpoints, "notes": self.notes}
 
 
-def diff_stores(a, b, progress=None) -> StoreDiff:
-    """Compare two opened :class:`~.store.Store` objects (both read-only)."""
+def diff_stores(a, b, progress=None, jobs: int = 1) -> StoreDiff:
+    """Compare two opened :class:`~.store.Store` objects (both read-only); ``jobs`` > 1 spreads the walks, the byte
+    comparison and the index digests over that many processes (:mod:`.diffjobs`: the same result)."""
+    from . import diffjobs
+
     d = StoreDiff(a.root, b.root)
     ends = {}
     for side, st in (("a", a), ("b", b)):
-        res = st.commitlog.find_end(check_crc=False)
+        res = diffjobs.find_end(st.commitlog, jobs)
         stop = res.stop
         ends[side] = stop.offset if stop else 0
         d.logs[side] = {"minOffset": st.commitlog.min_offset if st.commitlog.segments.segments else 0,
@@ -67,7 +68,8 @@ def diff_stores(a, b, progress=None) -> StoreDiff:
     if d.logs["a"]["minOffset"] != d.logs["b"]["minOffset"]:
         d.notes.append("the logs start at different offsets (older files deleted on one side); compared from "
                        f"{lo}")
-    first = _first_difference(a.commitlog, b.commitlog, lo, hi, d, progress)
+    first, compared = diffjobs.first_difference(a.commitlog, b.commitlog, lo, hi, progress, jobs)
+    d.compared_bytes += compared
     if first is not None:
         d.relation = DIVERGENT
         d.first_divergence = first
@@ -77,32 +79,9 @@ def diff_stores(a, b, progress=None) -> StoreDiff:
     if ends["a"] != ends["b"]:
         d.longer = "a" if ends["a"] > ends["b"] else "b"
     d.queues = _queues(a, b)
-    d.index_files = _index_files(a, b)
+    d.index_files = _index_files(a, b, jobs)
     d.checkpoints = {"a": a.checkpoint().as_json(a.config.version), "b": b.checkpoint().as_json(b.config.version)}
     return d
-
-
-def _first_difference(cla, clb, lo: int, hi: int, d: StoreDiff, progress) -> int | None:
-    pos = lo
-    while pos < hi:
-        sa, sb = cla.segments.find(pos), clb.segments.find(pos)
-        if sa is None or sb is None:
-            return pos  # one side has no file here: the logs cannot agree
-        stop = min(hi, sa.start + sa.size, sb.start + sb.size, pos + WINDOW)
-        if stop <= pos:
-            return pos
-        va = np.frombuffer(sa.buffer(), np.uint8, count=stop - pos, offset=pos - sa.start)
-        vb = np.frombuffer(sb.buffer(), np.uint8, count=stop - pos, offset=pos - sb.start)
-        ne = np.flatnonzero(va != vb)
-        del va, vb
-        if len(ne):
-            d.compared_bytes += int(ne[0])
-            return pos + int(ne[0])
-        d.compared_bytes += stop - pos
-        if progress:
-            progress(stop - pos)
-        pos = stop
-    return None
 
 
 def _record_at(cl, offset: int) -> dict | None:
@@ -141,8 +120,10 @@ def _queues(a, b) -> list[dict]:
     return rows
 
 
-def _index_files(a, b) -> list[dict]:
+def _index_files(a, b, jobs: int = 1) -> list[dict]:
     """Index files paired by the first commitlog offset they index (names follow each broker's clock)."""
+    from .diffjobs import digests
+
     def files(st):
         out = {}
         for f in st.index.files:
@@ -151,6 +132,8 @@ def _index_files(a, b) -> list[dict]:
         return out
 
     fa, fb = files(a), files(b)
+    both = [(f, g) for begin in sorted(set(fa) & set(fb)) for (f, _), (g, _) in zip(fa[begin], fb[begin])]
+    digest = digests([f.path for pair in both for f in pair], jobs, _digest)
     rows = []
     for begin in sorted(set(fa) | set(fb)):
         la, lb = fa.get(begin, []), fb.get(begin, [])
@@ -162,7 +145,7 @@ def _index_files(a, b) -> list[dict]:
                 row[f"{side}IndexCount"] = e[1].indexCount if e else None
                 row[f"{side}EndPhyOffset"] = e[1].endPhyOffset if e else None
             if ea and eb:
-                row["state"] = "same" if _digest(ea[0]) == _digest(eb[0]) else "differs"
+                row["state"] = "same" if digest[ea[0].path] == digest[eb[0].path] else "differs"
             else:
                 row["state"] = "only in a" if ea else "only in b"
             rows.append(row)

@@ -16,13 +16,19 @@ from rmqstore_cli.formats import fast
 
 
 def splits(cl) -> bool:
-    """Whether the walk can be cut at segment boundaries (not a DLedger log: its entries carry state across files)."""
-    return not getattr(cl, "is_dledger", False) and len(cl.segments.segments) > 1
+    """Whether the walk can be cut at segment boundaries (a DLedger log: at data files, :mod:`.dledgerstats`)."""
+    return len(cl.segments.segments) > 1
 
 
 def scan_parallel(cl, acc, res, jobs: int) -> None:
     """What ``for chunk in cl.scan(check_crc=False, result=res): acc.add_chunk(...)`` gives, by ``jobs`` workers."""
     from rmqstore_cli.formats.warmup import warm_up
+
+    if getattr(cl, "is_dledger", False):
+        from .dledgerstats import scan_parallel as scan_dledger
+
+        scan_dledger(cl, acc, res, jobs)
+        return
 
     from ..parallel import stream_segments
 

@@ -52,80 +52,117 @@ WALK_CHUNK = 8192  # records per kernel call of the walk
 
 
 def scan(store, version: int, report: SalvageReport, start: int = 0) -> Iterator[tuple]:
-    """(segment, position) of every valid record from ``start``, skipping damage; fills ``report``.
-
-    The walk runs in stretches of at most ~PAUSE_RECORDS records: the record checks do not depend on
-    the records before, so resuming after the last valid record handed on walks exactly as one walk."""
+    """(segment, position) of every valid record from ``start``, skipping damage; fills ``report``."""
     if getattr(store.commitlog, "is_dledger", False):
         from .dledgersalvage import scan_dledger
 
         yield from scan_dledger(store, report, start)
         return
-    cfg = store.config
     for seg in store.commitlog.segments.segments:
-        if seg.start + seg.size <= start or not seg.size:
+        yield from scan_segment(store, seg, version, report, start)
+
+
+def scan_segment(store, seg, version: int, report: SalvageReport, start: int = 0, pause: int = PAUSE_RECORDS,
+                 chunk: int = WALK_CHUNK) -> Iterator[tuple]:
+    """:func:`scan` within one classic segment (records never cross one, so segments are independent).
+
+    The walk runs in stretches of at most ~``pause`` records (``chunk`` per kernel call): the record checks do not
+    depend on the records before, so resuming after the last valid record handed on walks exactly as one walk
+    (a caller that stops early asks for short stretches: the walk does not run far ahead of what is taken)."""
+    if seg.start + seg.size <= start or not seg.size:
+        return
+    cfg = store.config
+    pos = max(0, start - seg.start)
+    while pos < seg.size:
+        starts: list = []  # record offsets (a numpy array per chunk) since the last pause
+
+        def sink(s, _b, h, starts=starts):
+            starts.append(h.offsets + s)
+            return sum(len(a) for a in starts) >= pause
+
+        stop = broker_walk([_View(seg, pos)], cfg, max(version, 5), 0, True, sink, chunk)
+        for part in starts:
+            for p in part.tolist():
+                yield seg, p - seg.start
+        if stop.kind == fast.STOP_CHUNK:  # paused: walk on from the next record
+            pos = stop.offset - seg.start
             continue
-        pos = max(0, start - seg.start)
-        while pos < seg.size:
-            starts: list = []  # record offsets (a numpy array per chunk) since the last pause
-
-            def sink(s, _b, h, starts=starts):
-                starts.append(h.offsets + s)
-                return sum(len(a) for a in starts) >= PAUSE_RECORDS
-
-            stop = broker_walk([_View(seg, pos)], cfg, max(version, 5), 0, True, sink, WALK_CHUNK)
-            for part in starts:
-                for p in part.tolist():
-                    yield seg, p - seg.start
-            if stop.kind == fast.STOP_CHUNK:  # paused: walk on from the next record
-                pos = stop.offset - seg.start
-                continue
-            if stop.kind == fast.STOP_BLANK:
-                break
-            bad = stop.offset - seg.start
-            nxt = resync(seg.buffer(), bad + 1, seg.size, seg.start, max(version, 5))
-            if nxt is None:
-                end = last_nonzero(seg.path, bad)
-                if end > bad:
-                    report.skipped.append([seg.start + bad, seg.start + end, stop.reason])
-                break
-            report.skipped.append([seg.start + bad, seg.start + nxt, stop.reason])
-            pos = nxt
+        if stop.kind == fast.STOP_BLANK:
+            return
+        bad = stop.offset - seg.start
+        nxt = resync(seg.buffer(), bad + 1, seg.size, seg.start, max(version, 5))
+        if nxt is None:
+            end = last_nonzero(seg.path, bad)
+            if end > bad:
+                report.skipped.append([seg.start + bad, seg.start + end, stop.reason])
+            return
+        report.skipped.append([seg.start + bad, seg.start + nxt, stop.reason])
+        pos = nxt
 
 
 def records(store, version: int, report: SalvageReport, start: int = 0, since: int | None = None,
             until: int | None = None) -> Iterator[dict]:
     """Decoded records (``dump commitlog --json --body hex`` shape) of everything rescued; with
     ``since``/``until`` (epoch ms, inclusive) only those stored in that range."""
+    bounds = time_bounds(store, start, since, until)
+    if bounds is None:
+        return
+    start, end, lo, hi = bounds
+    for seg, pos in scan(store, version, report, start):
+        if end is not None and seg.start + pos >= end:
+            return
+        msg = rescue(seg, pos, lo, hi, report)
+        if msg is not None:
+            yield msg
+
+
+def time_bounds(store, start: int, since: int | None, until: int | None) -> tuple | None:
+    """(start offset, end offset or None, lowest and highest store time kept) of a salvage from ``start`` within
+    ``since``/``until``; None when no record was stored in that range."""
     end = None
     if since is not None or until is not None:
         first, end, any_ = store.commitlog.time_window(since, until)
         if not any_:
-            return
+            return None
         if first is not None:  # from the start of its segment, so damage before it is still resynced
             seg = store.commitlog.segments.find(first)
             start = max(start, seg.start if seg is not None else first)
     lo = -(1 << 63) if since is None else since
     hi = (1 << 63) - 1 if until is None else until
-    for seg, pos in scan(store, version, report, start):
-        if end is not None and seg.start + pos >= end:
-            return
-        msg = decode_message(seg.buffer(), pos, with_body=True)
-        msg["offset"] = seg.start + pos
-        if not lo <= msg["storeTimestamp"] <= hi:
-            continue
-        key = f"{msg['topic']}-{msg['queueId']}"
-        report.rescued[key] = report.rescued.get(key, 0) + 1
-        report.records += 1
-        yield msg
+    return start, end, lo, hi
+
+
+def rescue(seg, pos: int, lo: int, hi: int, report: SalvageReport) -> dict | None:
+    """The record at ``pos`` of ``seg`` decoded and counted in ``report``; None when stored outside [lo, hi]."""
+    msg = decode_message(seg.buffer(), pos, with_body=True)
+    msg["offset"] = seg.start + pos
+    if not lo <= msg["storeTimestamp"] <= hi:
+        return None
+    key = f"{msg['topic']}-{msg['queueId']}"
+    report.rescued[key] = report.rescued.get(key, 0) + 1
+    report.records += 1
+    return msg
+
+
+def write_lines(store, version: int, f, report: SalvageReport, start: int, since: int | None,
+                until: int | None) -> None:
+    """The rescued records as ``--jsonl`` lines into the binary file ``f``, walked and rendered in this process."""
+    for msg in records(store, version, report, start, since, until):
+        f.write(json_line(msg))
+
+
+def json_line(msg: dict) -> bytes:
+    """A rescued record as one line of the ``--jsonl`` file (UTF-8)."""
+    return (json.dumps(render_body(msg, "hex"), ensure_ascii=False, separators=(",", ":"), default=_js) + "\n").encode()
 
 
 def to_jsonl(store, version: int, path: str, start: int = 0, since: int | None = None,
-             until: int | None = None) -> SalvageReport:
+             until: int | None = None, write=None) -> SalvageReport:
+    """Every rescued record into the JSON Lines file ``path``. ``write(store, version, f, report, start, since,
+    until)`` writes the lines (default: this process; ``salvage -j``: :func:`.salvagejobs.to_jsonl_jobs`)."""
     rep = SalvageReport()
-    with open(path, "w", encoding="utf-8") as f:
-        for msg in records(store, version, rep, start, since, until):
-            f.write(json.dumps(render_body(msg, "hex"), ensure_ascii=False, separators=(",", ":"), default=_js) + "\n")
+    with open(path, "wb") as f:
+        (write or write_lines)(store, version, f, rep, start, since, until)
         f.flush()
         if stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # a pipe or /dev/null cannot be synced (EINVAL)
             os.fsync(f.fileno())

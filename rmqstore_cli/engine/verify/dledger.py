@@ -22,7 +22,8 @@ from rmqstore_cli.formats import dledger as dl
 from rmqstore_cli.formats import fast
 
 from ..findings import ERROR, INFO, WARNING, Finding
-from ..log.dledger import EntryWalk, recovery_start_file, resume_by_unit, walk_entries
+from ..log.dledger import EntryWalk, recovery_start_file, resume_by_unit
+from ..log.dledgerjobs import FilePart, LogWalk, walk_log
 
 HEADER = dl.ENTRY_HEADER_SIZE
 RULE_CODES = {dl.E_POS: "DL_ENTRY_POS", dl.E_BODYLEN: "DL_ENTRY_SIZE", dl.E_SIZE: "DL_ENTRY_SIZE",
@@ -97,6 +98,17 @@ class _UnitCheck:
                     f"index unit {idx} says {u}, its entry is {e}: DLedger's recovery rewrites the index from here, and "
                     "a read through this unit (get(index)) finds the wrong bytes", {"entryIndex": idx, "unit": u, "entry": e}))
 
+    def take(self) -> tuple:
+        """What the chunks so far added (a worker's result for one data file)."""
+        return self.findings, self.bad, self.missing, self.first_bad
+
+    def merge(self, part: tuple) -> None:
+        findings, bad, missing, first_bad = part
+        self.findings += findings
+        self.bad += bad
+        self.missing += missing
+        self.first_bad = self.first_bad or first_bad
+
     def _path(self, idx: int) -> str:
         seg = self.files.index.find(idx * dl.INDEX_UNIT_SIZE)
         return seg.path if seg else self.files.index.directory
@@ -121,36 +133,33 @@ class _UnitCheck:
                                          {"firstStaleUnit": idx}))
 
 
-def check_dledger(store, findings: list, summary: dict) -> None:
-    """The entry-level checks of a DLedger log into ``findings``; what the log holds into ``summary["dledger"]``."""
+def check_dledger(store, findings: list, summary: dict, jobs: int = 1) -> None:
+    """The entry-level checks of a DLedger log into ``findings``; what the log holds into ``summary["dledger"]``.
+    With ``jobs`` > 1 workers walk whole data files and check their index units (:mod:`..log.dledgerjobs`)."""
     cl = store.commitlog
     files = cl.files
     findings += files.index.problems
     segs = cl.segments.segments
     units = _UnitCheck(files, findings)
-    first_index = None
     start_file = recovery_start_file(cl)
-    resume = (0, 0, -1, -1)
-    blanks, entries = [], 0
-    while True:
-        walk = EntryWalk()
-        for ec in walk_entries(segs, start_index=resume[0], start_position=resume[1], last_index=resume[2],
-                               last_term=resume[3], result=walk):
-            if first_index is None:
-                first_index = int(ec.cols["index"][0])
-            units.chunk(ec)
-        blanks += walk.blanks
-        entries += walk.entries
+
+    def on_stop(walk: EntryWalk):
         stop = walk.stop
-        if stop is None or stop.kind in (fast.STOP_ZERO, fast.STOP_BLANK) or stop.segment is None:
-            break
+        if stop.segment is None:
+            return None
         unseen = segs.index(stop.segment) < start_file
         _entries_end(stop, walk, findings, unseen, start_file)
-        nxt = resume_by_unit(cl, walk) if unseen else None
-        if nxt is None:
-            break
-        resume = nxt  # the broker never reads this entry's header: the log goes on, and so do the checks
-    walk.entries = entries
+        # unseen: the broker never reads this entry's header: the log goes on, and so do the checks
+        return resume_by_unit(cl, walk) if unseen else None
+
+    log = LogWalk()
+    for item in walk_log(cl, on_stop, log, jobs=jobs, file_part=_file_units, args=(files,)):
+        if isinstance(item, FilePart):
+            units.merge(item.item)
+        else:
+            units.chunk(item)
+    walk, first_index = log.walk, log.first_index
+    stop, blanks = walk.stop, walk.blanks
     for pos, size in blanks:
         seg = cl.segments.find(pos)
         if seg is not None and size != seg.end - pos:
@@ -171,6 +180,14 @@ def check_dledger(store, findings: list, summary: dict) -> None:
     summary["dledger"] = {"selfId": files.self_id, "entries": walk.entries, "firstIndex": first_index,
                           "lastIndex": walk.last_index, "lastTerm": walk.last_term, "endPos": end,
                           "endKind": stop.kind if stop else None}
+
+
+def _file_units(chunks, files):
+    """In a ``-j`` worker: the index-unit checks of one data file's entries."""
+    units = _UnitCheck(files, [])
+    for ec in chunks:
+        units.chunk(ec)
+    yield units.take()
 
 
 def _entries_end(stop, walk: EntryWalk, findings: list, unseen: bool = False, start_file: int = 0) -> None:

@@ -96,7 +96,7 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     if parallel:
         from ..parallel import Background
 
-        tail = Background(_log_independent_checks, store)  # beside the workers: no core idles while it runs
+        tail = Background(_log_independent_checks, store, False)  # beside the workers: no core idles while it runs
         checks.run_parallel(jobs, progress)
     else:
         if reports is None:
@@ -139,24 +139,23 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
         if getattr(cl, "is_dledger", False):
             check_dledger(store, findings, summary)
     else:
-        found, timer, dledger = tail.result()
+        found, timer, _ = tail.result()
         findings += found
         if timer:
             summary["timer"] = timer
-        if dledger is not None:
-            summary["commitlog"]["recoveryEnd"] = dledger["recoveryEnd"]
-            summary["dledger"] = dledger["dledger"]
+        if getattr(cl, "is_dledger", False):  # the entry walk split by data file, after the window workers
+            check_dledger(store, findings, summary, jobs=jobs)
     sort_findings(findings, summary)
     return VerifyResult(findings, summary)
 
 
-def _log_independent_checks(store) -> tuple[list, dict, dict | None]:
+def _log_independent_checks(store, with_dledger: bool = True) -> tuple[list, dict, dict | None]:
     """The timer store's and the DLedger entries' checks (they read no window result): (findings in the order
     :func:`_verify_in_windows` adds them, the ``timer`` summary, the DLedger summary parts)."""
     findings: list = []
     timer = check_timer_store(store, findings)
     dledger = None
-    if getattr(store.commitlog, "is_dledger", False):
+    if with_dledger and getattr(store.commitlog, "is_dledger", False):
         part: dict = {"commitlog": {}}
         check_dledger(store, findings, part)
         dledger = {"recoveryEnd": part["commitlog"]["recoveryEnd"], "dledger": part["dledger"]}
