@@ -10,6 +10,11 @@ escaping (``\\"``, ``\\\\``, ``\\n``, ``\\r``, ``\\t``, ``\\b``, ``\\f``, other 
 ``properties`` object as :func:`formats.properties.parse_properties` builds it (an entry is
 split at its first ``\\x01``; a repeated key keeps its first place and takes the last value).
 
+The property string of almost every record (printable ASCII but ``"`` and ``\\``, one ``\x01`` per
+entry, distinct keys) takes a one-pass path writing the object and the raw string together
+(:func:`_props_fast`); any other string the general one. The helpers are inlined into the kernel
+(a call per field cost more than writing the field).
+
 A record the kernel does not render itself is flagged and rendered by the reference decoder
 (:func:`formats.jsonl.reference_line`): a property string with malformed UTF-8 and more than one
 entry (two different malformed keys can decode to the same text) or with more than
@@ -22,6 +27,8 @@ Imported lazily (numba's import is slow) by :mod:`formats.jsonl`; compiled once 
 from __future__ import annotations
 
 import numpy as np
+
+import numba
 
 from .kernel import _jit
 
@@ -64,6 +71,9 @@ _L22 = np.frombuffer(b',"offset":', np.uint8).copy()
 _L23 = np.frombuffer(b',"bodyHex":"', np.uint8).copy()
 _L24 = np.frombuffer(b',"bodyBase64":"', np.uint8).copy()
 _L25 = np.frombuffer(b',"bodyText":"', np.uint8).copy()
+_U0001 = np.frombuffer(b"\\u0001", np.uint8).copy()
+_U0002 = np.frombuffer(b"\\u0002", np.uint8).copy()
+_PLAIN = np.array([0x20 <= c < 0x80 and c not in (0x22, 0x5C) for c in range(256)], np.bool_)
 
 
 def _lit(out, p, s):
@@ -72,18 +82,42 @@ def _lit(out, p, s):
     return p + s.shape[0]
 
 
+def _ndigits(m):
+    """Decimal digits of an unsigned 64-bit value (binary search over the powers of ten)."""
+    pw = _POW10
+    if m < pw[8]:
+        if m < pw[4]:
+            if m < pw[2]:
+                return 1 if m < pw[1] else 2
+            return 3 if m < pw[3] else 4
+        if m < pw[6]:
+            return 5 if m < pw[5] else 6
+        return 7 if m < pw[7] else 8
+    if m < pw[16]:
+        if m < pw[12]:
+            if m < pw[10]:
+                return 9 if m < pw[9] else 10
+            return 11 if m < pw[11] else 12
+        if m < pw[14]:
+            return 13 if m < pw[13] else 14
+        return 15 if m < pw[15] else 16
+    if m < pw[18]:
+        return 17 if m < pw[17] else 18
+    return 19 if m < pw[19] else 20
+
+
 def _int(out, p, v):
     """Decimal text of a signed 64-bit value (INT64_MIN included), two digits per division."""
+    if 0 <= v < 10:  # most header fields: flags, queue ids, counters
+        out[p] = 48 + v
+        return p + 1
     if v < 0:
         out[p] = 45
         p += 1
         m = np.uint64(-(v + 1)) + np.uint64(1)
     else:
         m = np.uint64(v)
-    pw = _POW10
-    n = 1
-    while n < 20 and m >= pw[n]:
-        n += 1
+    n = _ndigits(m)
     pairs = _PAIRS
     q = p + n
     while m >= np.uint64(100):
@@ -296,6 +330,82 @@ def _props(u8, s, e, out, p, hexl, ent):
     return p + 1, not (bad and k > 1)
 
 
+def _props_fast(u8, s, e, out, p, ent, plain):
+    """The ``properties`` object and, after the ``propertiesRaw`` key, the raw string, in one pass,
+    when every byte is plain (printable ASCII but ``"`` and ``\\``) besides the separators, every entry
+    has one ``\x01``, a key and a value, and no key repeats: the common case. Returns the end of the
+    raw string's text, or -1 (nothing usable written: the general path renders the record)."""
+    k = 0
+    a = s
+    objlen = 2
+    while a < e:
+        sep = -1
+        b = a
+        while b < e:
+            c = u8[b]
+            if c == 2:
+                break
+            if c == 1:
+                if sep >= 0:
+                    return -1
+                sep = b
+            elif not plain[c]:
+                return -1
+            b += 1
+        if sep <= a or sep >= b - 1 or k == ent.shape[0]:
+            return -1
+        for j in range(k):
+            if ent[j, 1] - ent[j, 0] == sep - a and _same(u8, ent[j, 0], sep - a, a, sep - a):
+                return -1
+        ent[k, 0] = a
+        ent[k, 1] = sep
+        ent[k, 3] = b
+        objlen += b - a + 4  # "key":"value"
+        k += 1
+        a = b + 1
+    if k > 1:
+        objlen += k - 1
+    q = p + objlen + _L19.shape[0]  # the raw string's text
+    out[p] = 0x7B
+    p += 1
+    for j in range(k):
+        if j:
+            out[p] = 0x2C
+            p += 1
+        out[p] = 0x22
+        p += 1
+        a = ent[j, 0]
+        sep = ent[j, 1]
+        b = ent[j, 3]
+        for i in range(a, sep):
+            out[p] = u8[i]
+            out[q] = u8[i]
+            p += 1
+            q += 1
+        out[p] = 0x22
+        out[p + 1] = 0x3A
+        out[p + 2] = 0x22
+        p += 3
+        for t in range(6):
+            out[q + t] = _U0001[t]
+        q += 6
+        for i in range(sep + 1, b):
+            out[p] = u8[i]
+            out[q] = u8[i]
+            p += 1
+            q += 1
+        out[p] = 0x22
+        p += 1
+        if b < e:
+            for t in range(6):
+                out[q + t] = _U0002[t]
+            q += 6
+    out[p] = 0x7D
+    p += 1
+    _lit(out, p, _L19)
+    return q
+
+
 def _write_lines(u8, base, body_mode, offsets, total, magic, body_crc, queue_id, flag, queue_offset, phy, sysflag,
                  born_ts, bh_start, bh_len, store_ts, sh_start, sh_len, reconsume, prepared, body_start, body_len,
                  topic_start, topic_len, props_start, props_len, out, ends, fallback, ent):
@@ -306,6 +416,7 @@ def _write_lines(u8, base, body_mode, offsets, total, magic, body_crc, queue_id,
     hexl = _HEXL
     hexu = _HEXU
     b64 = _B64
+    plain = _PLAIN
     p = 0
     for i in range(offsets.shape[0]):
         start = p
@@ -342,14 +453,18 @@ def _write_lines(u8, base, body_mode, offsets, total, magic, body_crc, queue_id,
         p = _lit(out, p, _L18)
         ps = props_start[i]
         pe = ps + props_len[i]
-        p, ok = _props(u8, ps, pe, out, p, hexl, ent)
-        if not ok:
-            fallback[i] = True
-            p = start
-            ends[i] = p
-            continue
-        p = _lit(out, p, _L19)
-        p, _ = _esc(u8, ps, pe, out, p, hexl)
+        q = _props_fast(u8, ps, pe, out, p, ent, plain)
+        if q >= 0:
+            p = q
+        else:
+            p, ok = _props(u8, ps, pe, out, p, hexl, ent)
+            if not ok:
+                fallback[i] = True
+                p = start
+                ends[i] = p
+                continue
+            p = _lit(out, p, _L19)
+            p, _ = _esc(u8, ps, pe, out, p, hexl)
         p = _lit(out, p, _L20)
         s = sh_start[i]
         for k in range(sh_len[i]):
@@ -413,13 +528,17 @@ def _write_lines(u8, base, body_mode, offsets, total, magic, body_crc, queue_id,
     return p
 
 
-_lit = _jit(_lit)
-_int = _jit(_int)
-_seq_len = _jit(_seq_len)
-_esc = _jit(_esc)
-_host = _jit(_host)
-_same = _jit(_same)
+# helpers are inlined into the kernels (a call per field cost more than the field's text)
+_inline = numba.njit(inline="always")
+_lit = _inline(_lit)
+_ndigits = _inline(_ndigits)
+_int = _inline(_int)
+_seq_len = _inline(_seq_len)
+_esc = _inline(_esc)
+_host = _inline(_host)
+_same = _inline(_same)
 _props = _jit(_props)
+_props_fast = _inline(_props_fast)
 write_lines = _jit(_write_lines)
 
 
