@@ -81,7 +81,10 @@ def dump_commitlog(
             out = Output(True)
             for data, _, walked in _json_blocks(st.commitlog, from_, to, body, topic, queue, limit, res, since_ms,
                                                 until_ms, jobs):
-                out.write_encoded(data)
+                try:
+                    out.write_encoded(data)
+                except AttributeError:  # stdout is not UTF-8: written line by line from bytes
+                    out.write_encoded(bytes(data))
                 advance(walked)
         _report_stop(res)
         return
@@ -102,15 +105,11 @@ def dump_commitlog(
 
 def _json_blocks(cl, from_, to, body, topic, queue, limit, res, since_ms, until_ms, jobs):
     """(text, records, log bytes walked) of the listing: one walk, or ``jobs`` workers (engine.query.dumpjobs)."""
+    from rmqstore_cli.engine.log.commitlog import RecordFilter
     from rmqstore_cli.engine.query import dumpjobs
 
-    if jobs > 1 and dumpjobs.splits(cl):
-        from rmqstore_cli.engine.log.commitlog import RecordFilter
-
-        sel = RecordFilter(start=from_, end=to, topic=topic, queue=queue, since=since_ms, until=until_ms, limit=limit)
-        return dumpjobs.json_pieces(cl, sel, body, jobs, res)
-    return cl.records_json(start=from_, end=to, body=body, topic=topic, queue=queue, limit=limit, result=res,
-                           since=since_ms, until=until_ms)
+    sel = RecordFilter(start=from_, end=to, topic=topic, queue=queue, since=since_ms, until=until_ms, limit=limit)
+    return dumpjobs.json_pieces(cl, sel, body, jobs, res)
 
 
 def _export(st, fmt, out_path, body, topic, queue, from_, to, since_ms, until_ms, limit, json_, jobs=1) -> None:

@@ -187,3 +187,12 @@ def test_the_workers_render_the_pieces(monkeypatch):
     pids = open(log.name).read().split()
     os.unlink(log.name)
     assert pids and str(os.getpid()) not in pids and len(set(pids)) == 2
+
+
+def test_pieces_larger_than_a_slot_and_slots_reused(monkeypatch):
+    """Small shared-memory slots: most pieces are cut to fit, a record's text larger than a slot goes through the
+    queue as bytes; a worker waits for its slots to be written out. Same text, same end."""
+    monkeypatch.setattr(dumpjobs, "SLOT_BYTES", 3000)
+    root = STORES / "5.3.3-clean" / "store"
+    for kw in ({"body": "hex"}, {"body": "text", "limit": 77}):
+        assert _listing(root, 2, **kw) == _listing(root, 1, **kw), kw

@@ -78,13 +78,8 @@ def _unlink(p: str) -> None:
 def _jsonl(store, tmp, res, *, body, topic, queue, start, end, since, until, limit, progress, jobs=1):
     from . import dumpjobs
 
-    cl = store.commitlog
-    if jobs > 1 and dumpjobs.splits(cl):
-        sel = RecordFilter(start=start, end=end, topic=topic, queue=queue, since=since, until=until, limit=limit)
-        blocks = dumpjobs.json_pieces(cl, sel, body, jobs, res.scan)
-    else:
-        blocks = cl.records_json(start=start, end=end, body=body, topic=topic, queue=queue, limit=limit,
-                                 result=res.scan, since=since, until=until)
+    sel = RecordFilter(start=start, end=end, topic=topic, queue=queue, since=since, until=until, limit=limit)
+    blocks = dumpjobs.json_pieces(store.commitlog, sel, body, jobs, res.scan)
     with open(tmp, "wb") as f:
         for data, n, walked in blocks:
             f.write(data)
