@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import struct
 import subprocess
 import sys
 
@@ -149,12 +150,12 @@ def test_cli_output_and_exit_code_equal_one_process(tmp_path):
     """stdout, the end-of-log warning and the exit code of a torn log; -j 0 (every core) included."""
     print(f"seed {SEED} (RMQSTORE_DJOBS_SEED)")
     rng = random.Random(SEED)
-    root = copy_store("4.9.3-crash", tmp_path / "s")
+    root = copy_store("4.9.3-clean", tmp_path / "s")  # every record is in the log (a crash copy has some past its end)
     recs = _records(root)
     path, seg_start, phy, size = recs[rng.randrange(len(recs) // 4, len(recs))]
     data = bytearray(open(path, "rb").read())
-    cut = phy - seg_start + size // 2
-    data[cut:] = bytes(len(data) - cut)  # a torn record: the log stops early (exit 2)
+    pos = phy - seg_start
+    struct.pack_into(">i", data, pos, len(data) - pos + size)  # a torn record (past the file's end): exit 2
     with open(path, "wb") as fh:
         fh.write(bytes(data))
     one = _cli("dump", "commitlog", str(root), "--json")
