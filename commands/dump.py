@@ -18,6 +18,7 @@ from rmqstore_cli.engine.query.stats import rocksdb_summary
 from rmqstore_cli.engine.log.commitlog import ScanResult
 from rmqstore_cli.engine.config.offsets import group_offsets
 from rmqstore_cli.engine.query.timesearch import queue_range_by_time
+from rmqstore_cli.engine.parallel import default_jobs
 from rmqstore_cli.engine.errors import EXIT_CORRUPT, EXIT_FINDINGS, NotFoundError, StoreCorruptError, UsageError
 
 from .common import (Geometry, JsonOpt, SinceOpt, StoreArg, UntilOpt, geometry_options, open_store,
@@ -52,6 +53,9 @@ def dump_commitlog(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep reading as records are appended (tail -f; "
                                 "read-only, the lock is not taken; from the end, or from --from/--since). Ctrl-C stops."),
     json_: bool = JsonOpt,
+    jobs: int = typer.Option(1, "-j", "--jobs", min=0, help="With --json or --format: worker processes (0: one per "
+                             "core) that render whole segments; this process writes their text out in log order. "
+                             "Same output as -j 1."),
     geometry: Geometry = None,
 ):
     """Every commitlog record in order, up to the end of valid data."""
@@ -61,20 +65,26 @@ def dump_commitlog(
         raise UsageError("--format and --out go together")
     if follow and (fmt is not None or to is not None or until is not None):
         raise UsageError("--follow reads on forever: it does not go with --format, --to or --until")
+    if jobs != 1 and (follow or (fmt is None and not json_)):
+        raise UsageError("-j/--jobs goes with --json or --format (not with --follow or the table)")
+    jobs = jobs or default_jobs()
     st = open_store(store, geometry, command="dump commitlog")
     if follow:
         _follow(st, topic, queue, from_, since_ms, limit, body, json_)
         return
     if fmt is not None:
-        _export(st, fmt, out_path, body, topic, queue, from_, to, since_ms, until_ms, limit, json_)
+        _export(st, fmt, out_path, body, topic, queue, from_, to, since_ms, until_ms, limit, json_, jobs)
         return
     if json_:  # columnar encoder: the same bytes as json_line(render_body(record)) per record
         with st, progress("reading commitlog", sum(seg.size for seg in st.commitlog.segments)) as advance:
             res = ScanResult()
             out = Output(True)
-            for data, _, walked in st.commitlog.records_json(start=from_, end=to, body=body, topic=topic, queue=queue,
-                                                             limit=limit, result=res, since=since_ms, until=until_ms):
-                out.write_encoded(data)
+            for data, _, walked in _json_blocks(st.commitlog, from_, to, body, topic, queue, limit, res, since_ms,
+                                                until_ms, jobs):
+                try:
+                    out.write_encoded(data)
+                except AttributeError:  # stdout is not UTF-8: written line by line from bytes
+                    out.write_encoded(bytes(data))
                 advance(walked)
         _report_stop(res)
         return
@@ -93,12 +103,22 @@ def dump_commitlog(
     _report_stop(res)
 
 
-def _export(st, fmt, out_path, body, topic, queue, from_, to, since_ms, until_ms, limit, json_) -> None:
+def _json_blocks(cl, from_, to, body, topic, queue, limit, res, since_ms, until_ms, jobs):
+    """(text, records, log bytes walked) of the listing: one walk, or ``jobs`` workers (engine.query.dumpjobs)."""
+    from rmqstore_cli.engine.log.commitlog import RecordFilter
+    from rmqstore_cli.engine.query import dumpjobs
+
+    sel = RecordFilter(start=from_, end=to, topic=topic, queue=queue, since=since_ms, until=until_ms, limit=limit)
+    return dumpjobs.json_pieces(cl, sel, body, jobs, res)
+
+
+def _export(st, fmt, out_path, body, topic, queue, from_, to, since_ms, until_ms, limit, json_, jobs=1) -> None:
     from rmqstore_cli.engine.query.export import export_commitlog
 
     with st, progress(f"writing {fmt}", sum(seg.size for seg in st.commitlog.segments)) as advance:
         res = export_commitlog(st, out_path, fmt, body=body != "none", json_body=body, topic=topic, queue=queue,
-                               start=from_, end=to, since=since_ms, until=until_ms, limit=limit, progress=advance)
+                               start=from_, end=to, since=since_ms, until=until_ms, limit=limit, progress=advance,
+                               jobs=jobs)
     Output(json_).kv(res.as_json(), title=f"dump commitlog --format {fmt}")
     _report_stop(res.scan)
 

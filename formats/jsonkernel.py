@@ -10,6 +10,11 @@ escaping (``\\"``, ``\\\\``, ``\\n``, ``\\r``, ``\\t``, ``\\b``, ``\\f``, other 
 ``properties`` object as :func:`formats.properties.parse_properties` builds it (an entry is
 split at its first ``\\x01``; a repeated key keeps its first place and takes the last value).
 
+The property string of almost every record (printable ASCII but ``"`` and ``\\``, one ``\x01`` per
+entry, distinct keys) takes a one-pass path writing the object and the raw string together
+(:func:`_props_fast`); any other string the general one. The helpers (here and in
+:mod:`formats.jsontext`) are inlined into the kernel (a call per field cost more than writing the field).
+
 A record the kernel does not render itself is flagged and rendered by the reference decoder
 (:func:`formats.jsonl.reference_line`): a property string with malformed UTF-8 and more than one
 entry (two different malformed keys can decode to the same text) or with more than
@@ -23,6 +28,9 @@ from __future__ import annotations
 
 import numpy as np
 
+import numba
+
+from .jsontext import _HEXL, _HEXU, _esc, _host, _int, _lit, _same
 from .kernel import _jit
 
 MAGIC_V2 = -626843477  # formats.records.MAGIC_V2 (a literal: numba freezes globals)
@@ -30,17 +38,10 @@ MAX_ENTRIES = 512  # property entries per record rendered here (duplicate keys a
 BODY_NONE, BODY_HEX, BODY_BASE64, BODY_TEXT = 0, 1, 2, 3
 FIXED_BOUND = 1024  # bytes of a line besides its strings and body (worst case ~810: IPv6 hosts, 20-digit numbers)
 
-_HEXL = np.frombuffer(b"0123456789abcdef", np.uint8).copy()
-_HEXU = np.frombuffer(b"0123456789ABCDEF", np.uint8).copy()
-_POW10 = np.array([10**k for k in range(20)], dtype=np.uint64)
-_PAIRS = np.frombuffer(b"".join(b"%02d" % i for i in range(100)), np.uint8).copy()
 _B64 = np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", np.uint8).copy()
 
 
 # literal texts (module arrays: numba freezes them into the compiled code)
-_L0 = np.frombuffer(b'{"ip":"', np.uint8).copy()
-_L1 = np.frombuffer(b'","ipHex":"', np.uint8).copy()
-_L2 = np.frombuffer(b'","port":', np.uint8).copy()
 _L3 = np.frombuffer(b'{"topic":"', np.uint8).copy()
 _L4 = np.frombuffer(b'","queueId":', np.uint8).copy()
 _L5 = np.frombuffer(b',"flag":', np.uint8).copy()
@@ -64,182 +65,9 @@ _L22 = np.frombuffer(b',"offset":', np.uint8).copy()
 _L23 = np.frombuffer(b',"bodyHex":"', np.uint8).copy()
 _L24 = np.frombuffer(b',"bodyBase64":"', np.uint8).copy()
 _L25 = np.frombuffer(b',"bodyText":"', np.uint8).copy()
-
-
-def _lit(out, p, s):
-    for k in range(s.shape[0]):
-        out[p + k] = s[k]
-    return p + s.shape[0]
-
-
-def _int(out, p, v):
-    """Decimal text of a signed 64-bit value (INT64_MIN included), two digits per division."""
-    if v < 0:
-        out[p] = 45
-        p += 1
-        m = np.uint64(-(v + 1)) + np.uint64(1)
-    else:
-        m = np.uint64(v)
-    pw = _POW10
-    n = 1
-    while n < 20 and m >= pw[n]:
-        n += 1
-    pairs = _PAIRS
-    q = p + n
-    while m >= np.uint64(100):
-        r = np.int64(m % np.uint64(100))
-        m //= np.uint64(100)
-        q -= 2
-        out[q] = pairs[2 * r]
-        out[q + 1] = pairs[2 * r + 1]
-    r = np.int64(m)
-    if r >= 10:
-        out[q - 2] = pairs[2 * r]
-        out[q - 1] = pairs[2 * r + 1]
-    else:
-        out[q - 1] = 48 + r
-    return p + n
-
-
-def _seq_len(u8, i, e):
-    """(bytes, valid) of the UTF-8 sequence at u8[i] (a byte >= 0x80): valid -> its length; invalid
-    -> the length of the maximal subpart CPython replaces by one U+FFFD."""
-    c = u8[i]
-    lo = 0x80
-    hi = 0xBF
-    if 0xC2 <= c <= 0xDF:
-        n = 1
-    elif c == 0xE0:
-        n = 2
-        lo = 0xA0
-    elif c == 0xED:
-        n = 2
-        hi = 0x9F
-    elif 0xE1 <= c <= 0xEF:
-        n = 2
-    elif c == 0xF0:
-        n = 3
-        lo = 0x90
-    elif c == 0xF4:
-        n = 3
-        hi = 0x8F
-    elif 0xF1 <= c <= 0xF3:
-        n = 3
-    else:
-        return 1, False
-    j = i + 1
-    for k in range(n):
-        if j >= e:
-            return j - i, False
-        b = u8[j]
-        if k == 0:
-            if b < lo or b > hi:
-                return j - i, False
-        elif b < 0x80 or b > 0xBF:
-            return j - i, False
-        j += 1
-    return j - i, True
-
-
-def _esc(u8, s, e, out, p, hexl):
-    """JSON string content (no quotes) of the bytes u8[s:e] decoded with errors="replace".
-    Returns (end position, whether a replacement happened)."""
-    bad = False
-    i = s
-    while i < e:
-        c = u8[i]
-        if c < 0x80:
-            if c >= 0x20:
-                if c == 0x22 or c == 0x5C:
-                    out[p] = 0x5C
-                    p += 1
-                out[p] = c
-                p += 1
-            else:
-                out[p] = 0x5C
-                if c == 10:
-                    out[p + 1] = 110
-                    p += 2
-                elif c == 13:
-                    out[p + 1] = 114
-                    p += 2
-                elif c == 9:
-                    out[p + 1] = 116
-                    p += 2
-                elif c == 8:
-                    out[p + 1] = 98
-                    p += 2
-                elif c == 12:
-                    out[p + 1] = 102
-                    p += 2
-                else:
-                    out[p + 1] = 117
-                    out[p + 2] = 48
-                    out[p + 3] = 48
-                    out[p + 4] = hexl[c >> 4]
-                    out[p + 5] = hexl[c & 15]
-                    p += 6
-            i += 1
-            continue
-        n, ok = _seq_len(u8, i, e)
-        if ok:
-            for k in range(n):
-                out[p + k] = u8[i + k]
-            p += n
-        else:
-            out[p] = 0xEF
-            out[p + 1] = 0xBF
-            out[p + 2] = 0xBD
-            p += 3
-            bad = True
-        i += n
-    return p, bad
-
-
-def _host(u8, s, w, out, p, hexl):
-    """{"ip":...,"ipHex":...,"port":N} of a host field (ip bytes then a big-endian int32 port)."""
-    ipn = w - 4
-    p = _lit(out, p, _L0)
-    if ipn == 4:
-        for k in range(4):
-            if k:
-                out[p] = 46
-                p += 1
-            p = _int(out, p, np.int64(u8[s + k]))
-    else:  # Java's getHostAddress: 8 groups, lowercase hex, no leading zeros, no "::"
-        for g in range(ipn // 2):
-            if g:
-                out[p] = 58
-                p += 1
-            v = (np.int64(u8[s + 2 * g]) << 8) | np.int64(u8[s + 2 * g + 1])
-            started = False
-            for sh in (12, 8, 4, 0):
-                d = (v >> sh) & 15
-                if d or started or sh == 0:
-                    out[p] = hexl[d]
-                    p += 1
-                    started = True
-    p = _lit(out, p, _L1)
-    for k in range(ipn):
-        b = u8[s + k]
-        out[p] = hexl[b >> 4]
-        out[p + 1] = hexl[b & 15]
-        p += 2
-    p = _lit(out, p, _L2)
-    port = np.int32((np.uint32(u8[s + ipn]) << np.uint32(24)) | (np.uint32(u8[s + ipn + 1]) << np.uint32(16))
-                    | (np.uint32(u8[s + ipn + 2]) << np.uint32(8)) | np.uint32(u8[s + ipn + 3]))
-    p = _int(out, p, np.int64(port))
-    out[p] = 0x7D
-    return p + 1
-
-
-def _same(u8, a, al, b, bl):
-    if al != bl:
-        return False
-    for k in range(al):
-        if u8[a + k] != u8[b + k]:
-            return False
-    return True
+_U0001 = np.frombuffer(b"\\u0001", np.uint8).copy()
+_U0002 = np.frombuffer(b"\\u0002", np.uint8).copy()
+_PLAIN = np.array([0x20 <= c < 0x80 and c not in (0x22, 0x5C) for c in range(256)], np.bool_)
 
 
 def _props(u8, s, e, out, p, hexl, ent):
@@ -296,6 +124,82 @@ def _props(u8, s, e, out, p, hexl, ent):
     return p + 1, not (bad and k > 1)
 
 
+def _props_fast(u8, s, e, out, p, ent, plain):
+    """The ``properties`` object and, after the ``propertiesRaw`` key, the raw string, in one pass,
+    when every byte is plain (printable ASCII but ``"`` and ``\\``) besides the separators, every entry
+    has one ``\x01``, a key and a value, and no key repeats: the common case. Returns the end of the
+    raw string's text, or -1 (nothing usable written: the general path renders the record)."""
+    k = 0
+    a = s
+    objlen = 2
+    while a < e:
+        sep = -1
+        b = a
+        while b < e:
+            c = u8[b]
+            if c == 2:
+                break
+            if c == 1:
+                if sep >= 0:
+                    return -1
+                sep = b
+            elif not plain[c]:
+                return -1
+            b += 1
+        if sep <= a or sep >= b - 1 or k == ent.shape[0]:
+            return -1
+        for j in range(k):
+            if ent[j, 1] - ent[j, 0] == sep - a and _same(u8, ent[j, 0], sep - a, a, sep - a):
+                return -1
+        ent[k, 0] = a
+        ent[k, 1] = sep
+        ent[k, 3] = b
+        objlen += b - a + 4  # "key":"value"
+        k += 1
+        a = b + 1
+    if k > 1:
+        objlen += k - 1
+    q = p + objlen + _L19.shape[0]  # the raw string's text
+    out[p] = 0x7B
+    p += 1
+    for j in range(k):
+        if j:
+            out[p] = 0x2C
+            p += 1
+        out[p] = 0x22
+        p += 1
+        a = ent[j, 0]
+        sep = ent[j, 1]
+        b = ent[j, 3]
+        for i in range(a, sep):
+            out[p] = u8[i]
+            out[q] = u8[i]
+            p += 1
+            q += 1
+        out[p] = 0x22
+        out[p + 1] = 0x3A
+        out[p + 2] = 0x22
+        p += 3
+        for t in range(6):
+            out[q + t] = _U0001[t]
+        q += 6
+        for i in range(sep + 1, b):
+            out[p] = u8[i]
+            out[q] = u8[i]
+            p += 1
+            q += 1
+        out[p] = 0x22
+        p += 1
+        if b < e:
+            for t in range(6):
+                out[q + t] = _U0002[t]
+            q += 6
+    out[p] = 0x7D
+    p += 1
+    _lit(out, p, _L19)
+    return q
+
+
 def _write_lines(u8, base, body_mode, offsets, total, magic, body_crc, queue_id, flag, queue_offset, phy, sysflag,
                  born_ts, bh_start, bh_len, store_ts, sh_start, sh_len, reconsume, prepared, body_start, body_len,
                  topic_start, topic_len, props_start, props_len, out, ends, fallback, ent):
@@ -306,6 +210,7 @@ def _write_lines(u8, base, body_mode, offsets, total, magic, body_crc, queue_id,
     hexl = _HEXL
     hexu = _HEXU
     b64 = _B64
+    plain = _PLAIN
     p = 0
     for i in range(offsets.shape[0]):
         start = p
@@ -342,14 +247,18 @@ def _write_lines(u8, base, body_mode, offsets, total, magic, body_crc, queue_id,
         p = _lit(out, p, _L18)
         ps = props_start[i]
         pe = ps + props_len[i]
-        p, ok = _props(u8, ps, pe, out, p, hexl, ent)
-        if not ok:
-            fallback[i] = True
-            p = start
-            ends[i] = p
-            continue
-        p = _lit(out, p, _L19)
-        p, _ = _esc(u8, ps, pe, out, p, hexl)
+        q = _props_fast(u8, ps, pe, out, p, ent, plain)
+        if q >= 0:
+            p = q
+        else:
+            p, ok = _props(u8, ps, pe, out, p, hexl, ent)
+            if not ok:
+                fallback[i] = True
+                p = start
+                ends[i] = p
+                continue
+            p = _lit(out, p, _L19)
+            p, _ = _esc(u8, ps, pe, out, p, hexl)
         p = _lit(out, p, _L20)
         s = sh_start[i]
         for k in range(sh_len[i]):
@@ -413,13 +322,10 @@ def _write_lines(u8, base, body_mode, offsets, total, magic, body_crc, queue_id,
     return p
 
 
-_lit = _jit(_lit)
-_int = _jit(_int)
-_seq_len = _jit(_seq_len)
-_esc = _jit(_esc)
-_host = _jit(_host)
-_same = _jit(_same)
+# helpers are inlined into the kernels (a call per field cost more than the field's text)
+_inline = numba.njit(inline="always")
 _props = _jit(_props)
+_props_fast = _inline(_props_fast)
 write_lines = _jit(_write_lines)
 
 

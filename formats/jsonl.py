@@ -107,11 +107,15 @@ def encode_records(buf, h: Headers, base: int, body: str = "none", idx: np.ndarr
     return b"".join(text for text, _ in encode_blocks(buf, h, base, body, idx))
 
 
-def encode_blocks(buf, h: Headers, base: int, body: str = "none", idx: np.ndarray | None = None):
+def encode_blocks(buf, h: Headers, base: int, body: str = "none", idx: np.ndarray | None = None, *,
+                  block_bytes: int | None = None, as_array: bool = False):
     """:func:`encode_records` in pieces: yields (text, records in it), each piece at most
-    BLOCK_RECORDS records and, unless one record alone is larger, about BLOCK_BYTES of text."""
+    BLOCK_RECORDS records and, unless one record alone is larger, about ``block_bytes`` (default
+    BLOCK_BYTES) of text.
+    With ``as_array`` a piece may come as a uint8 array over the writer's buffer (no copy)."""
     if idx is not None:
         h = _take(h, idx)
+    block_bytes = BLOCK_BYTES if block_bytes is None else block_bytes
     n = len(h)
     if n == 0:
         return
@@ -120,16 +124,16 @@ def encode_blocks(buf, h: Headers, base: int, body: str = "none", idx: np.ndarra
         raise ValueError(f"unknown body mode {body!r}")
     from . import jsonkernel
 
-    if n <= BLOCK_RECORDS and jsonkernel.capacity(h, mode) <= BLOCK_BYTES:
-        yield _encode_block(buf, h, base, body), n
+    if n <= BLOCK_RECORDS and jsonkernel.capacity(h, mode) <= block_bytes:
+        yield _encode_block(buf, h, base, body, as_array), n
         return
     need = np.cumsum(jsonkernel.record_capacity(h, mode))
     i = 0
     while i < n:
         done = int(need[i - 1]) if i else 0
-        j = int(np.searchsorted(need, done + BLOCK_BYTES, side="right"))
+        j = int(np.searchsorted(need, done + block_bytes, side="right"))
         j = min(max(j, i + 1), i + BLOCK_RECORDS, n)
-        yield _encode_block(buf, _take(h, slice(i, j)), base, body), j - i
+        yield _encode_block(buf, _take(h, slice(i, j)), base, body, as_array), j - i
         i = j
 
 
@@ -157,11 +161,11 @@ def kernel_lines(buf, h: Headers, base: int, body: str):
     return out, size, ends, fallback
 
 
-def _encode_block(buf, h: Headers, base: int, body: str) -> bytes:
+def _encode_block(buf, h: Headers, base: int, body: str, as_array: bool = False):
     """One buffer per block from the compiled writer; the records it leaves out are spliced in."""
     out, size, ends, fallback = kernel_lines(buf, h, base, body)
     if not fallback.any():
-        return out[:size].tobytes()
+        return out[:size] if as_array else out[:size].tobytes()
     pieces, at = [], 0
     for i in np.flatnonzero(fallback).tolist():
         end = int(ends[i])

@@ -161,6 +161,27 @@ def test_fuzzed_records_equal_the_declared_decode():
             assert line == (b"" if fb else declared_line(buf, off, base, body)), (seed, body, off)
 
 
+# property strings of plain bytes only (printable ASCII, DEL) and separators: the kernel's one-pass path, and
+# every way out of it (empty keys or values, a second \x01, empty entries, a trailing \x02, repeated keys)
+PLAIN = [b"\x01", b"\x02", b"\x01", b"\x02", b"a", b"k", b"v", b"TAGS", b"KEYS", b"\x7f", b" ", b"~", b"0A"]
+
+
+def test_fuzzed_plain_property_strings_equal_the_declared_decode():
+    seed = int(os.environ.get("RMQSTORE_FUZZ_SEED", random.randrange(1 << 30)))
+    print(f"seed {seed} (RMQSTORE_FUZZ_SEED={seed} reproduces)")
+    rng = random.Random(seed)
+    props_list = [b"".join(rng.choice(PLAIN) for _ in range(rng.randrange(40))) for _ in range(300)]
+    props_list += [b"\x02".join(b"%s\x01%s" % (rng.choice([b"k", b"a", b"KEYS", b"TAGS"]), rng.choice([b"v", b"x y", b"1"]))
+                                for _ in range(rng.randrange(1, 8))) + rng.choice([b"", b"\x02"]) for _ in range(300)]
+    buf = b"".join(_record(rng, p, b"T", b"body") for p in props_list)
+    h = fast.decode_headers(buf, fast.walk(buf, 0, len(buf)).offsets)
+    for body in ("none", "text"):
+        lines, fallback = kernel_output(buf, h, 0, body)
+        assert not fallback.any(), seed
+        for off, line in zip(h.offsets.tolist(), lines):
+            assert line == declared_line(buf, off, 0, body), (seed, body, off)
+
+
 def test_replacement_of_malformed_utf8_is_cpythons():
     """One U+FFFD per maximal invalid subpart, at every position, for every lead byte."""
     seed = int(os.environ.get("RMQSTORE_FUZZ_SEED", random.randrange(1 << 30)))

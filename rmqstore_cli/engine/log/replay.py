@@ -94,6 +94,7 @@ class DumpReplay:
         self.v5 = cfg.version >= 5
         self.batched = 0  # lines put by the batch route
         self.line = 0  # lines read so far (the numbering of error messages: universal newlines, from 1)
+        self._scratch = np.empty(0, np.uint8)  # the records of a run, encoded (written and dispatched before the next)
 
     # --- input ------------------------------------------------------------------------------------
 
@@ -330,7 +331,9 @@ class DumpReplay:
         app = self.app
         at = phy - phy[0]
         size = int(at[-1] + total[-1])
-        out = np.empty(size, np.uint8)
+        if len(self._scratch) < size:  # one buffer for every run: its pages are faulted in once, not per block
+            self._scratch = np.empty(max(size, 2 * len(self._scratch)), np.uint8)
+        out = self._scratch[:size]
         _encoder().encode_records(u8, side, cols, rows, magic, total, qo, phy, out, at)
         start = int(phy[0])
         pos = start % app.file_size
@@ -347,21 +350,15 @@ class DumpReplay:
 
 
 def _blocks(stream):
-    """Whole lines of a binary stream in blocks of about BLOCK_BYTES (the last one may lack its newline)."""
-    rest = b""
+    """Whole lines of a binary stream in blocks of about BLOCK_BYTES (the last one may lack its newline): a block
+    read, then the rest of its last line (one copy of the block, not two)."""
     while True:
         block = stream.read(BLOCK_BYTES)
         if not block:
             break
-        block = rest + block
-        cut = block.rfind(b"\n") + 1
-        if not cut:
-            rest = block
-            continue
-        rest = block[cut:]
-        yield block[:cut]
-    if rest:
-        yield rest
+        if block[-1] != 10:
+            block += stream.readline()
+        yield block
 
 
 def _valid_utf8(block: bytes) -> bool:

@@ -43,8 +43,9 @@ class ExportResult:
 def export_commitlog(store, path: str, fmt: str, *, body: bool = True, topic: str | None = None,
                      queue: int | None = None, start: int | None = None, end: int | None = None,
                      since: int | None = None, until: int | None = None, limit: int | None = None,
-                     json_body: str = "hex", progress=None) -> ExportResult:
-    """Write the selected records of ``store`` to ``path`` (written to ``path.tmp``, fsynced, renamed)."""
+                     json_body: str = "hex", progress=None, jobs: int = 1) -> ExportResult:
+    """Write the selected records of ``store`` to ``path`` (written to ``path.tmp``, fsynced, renamed); with
+    ``jobs`` > 1 worker processes render whole segments (:mod:`.dumpjobs`), the file is the same."""
     if fmt not in EXPORT_FORMATS:
         raise UsageError(f"--format must be one of {', '.join(EXPORT_FORMATS)}")
     res = ExportResult(os.path.abspath(path), fmt)
@@ -52,10 +53,10 @@ def export_commitlog(store, path: str, fmt: str, *, body: bool = True, topic: st
     try:
         if fmt == "jsonl":
             _jsonl(store, tmp, res, body=json_body, topic=topic, queue=queue, start=start, end=end, since=since,
-                   until=until, limit=limit, progress=progress)
+                   until=until, limit=limit, progress=progress, jobs=jobs)
         else:
             _arrow(store, tmp, res, fmt, body=body, topic=topic, queue=queue, start=start, end=end, since=since,
-                   until=until, limit=limit, progress=progress)
+                   until=until, limit=limit, progress=progress, jobs=jobs)
         os.replace(tmp, path)
     except OSError as e:
         _unlink(tmp)
@@ -74,10 +75,13 @@ def _unlink(p: str) -> None:
         pass
 
 
-def _jsonl(store, tmp, res, *, body, topic, queue, start, end, since, until, limit, progress):
+def _jsonl(store, tmp, res, *, body, topic, queue, start, end, since, until, limit, progress, jobs=1):
+    from . import dumpjobs
+
+    sel = RecordFilter(start=start, end=end, topic=topic, queue=queue, since=since, until=until, limit=limit)
+    blocks = dumpjobs.json_pieces(store.commitlog, sel, body, jobs, res.scan)
     with open(tmp, "wb") as f:
-        for data, n, walked in store.commitlog.records_json(start=start, end=end, body=body, topic=topic, queue=queue,
-                                                            limit=limit, result=res.scan, since=since, until=until):
+        for data, n, walked in blocks:
             f.write(data)
             res.records += n
             if progress:
@@ -87,27 +91,29 @@ def _jsonl(store, tmp, res, *, body, topic, queue, start, end, since, until, lim
     _note_stop(res)
 
 
-def _arrow(store, tmp, res, fmt, *, body, topic, queue, start, end, since, until, limit, progress):
-    from rmqstore_cli.formats.arrow import arrow_schema, build_batch, finding_batch
+def _arrow(store, tmp, res, fmt, *, body, topic, queue, start, end, since, until, limit, progress, jobs=1):
+    from rmqstore_cli.formats.arrow import arrow_schema, finding_batch
+
+    from . import dumpjobs
 
     cl = store.commitlog
     with_body = body and fmt == "parquet"
     schema = arrow_schema(with_body)
     sel = RecordFilter(start=start, end=end, topic=topic, queue=queue, since=since, until=until, limit=limit)
+    render = _batch_render(store.root, schema, with_body)
+    if jobs > 1 and dumpjobs.splits(cl):
+        batches = dumpjobs.selected_pieces(cl, sel, render, lambda b, k: b.slice(0, k), jobs, check_crc=True,
+                                           result=res.scan)
+    else:
+        batches = _batches(cl, sel, render, res.scan)
     writer = _writer(fmt, tmp, schema)
     try:
-        for chunk, idx, _ in cl.selected(sel, check_crc=True, result=res.scan):
-            h = chunk.headers
+        for batch, n, walked in batches:
             if progress:
-                progress(int(h.totalSize.sum()))
-            if len(idx):
-                part = h if len(idx) == len(h) else h.select(idx)
-                batch = build_batch(schema, store=store.root, segment=chunk.segment.name, seg_start=chunk.segment.start,
-                                    buf=chunk.buf, u8=fast.as_u8(chunk.buf), h=part,
-                                    crc_ok=np.ones(len(part), bool), findings=[None] * len(part),
-                                    messages=[None] * len(part), with_body=with_body)
+                progress(walked)
+            if n:
                 _write(writer, fmt, batch)
-                res.records += len(part)
+                res.records += n
         _note_stop(res)
         for off, code, msg in res.findings:
             seg = cl.segments.find(off)
@@ -117,6 +123,31 @@ def _arrow(store, tmp, res, fmt, *, body, topic, queue, start, end, since, until
         writer.close()
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
+
+
+def _batch_render(root: str, schema, with_body: bool):
+    """Chunk -> the record batch of its kept records (the Spark export's rows)."""
+    from rmqstore_cli.formats.arrow import build_batch
+
+    def render(chunk, idx):
+        h = chunk.headers
+        part = h if len(idx) == len(h) else h.select(idx)
+        yield build_batch(schema, store=root, segment=chunk.segment.name, seg_start=chunk.segment.start,
+                          buf=chunk.buf, u8=fast.as_u8(chunk.buf), h=part, crc_ok=np.ones(len(part), bool),
+                          findings=[None] * len(part), messages=[None] * len(part), with_body=with_body), len(part)
+
+    return render
+
+
+def _batches(cl, sel, render, scan):
+    """(batch, records, log bytes walked) of one walk."""
+    for chunk, idx, _ in cl.selected(sel, check_crc=True, result=scan):
+        walked = int(chunk.headers.totalSize.sum())
+        if len(idx):
+            (batch, n), = render(chunk, idx)
+            yield batch, n, walked
+        else:
+            yield None, 0, walked
 
 
 def _writer(fmt, path, schema):
