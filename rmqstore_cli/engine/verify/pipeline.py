@@ -37,6 +37,7 @@ from .records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _Ref
                       map_large_allocations)
 from .rocksdbqueues import check_database
 from ..timer.check import check_timer_store
+from ..timer.store import TimerStore
 from .dispatch import NotMergeable
 from .windowchecks import WindowChecks, add_store_time_finding, check_delay_properties as _check_delay_properties  # noqa: F401
 from .windows import segments_overlap
@@ -94,9 +95,10 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     checks = WindowChecks(store, findings, check_crc=check_crc, jobs=jobs if parallel else 1)
     tail = None
     if parallel:
-        from ..parallel import Background
+        if _has_log_independent_checks(store):
+            from ..parallel import Background
 
-        tail = Background(_log_independent_checks, store)  # beside the workers: no core idles while it runs
+            tail = Background(_log_independent_checks, store)  # beside the workers: no core idles while it runs
         checks.run_parallel(jobs, progress)
     else:
         if reports is None:
@@ -148,6 +150,17 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
             summary["dledger"] = dledger["dledger"]
     sort_findings(findings, summary)
     return VerifyResult(findings, summary)
+
+
+def _has_log_independent_checks(store) -> bool:
+    """Whether :func:`_log_independent_checks` has anything to read (else no process is forked for it)."""
+    if getattr(store.commitlog, "is_dledger", False):
+        return True
+    ts = TimerStore(store)
+    try:
+        return bool(ts.present)
+    finally:
+        ts.close()
 
 
 def _log_independent_checks(store) -> tuple[list, dict, dict | None]:
