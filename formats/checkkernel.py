@@ -126,6 +126,11 @@ def _find(rphy, x, hint):
     n = len(rphy)
     if n == 0:
         return -1
+    if 0 <= hint < n:  # the same record as the last reference (an index entry per key) or the next one
+        if rphy[hint] == x:
+            return hint
+        if hint + 1 < n and rphy[hint + 1] == x:
+            return hint + 1
     lo, hi = 0, n
     if 0 <= hint < n and rphy[hint] <= x:
         lo = hint
@@ -486,7 +491,9 @@ def _index_range(u8, a, b, ws, we, rphy, rsys, rts, keys, key_start, key_count, 
             if d >= 9007199254740992 or d <= -9007199254740992:
                 bad = True
             else:
-                want = np.int64(np.trunc(d / 1000.0)) if d >= 0 else np.int64(0)
+                # trunc(d / 1000.0) for 0 <= d < 2**53: the float quotient never rounds up to the next integer
+                # (its distance to it, >= 0.001, exceeds half an ulp below 2**43), so it is the integer one
+                want = d // 1000 if d >= 0 else np.int64(0)
                 if want > 2147483647:
                     want = 2147483647
                 bad = diff != want

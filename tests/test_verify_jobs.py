@@ -68,14 +68,14 @@ def test_jobs_equal_one_process_on_every_shared_store(monkeypatch, name):
     monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 7000)
     monkeypatch.setattr(filechecks, "MIN_PARALLEL_BYTES", 0)
     built = []
-    real = windowchecks.build_file_checks
+    real = filechecks.FileChecksPlan.load
 
-    def build(*args):
-        got = real(*args)
+    def load(self, parts):  # here: the workers' shares of the file checks arrived (in a worker: its own list)
+        got = real(self, parts)
         built.append(got is not None)
         return got
 
-    monkeypatch.setattr(windowchecks, "build_file_checks", build)
+    monkeypatch.setattr(filechecks.FileChecksPlan, "load", load)
     root = STORES / name / "store"
     before = tree_digest(root)
     _same_for_every_jobs(root)
@@ -99,14 +99,14 @@ def test_the_workers_run_the_window_checks(tmp_path, monkeypatch):
 
     monkeypatch.setattr(windowchecks.WindowChecks, "window", window)
     monkeypatch.setattr(filechecks, "MIN_PARALLEL_BYTES", 0)
-    real_build = filechecks._build
+    real_part = filechecks.FileChecksPlan.part
 
-    def build(i, *args):
+    def part(self, k, workers):
         with open(log.with_suffix(".files"), "a") as fh:
             fh.write(f"{os.getpid()}\n")
-        yield from real_build(i, *args)
+        return real_part(self, k, workers)
 
-    monkeypatch.setattr(filechecks, "_build", build)
+    monkeypatch.setattr(filechecks.FileChecksPlan, "part", part)
     root = STORES / "4.9.3-clean" / "store"
     with Store.open(str(root)) as st:
         assert parallel_checks(st, 2)
