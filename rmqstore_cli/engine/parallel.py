@@ -81,8 +81,8 @@ def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[i
     processes (one fork each, not a round of its own). Worker *k* first sends ``exchange.part(k, workers)``
     (picklable); this process gets every worker's part, in worker order, as ``exchange.combine(parts)``
     before this call returns, and sends what that returns to every worker, where
-    ``exchange.accept_later(receive)`` gets a callable that returns it (waiting for it if needed): a worker
-    may start its first segment before the other parts are done."""
+    ``exchange.accept_later(receive)`` gets a callable that returns it (``receive(False)`` raises queue.Empty
+    while it has not come): a worker may start its first segment before the other parts are done."""
     if jobs <= 1 or n <= 1:
         if exchange is not None:
             raise ValueError("an exchange needs at least two workers")
@@ -175,7 +175,7 @@ def _stream_worker(items: Callable, segments: range, args: tuple, out, exchange=
     try:
         if exchange is not None:
             out.put(_Part(exchange.part(k, workers)))
-            exchange.accept_later(inbox.get)  # the consumer stops this worker if it cannot send
+            exchange.accept_later(inbox.get)  # get(block); the consumer stops this worker if it cannot send
         for i in segments:
             for item in items(i, *args):
                 out.put(item)

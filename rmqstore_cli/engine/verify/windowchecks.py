@@ -13,6 +13,7 @@ one process.
 
 from __future__ import annotations
 
+import queue
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -122,7 +123,8 @@ class WindowChecks:
         return parts
 
     def accept_later(self, receive: Callable) -> None:
-        """In a worker: ``receive()`` returns :meth:`combine`'s result, read when the first window is checked."""
+        """In a worker: ``receive(block)`` returns :meth:`combine`'s result (raises queue.Empty if it has not come
+        and ``block`` is false), read when the first window is checked."""
         self._receive = receive
 
     def _fresh(self) -> None:
@@ -173,23 +175,29 @@ class WindowChecks:
 
     # -- in a worker ---------------------------------------------------------------------------------------
 
-    def enter_worker(self) -> None:
+    def enter_worker(self, wait: bool = True) -> bool:
         """In a freshly forked worker: the shared file checks received (when :meth:`run_parallel` shared them
-        out), and what this process gathered before the fork forgotten (the main process has it)."""
+        out), and what this process gathered before the fork forgotten (the main process has it). Without
+        ``wait``, False when the shared checks have not arrived yet (nothing done)."""
         if getattr(self, "_in_worker", False):
-            return
-        self._in_worker = True
+            return True
         if self._receive is not None:
-            shared, self._receive = self._receive(), None
+            try:
+                shared = self._receive(wait)
+            except queue.Empty:
+                return False
+            self._receive = None
             loaded = self.plan.load(shared) if shared is not None else None
             if loaded is None:  # a share could not travel: every process builds them all
                 loaded = (self._queues_here([]), None, [])
             self._setup(*loaded)
+        self._in_worker = True
         for _, c in self._checkers():
             c.take_partial()
         self.findings = []
         self.dispatch = _DispatchSummaries()
         self._fresh()
+        return True
 
     def segment_result(self, i: int) -> SegmentChecks:
         """What the windows of segment ``i`` added (then starts afresh for the next segment)."""
@@ -245,10 +253,21 @@ class WindowChecks:
             self.merge(res)
 
 
+_WALK_AHEAD = 3  # windows a worker walks before it waits for the shared file checks (memory: a window's columns each)
+
+
 def _segment_checks(i: int, checks: WindowChecks, firsts: list):
+    pending: list = []  # windows walked while the shared file checks were on their way
     for rep in iter_segment_windows(checks.cl, i, check_crc=checks.check_crc, first_window=firsts[i]):
-        checks.enter_worker()  # after the walk of the first window: it overlaps waiting for the shared file checks
-        checks.window(rep)
+        if not checks.enter_worker(wait=len(pending) >= _WALK_AHEAD):
+            pending.append(rep)
+            continue
+        for r in pending + [rep]:
+            checks.window(r)
+        pending = []
+    checks.enter_worker()
+    for r in pending:
+        checks.window(r)
     yield checks.segment_result(i)
 
 
