@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checkkernel, dledgerkernel, fast, indexchain, jsonl, kernel, propscan, replayencode, replaykernel
+from . import dledgerkernel, entrykernel, fast, indexchain, jsonl, kernel, propscan, replayencode, replaykernel
 
 
 def warm_up() -> None:
@@ -29,7 +29,7 @@ def warm_up() -> None:
     propscan.group_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
     indexchain.chain_block(np.ones(1, np.int32), np.zeros(1, np.int32), 1, 4, np.zeros(4, np.int32))
     jsonl.kernel_lines(data, h.take(0), 0, "none")  # dump --json's writer (formats.jsonkernel)
-    checkkernel.warm_up()
+    entrykernel.warm_up()  # verify's cross-check passes (formats.checkkernel's too)
     # the DLedger entry walk, with the argument types engine/log/dledger.walk_entries passes
     dledgerkernel.walk_entries(u8, 0, len(data), 0, -1, -1, 4, tuple(np.empty(4, np.int64) for _ in dledgerkernel.COLUMNS))
     line = (b'{"topic":"T","bornTimestamp":1,"storeTimestamp":1,"bornHost":{"ip":"a","ipHex":"01020304","port":1},'

@@ -22,7 +22,7 @@ import shutil
 import numpy as np
 import pytest
 
-from rmqstore_cli.formats import checkkernel
+from rmqstore_cli.formats import checkkernel, entrykernel
 from rmqstore_cli.formats.extaddr import MAX_ADDR
 from rmqstore_cli.formats.indexchain import chain_block_reference
 from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
@@ -141,7 +141,7 @@ def _index_problems(st, windows: Windows, w: int, recs: _Records) -> list[str]:
         for a, b in ((1, max(2, count // 2)), (max(2, count // 2), count)):
             if a >= b:
                 continue
-            blk = checkkernel.index_entries(raw, a, b, f.slots, windows.starts, last, prev_phy)
+            blk = entrykernel.index_entries(raw, a, b, f.slots, windows.starts, last, prev_phy)
             prev_phy = blk.last_phy
             bad += list(zip(blk.bad_pos.tolist(), blk.bad_exp.tolist(), blk.bad_prev.tolist()))
             neg += list(zip(blk.neg_pos.tolist(), blk.neg_kh.tolist()))
@@ -171,7 +171,7 @@ def _index_problems(st, windows: Windows, w: int, recs: _Records) -> list[str]:
             if len(rng) and part != ((int(ok.min()), int(rng.max())) if len(ok) else None):
                 probs.append(f"{f.name}: windows reached {part}, numpy {ok.min() if len(ok) else None}..{rng.max()}")
         # the window pass: entries 1 .. count-1 against window w, against numpy's lookup
-        (nf, nf_phy), (fl, fr, fkh, fphy, fdiff), first, last_found = checkkernel.index_range(
+        (nf, nf_phy), (fl, fr, fkh, fphy, fdiff), first, last_found = entrykernel.index_range(
             raw, 1, count, *windows.bounds(w), recs, h.beginTimestamp)
         nf, fl = nf - 1, fl - 1  # as positions in the columns (entry 1 is position 0)
         first = (first[0] - 1, first[1]) if first else None

@@ -1,4 +1,4 @@
-"""formats.checkkernel's passes over index entries and consume-queue units, on random bytes, against plain Python.
+"""formats.entrykernel's passes over index entries and checkkernel's over consume-queue files, on random bytes, against plain Python.
 
 ``index_entries`` (slot chains, negative key hashes, commitlog order, windows, before the walk), ``index_range``
 (entries against one window's records) and ``queue_file_valid`` (where a queue file's valid units end, fillers,
@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from rmqstore_cli.formats import checkkernel
+from rmqstore_cli.formats import checkkernel, entrykernel
 from rmqstore_cli.formats.records import CQ_FILLER, TRANSACTION_ROLLBACK
 
 SEED = int(os.environ.get("RMQSTORE_ENTRIES_SEED", random.randrange(1 << 30)))
@@ -81,7 +81,7 @@ def test_index_entries_match_a_plain_walk():
         last = np.zeros(slots, np.int32)
         got_bad, got_neg, got_before, got_ooo, prev_phy, reach = [], [], [], None, None, []
         for a, b in zip(cuts, cuts[1:]):
-            blk = checkkernel.index_entries(u8, a, b, slots, np.asarray(starts, np.int64), last, prev_phy)
+            blk = entrykernel.index_entries(u8, a, b, slots, np.asarray(starts, np.int64), last, prev_phy)
             assert (blk.first_phy, blk.last_phy) == (rows[a][1], rows[b - 1][1]), (case, a, b)
             prev_phy = blk.last_phy
             got_bad += list(zip(blk.bad_pos.tolist(), blk.bad_exp.tolist(), blk.bad_prev.tolist()))
@@ -157,7 +157,7 @@ def test_index_range_matches_a_plain_walk():
                 bad = diff != min(int(d / 1000) if d >= 0 else 0, 2**31 - 1)
             if bad:
                 flagged.append((e, r, kh, phy, diff))
-        (got_nf, got_nf_phy), fl, first, last = checkkernel.index_range(u8, a, b, ws, we, recs, begin)
+        (got_nf, got_nf_phy), fl, first, last = entrykernel.index_range(u8, a, b, ws, we, recs, begin)
         assert list(zip(got_nf.tolist(), got_nf_phy.tolist())) == nf, case
         assert list(zip(*(v.tolist() for v in fl))) == flagged, case
         assert (first, last) == ((found[0], found[-1]) if found else (None, None)), case

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rmqstore_cli.formats import checkkernel
+from rmqstore_cli.formats import checkkernel, entrykernel
 from rmqstore_cli.formats.extaddr import MAX_ADDR
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
@@ -241,7 +241,7 @@ class IndexWindows:
         first_phy = 0
         for a in range(1, count, verify_index._ENTRY_BLOCK):
             b = min(a + verify_index._ENTRY_BLOCK, count)
-            blk = checkkernel.index_entries(raw, a, b, f.slots, windows.starts, last, prev_phy)
+            blk = entrykernel.index_entries(raw, a, b, f.slots, windows.starts, last, prev_phy)
             _drop_pages(buf, base + a * INDEX_ENTRY_SIZE, (b - a) * INDEX_ENTRY_SIZE)
             if a == 1:
                 first_phy = blk.first_phy
@@ -303,7 +303,7 @@ class IndexWindows:
         base = INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE
         ts = recs.c["storeTimestamp"]
         for a, b in self._ranges(w):
-            (nf, nf_phy), (fl, fr, fkh, fphy, fdiff), first, last = checkkernel.index_range(raw, a, b, *windows.bounds(w), recs,
+            (nf, nf_phy), (fl, fr, fkh, fphy, fdiff), first, last = entrykernel.index_range(raw, a, b, *windows.bounds(w), recs,
                                                                                         h.beginTimestamp)
             _drop_pages(buf, base + a * INDEX_ENTRY_SIZE, (b - a) * INDEX_ENTRY_SIZE)
             self.deferred.add(nf, nf_phy)
