@@ -11,18 +11,18 @@ report nothing for. The whole-log formulation (``engine/verify/pipeline._verify_
 those rules to every reference in numpy: tests compare the two.
 
 The passes read the consume-queue and index files' own bytes (big-endian, as Java's ByteBuffer wrote them),
-so no decoded column of a file is made: :func:`queue_file` reads a queue file once before the walk (fillers,
-the windows its units point into, samples to find a window's run of units), :func:`queue_window` and
-:func:`index_window` a window's references, :func:`entry_columns` decodes a block of index entries for the
-slot-chain pass. Constants are literals or arguments: numba freezes globals into the cached machine code.
+so no decoded column of a file is made: :func:`queue_file_valid` reads a queue file once before the walk (where
+its valid units end, fillers, the windows its units point into, samples to find a window's run of units),
+:func:`queue_window` a window's units; the index entries' passes are :mod:`.entrykernel`'s, with the helpers
+here. Constants are literals or arguments: numba freezes globals into the cached machine code.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .records import (CQ_FILLER, field_offsets, CQ_UNIT_FIELDS, CQ_UNIT_SIZE, INDEX_ENTRY_FIELDS, INDEX_ENTRY_SIZE,
-                      SYSFLAG_TRANSACTION_MASK, TRANSACTION_COMMIT, TRANSACTION_NOT, TRANSACTION_ROLLBACK)
+from .records import (CQ_FILLER, field_offsets, CQ_UNIT_FIELDS, CQ_UNIT_SIZE, INDEX_ENTRY_FIELDS,
+                      SYSFLAG_TRANSACTION_MASK, TRANSACTION_COMMIT, TRANSACTION_NOT)
 
 
 # The byte layout the passes read, taken from the records' declarations (formats.records); numba
@@ -89,6 +89,11 @@ def _find(rphy, x, hint):
     n = len(rphy)
     if n == 0:
         return -1
+    if 0 <= hint < n:  # the same record as the last reference (an index entry per key) or the next one
+        if rphy[hint] == x:
+            return hint
+        if hint + 1 < n and rphy[hint + 1] == x:
+            return hint + 1
     lo, hi = 0, n
     if 0 <= hint < n and rphy[hint] <= x:
         lo = hint
@@ -120,6 +125,8 @@ def _queue_window(u8, first, stop, qbase, ws, we, rphy, rsize, rtopic, rqid, rqo
     nnf = 0
     nfl = 0
     hint = 0
+    step = 0
+    nrec = len(rphy)
     for i in range(first, stop):
         u = i * CQ_UNIT_SIZE
         p = _be64(u8, u + CQ_PHY)
@@ -129,11 +136,13 @@ def _queue_window(u8, first, stop, qbase, ws, we, rphy, rsize, rtopic, rqid, rqo
         tags = _be64(u8, u + CQ_TAGS)
         if _is_filler(p, size, tags):
             continue
-        r = _find(rphy, p, hint)
+        g = hint + step  # a queue's units mostly point a steady number of records apart (producers take turns)
+        r = g if 0 <= g < nrec and rphy[g] == p else _find(rphy, p, hint)
         if r < 0:
             not_found[nnf] = i
             nnf += 1
             continue
+        step = r - hint
         hint = r
         marks[r] = True
         q = qbase + i
@@ -182,10 +191,12 @@ def _last_offset(we: int) -> np.int64:
     return np.int64(we if we >= (1 << 63) - 1 else we - 1)
 
 
-def _queue_file(u8, n, starts, step, before, sample_w, sample_u, state):
-    """The valid units ``0 .. n-1`` of one consume-queue file, before the walk: ``state`` = [fillers, first
-    filler's position, real units, highest offset, lowest window, highest window, 1 if the windows never
-    go down, units before the first window, samples]. ``before`` gets the positions of the units pointing
+def _queue_file(u8, n, find_end, starts, step, max_addr, before, sample_w, sample_u, state):
+    """The valid units of one consume-queue file, before the walk. With ``find_end`` the file's valid units
+    end at the first invalid one (phyOffset < 0 or size <= 0, §7.4) among its ``n``, else all ``n`` are valid.
+    ``state`` = [fillers, first filler's position, real units, highest offset, lowest window, highest window,
+    1 if the windows never go down, units before the first window, samples, valid units, 1 if some valid unit's
+    tagsCode is at most ``max_addr``, the largest such]. ``before`` gets the positions of the units pointing
     before the first window, ``sample_w``/``sample_u`` the window and position of every ``step``-th real unit."""
     fillers = 0
     first_filler = -1
@@ -197,15 +208,37 @@ def _queue_file(u8, n, starts, step, before, sample_w, sample_u, state):
     prev = -2
     nb = 0
     ns = 0
+    valid = n
+    low_tags = 0
+    low_max = np.int64(0)
+    cur = -1  # window of the previous unit: consecutive units mostly point into the same one
+    cur_lo = np.int64(1)
+    cur_hi = np.int64(0)
     for i in range(n):
         u = i * CQ_UNIT_SIZE
         p = _be64(u8, u + CQ_PHY)
-        if p == FILLER_PHY and _is_filler(p, _be32(u8, u + CQ_SIZE), _be64(u8, u + CQ_TAGS)):
+        size = _be32(u8, u + CQ_SIZE)
+        if find_end and (p < 0 or size <= 0):
+            valid = i
+            break
+        tags = _be64(u8, u + CQ_TAGS)
+        if tags <= max_addr:
+            if low_tags == 0 or tags > low_max:
+                low_max = tags
+            low_tags = 1
+        if _is_filler(p, size, tags):
             if first_filler < 0:
                 first_filler = i
             fillers += 1
             continue
-        k = _window_of(starts, p)
+        if cur_lo <= p < cur_hi:
+            k = cur
+        else:
+            k = _window_of(starts, p)
+            if k >= 0:
+                cur = k
+                cur_lo = starts[k]
+                cur_hi = starts[k + 1] if k + 1 < len(starts) else np.int64(9223372036854775807)
         if real % step == 0:
             sample_w[ns] = k
             sample_u[ns] = i
@@ -233,122 +266,41 @@ def _queue_file(u8, n, starts, step, before, sample_w, sample_u, state):
     state[6] = ordered
     state[7] = nb
     state[8] = ns
+    state[9] = valid
+    state[10] = low_tags
+    state[11] = low_max
+
+
+def _queue_file_call(u8, n: int, find_end: bool, starts, step: int, max_addr: int):
+    before = np.empty(n, np.int64)
+    sample_w = np.empty(n // step + 1, np.int64)
+    sample_u = np.empty(n // step + 1, np.int64)
+    state = np.zeros(12, np.int64)
+    _compiled("_queue_file")(u8, np.int64(n), bool(find_end), starts, np.int64(step), np.int64(max_addr), before, sample_w,
+                             sample_u, state)
+    fillers, first_filler, real, phy_max, lo, hi, ordered, nb, ns, valid, low_tags, low_max = (int(v) for v in state)
+    samples = (sample_w[:ns].copy(), sample_u[:ns].copy()) if ordered else None
+    return ((fillers, first_filler, real, phy_max if real else None, (lo, hi) if hi >= 0 else (None, None),
+             before[:nb].copy(), samples), valid, low_max if low_tags else None)
 
 
 def queue_file(u8, n: int, starts, step: int) -> tuple:
     """(fillers, first filler's position, real units, highest real offset or None, lowest and highest window
     (None, None when every real unit points before the first window), positions of those that do, the
-    (window, position) samples when the windows never go down, else None)."""
-    before = np.empty(n, np.int64)
-    sample_w = np.empty(n // step + 1, np.int64)
-    sample_u = np.empty(n // step + 1, np.int64)
-    state = np.zeros(9, np.int64)
-    _compiled("_queue_file")(u8, np.int64(n), starts, np.int64(step), before, sample_w, sample_u, state)
-    fillers, first_filler, real, phy_max, lo, hi, ordered, nb, ns = (int(v) for v in state)
-    samples = (sample_w[:ns].copy(), sample_u[:ns].copy()) if ordered else None
-    return (fillers, first_filler, real, phy_max if real else None, (lo, hi) if hi >= 0 else (None, None),
-            before[:nb].copy(), samples)
+    (window, position) samples when the windows never go down, else None) of units ``0 .. n-1``."""
+    return _queue_file_call(u8, n, False, starts, step, -1)[0]
 
 
-def _entry_columns(u8, a, b, kh, phy, diff, prev):
-    for e in range(a, b):
-        p = e * INDEX_ENTRY_SIZE
-        i = e - a
-        kh[i] = _be32(u8, p + IX_HASH)
-        phy[i] = _be64(u8, p + IX_PHY)
-        diff[i] = _be32(u8, p + IX_DIFF)
-        prev[i] = _be32(u8, p + IX_PREV)
+def queue_file_valid(u8, n: int, starts, step: int, max_addr: int) -> tuple:
+    """(valid units: those before the first invalid one among ``n``, :func:`queue_file` of them, the largest
+    tagsCode at most ``max_addr`` among them or None): the valid-unit rule and the walk's routing in one pass."""
+    got, valid, low_max = _queue_file_call(u8, n, True, starts, step, max_addr)
+    return valid, got, low_max
 
 
-def entry_columns(u8, a: int, b: int) -> tuple:
-    """(keyHash int32, phyOffset int64, timeDiff int32, prevIndex int32) of index entries ``a .. b-1``, ``u8``
-    being the bytes of the entry table from entry 0 (20 per entry, big-endian): one pass, native columns."""
-    n = max(b - a, 0)
-    kh, phy, diff, prev = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int32)
-    _compiled("_entry_columns")(u8, np.int64(a), np.int64(b), kh, phy, diff, prev)
-    return kh, phy, diff, prev
-
-
-def _index_window(kh, phy, diff, first_entry, ws, we, rphy, rsys, rts, keys, key_start, key_count, begin_ts,
-                  not_found, flagged, flagged_rec, state):
-    """Entries of one index block (entry ``first_entry + i``) pointing into ``[ws, we]`` (inclusive). ``state`` =
-    [not found, flagged, last found position (-1), first found position, its record, last found position's
-    record]. An entry is flagged when it points at a rollback record, at a record without a key of its hash,
-    or (``begin_ts`` > 0, from entry 2) when its timeDiff is not the record's store time - ``begin_ts`` in
-    whole seconds (clamped to int32; offsets of 2**53 ms or more are flagged for the exact rule)."""
-    nnf = 0
-    nfl = 0
-    hint = 0
-    first = -1
-    first_rec = -1
-    last = -1
-    last_rec = -1
-    for i in range(len(phy)):
-        p = phy[i]
-        if p < ws or p > we:
-            continue
-        r = _find(rphy, p, hint)
-        if r < 0:
-            not_found[nnf] = i
-            nnf += 1
-            continue
-        hint = r
-        if first < 0:
-            first = i
-            first_rec = r
-        last = i
-        last_rec = r
-        k = kh[i]
-        if k < 0:  # IDX_KEY_HASH for the hash itself, reported before the walk
-            continue
-        bad = (rsys[r] & TRAN_MASK) == TRANSACTION_ROLLBACK
-        if not bad:
-            has = False
-            s = key_start[r]
-            for j in range(key_count[r]):
-                if keys[s + j] == k:
-                    has = True
-                    break
-            bad = not has
-        if not bad and begin_ts > 0 and first_entry + i >= 2:
-            d = rts[r] - begin_ts
-            if d >= 9007199254740992 or d <= -9007199254740992:
-                bad = True
-            else:
-                want = np.int64(np.trunc(d / 1000.0)) if d >= 0 else np.int64(0)
-                if want > 2147483647:
-                    want = 2147483647
-                bad = diff[i] != want
-        if bad:
-            flagged[nfl] = i
-            flagged_rec[nfl] = r
-            nfl += 1
-    state[0] = nnf
-    state[1] = nfl
-    state[2] = last
-    state[3] = first
-    state[4] = first_rec
-    state[5] = last_rec
-
-
-def index_window(kh, phy, diff, first_entry: int, ws: int, we: int, recs, begin_ts: int) -> tuple:
-    """(positions of the entries that found no record, flagged positions, their records, (first found
-    position, its record) or None, (last found position, its record) or None)."""
-    n = len(phy)
-    not_found = np.empty(n, np.int64)
-    flagged = np.empty(n, np.int64)
-    flagged_rec = np.empty(n, np.int64)
-    state = np.zeros(6, np.int64)
-    c = recs.c
-    _compiled("_index_window")(kh, phy, diff, np.int64(first_entry), np.int64(ws), _last_offset(we), recs.phy, c["sysFlag"],
-                               c["storeTimestamp"], recs.keys, recs.key_start, c["keyCount"], np.int64(begin_ts), not_found,
-                               flagged, flagged_rec, state)
-    found = ((int(state[3]), int(state[4])), (int(state[2]), int(state[5]))) if state[2] >= 0 else (None, None)
-    return (not_found[:state[0]], flagged[:state[1]], flagged_rec[:state[1]], *found)
-
-
-def warm_up() -> None:
-    """Compile (or load from the cache) every pass once, with the argument types verify uses."""
+def warm_up():
+    """Compile (or load from the cache) every pass once, with the argument types verify uses; returns the tiny
+    stand-in for a window's records it used (:func:`.entrykernel.warm_up` takes it)."""
     from types import SimpleNamespace
 
     n = 2
@@ -358,9 +310,9 @@ def warm_up() -> None:
             "storeTimestamp": z, "keyCount": np.zeros(n, np.int16)}
     recs = SimpleNamespace(phy=np.arange(n, dtype=np.int64), c=cols, keys=np.zeros(n, np.int32), key_start=np.zeros(n, np.int32))
     for writable in (True, False):  # files are mapped read-only; tests and copies hand over writable bytes
-        u8 = np.zeros(40, np.uint8)
+        u8 = np.zeros(60, np.uint8)
         u8.flags.writeable = writable
         queue_file(u8, 2, z, 1024)
+        queue_file_valid(u8, 2, z, 1024, -1)
         queue_window(u8, 0, 2, 0, 0, 1, recs, 0, 0, False, -1, np.zeros(n, bool))
-        kh, phy, diff, _ = entry_columns(u8, 1, 2)
-    index_window(kh, phy, diff, 1, 0, 1, recs, 0)
+    return recs

@@ -13,18 +13,35 @@ from __future__ import annotations
 
 import numpy as np
 
-_COMPILED = None
+_COMPILED: dict = {}
 
 
 def _kernel():
     """The compiled chain pass, made on first use: importing numba (~0.3 s) must not slow the start
     of commands that never check an index file."""
-    global _COMPILED
-    if _COMPILED is None:
+    if not _COMPILED:
         from .kernel import _jit
 
-        _COMPILED = _jit(_chain_block)
-    return _COMPILED
+        # the rule first: the passes (this module's and checkkernel's entry pass) call it compiled
+        _COMPILED["link"] = _jit(_link)
+        globals()["_link"] = _COMPILED["link"]
+        _COMPILED["block"] = _jit(_chain_block)
+    return _COMPILED["block"]
+
+
+def link_kernel():
+    """The compiled :func:`_link`, for other compiled passes that check chains while reading entries."""
+    _kernel()
+    return _COMPILED["link"]
+
+
+def _link(k, prev, e, slots, last):
+    """The chain rule for entry ``e`` (keyHash ``k`` >= 0, prevIndex ``prev``): the entry it should link to when
+    ``prev`` differs, else -1; ``e`` becomes its slot's newest entry."""
+    s = k % slots
+    want = last[s]
+    last[s] = e
+    return want if prev != want else -1
 
 
 def _chain_block(kh, prev, first_entry, slots, last, bad_pos, bad_exp):
@@ -33,13 +50,11 @@ def _chain_block(kh, prev, first_entry, slots, last, bad_pos, bad_exp):
         k = kh[i]
         if k < 0:  # no slot: verify reports the negative hash itself
             continue
-        s = k % slots
-        e = last[s]
-        if prev[i] != e:
+        want = _link(k, prev[i], first_entry + i, slots, last)
+        if want >= 0:
             bad_pos[nbad] = i
-            bad_exp[nbad] = e
+            bad_exp[nbad] = want
             nbad += 1
-        last[s] = first_entry + i
     return nbad
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checkkernel, dledgerkernel, fast, indexbuild, indexchain, jsonl, kernel, propscan, replayencode, replaykernel
+from . import dledgerkernel, entrykernel, fast, indexbuild, indexchain, jsonl, kernel, propscan, replayencode, replaykernel
 
 
 def one_i64() -> np.ndarray:
@@ -35,7 +35,7 @@ def warm_up() -> None:
     # rebuild's index writer: one entry into a scratch file of 4 slots and 2 entries
     indexbuild.put_entries(np.zeros(40 + 4 * 4 + 2 * 20, np.uint8), 4, 1, np.ones(1, np.int64), one_i64(), one_i64(), 0)
     jsonl.kernel_lines(data, h.take(0), 0, "none")  # dump --json's writer (formats.jsonkernel)
-    checkkernel.warm_up()
+    entrykernel.warm_up()  # verify's cross-check passes (formats.checkkernel's too)
     # the DLedger entry walk, with the argument types engine/log/dledger.walk_entries passes
     dledgerkernel.walk_entries(u8, 0, len(data), 0, -1, -1, 4, tuple(np.empty(4, np.int64) for _ in dledgerkernel.COLUMNS))
     line = (b'{"topic":"T","bornTimestamp":1,"storeTimestamp":1,"bornHost":{"ip":"a","ipHex":"01020304","port":1},'

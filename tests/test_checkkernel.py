@@ -22,8 +22,9 @@ import shutil
 import numpy as np
 import pytest
 
-from rmqstore_cli.formats import checkkernel
+from rmqstore_cli.formats import checkkernel, entrykernel
 from rmqstore_cli.formats.extaddr import MAX_ADDR
+from rmqstore_cli.formats.indexchain import chain_block_reference
 from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.verify import commitlog as verify_commitlog
@@ -110,6 +111,14 @@ def _queue_file_problems(st, windows: Windows, step: int) -> list[str]:
             samples = (k[at].tolist(), real[at].tolist()) if np.all(k[1:] >= k[:-1]) else None
             if (None if got[6] is None else (got[6][0].tolist(), got[6][1].tolist())) != samples:
                 probs.append(f"{topic}/{qid} {seg.name}: samples differ from numpy's")
+            # the same pass finding where the valid units end (numpy's rule in valid_files) and the ext references
+            arr = files.cq.file_units(seg)
+            n_k, got_k, low = checkkernel.queue_file_valid(arr.view(np.uint8), len(arr), windows.starts, step, MAX_ADDR)
+            low_ref = tags[tags <= MAX_ADDR]
+            if n_k != n or (low, got_k[:5]) != (int(low_ref.max()) if len(low_ref) else None, got[:5]) \
+                    or got_k[5].tolist() != got[5].tolist():
+                probs.append(f"{topic}/{qid} {seg.name}: valid units {n_k} / ext {low} / {got_k[:5]}, numpy {n} / "
+                             f"{low_ref.max() if len(low_ref) else None} / {got[:5]}")
     return probs
 
 
@@ -124,23 +133,60 @@ def _index_problems(st, windows: Windows, w: int, recs: _Records) -> list[str]:
             continue
         ent = f.entry_table(count)[1:count]
         kh, phy, diff = ent["keyHash"].astype(np.int32), ent["phyOffset"].astype(np.int64), ent["timeDiff"].astype(np.int32)
-        cols = checkkernel.entry_columns(f.entry_table(count).view(np.uint8), 1, count)
-        if [c.tolist() for c in cols] != [kh.tolist(), phy.tolist(), diff.tolist(), ent["prevIndex"].astype(np.int32).tolist()]:
-            probs.append(f"{f.name}: entry columns differ from numpy's")
-        for a in (2, count // 2):  # a block from entry a: the same columns
-            part = checkkernel.entry_columns(f.entry_table(count).view(np.uint8), a, count)
-            if part[1].tolist() != phy[a - 1:].tolist():
-                probs.append(f"{f.name}: entry columns from {a} differ from numpy's")
+        raw = f.entry_table(count).view(np.uint8)
         where = f"{f.name} window {w}"
-        nf, fl, fr, first, last = checkkernel.index_window(kh, phy, diff, 1, *windows.bounds(w), recs, h.beginTimestamp)
-        sel = np.flatnonzero(windows.of(phy) == w)
+        # the entry pass before the walk, in blocks (the second starts mid-file), against numpy
+        last = np.zeros(f.slots, np.int32)
+        prev_phy, bad, neg, before, reach, ooo = None, [], [], [], [], None
+        for a, b in ((1, max(2, count // 2)), (max(2, count // 2), count)):
+            if a >= b:
+                continue
+            blk = entrykernel.index_entries(raw, a, b, f.slots, windows.starts, last, prev_phy)
+            prev_phy = blk.last_phy
+            bad += list(zip(blk.bad_pos.tolist(), blk.bad_exp.tolist(), blk.bad_prev.tolist()))
+            neg += list(zip(blk.neg_pos.tolist(), blk.neg_kh.tolist()))
+            before += list(zip(blk.before_pos.tolist(), blk.before_phy.tolist()))
+            reach.append(blk.windows)
+            ooo = ooo or blk.out_of_order
+            if (blk.first_phy, blk.last_phy) != (int(phy[a - 1]), int(phy[b - 2])):
+                probs.append(f"{f.name}: block {a}..{b} first/last offsets {(blk.first_phy, blk.last_phy)}")
+        ref_bad, ref_exp, ref_table = chain_block_reference(kh, ent["prevIndex"].astype(np.int32), 1, f.slots)
+        prv = ent["prevIndex"].astype(np.int64)
+        if bad != list(zip((ref_bad + 1).tolist(), ref_exp.tolist(), prv[ref_bad].tolist())) or not np.array_equal(last, ref_table):
+            probs.append(f"{f.name}: slot chains differ from the reference ({bad[:3]})")
+        k_neg = np.flatnonzero(kh < 0)
+        if neg != list(zip((k_neg + 1).tolist(), kh[k_neg].tolist())):
+            probs.append(f"{f.name}: negative key hashes {neg[:3]}, numpy {k_neg[:3] + 1}")
+        kw = windows.of(phy)
+        b_at = np.flatnonzero(kw < 0)
+        if before != list(zip((b_at + 1).tolist(), phy[b_at].tolist())):
+            probs.append(f"{f.name}: entries before the first window differ from numpy's")
+        down = np.flatnonzero(phy[:-1] > phy[1:])[:1].tolist()
+        want_ooo = (down[0] + 1, int(phy[down[0]]), down[0] + 2, int(phy[down[0] + 1])) if down else None
+        if ooo != want_ooo:
+            probs.append(f"{f.name}: first entry out of order {ooo}, numpy {want_ooo}")
+        half = max(1, count // 2 - 1)
+        for part, rng in zip(reach, (kw[:half], kw[half:])):
+            ok = rng[rng >= 0]
+            if len(rng) and part != ((int(ok.min()), int(rng.max())) if len(ok) else None):
+                probs.append(f"{f.name}: windows reached {part}, numpy {ok.min() if len(ok) else None}..{rng.max()}")
+        # the window pass: entries 1 .. count-1 against window w, against numpy's lookup
+        (nf, nf_phy), (fl, fr, fkh, fphy, fdiff), first, last_found = entrykernel.index_range(
+            raw, 1, count, *windows.bounds(w), recs, h.beginTimestamp)
+        nf, fl = nf - 1, fl - 1  # as positions in the columns (entry 1 is position 0)
+        first = (first[0] - 1, first[1]) if first else None
+        last_found = (last_found[0] - 1, last_found[1]) if last_found else None
+        if (fkh.tolist(), fphy.tolist(), fdiff.tolist()) != (kh[fl].tolist(), phy[fl].tolist(), diff[fl].tolist()) \
+                or nf_phy.tolist() != phy[nf].tolist():
+            probs.append(f"{where}: flagged entries' fields differ from the file's")
+        sel = np.flatnonzero(kw == w)
         idx, found = recs.lookup(phy[sel])
         if nf.tolist() != sel[~found].tolist():
             probs.append(f"{where}: entries without a record {nf.tolist()}, numpy {sel[~found].tolist()}")
         k, r = sel[found], idx[found]
         want = ((int(k[0]), int(r[0])), (int(k[-1]), int(r[-1]))) if len(k) else (None, None)
-        if (first, last) != want:
-            probs.append(f"{where}: first/last found {(first, last)}, numpy {want}")
+        if (first, last_found) != want:
+            probs.append(f"{where}: first/last found {(first, last_found)}, numpy {want}")
         by_entry = dict(zip(k.tolist(), r.tolist()))
         if any(by_entry.get(j) != q for j, q in zip(fl.tolist(), fr.tolist())):
             probs.append(f"{where}: flagged entries' records differ from numpy's")
@@ -151,14 +197,14 @@ def _index_problems(st, windows: Windows, w: int, recs: _Records) -> list[str]:
             probs.append(f"{where}: flagged entries with a negative key hash {sorted(set(fl.tolist()) - set(checked.tolist()))}")
         passed = np.asarray(sorted(set(checked.tolist()) - set(fl.tolist())), np.int64)
         agg = _Agg()
-        check_found_entries(agg, f, h, epos, recs, 1, passed, np.asarray([by_entry[j] for j in passed.tolist()], np.int64),
-                            kh, phy, diff)
+        check_found_entries(agg, f, h, epos, recs, passed + 1, np.asarray([by_entry[j] for j in passed.tolist()], np.int64),
+                            kh[passed], phy[passed], diff[passed])
         if agg.first:
             probs.append(f"{where}: entries the kernel let pass have findings {[x.as_json() for x in agg.findings()]}")
         ts = recs.c["storeTimestamp"]
         for j, q in zip(fl.tolist(), fr.tolist()):
             one = _Agg()
-            check_found_entries(one, f, h, epos, recs, 1, np.asarray([j]), np.asarray([q]), kh, phy, diff)
+            check_found_entries(one, f, h, epos, recs, np.asarray([j + 1]), np.asarray([q]), kh[[j]], phy[[j]], diff[[j]])
             if not one.first and abs(int(ts[q]) - h.beginTimestamp) < 1 << 53:
                 probs.append(f"{where}: entry {j + 1} flagged, but the rules find nothing")
     return probs

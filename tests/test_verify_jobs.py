@@ -68,14 +68,14 @@ def test_jobs_equal_one_process_on_every_shared_store(monkeypatch, name):
     monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 7000)
     monkeypatch.setattr(filechecks, "MIN_PARALLEL_BYTES", 0)
     built = []
-    real = windowchecks.build_file_checks
+    real = filechecks.FileChecksPlan.load
 
-    def build(*args):
-        got = real(*args)
+    def load(self, parts):  # here: the workers' shares of the file checks arrived (in a worker: its own list)
+        got = real(self, parts)
         built.append(got is not None)
         return got
 
-    monkeypatch.setattr(windowchecks, "build_file_checks", build)
+    monkeypatch.setattr(filechecks.FileChecksPlan, "load", load)
     root = STORES / name / "store"
     before = tree_digest(root)
     _same_for_every_jobs(root)
@@ -99,14 +99,14 @@ def test_the_workers_run_the_window_checks(tmp_path, monkeypatch):
 
     monkeypatch.setattr(windowchecks.WindowChecks, "window", window)
     monkeypatch.setattr(filechecks, "MIN_PARALLEL_BYTES", 0)
-    real_build = filechecks._build
+    real_part = filechecks.FileChecksPlan.part
 
-    def build(i, *args):
+    def part(self, k, workers):
         with open(log.with_suffix(".files"), "a") as fh:
             fh.write(f"{os.getpid()}\n")
-        yield from real_build(i, *args)
+        return real_part(self, k, workers)
 
-    monkeypatch.setattr(filechecks, "_build", build)
+    monkeypatch.setattr(filechecks.FileChecksPlan, "part", part)
     root = STORES / "4.9.3-clean" / "store"
     with Store.open(str(root)) as st:
         assert parallel_checks(st, 2)
@@ -117,6 +117,31 @@ def test_the_workers_run_the_window_checks(tmp_path, monkeypatch):
     assert str(os.getpid()) not in pids and len(set(pids)) == 2
     builders = log.with_suffix(".files").read_text().split()
     assert str(os.getpid()) not in builders and len(set(builders)) == 2
+
+
+def test_workers_walk_ahead_while_the_file_checks_travel(tmp_path, monkeypatch):
+    """A worker slow to build its share of the per-file checks: the others walk windows before they have the
+    checks, keep them and check them in order once the checks arrive. Same output as -j 1, with damage in the
+    log, the queues and the index."""
+    print(f"seed {SEED} (RMQSTORE_VJOBS_SEED)")
+    rng = random.Random(f"{SEED}-ahead")
+    monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 3000)
+    monkeypatch.setattr(filechecks, "MIN_PARALLEL_BYTES", 0)
+    real = filechecks.FileChecksPlan.part
+
+    def part(self, k, workers):
+        if k == 0:
+            import time
+
+            time.sleep(1.0)  # the other worker meanwhile walks up to windowchecks._WALK_AHEAD windows ahead
+        return real(self, k, workers)
+
+    monkeypatch.setattr(filechecks.FileChecksPlan, "part", part)
+    root = copy_store("4.9.3-clean", tmp_path / "store")
+    _damage_near_boundary(root, rng, 3000)
+    for damage in (_damage_index, _damage_queues, _damage_log):
+        damage(root, rng)
+    _same_for_every_jobs(root, jobs=(2,))
 
 
 @pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean", "4.9.3-ext", "lmq-5.3.3", "batchcq-5.3.3"])

@@ -67,23 +67,49 @@ def map_ranges(fn: Callable, ranges: Sequence[range], jobs: int, *args, on_resul
 AHEAD = 2  # items a worker of stream_segments may have made that the consumer has not taken yet
 
 
-def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[int], None] | None = None) -> Iterator:
+def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[int], None] | None = None,
+                    exchange=None) -> Iterator:
     """Everything ``items(i, *args)`` yields for segments ``i = 0 .. n-1``, in that order, computed by ``jobs``
     forked processes: worker *k* takes segments k, k+jobs, ... and hands each item over a queue that holds at
     most :data:`AHEAD` of them, so a 1 GiB segment's results never sit in memory whole, here or in a worker.
     ``done(i)`` is called after segment *i*'s last item. Closing the generator early stops the workers.
 
     The workers start at once, before the first item is asked for: the caller can prepare what consumes
-    the items (e.g. verify's per-file checks that need no record) while they walk."""
+    the items (e.g. verify's per-file checks that need no record) while they walk.
+
+    ``exchange`` (at least two workers): work the workers share out before their segments, in the same
+    processes (one fork each, not a round of its own). Worker *k* first sends ``exchange.part(k, workers)``
+    (picklable); this process gets every worker's part, in worker order, as ``exchange.combine(parts)``
+    before this call returns, and sends what that returns to every worker, where
+    ``exchange.accept_later(receive)`` gets a callable that returns it (``receive(False)`` raises queue.Empty
+    while it has not come): a worker may start its first segment before the other parts are done."""
     if jobs <= 1 or n <= 1:
+        if exchange is not None:
+            raise ValueError("an exchange needs at least two workers")
         return _serial(items, n, args, done)
     ctx = multiprocessing.get_context("fork")
     workers = min(jobs, n)
     queues = [ctx.Queue(maxsize=AHEAD) for _ in range(workers)]
-    procs = [ctx.Process(target=_stream_worker, args=(items, range(k, n, workers), args, queues[k]), daemon=True)
+    inboxes = [ctx.Queue(maxsize=1) for _ in range(workers)] if exchange is not None else [None] * workers
+    procs = [ctx.Process(target=_stream_worker, args=(items, range(k, n, workers), args, queues[k], exchange, k, workers,
+                                                      inboxes[k]), daemon=True)
              for k in range(workers)]
     for p in procs:
         p.start()
+    if exchange is not None:
+        try:
+            parts = []
+            for q, proc in zip(queues, procs):
+                got = _next_item(q, proc)
+                if isinstance(got, _WorkerError):
+                    raise got.error
+                parts.append(got.value)
+            shared = exchange.combine(parts)
+            for box in inboxes:
+                box.put(shared)
+        except BaseException:
+            _stop(procs)
+            raise
     gen = _consume(queues, procs, n, done)
     weakref.finalize(gen, _stop, procs)  # a stream dropped without being read stops its workers too
     return gen
@@ -137,8 +163,19 @@ class _WorkerError:
         self.error = error
 
 
-def _stream_worker(items: Callable, segments: range, args: tuple, out) -> None:
+class _Part:
+    """A worker's share of an exchange (see :func:`stream_segments`), as it travels to the consumer."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _stream_worker(items: Callable, segments: range, args: tuple, out, exchange=None, k: int = 0, workers: int = 1,
+                   inbox=None) -> None:
     try:
+        if exchange is not None:
+            out.put(_Part(exchange.part(k, workers)))
+            exchange.accept_later(inbox.get)  # get(block); the consumer stops this worker if it cannot send
         for i in segments:
             for item in items(i, *args):
                 out.put(item)

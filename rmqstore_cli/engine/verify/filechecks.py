@@ -3,7 +3,8 @@
 Before the log is walked, each consume queue (``ConsumeQueue``, with its ``ConsumeQueueExt``) and each index
 file (``IndexFile``) gets its per-file checks and the routing of its units / entries to the log's windows
 (:class:`.windows.QueueWindows`, :class:`.windows.IndexWindows`). Those are independent per queue and per file,
-so forked workers build them, a share each, and send the built check objects back. The objects refer to the
+so the ``-j`` workers build them, a share each, before their segments (the same processes: one fork each), and
+send the built check objects to this process, which hands every worker all of them. The objects refer to the
 store's open files (queues, segments, index files); such references travel as the object's identity — the
 workers are forks of this process, which holds the very same objects — never as a copy of a file or mapping.
 """
@@ -22,35 +23,59 @@ from .windows import IndexWindows, QueueWindows
 MIN_PARALLEL_BYTES = 256 << 20  # below this much to read, forking costs more than sharing the checks saves
 
 
-def build_file_checks(store, keys: list, files: list, windows, jobs: int):
-    """(queue checks, index-file checks, the findings their construction made in the one-process order), built by
-    ``jobs`` forked workers; None when they cannot be sent back (the caller builds them here instead)."""
-    from ..parallel import stream_segments
+class FileChecksPlan:
+    """The per-file checks of a ``-j`` verify, to be built by its workers: made in this process before the fork
+    (the handles the built checks refer to exist here, so their identities hold in every worker)."""
 
-    items = [("q", k) for k in keys] + [("x", f) for f in files]
-    weights = [_weight(kind, store.queue(*h) if kind == "q" else h) for kind, h in items]
-    if len(items) < 2 or sum(weights) < MIN_PARALLEL_BYTES:
-        return None
-    ext = store.config.enableConsumeQueueExt
-    handles = [store]
-    for topic, qid in keys:  # made before the fork, so the workers use (and refer to) these objects
-        handles.append(store.queue(topic, qid))
-        if ext:
-            handles.append(store.ext(topic, qid))
-    handles += files
-    registry = _registry(handles)
-    try:
-        bins = _balanced(weights, jobs)
-        parts = stream_segments(_build, len(bins), jobs, bins, store, items, windows, registry)
-        built = [None] * len(items)
-        for k, got in ((k, got) for part in parts for k, got in _FromReference(io.BytesIO(part), registry).load()):
-            built[k] = got
-    except (pickle.PicklingError, TypeError, AttributeError):  # something not meant to travel: build here
-        return None
-    queues = [obj for (kind, _), (obj, _) in zip(items, built) if kind == "q"]
-    index_files = [obj for (kind, _), (obj, _) in zip(items, built) if kind == "x"]
-    findings = [f for (kind, _), (_, found) in zip(items, built) if kind == "q" for f in found]
-    return queues, index_files, findings
+    def __init__(self, store, items: list, weights: list, registry: dict, windows):
+        self.store, self.items, self.weights, self.registry, self.windows = store, items, weights, registry, windows
+
+    @classmethod
+    def make(cls, store, keys: list, files: list, windows) -> "FileChecksPlan | None":
+        """None when there is too little to share out (the caller builds the checks here)."""
+        items = [("q", k) for k in keys] + [("x", f) for f in files]
+        weights = [_weight(kind, store.queue(*h) if kind == "q" else h) for kind, h in items]
+        if len(items) < 2 or sum(weights) < MIN_PARALLEL_BYTES:
+            return None
+        ext = store.config.enableConsumeQueueExt
+        handles = [store]
+        for topic, qid in keys:  # made before the fork, so the workers use (and refer to) these objects
+            handles.append(store.queue(topic, qid))
+            if ext:
+                handles.append(store.ext(topic, qid))
+        handles += files
+        return cls(store, items, weights, _registry(handles), windows)
+
+    def part(self, k: int, workers: int) -> bytes | None:
+        """Worker ``k``'s share of ``workers`` (by size), built and pickled; None when it cannot travel."""
+        bins = _balanced(self.weights, workers)
+        out = []
+        for i in (bins[k] if k < len(bins) else []):
+            kind, key = self.items[i]
+            found: list = []
+            out.append((i, (QueueWindows(self.store, *key, self.windows, found) if kind == "q" else IndexWindows(key, self.windows),
+                            found)))
+        buf = io.BytesIO()
+        try:
+            _ByReference(buf, self.registry).dump(out)
+        except (pickle.PicklingError, TypeError, AttributeError):  # something not meant to travel
+            return None
+        return buf.getvalue()
+
+    def load(self, parts: list) -> tuple | None:
+        """(queue checks, index-file checks, the findings their construction made in the one-process order) from
+        every worker's part, or None if one could not be sent."""
+        if any(p is None for p in parts):
+            return None
+        built = [None] * len(self.items)
+        for part in parts:
+            for k, got in _FromReference(io.BytesIO(part), self.registry).load():
+                built[k] = got
+        items = self.items
+        queues = [obj for (kind, _), (obj, _) in zip(items, built) if kind == "q"]
+        index_files = [obj for (kind, _), (obj, _) in zip(items, built) if kind == "x"]
+        findings = [f for (kind, _), (_, found) in zip(items, built) if kind == "q" for f in found]
+        return queues, index_files, findings
 
 
 def _weight(kind: str, h) -> int:
@@ -70,17 +95,6 @@ def _balanced(weights: list, parts: int) -> list:
         bins[b].append(k)
         totals[b] += weights[k]
     return [sorted(b) for b in bins]
-
-
-def _build(i: int, bins: list, store, items: list, windows, registry: dict):
-    out = []
-    for k in bins[i]:
-        kind, key = items[k]
-        found: list = []
-        out.append((k, (QueueWindows(store, *key, windows, found) if kind == "q" else IndexWindows(key, windows), found)))
-    buf = io.BytesIO()
-    _ByReference(buf, registry).dump(out)
-    yield buf.getvalue()
 
 
 def _registry(handles: list) -> dict:

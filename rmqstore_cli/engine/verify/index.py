@@ -141,30 +141,30 @@ def _check_entry_block(f, h, a: int, kh, phy, diff, prev, final: bool, scan: _En
     if final and status[-1] == refs.FOUND:
         scan.last_ts = int(ts[idx[-1]])
     sel = np.flatnonzero((status == refs.FOUND) & (kh >= 0))
-    check_found_entries(agg, f, h, epos, recs, a, sel, idx[sel], kh, phy, diff)
+    check_found_entries(agg, f, h, epos, recs, sel + a, idx[sel], kh[sel], phy[sel], diff[sel])
 
 
-def check_found_entries(agg: _Agg, f, h, epos, recs: _Records, a: int, k: np.ndarray, r: np.ndarray, kh: np.ndarray,
+def check_found_entries(agg: _Agg, f, h, epos, recs: _Records, entries: np.ndarray, r: np.ndarray, kh: np.ndarray,
                         phy: np.ndarray, diff: np.ndarray) -> None:
-    """The entry -> record rules (§10.3) for entries that found their record: block positions ``k`` (entry
-    ``a + k``) and their records ``r`` in ``recs``; ``kh``/``phy``/``diff`` are the block's columns.
+    """The entry -> record rules (§10.3) for entries that found their record: entry numbers ``entries``, their
+    records ``r`` in ``recs`` and their keyHash ``kh``, phyOffset ``phy`` and timeDiff ``diff`` (one row each).
     Shared by the whole-file check and the windowed one."""
     ts = recs.c["storeTimestamp"]
     rollback = (recs.c["sysFlag"][r] & 0xC) == TRANSACTION_ROLLBACK
-    no_key = ~rollback & ~recs.has_key_hash(r, kh[k])
+    no_key = ~rollback & ~recs.has_key_hash(r, kh)
     wrong = np.flatnonzero(rollback | no_key)
     for q in wrong[:1].tolist():
-        e = a + int(k[q])
-        p = int(phy[k[q]])
+        e = int(entries[q])
+        p = int(phy[q])
         if rollback[q]:
             agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} points at a rollback record, which is never indexed",
                     entry=e, phyOffset=p, rank=(1, e))
         else:
             agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} points at {p}, a record with no key of "
-                    f"hash {int(kh[k[q]])}", entry=e, phyOffset=p, rank=(1, e))
+                    f"hash {int(kh[q])}", entry=e, phyOffset=p, rank=(1, e))
         agg.count[(f.path, "IDX_KEY_HASH")] += len(wrong) - 1
     if h.beginTimestamp > 0:
-        t = np.flatnonzero(~rollback & ~no_key & (k + a >= 2))
+        t = np.flatnonzero(~rollback & ~no_key & (entries >= 2))
         d = ts[r[t]] - h.beginTimestamp
         # int(d / 1000) with Python's float division; exact in float64 while |d| < 2**53
         big = np.abs(d) >= (1 << 53)
@@ -173,9 +173,9 @@ def check_found_entries(agg: _Agg, f, h, epos, recs: _Records, a: int, k: np.nda
             dq = int(d[q])
             want[q] = int(dq / 1000) if dq >= 0 else 0
         want = np.minimum(np.maximum(want, 0), 2**31 - 1)
-        for q in np.flatnonzero(diff[k[t]] != want).tolist():
-            e = a + int(k[t[q]])
-            agg.add(f.path, "IDX_TIME_DIFF", WARNING, f.path, epos(e), f"entry {e} timeDiff {int(diff[k[t[q]]])} s, the record's "
+        for q in np.flatnonzero(diff[t] != want).tolist():
+            e = int(entries[t[q]])
+            agg.add(f.path, "IDX_TIME_DIFF", WARNING, f.path, epos(e), f"entry {e} timeDiff {int(diff[t[q]])} s, the record's "
                     f"store time gives {int(want[q])} s", entry=e, rank=e)
 
 

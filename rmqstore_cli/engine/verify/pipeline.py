@@ -37,6 +37,7 @@ from .records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _Ref
                       map_large_allocations)
 from .rocksdbqueues import check_database
 from ..timer.check import check_timer_store
+from ..timer.store import TimerStore
 from .dispatch import NotMergeable
 from .windowchecks import WindowChecks, add_store_time_finding, check_delay_properties as _check_delay_properties  # noqa: F401
 from .windows import segments_overlap
@@ -94,9 +95,10 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     checks = WindowChecks(store, findings, check_crc=check_crc, jobs=jobs if parallel else 1)
     tail = None
     if parallel:
-        from ..parallel import Background
+        if _has_log_independent_checks(store, with_dledger=False):  # -j splits the DLedger walk itself
+            from ..parallel import Background
 
-        tail = Background(_log_independent_checks, store, False)  # beside the workers: no core idles while it runs
+            tail = Background(_log_independent_checks, store, False)  # beside the workers: no core idles while it runs
         checks.run_parallel(jobs, progress)
     else:
         if reports is None:
@@ -136,17 +138,26 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     _check_root(store, findings)
     if tail is None:
         _check_timer(store, findings, summary)
-        if getattr(cl, "is_dledger", False):
-            check_dledger(store, findings, summary)
     else:
         found, timer, _ = tail.result()
         findings += found
         if timer:
             summary["timer"] = timer
-        if getattr(cl, "is_dledger", False):  # the entry walk split by data file, after the window workers
-            check_dledger(store, findings, summary, jobs=jobs)
+    if getattr(cl, "is_dledger", False):  # with -j the entry walk is split by data file, after the window workers
+        check_dledger(store, findings, summary, jobs=jobs if parallel else 1)
     sort_findings(findings, summary)
     return VerifyResult(findings, summary)
+
+
+def _has_log_independent_checks(store, with_dledger: bool = True) -> bool:
+    """Whether :func:`_log_independent_checks` has anything to read (else no process is forked for it)."""
+    if with_dledger and getattr(store.commitlog, "is_dledger", False):
+        return True
+    ts = TimerStore(store)
+    try:
+        return bool(ts.present)
+    finally:
+        ts.close()
 
 
 def _log_independent_checks(store, with_dledger: bool = True) -> tuple[list, dict, dict | None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rmqstore_cli.formats import checkkernel
 from rmqstore_cli.formats.extaddr import MAX_ADDR, undecorate
 from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
@@ -113,18 +114,31 @@ class _QueueFiles:
 
     def valid_files(self):
         """(file, its valid units) of each file the queue reaches, in order (nothing decoded)."""
+        for seg, n, _, _ in self._files(None):
+            yield seg, n
+
+    def scanned_files(self, starts: np.ndarray, step: int, max_addr: int):
+        """:meth:`valid_files` with, per file, what :func:`checkkernel.queue_file_valid` found in the same pass over
+        its units: (file, valid units, :func:`checkkernel.queue_file` of them, largest tagsCode <= ``max_addr`` or None)."""
+        return self._files((starts, step, max_addr))
+
+    def _files(self, scan):
         end, first = self.end_offset, True
         for seg in self.cq.segments.segments:
             arr = self.cq.file_units(seg)
-            valid = (arr["phyOffset"] >= 0) & (arr["size"] > 0)
-            bad = np.flatnonzero(~valid)
-            n = int(bad[0]) if len(bad) else len(arr)
+            got = low_tags = None
+            if scan is None:
+                valid = (arr["phyOffset"] >= 0) & (arr["size"] > 0)
+                bad = np.flatnonzero(~valid)
+                n = int(bad[0]) if len(bad) else len(arr)
+            else:
+                n, got, low_tags = checkkernel.queue_file_valid(arr.view(np.uint8), len(arr), *scan)
             base = seg.start // CQ_UNIT_SIZE
             if base != end and not first:
                 break  # gap between files: the queue's continuity is broken here
             first = False
             self.files.append((seg, n))
-            yield seg, n
+            yield seg, n, got, low_tags
             end = self.end_offset = base + n
             if n * CQ_UNIT_SIZE < self.cq.file_size:
                 break
@@ -272,10 +286,9 @@ def _check_cq_holes(cq, end_offset: int, agg: _Agg, group) -> None:
             continue
         arr = cq.file_units(seg)
         first = max(0, (end_pos - seg.start) // CQ_UNIT_SIZE)
-        rest = arr[first:]
-        nz = np.flatnonzero((rest["phyOffset"] != 0) | (rest["size"] != 0) | (rest["tagsCode"] != 0))
-        if len(nz):
-            pos = (first + int(nz[0])) * CQ_UNIT_SIZE
+        rest = arr[first:].view(np.uint8)  # a unit's three fields are all its 20 bytes: non-zero field = non-zero byte
+        if np.count_nonzero(rest):
+            pos = (first + int(np.flatnonzero(rest)[0]) // CQ_UNIT_SIZE) * CQ_UNIT_SIZE
             # located at the break (the first invalid unit), where the damage is, not at the stranded units
             end_seg = cq.segments.find(end_pos) or seg
             agg.add(group, "CQ_HOLE", ERROR, end_seg.path, end_pos - end_seg.start, f"units after the end of the queue at offset "

@@ -112,7 +112,13 @@ class _Records:
         lens = [len(r.cols["phy"]) for r in reports]
         n = sum(lens)
         self.c = {}
+        # one report (a window, in process) whose topics keep their numbers: its columns are taken as they are
+        alone = len(reports) == 1 and np.array_equal(remaps[0][:len(reports[0].topics)], np.arange(len(reports[0].topics)))
         for c in _COLS:
+            if alone:
+                self.c[c] = np.ascontiguousarray(reports[0].cols[c], dtype=_COL_TYPES[c])
+                reports[0].cols[c] = _CONSUMED
+                continue
             col = self.c[c] = np.empty(n, dtype=_COL_TYPES[c])
             at = 0
             for r, remap in zip(reports, remaps):
@@ -126,12 +132,16 @@ class _Records:
             self.seg[at:at + m] = r.segment if r.segment >= 0 else r.index
             at += m
         n_keys = sum(len(r.key_hashes) for r in reports if r.key_hashes is not None)
-        self.keys = np.empty(n_keys, dtype=np.int32)
-        at = 0
+        if alone and reports[0].key_hashes is not None:
+            self.keys = np.ascontiguousarray(reports[0].key_hashes, dtype=np.int32)
+        else:
+            self.keys = np.empty(n_keys, dtype=np.int32)
+            at = 0
+            for r in reports:
+                if r.key_hashes is not None:
+                    self.keys[at:at + len(r.key_hashes)] = r.key_hashes
+                    at += len(r.key_hashes)
         for r in reports:
-            if r.key_hashes is not None:
-                self.keys[at:at + len(r.key_hashes)] = r.key_hashes
-                at += len(r.key_hashes)
             r.key_hashes = None
         # where each record's key hashes start in self.keys (int32 while they fit)
         self.key_start = np.zeros(n, dtype=np.int32 if n_keys < 2**31 else np.int64)

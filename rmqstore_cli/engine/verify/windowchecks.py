@@ -13,6 +13,7 @@ one process.
 
 from __future__ import annotations
 
+import queue
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -23,7 +24,7 @@ from ..findings import Finding
 from .batchqueues import BatchQueueCheck
 from .commitlog import first_windows, iter_segment_windows, window_report
 from .dispatch import DispatchWindows, WindowMissing
-from .filechecks import build_file_checks
+from .filechecks import FileChecksPlan
 from .lmq import LmqDispatchCheck, after_furthest_unit
 from .records import ERROR, WARNING, _Agg, _Records
 from .rocksdbqueues import CheckpointDispatch, RocksQueueWindows
@@ -63,39 +64,68 @@ class WindowChecks:
     (consume queues, batch queues, LMQ, index entries) checked against the records, one window at a time."""
 
     def __init__(self, store, findings: list, *, check_crc: bool = True, jobs: int = 1):
-        """The record-independent checks of every queue and index file are made here (by ``jobs`` processes)."""
+        """The record-independent checks of every queue and index file are made here, or with ``jobs`` > 1 by the
+        workers of :meth:`run_parallel` (this process then has them once that call has started the workers)."""
         cl = self.cl = store.commitlog
         self.store, self.check_crc, self.findings = store, check_crc, findings
         self.windows = windows = Windows(cl)
         rocksdb = store.rocksdb
-        svc = store.index
         keys = store.queues()
-        files = [f for f in svc.files if f.complete]
-        built = None
+        self.plan = None
+        self._receive = None
         if jobs > 1 and rocksdb is None:
             from rmqstore_cli.formats.warmup import warm_up
 
             warm_up()  # numba imported and every kernel loaded once, before the forks, not in each worker
-            built = build_file_checks(store, keys, files, windows, jobs)
-        if built is not None:
-            self.queues, self.index_files, found = built
-            findings += found
-        else:
-            queue_windows = QueueWindows if rocksdb is None else RocksQueueWindows
-            self.queues = [queue_windows(store, topic, qid, windows, findings) for topic, qid in keys]
+            self.plan = FileChecksPlan.make(store, keys, self._index_files(), windows)
+        if self.plan is None:
+            self._setup(self._queues_here(findings), None, [])
+
+    def _index_files(self) -> list:
+        return [f for f in self.store.index.files if f.complete]
+
+    def _queues_here(self, findings: list) -> list:
+        queue_windows = QueueWindows if self.store.rocksdb is None else RocksQueueWindows
+        return [queue_windows(self.store, topic, qid, self.windows, findings) for topic, qid in self.store.queues()]
+
+    def _setup(self, queues: list, index_files: list | None, found: list) -> None:
+        """Everything else, once the queues' checks are built (``index_files`` None: built here; ``found``: what
+        building the queues' checks elsewhere found), adding findings in the one-process order."""
+        store, findings, windows, cl, check_crc = self.store, self.findings, self.windows, self.cl, self.check_crc
+        self.queues = queues
+        findings += found
         self.queue_is_lmq = [is_lmq(q.scan.topic) for q in self.queues]
         self.batch = [BatchQueueCheck(store, topic, qid, findings) for topic, qid in store.batch_queues()]
-        findings += svc.problems
-        if built is None:
-            self.index_files = [IndexWindows(f, windows) for f in files]
+        findings += store.index.problems
+        self.index_files = index_files if index_files is not None else [IndexWindows(f, windows) for f in self._index_files()]
         phy_maxes = [q.phy_max for q in self.queues + self.batch if q.phy_max is not None]
-        if rocksdb is None:
+        if store.rocksdb is None:
             self.dispatch = DispatchWindows(max(phy_maxes) if phy_maxes else None)
         else:  # the database's checkpoint is where the broker's next start dispatches from
-            self.dispatch = CheckpointDispatch(rocksdb.checkpoint)
+            self.dispatch = CheckpointDispatch(store.rocksdb.checkpoint)
         self.lmq = LmqDispatchCheck(store, after_furthest_unit(max(phy_maxes) if phy_maxes else None))
         self.dispatch.reread_with(lambda w: _Records(store, [window_report(cl, w, check_crc=check_crc)]))
         self._fresh()
+
+    # -- the file checks shared out among the workers (parallel.stream_segments' exchange) ---------------------
+
+    def part(self, k: int, workers: int):
+        """In worker ``k``: its share of the per-file checks, built."""
+        return self.plan.part(k, workers)
+
+    def combine(self, parts: list):
+        """Here: every worker's share; returns what each worker gets (None: each builds them all itself)."""
+        loaded = self.plan.load(parts)
+        if loaded is None:
+            self._setup(self._queues_here(self.findings), None, [])
+            return None
+        self._setup(*loaded)
+        return parts
+
+    def accept_later(self, receive: Callable) -> None:
+        """In a worker: ``receive(block)`` returns :meth:`combine`'s result (raises queue.Empty if it has not come
+        and ``block`` is false), read when the first window is checked."""
+        self._receive = receive
 
     def _fresh(self) -> None:
         self.times = _Agg()
@@ -145,19 +175,33 @@ class WindowChecks:
 
     # -- in a worker ---------------------------------------------------------------------------------------
 
-    def enter_worker(self) -> None:
-        """In a freshly forked worker: forget what this process gathered before the fork (it has it)."""
+    def enter_worker(self, wait: bool = True) -> bool:
+        """In a freshly forked worker: the shared file checks received (when :meth:`run_parallel` shared them
+        out), and what this process gathered before the fork forgotten (the main process has it). Without
+        ``wait``, False when the shared checks have not arrived yet (nothing done)."""
         if getattr(self, "_in_worker", False):
-            return
+            return True
+        if self._receive is not None:
+            try:
+                shared = self._receive(wait)
+            except queue.Empty:
+                return False
+            self._receive = None
+            loaded = self.plan.load(shared) if shared is not None else None
+            if loaded is None:  # a share could not travel: every process builds them all
+                loaded = (self._queues_here([]), None, [])
+            self._setup(*loaded)
         self._in_worker = True
         for _, c in self._checkers():
             c.take_partial()
         self.findings = []
         self.dispatch = _DispatchSummaries()
         self._fresh()
+        return True
 
     def segment_result(self, i: int) -> SegmentChecks:
         """What the windows of segment ``i`` added (then starts afresh for the next segment)."""
+        self.enter_worker()
         for rep in self.kept:
             rep.findings = []  # already in self.findings
         out = SegmentChecks(i, self.findings, self.kept, self.times, self.first_record, self.prev_ts, self.newest,
@@ -201,16 +245,29 @@ class WindowChecks:
 
         segs = self.cl.segments.segments
         warm_up()  # before the fork, not in each worker (a second call, after the file checks, costs microseconds)
+        # with a plan, the workers first build the per-file checks, a share each, and all get all of them
         results = stream_segments(_segment_checks, len(segs), jobs, self, first_windows(self.cl),
-                                  done=(lambda i: progress(segs[i].size)) if progress else None)
+                                  done=(lambda i: progress(segs[i].size)) if progress else None,
+                                  exchange=self if self.plan is not None else None)
         for res in results:
             self.merge(res)
 
 
+_WALK_AHEAD = 3  # windows a worker walks before it waits for the shared file checks (memory: a window's columns each)
+
+
 def _segment_checks(i: int, checks: WindowChecks, firsts: list):
-    checks.enter_worker()
+    pending: list = []  # windows walked while the shared file checks were on their way
     for rep in iter_segment_windows(checks.cl, i, check_crc=checks.check_crc, first_window=firsts[i]):
-        checks.window(rep)
+        if not checks.enter_worker(wait=len(pending) >= _WALK_AHEAD):
+            pending.append(rep)
+            continue
+        for r in pending + [rep]:
+            checks.window(r)
+        pending = []
+    checks.enter_worker()
+    for r in pending:
+        checks.window(r)
     yield checks.segment_result(i)
 
 

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rmqstore_cli.formats import checkkernel
+from rmqstore_cli.formats import checkkernel, entrykernel
 from rmqstore_cli.formats.extaddr import MAX_ADDR
-from rmqstore_cli.formats.indexchain import chain_block
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
 from ..findings import Finding
@@ -111,14 +110,13 @@ class QueueWindows:
         self.units = 0
         self.phy_max: int | None = None
         scan = self.scan
-        for seg, n in self.files.valid_files():
+        for seg, n, got, low_tags in self.files.scanned_files(windows.starts, _SAMPLE_STEP, MAX_ADDR):
             self.units += n
             if not n:
                 continue
-            if scan.ext is not None:
-                scan.note_ext_refs(cq.file_units(seg)["tagsCode"][:n])
-            fillers, first_filler, real, phy_max, (lo, hi), before, samples = checkkernel.queue_file(
-                self.files.unit_bytes(seg), n, windows.starts, _SAMPLE_STEP)
+            if scan.ext is not None and low_tags is not None:
+                scan.last_ext = low_tags if scan.last_ext is None else max(scan.last_ext, low_tags)
+            fillers, first_filler, real, phy_max, (lo, hi), before, samples = got
             # samples (units in log order, the normal case: each window's units are one run): every
             # _SAMPLE_STEP-th unit's window, enough to find a window's run with two binary searches, a few
             # bytes per thousand units whatever the number of windows a file spans
@@ -240,37 +238,32 @@ class IndexWindows:
         buf = f.segment.buffer()
         last = np.zeros(f.slots, dtype=np.int32)  # newest entry per slot so far: the expected slot table
         prev_phy = None
-        first_phy = last_phy = 0
+        first_phy = 0
         for a in range(1, count, verify_index._ENTRY_BLOCK):
             b = min(a + verify_index._ENTRY_BLOCK, count)
-            kh, phy, _, prev = checkkernel.entry_columns(raw, a, b)
+            blk = entrykernel.index_entries(raw, a, b, f.slots, windows.starts, last, prev_phy)
             _drop_pages(buf, base + a * INDEX_ENTRY_SIZE, (b - a) * INDEX_ENTRY_SIZE)
             if a == 1:
-                first_phy = int(phy[0])
-            last_phy = int(phy[-1])
+                first_phy = blk.first_phy
+            prev_phy = blk.last_phy
             if self.out_of_order is None:
-                if prev_phy is not None and prev_phy > int(phy[0]):
-                    self.out_of_order = (a - 1, prev_phy, a, int(phy[0]))
-                else:
-                    k = np.flatnonzero(phy[:-1] > phy[1:])[:1].tolist()
-                    if k:
-                        self.out_of_order = (a + k[0], int(phy[k[0]]), a + k[0] + 1, int(phy[k[0] + 1]))
-            prev_phy = int(phy[-1])
-            bad_pos, bad_exp = chain_block(kh, prev, a, f.slots, last)
-            for k, want in zip(bad_pos.tolist(), bad_exp.tolist()):
-                e = a + k
-                agg.add(f.path, "IDX_CHAIN", ERROR, f.path, epos(e), f"entry {e} links to {int(prev[k])}, expected "
+                self.out_of_order = blk.out_of_order
+            # the block's first finding of each kind, the rest counted: what adding each would keep (no rank
+            # for IDX_CHAIN: the first added stays; IDX_KEY_HASH ranks by entry, the block's first is its lowest)
+            if len(blk.bad_pos):
+                e, want, prev = int(blk.bad_pos[0]), int(blk.bad_exp[0]), int(blk.bad_prev[0])
+                agg.add(f.path, "IDX_CHAIN", ERROR, f.path, epos(e), f"entry {e} links to {prev}, expected "
                         f"{want} (the previous entry with the same hash slot)", entry=e)
-            for k in np.flatnonzero(kh < 0).tolist():
-                e = a + k
-                agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} has a negative key hash {int(kh[k])}",
+                agg.count[(f.path, "IDX_CHAIN")] += len(blk.bad_pos) - 1
+            if len(blk.neg_pos):
+                e = int(blk.neg_pos[0])
+                agg.add(f.path, "IDX_KEY_HASH", ERROR, f.path, epos(e), f"entry {e} has a negative key hash {int(blk.neg_kh[0])}",
                         entry=e, rank=(0, e))
-            k = windows.of(phy)
-            before = k < 0
-            self.deferred.add(np.flatnonzero(before) + a, phy[before])
-            if not before.all():
-                self.reach.append((a, b, int(k[~before].min()), int(k.max())))
-        verify_index.check_slot_table(agg, f, h, buf, last, first_phy, last_phy)
+                agg.count[(f.path, "IDX_KEY_HASH")] += len(blk.neg_pos) - 1
+            self.deferred.add(blk.before_pos, blk.before_phy)
+            if blk.windows is not None:
+                self.reach.append((a, b, *blk.windows))
+        verify_index.check_slot_table(agg, f, h, buf, last, first_phy, prev_phy)
         del last
 
     def take_partial(self):
@@ -290,6 +283,17 @@ class IndexWindows:
     def epos(self, e: int) -> int:
         return INDEX_HEADER_SIZE + self.f.slots * INDEX_SLOT_SIZE + int(e) * INDEX_ENTRY_SIZE
 
+    def _ranges(self, w: int) -> list:
+        """The runs of consecutive entry blocks whose entries point into window ``w``, as (first entry, end)."""
+        out: list = []
+        for a, b, lo, hi in self.reach:
+            if lo <= w <= hi:
+                if out and out[-1][1] == a:
+                    out[-1][1] = b
+                else:
+                    out.append([a, b])
+        return out
+
     def window(self, w: int, windows: Windows, recs: _Records) -> None:
         f, h, agg, epos = self.f, self.h, self.agg, self.epos
         if not self.reach:
@@ -298,22 +302,20 @@ class IndexWindows:
         buf = f.segment.buffer()
         base = INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE
         ts = recs.c["storeTimestamp"]
-        for a, b, lo, hi in self.reach:
-            if not lo <= w <= hi:
-                continue
-            kh, phy, diff, _ = checkkernel.entry_columns(raw, a, b)
+        for a, b in self._ranges(w):
+            (nf, nf_phy), (fl, fr, fkh, fphy, fdiff), first, last = entrykernel.index_range(raw, a, b, *windows.bounds(w), recs,
+                                                                                        h.beginTimestamp)
             _drop_pages(buf, base + a * INDEX_ENTRY_SIZE, (b - a) * INDEX_ENTRY_SIZE)
-            nf, fl, fr, first, last = checkkernel.index_window(kh, phy, diff, a, *windows.bounds(w), recs, h.beginTimestamp)
-            self.deferred.add(nf + a, phy[nf])
+            self.deferred.add(nf, nf_phy)
             if first is None:
                 continue
-            self.last_found = max(self.last_found, last[0] + a)
-            if a == 1 and first[0] == 0:
+            self.last_found = max(self.last_found, last[0])
+            if first[0] == 1:
                 self.first_ts = int(ts[first[1]])
-            if b == self.count and last[0] == b - a - 1:
+            if last[0] == self.count - 1:
                 self.last_ts = int(ts[last[1]])
             if len(fl):  # entries that differ from their record somehow: the rules say how
-                verify_index.check_found_entries(agg, f, h, epos, recs, a, fl, fr, kh, phy, diff)
+                verify_index.check_found_entries(agg, f, h, epos, recs, fl, fr, fkh, fphy, fdiff)
 
     def finish(self, refs: _RefClassifier, findings: list) -> None:
         f, h, agg = self.f, self.h, self.agg
