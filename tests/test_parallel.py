@@ -73,3 +73,54 @@ def test_background_computes_in_another_process_and_hands_back_its_result_or_err
     assert got == 42 and pid != os.getpid()
     with pytest.raises(ValueError, match="timerlog is damaged"):
         Background(_raises).result()
+
+
+def _with_nones(i: int):
+    yield None
+    yield i
+    yield None
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 3])
+def test_a_task_may_yield_none(jobs):
+    assert list(stream_segments(_with_nones, 5, jobs)) == [x for i in range(5) for x in (None, i, None)]
+
+
+def _pid_then_sleep(i: int):
+    yield os.getpid()
+    time.sleep(120)
+    yield None
+
+
+def test_workers_end_when_the_process_that_forked_them_is_killed(tmp_path):
+    """A -j run killed with SIGKILL (no clean-up runs in it) leaves no worker behind."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys\n"
+        "from tests.test_parallel import _pid_then_sleep\n"
+        "from rmqstore_cli.engine.parallel import stream_segments\n"
+        "it = stream_segments(_pid_then_sleep, 2, 2)\n"
+        "print(next(it), flush=True)\n"
+        "sys.stdin.read()\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=root, env={**os.environ, "PYTHONPATH": root})
+    worker = int(proc.stdout.readline())
+    os.kill(worker, 0)  # alive while the main process is
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{worker}/status") as f:
+                if "\nState:\tZ" in f.read():  # ended, not yet reaped by its new parent
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
+    os.kill(worker, signal.SIGKILL)
+    pytest.fail(f"worker {worker} still ran 60 s after its parent was killed")

@@ -27,6 +27,23 @@ def default_jobs() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
+def die_with_parent() -> None:
+    """Called first in every forked worker: the worker gets SIGTERM when the process that forked it ends, even
+    by a signal that runs no clean-up (kill, an OOM kill), instead of running on orphaned (Linux prctl
+    PR_SET_PDEATHSIG; elsewhere nothing is done)."""
+    import signal
+
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent ended before the request was in place
+        os._exit(1)
+
+
 def _call(part: range):
     fn, args = _TASK
     return fn(part, *args)
@@ -52,7 +69,7 @@ def map_ranges(fn: Callable, ranges: Sequence[range], jobs: int, *args, on_resul
     _TASK = (fn, args)
     try:
         ctx = multiprocessing.get_context("fork")
-        with ctx.Pool(min(jobs, len(ranges))) as pool:
+        with ctx.Pool(min(jobs, len(ranges)), initializer=die_with_parent) as pool:
             out = []
             for r, res in zip(ranges, pool.imap(_call, ranges)):
                 if keep:
@@ -128,7 +145,7 @@ def _consume(queues: list, procs: list, n: int, done) -> Iterator:
         for i in range(n):
             while True:
                 item = _next_item(queues[i % workers], procs[i % workers])
-                if item is _SEGMENT_DONE:
+                if isinstance(item, _SegmentDone):
                     break
                 if isinstance(item, _WorkerError):
                     raise item.error
@@ -147,7 +164,11 @@ def _stop(procs: list) -> None:
         p.join()
 
 
-_SEGMENT_DONE = None  # what a worker sends after a segment's last item
+class _SegmentDone:
+    """What a worker sends after a segment's last item (a class of its own: a task may yield None)."""
+
+
+_SEGMENT_DONE = _SegmentDone()
 
 
 class _WorkerError:
@@ -172,6 +193,7 @@ class _Part:
 
 def _stream_worker(items: Callable, segments: range, args: tuple, out, exchange=None, k: int = 0, workers: int = 1,
                    inbox=None) -> None:
+    die_with_parent()
     try:
         if exchange is not None:
             out.put(_Part(exchange.part(k, workers)))
@@ -223,6 +245,7 @@ class Background:
 
 
 def _background(fn: Callable, args: tuple, out) -> None:
+    die_with_parent()
     try:
         out.put(fn(*args))
     except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
