@@ -253,21 +253,46 @@ def _index_range(u8, a, b, ws, we, rphy, rsys, rts, keys, key_start, key_count, 
     state[5] = last_rec
 
 
+RANGE_CHUNK = 1 << 15  # entries per call of the range pass: its scratch columns stay ~2 MB whatever the range's length
+
+
 def index_range(u8, a: int, b: int, ws: int, we: int, recs, begin_ts: int) -> tuple:
     """Entries ``a .. b-1`` against the window ``[ws, we)`` of records ``recs``: ((entries that found no record,
     their offsets), (flagged entries, their records, keyHash, phyOffset, timeDiff), (first found entry, its
-    record) or None, (last found entry, its record) or None)."""
-    n = max(b - a, 0)
-    nf_pos, nf_phy, fl_pos, fl_rec, fl_kh, fl_phy, fl_diff = (np.empty(n, np.int64) for _ in range(7))
+    record) or None, (last found entry, its record) or None). The range (a window's entries: hundreds of
+    thousands) is passed in chunks of :data:`RANGE_CHUNK` entries, so the scratch columns, which must hold every
+    entry of a call in the worst case, do not grow with it."""
+    n = min(max(b - a, 0), RANGE_CHUNK)
+    scratch = tuple(np.empty(n, np.int64) for _ in range(7))
     state = np.zeros(6, np.int64)
     c = recs.c
-    _compiled("_index_range")(u8, np.int64(a), np.int64(b), np.int64(ws), _last_offset(we), recs.phy, c["sysFlag"],
-                              c["storeTimestamp"], recs.keys, recs.key_start, c["keyCount"], np.int64(begin_ts), nf_pos,
-                              nf_phy, fl_pos, fl_rec, fl_kh, fl_phy, fl_diff, state)
-    nnf, nfl = int(state[0]), int(state[1])
-    found = ((int(state[3]), int(state[4])), (int(state[2]), int(state[5]))) if state[2] >= 0 else (None, None)
-    return ((nf_pos[:nnf].copy(), nf_phy[:nnf].copy()),
-            tuple(v[:nfl].copy() for v in (fl_pos, fl_rec, fl_kh, fl_phy, fl_diff)), *found)
+    kernel = _compiled("_index_range")
+    not_found: list = []
+    flagged: list = []
+    first = last = None
+    for lo in range(a, b, RANGE_CHUNK):
+        hi = min(lo + RANGE_CHUNK, b)
+        kernel(u8, np.int64(lo), np.int64(hi), np.int64(ws), _last_offset(we), recs.phy, c["sysFlag"], c["storeTimestamp"],
+               recs.keys, recs.key_start, c["keyCount"], np.int64(begin_ts), *scratch, state)
+        nnf, nfl = int(state[0]), int(state[1])
+        if nnf:
+            not_found.append(tuple(v[:nnf].copy() for v in scratch[:2]))
+        if nfl:
+            flagged.append(tuple(v[:nfl].copy() for v in scratch[2:]))
+        if state[2] >= 0:
+            if first is None:
+                first = (int(state[3]), int(state[4]))
+            last = (int(state[2]), int(state[5]))
+    return (_joined(not_found, 2), _joined(flagged, 5), first, last)
+
+
+def _joined(parts: list, width: int) -> tuple:
+    """The chunks' columns end to end (``width`` empty columns when no chunk had any row)."""
+    if not parts:
+        return tuple(np.zeros(0, np.int64) for _ in range(width))
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(np.concatenate(col) for col in zip(*parts))
 
 
 def warm_up() -> None:
