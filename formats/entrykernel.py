@@ -23,7 +23,7 @@ def _compiled(name: str):
     """The compiled pass ``name`` (checkkernel's helpers, the chain rule and the prefetch made on the first call)."""
     fn = _COMPILED.get(name)
     if fn is None:
-        from . import kernel
+        from . import kernel, wordops
         from .indexchain import link_kernel
 
         g = globals()
@@ -32,7 +32,7 @@ def _compiled(name: str):
             for helper in ("_be64", "_be32", "_window_of", "_find"):
                 g[helper] = getattr(checkkernel, helper)
             g["_link"] = link_kernel()  # the slot-chain rule, one implementation (formats.indexchain)
-            g["_prefetch"] = _prefetch_intrinsic()
+            g["_prefetch"] = wordops._prefetch
         fn = _COMPILED[name] = kernel._jit(g[name])
     return fn
 
@@ -41,34 +41,10 @@ def _compiled(name: str):
 _be64 = _be32 = _window_of = _find = _link = None
 
 
-def _prefetch_intrinsic():
-    """Intrinsic ``_prefetch(arr, i)``: ask the CPU to bring ``arr[i]``'s cache line in (no effect on results).
-    The slot-chain check reads one random slot per entry (a 20 MB table at the default geometry): asked for
-    some entries ahead, those reads overlap instead of waiting one after the other."""
-    import numba
-    from llvmlite import ir
-    from numba.core import cgutils, types
-
-    @numba.extending.intrinsic
-    def prefetch(typingctx, arr, idx):
-        sig = types.void(arr, types.intp)
-
-        def codegen(context, builder, signature, args):
-            ary = context.make_array(signature.args[0])(context, builder, args[0])
-            ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer())
-            i32 = ir.IntType(32)
-            fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-            builder.call(fn, [ptr, i32(0), i32(3), i32(1)])  # read, keep in all cache levels, data
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return prefetch
-
-
 def _prefetch(arr, i):
-    """Compiled as :func:`_prefetch_intrinsic`'s intrinsic."""
+    """Replaced by :func:`formats.wordops._prefetch` before the passes compile. The slot-chain check reads one
+    random slot per entry (a 20 MB table at the default geometry): asked for some entries ahead, those reads
+    overlap instead of waiting one after the other."""
     raise NotImplementedError
 
 

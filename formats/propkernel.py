@@ -17,7 +17,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .kernel import HIGHS, ONES, _bytes_equal_mask, _jit, _low_byte_index, _prefetch, _word
+from .kernel import _jit
+from .wordops import HIGHS, ONES, _bytes_equal_mask, _low_byte_index, _prefetch, _word
 
 SEPARATOR = 2  # between entries (\x02)
 SPACE = 0x20  # between KEYS tokens

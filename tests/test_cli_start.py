@@ -23,7 +23,7 @@ COMMAND_MODULES = {"dump", "stats", "diff", "verify", "get", "index_cmd", "msgid
                    "rebuild", "salvage", "reclaim", "offsets_cmd", "spark_cmd", "dump_timer", "dledger_cmd",
                    "explain_view", "cleanup_view", "rebuild_timer"}
 KERNEL_MODULES = {"kernel", "checkkernel", "entrykernel", "propkernel", "indexchain", "jsonkernel", "timerkernel",
-                  "dledgerkernel", "warmup"}
+                  "dledgerkernel", "wordops", "warmup"}
 # libraries no start below needs: Spark, Arrow, msgspec, RocksDB bindings, pydantic (typer >= 0.29)
 NEVER = ("pyspark", "pyarrow", "msgspec", "rocksdict", "pydantic", "rmqstore_cli.spark", "rich.progress")
 
@@ -35,11 +35,11 @@ NOT_FOR_CACHED_LOADS = ("numpy.ma", "importlib.metadata._meta", "importlib.metad
 # (argv, commands modules it may load, kernel modules it may load, rich allowed: none here, as the
 # plain lines and recover's summary table need no rich when stdout/stderr are not terminals)
 CASES = {
-    "verify": (["verify", STORE], {"verify"}, {"kernel", "checkkernel", "entrykernel", "propkernel", "indexchain"}, False),
+    "verify": (["verify", STORE], {"verify"}, {"kernel", "checkkernel", "entrykernel", "propkernel", "indexchain", "wordops"}, False),
     "recover": (["recover", STORE, "--dry-run"], {"recover", "explain_view", "offsets_cmd"},
-                {"kernel", "checkkernel", "entrykernel", "propkernel", "indexchain"}, False),
+                {"kernel", "checkkernel", "entrykernel", "propkernel", "indexchain", "wordops"}, False),
     "rebuild": (["rebuild", "all", STORE, "--dry-run"], {"rebuild", "recover"},
-                {"kernel", "checkkernel", "entrykernel", "propkernel", "indexchain"}, False),
+                {"kernel", "checkkernel", "entrykernel", "propkernel", "indexchain", "wordops"}, False),
     "dump": (["dump", "commitlog", STORE, "--limit", "1", "--json"], {"dump", "dump_timer", "dledger_cmd", "offsets_cmd"},
              {"kernel", "jsonkernel"}, False),
     "version": (["--version"], set(), set(), False),
