@@ -62,8 +62,8 @@ def scan(store, version: int, report: SalvageReport, start: int = 0) -> Iterator
         yield from scan_segment(store, seg, version, report, start)
 
 
-def scan_segment(store, seg, version: int, report: SalvageReport, start: int = 0, pause: int = PAUSE_RECORDS,
-                 chunk: int = WALK_CHUNK) -> Iterator[tuple]:
+def scan_segment(store, seg, version: int, report: SalvageReport, start: int = 0, pause: int | None = None,
+                 chunk: int | None = None) -> Iterator[tuple]:
     """:func:`scan` within one classic segment (records never cross one, so segments are independent).
 
     The walk runs in stretches of at most ~``pause`` records (``chunk`` per kernel call): the record checks do not
@@ -71,6 +71,8 @@ def scan_segment(store, seg, version: int, report: SalvageReport, start: int = 0
     (a caller that stops early asks for short stretches: the walk does not run far ahead of what is taken)."""
     if seg.start + seg.size <= start or not seg.size:
         return
+    pause = PAUSE_RECORDS if pause is None else pause  # the module's settings at call time
+    chunk = WALK_CHUNK if chunk is None else chunk
     cfg = store.config
     pos = max(0, start - seg.start)
     while pos < seg.size:
