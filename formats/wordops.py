@@ -1,0 +1,74 @@
+"""Word-at-a-time helpers for the compiled kernels (the property, hash and index-chain passes test or
+fetch 8 bytes per step): one unaligned little-endian 64-bit load, the lowest flagged byte of a mask, a
+byte-equality mask, and a cache prefetch hint. LLVM intrinsics, so each compiles to one instruction;
+one implementation each, shared by :mod:`formats.propkernel` and :mod:`formats.entrykernel`."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+
+from . import kernel  # noqa: F401  (numba's start trimmed first: formats.numbastart)
+
+
+@numba.extending.intrinsic
+def _word(typingctx, arr, idx):
+    """The 8 bytes at ``u8[i]`` as one little-endian uint64 (byte ``u8[i]`` lowest), one unaligned
+    load; the caller makes sure ``i + 8 <= len(u8)``."""
+    sig = types.uint64(arr, types.intp)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(64).as_pointer())
+        v = builder.load(ptr, align=1)
+        if not np.little_endian:
+            v = builder.call(builder.module.declare_intrinsic("llvm.bswap", [ir.IntType(64)]), [v])
+        return v
+
+    return sig, codegen
+
+
+@numba.extending.intrinsic
+def _low_byte_index(typingctx, mask):
+    """Index (0-7) of the lowest byte of the uint64 ``mask`` with its top bit set (count of trailing
+    zero bits / 8); ``mask`` is not 0."""
+    sig = types.int64(types.uint64)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        cttz = builder.module.declare_intrinsic("llvm.cttz.i64", fnty=ir.FunctionType(i64, [i64, ir.IntType(1)]))
+        tz = builder.call(cttz, [args[0], ir.Constant(ir.IntType(1), 1)])
+        return builder.lshr(tz, ir.Constant(ir.IntType(64), 3))
+
+    return sig, codegen
+
+
+@numba.extending.intrinsic
+def _prefetch(typingctx, arr, idx):
+    """Hint the CPU to start loading the cache line of ``u8[i]`` (never faults, whatever ``i``)."""
+    sig = types.void(arr, types.intp)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fn = builder.module.declare_intrinsic("llvm.prefetch.p0", fnty=ir.FunctionType(
+            ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]))
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+ONES = 0x0101010101010101
+HIGHS = 0x8080808080808080
+
+
+@numba.njit(inline="always")
+def _bytes_equal_mask(w, rep):
+    """High bit set in the lowest byte of ``w`` equal to the byte repeated in ``rep`` (bytes above
+    a match may be flagged too: only the lowest flagged byte is exact)."""
+    x = w ^ rep
+    return (x - np.uint64(ONES)) & ~x & np.uint64(HIGHS)
