@@ -30,7 +30,7 @@ import numpy as np
 
 import numba
 
-from .jsontext import _HEXL, _HEXU, _esc, _host, _int, _lit, _same
+from .jsontext import _HEXL, _HEXU, _esc, _hex, _host, _int, _lit, _same
 from .kernel import _jit
 
 MAGIC_V2 = -626843477  # formats.records.MAGIC_V2 (a literal: numba freezes globals)
@@ -260,12 +260,7 @@ def _write_lines(u8, base, body_mode, offsets, total, magic, body_crc, queue_id,
             p = _lit(out, p, _L19)
             p, _ = _esc(u8, ps, pe, out, p, hexl)
         p = _lit(out, p, _L20)
-        s = sh_start[i]
-        for k in range(sh_len[i]):
-            b = u8[s + k]
-            out[p] = hexu[b >> 4]
-            out[p + 1] = hexu[b & 15]
-            p += 2
+        p = _hex(u8, sh_start[i], sh_len[i], out, p, hexu)
         v = np.uint64(phy[i])
         for k in range(15, -1, -1):
             out[p + k] = hexu[np.int64(v & np.uint64(15))]
@@ -280,11 +275,7 @@ def _write_lines(u8, base, body_mode, offsets, total, magic, body_crc, queue_id,
         bl = body_len[i]
         if body_mode == BODY_HEX:
             p = _lit(out, p, _L23)
-            for k in range(bl):
-                b = u8[bs + k]
-                out[p] = hexl[b >> 4]
-                out[p + 1] = hexl[b & 15]
-                p += 2
+            p = _hex(u8, bs, bl, out, p, hexl)
             out[p] = 0x22
             p += 1
         elif body_mode == BODY_BASE64:

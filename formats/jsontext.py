@@ -175,6 +175,16 @@ def _esc(u8, s, e, out, p, hexl):
     return p, bad
 
 
+def _hex(u8, s, n, out, p, digits):
+    """The ``n`` bytes at ``s`` as hex text (two of ``digits`` per byte: lower or upper case), written at ``p``."""
+    for k in range(n):
+        b = u8[s + k]
+        out[p] = digits[b >> 4]
+        out[p + 1] = digits[b & 15]
+        p += 2
+    return p
+
+
 def _host(u8, s, w, out, p, hexl):
     """{"ip":...,"ipHex":...,"port":N} of a host field (ip bytes then a big-endian int32 port)."""
     ipn = w - 4
@@ -199,11 +209,7 @@ def _host(u8, s, w, out, p, hexl):
                     p += 1
                     started = True
     p = _lit(out, p, _L1)
-    for k in range(ipn):
-        b = u8[s + k]
-        out[p] = hexl[b >> 4]
-        out[p + 1] = hexl[b & 15]
-        p += 2
+    p = _hex(u8, s, ipn, out, p, hexl)
     p = _lit(out, p, _L2)
     port = np.int32((np.uint32(u8[s + ipn]) << np.uint32(24)) | (np.uint32(u8[s + ipn + 1]) << np.uint32(16))
                     | (np.uint32(u8[s + ipn + 2]) << np.uint32(8)) | np.uint32(u8[s + ipn + 3]))
@@ -227,5 +233,6 @@ _ndigits = _inline(_ndigits)
 _int = _inline(_int)
 _seq_len = _inline(_seq_len)
 _esc = _inline(_esc)
+_hex = _inline(_hex)
 _host = _inline(_host)
 _same = _inline(_same)
