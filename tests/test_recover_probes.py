@@ -47,3 +47,26 @@ def test_nonzero_after_agrees_with_the_bytes(tmp_path):
 
 def test_missing_file_has_no_data(tmp_path):
     assert not nonzero_after(str(tmp_path / "none"), 0)
+
+
+def test_first_unit_is_the_first_hit_of_the_whole_file_test(monkeypatch):
+    """first_unit (block by block) against the test on the whole array, with small blocks so hits fall on,
+    before and after block edges (the seed is printed)."""
+    import numpy as np
+
+    from rmqstore_cli.engine.derived.consumequeue import CQ_DTYPE
+    from rmqstore_cli.engine.repair import probes
+
+    print(f"seed {SEED} (RMQSTORE_PROBES_SEED)")
+    rng = np.random.default_rng(SEED)
+    monkeypatch.setattr(probes, "UNIT_BLOCK", 7)
+    for _ in range(200):
+        n = int(rng.integers(0, 40))
+        units = np.zeros(n, dtype=CQ_DTYPE)
+        units["phyOffset"] = rng.integers(-3, 1000, n)
+        units["size"] = rng.integers(-2, 50, n)
+        hits = np.flatnonzero((units["phyOffset"] < 0) | (units["size"] <= 0))
+        assert probes.first_unit(units, probes.invalid_unit) == (int(hits[0]) if len(hits) else n)
+        lim = int(rng.integers(0, 1000))
+        hits = np.flatnonzero((units["phyOffset"] >= lim) & (units["size"] > 0))
+        assert probes.first_unit(units, lambda u: (u["phyOffset"] >= lim) & (u["size"] > 0)) == (int(hits[0]) if len(hits) else n)

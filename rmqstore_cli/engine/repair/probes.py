@@ -95,3 +95,22 @@ def queue_file_units(seg, file_size: int) -> np.ndarray:
     if n <= 0:
         return np.zeros(0, dtype=CQ_DTYPE)
     return np.frombuffer(seg.buffer(), dtype=CQ_DTYPE, count=n)
+
+
+UNIT_BLOCK = 1 << 16  # consume-queue units tested at a time by first_unit (1.3 MB of a file)
+
+
+def first_unit(units: np.ndarray, test) -> int:
+    """Index of the first unit for which ``test(block)`` (a boolean array per block of units) holds, or
+    ``len(units)``: block by block, so a file whose answer comes early is not read to its end (past the data
+    the broker wrote, a queue file is a hole every page of which a whole-file test would map)."""
+    for a in range(0, len(units), UNIT_BLOCK):
+        hit = np.flatnonzero(test(units[a:a + UNIT_BLOCK]))
+        if len(hit):
+            return a + int(hit[0])
+    return len(units)
+
+
+def invalid_unit(units: np.ndarray) -> np.ndarray:
+    """The broker's consume-queue validity test failed (§13.2: phyOffset >= 0 and size > 0)."""
+    return (units["phyOffset"] < 0) | (units["size"] <= 0)
