@@ -8,7 +8,6 @@ from __future__ import annotations
 import shutil
 
 import numpy as np
-import pytest
 
 from rmqstore_cli.engine.derived import dispatch, indexwriter
 from tests.conftest import json_lines

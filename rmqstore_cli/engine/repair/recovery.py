@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from rmqstore_cli.formats import fast
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6
 
