@@ -234,12 +234,10 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
         if jobs > 1 and start_index == 0 and len(segs) > 1:
             from .rebuild import parallel_requests
 
-            parallel_requests(st, d, jobs, lambda batch: d.dispatch_many(
-                batch.take(np.flatnonzero((batch.phy >= start) & (batch.phy < end)))))
+            parallel_requests(st, d, jobs, lambda batch: d.dispatch_many(_inside(batch, start, end)))
         else:
             for chunk in st.commitlog.scan(start_index=start_index, check_crc=False):
-                batch = d.requests_from_chunk(chunk)
-                d.dispatch_many(batch.take(np.flatnonzero((batch.phy >= start) & (batch.phy < end))))
+                d.dispatch_many(_inside(d.requests_from_chunk(chunk), start, end))
                 if chunk.segment.start + int(chunk.headers.offsets[-1]) >= end:
                     break
         d.flush()
@@ -250,6 +248,15 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
     backup.mark("dispatch-end", records=s.records, cqUnits=s.cq_units, indexEntries=s.index_entries)
     return {"records": s.records, "cqUnits": s.cq_units, "cqSkipped": s.cq_skipped, "extUnits": s.ext_units,
             "indexEntries": s.index_entries, "problems": [p.as_json() for p in d.problems]}
+
+
+def _inside(batch, start: int, end: int):
+    """The requests of ``batch`` for records in [start, end); the batch itself when all of it lies inside, so the
+    usual chunk is not copied column by column."""
+    phy = batch.phy
+    if not len(phy) or (int(phy.min()) >= start and int(phy.max()) < end):
+        return batch
+    return batch.take(np.flatnonzero((phy >= start) & (phy < end)))
 
 
 @contextmanager

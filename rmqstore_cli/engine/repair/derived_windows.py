@@ -126,7 +126,8 @@ class WindowedCheck:
                 inside = (w >= 0) & (real < limits[np.maximum(w, 0)]) if len(bounds) else np.zeros(len(real), bool)
                 if not inside.all():
                     return None  # a unit points where no segment of the recovered log is: CQ_NO_RECORD
-                touched.append(set(np.unique(np.searchsorted(wbounds, real, side="right") - 1).tolist()))
+                hit = np.unique(np.searchsorted(wbounds, real, side="right") - 1).tolist()
+                touched.append(_window_slices(phy, first, first_real, wbounds, hit))
             queues[key] = (qs, files, first_real, touched)
         return cls(planner, segs, limits, wbounds, queues)
 
@@ -171,9 +172,10 @@ class WindowedCheck:
                 named = _collect_lmq_tails(t, disp, lt, self.queues, self.tails)
         try:
             for key, (qs, files, first_real, touched) in self.queues.items():
-                for (first, units), segs_hit in zip(files, touched):
-                    if k in segs_hit:
-                        _check_units(t, key, first, units, first_real, lo, hi, named.get(key))
+                for (first, units), slices in zip(files, touched):
+                    if k in slices:
+                        a, b = slices[k]
+                        _check_units(t, key, first + a, units[a:b], first_real, lo, hi, named.get(key))
         except _Lie:
             self.lied = True
             return False
@@ -241,6 +243,24 @@ def _segment_partial(i: int, check: WindowedCheck):
         if not check.window(k, lo, hi, t):
             break
     yield check.count, check.newest, check.newest_cq, check.tails, check.lied
+
+
+def _window_slices(phy: np.ndarray, first: int, first_real, wbounds: np.ndarray, windows: list) -> dict:
+    """{window: (a, b)}: the units of one file (``phy``, from queue offset ``first``) that can point into each of
+    ``windows`` lie in [a, b). A queue is written in log order, so its real units' phyOffsets rise and each
+    window's units are one run of the file, converted and tested alone (not the whole file at every window);
+    a file whose offsets do not rise gets the whole file for each window (``_check_units`` selects)."""
+    whole = {k: (0, len(phy)) for k in windows}
+    if not windows or first_real is None:
+        return whole
+    r0 = max(0, first_real - first)
+    real = phy[r0:]
+    if len(real) > 1 and (real[1:] < real[:-1]).any():
+        return whole
+    w = np.searchsorted(wbounds, real, side="right") - 1  # rises with real
+    lo = np.searchsorted(w, windows, side="left") + r0
+    hi = np.searchsorted(w, windows, side="right") + r0
+    return {k: (int(a), int(b)) for k, a, b in zip(windows, lo.tolist(), hi.tolist())}
 
 
 def _check_units(t, key, first: int, units: np.ndarray, first_real, lo: int, hi: int, named: set | None = None) -> None:

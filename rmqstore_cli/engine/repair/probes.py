@@ -3,6 +3,9 @@ consume-queue units of a file, an index put torn before its header update, a seg
 
 from __future__ import annotations
 
+import errno
+import os
+
 import numpy as np
 
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE
@@ -15,22 +18,56 @@ def index_torn(f) -> bool:
     count = max(f.header().indexCount, 1)
     if count >= f.entries:
         return False
-    return last_live_entry(f, count) is not None or bool((f.slot_table().astype("int64") >= count).any())
+    return last_live_entry(f, count) is not None or bool((f.slot_table() >= count).any())  # compared as read: no 8-byte copy of the table
 
 
 def nonzero_after(path: str, pos: int) -> bool:
-    """Any non-zero byte from ``pos`` to the end of the file (sparse-friendly chunked read)."""
+    """Any non-zero byte from ``pos`` to the end of the file. Holes are skipped without reading them
+    (SEEK_DATA: a queue or commitlog file the broker pre-allocates is sparse past its data, and so is a copy
+    made with ``cp --sparse``); the data parts are read in blocks compared with zeros."""
     try:
-        with open(path, "rb") as f:
-            f.seek(pos)
-            while True:
-                b = f.read(1 << 20)
-                if not b:
-                    return False
-                if b.count(0) != len(b):
-                    return True
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return False
+    try:
+        for lo, hi in _data_parts(fd, pos):
+            p = lo
+            while p < hi:
+                b = os.pread(fd, min(len(_ZEROS), hi - p), p)
+                if not b:
+                    return False
+                if b != (_ZEROS if len(b) == len(_ZEROS) else bytes(len(b))):
+                    return True
+                p += len(b)
+        return False
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+_ZEROS = bytes(1 << 20)
+
+
+def _data_parts(fd: int, pos: int):
+    """[lo, hi) ranges at or after ``pos`` that may hold data (the whole rest when holes cannot be asked for)."""
+    size = os.fstat(fd).st_size
+    seek_data, seek_hole = getattr(os, "SEEK_DATA", None), getattr(os, "SEEK_HOLE", None)
+    p = pos
+    while p < size:
+        if seek_data is None:
+            yield p, size
+            return
+        try:
+            lo = os.lseek(fd, p, seek_data)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # only a hole from p to the end
+                return
+            yield p, size  # the file system cannot tell: read it all
+            return
+        hi = min(os.lseek(fd, lo, seek_hole), size)
+        yield lo, hi
+        p = hi
 
 
 def file_has_data(path: str) -> bool:
@@ -58,3 +95,22 @@ def queue_file_units(seg, file_size: int) -> np.ndarray:
     if n <= 0:
         return np.zeros(0, dtype=CQ_DTYPE)
     return np.frombuffer(seg.buffer(), dtype=CQ_DTYPE, count=n)
+
+
+UNIT_BLOCK = 1 << 16  # consume-queue units tested at a time by first_unit (1.3 MB of a file)
+
+
+def first_unit(units: np.ndarray, test) -> int:
+    """Index of the first unit for which ``test(block)`` (a boolean array per block of units) holds, or
+    ``len(units)``: block by block, so a file whose answer comes early is not read to its end (past the data
+    the broker wrote, a queue file is a hole every page of which a whole-file test would map)."""
+    for a in range(0, len(units), UNIT_BLOCK):
+        hit = np.flatnonzero(test(units[a:a + UNIT_BLOCK]))
+        if len(hit):
+            return a + int(hit[0])
+    return len(units)
+
+
+def invalid_unit(units: np.ndarray) -> np.ndarray:
+    """The broker's consume-queue validity test failed (§13.2: phyOffset >= 0 and size > 0)."""
+    return (units["phyOffset"] < 0) | (units["size"] <= 0)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from rmqstore_cli.formats import fast
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6
 
@@ -32,7 +30,7 @@ from .extplan import cut_exts_to_queues, recover_ext
 from .indexplan import index_after_crash, index_past_end, load_index
 from .plan import Action, QueueState, RecoveryPlan, cut_files, store_fingerprint
 from .timerfix import plan_timer_for_recovery
-from .probes import file_has_data, nonzero_after, SegmentFrom, queue_file_units
+from .probes import file_has_data, first_unit, invalid_unit, nonzero_after, SegmentFrom, queue_file_units
 
 REFUSE = "the broker would refuse to start: "
 
@@ -159,9 +157,7 @@ class Planner:
             while True:
                 seg = segs[i]
                 arr = queue_file_units(seg, qs.file_size)
-                valid = (arr["phyOffset"] >= 0) & (arr["size"] > 0)
-                bad = np.flatnonzero(~valid)
-                n = int(bad[0]) if len(bad) else len(arr)
+                n = first_unit(arr, invalid_unit)
                 if n:
                     last = arr[n - 1]
                     qs.max_physic = int(last["phyOffset"]) + int(last["size"])
@@ -366,10 +362,7 @@ class Planner:
                     qs.segments.pop()
                     qs.end = seg.start
                     continue
-                valid = (arr["phyOffset"] >= 0) & (arr["size"] > 0) & (arr["phyOffset"] < end)
-                valid[0] = True
-                bad = np.flatnonzero(~valid)
-                n = int(bad[0]) if len(bad) else len(arr)
+                n = 1 + first_unit(arr[1:], lambda u: invalid_unit(u) | (u["phyOffset"] >= end))  # the first unit stays
                 n = min(n, max(1, (old_end - seg.start) // CQ_UNIT_SIZE)) if old_end >= seg.start else n
                 qs.end = seg.start + n * CQ_UNIT_SIZE
                 qs.max_physic = int(arr["phyOffset"][n - 1]) + int(arr["size"][n - 1])
@@ -480,10 +473,9 @@ class Planner:
             min_off = new_min or 0
             if qs is not None and qs.segments:
                 arr = queue_file_units(qs.segments[0], qs.file_size)
-                valid = (arr["phyOffset"] >= min_phy) & (arr["size"] > 0)
-                hit = np.flatnonzero(valid)
-                if len(hit):
-                    min_off = qs.segments[0].start // CQ_UNIT_SIZE + int(hit[0])
+                hit = first_unit(arr, lambda u: (u["phyOffset"] >= min_phy) & (u["size"] > 0))
+                if hit < len(arr):
+                    min_off = qs.segments[0].start // CQ_UNIT_SIZE + hit
             queues.append({"topic": t, "queueId": q, "minOffset": min_off, "maxOffset": max_off,
                            "maxPhysicOffset": max_phys})
         queues += batch_summary(self, getattr(self, "bstate", {}))
