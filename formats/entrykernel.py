@@ -272,12 +272,7 @@ def _joined(parts: list, width: int) -> tuple:
 
 
 def warm_up() -> None:
-    """Compile (or load from the cache) both passes with the argument types verify uses (and checkkernel's, and
-    verify's walk that locates properties: formats.propscan.scan_records)."""
-    from . import propscan
-
-    data = bytes(64)
-    propscan.scan_records(data, 0, len(data), (0, 0), 1, True, 0, None)
+    """Compile (or load from the cache) both passes with the argument types verify uses (and checkkernel's)."""
     recs = checkkernel.warm_up()
     z = np.zeros(2, np.int64)
     for writable in (True, False):  # files are mapped read-only; tests and copies hand over writable bytes

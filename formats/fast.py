@@ -253,7 +253,6 @@ class ScanStep:
     size: int  # TOTALSIZE at the stop
     magic: int
     reason: int  # R_* of the failing record for STOP_INVALID, else R_OK
-    props: object = None  # formats.propscan.PropValues of the valid records, when asked for
 
 
 def scan_records(buf, pos: int, end: int, magics=(MAGIC_V1, MAGIC_V2), max_records: int = 8192,
@@ -261,19 +260,13 @@ def scan_records(buf, pos: int, end: int, magics=(MAGIC_V1, MAGIC_V2), max_recor
     """Walk, decode and validate up to ``max_records`` records from ``pos`` in one compiled pass
     (the broker's recovery loop, §13.3): stops at a BLANK, zeros, anything not a record, or the
     first record that fails a structural check, its body CRC (``check_crc``) or its property CRC
-    (``prop_crc``, see :func:`validate`). :func:`formats.propscan.scan_records` also locates properties."""
-    return scan_with(_kernel().scan_records, (), buf, pos, end, magics, max_records, check_crc, prop_crc, u8)
-
-
-def scan_with(kernel, extra: tuple, buf, pos: int, end: int, magics, max_records: int, check_crc: bool, prop_crc: int,
-              u8: np.ndarray | None) -> ScanStep:
-    """:func:`scan_records` through ``kernel``: formats.kernel.scan_records or a kernel taking the same arguments
-    and then ``extra`` (formats.propkernel.scan_records_props)."""
+    (``prop_crc``, see :func:`validate`)."""
+    k = _kernel()
     u8 = kernel_view(buf if u8 is None else u8)
     v1, v2 = _magic_pair(magics)
     h, c32, c64 = new_headers(max(int(max_records), 0))
-    n, stop, kind, size, magic, reason = kernel(u8, int(pos), int(end), v1, v2, int(max_records), bool(check_crc),
-                                                int(prop_crc), c32, c64, h.reason, *extra)
+    n, stop, kind, size, magic, reason = k.scan_records(u8, int(pos), int(end), v1, v2, int(max_records),
+                                                        bool(check_crc), int(prop_crc), c32, c64, h.reason)
     return ScanStep(h.take(n), int(stop), _KINDS[kind], int(size), int(magic), int(reason))
 
 

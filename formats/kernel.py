@@ -66,7 +66,6 @@ CRC_PROP_PREFIX = b"__CRC32#\x01"
 
 # --- stop kinds and reasons (mapped to formats.fast's names there) -------------------------------
 K_BLANK, K_ZERO, K_EOF, K_BAD_MAGIC, K_BAD_SIZE, K_TORN, K_CHUNK, K_INVALID = range(8)
-K_RECORD = -1  # not a stop: a record starts here (:func:`_step_kind`)
 R_OK, R_BODY_CRC, R_TOPIC_LENGTH, R_LENGTHS, R_TOTALSIZE, R_PROP_CRC = 0, 1, 2, 3, 4, 5
 
 # Property-CRC policy of CommitLog.validate: none (4.x), when the record carries ``__CRC32#``, or
@@ -352,25 +351,6 @@ def _content_reason(u8, reason, check_crc, prop_mode, v32, v64):
 
 # --- kernels ------------------------------------------------------------------------------------
 
-@numba.njit(inline="always")
-def _step_kind(u8, pos, end, v1, v2):
-    """What the walk finds at ``pos`` (8 bytes or more before ``end``): (K_RECORD or the K_* stop kind, the
-    TOTALSIZE and magic read there). The one rule of every walk kernel (here and :mod:`formats.propkernel`)."""
-    size = _i32(u8, pos)
-    magic = _i32(u8, pos + 4)
-    if magic == v1 or magic == v2:
-        if size < MIN_MESSAGE_SIZE:
-            return K_BAD_SIZE, size, magic
-        if pos + size > end:
-            return K_TORN, size, magic
-        return K_RECORD, size, magic
-    if magic == MAGIC_BLANK:
-        return K_BLANK, size, magic
-    if magic == 0 and size == 0:
-        return K_ZERO, size, magic
-    return K_BAD_MAGIC, size, magic
-
-
 def _walk_offsets(u8, pos, end, v1, v2, max_records, out):
     """Follow TOTALSIZE from ``pos`` (only the 8-byte size/magic pair of each record is read).
 
@@ -382,12 +362,22 @@ def _walk_offsets(u8, pos, end, v1, v2, max_records, out):
             return n, pos, K_EOF, 0, 0
         if n >= max_records:
             return n, pos, K_CHUNK, 0, 0
-        kind, size, magic = _step_kind(u8, pos, end, v1, v2)
-        if kind != K_RECORD:
-            return n, pos, kind, size, magic
-        out[n] = pos
-        n += 1
-        pos += size
+        size = _i32(u8, pos)
+        magic = _i32(u8, pos + 4)
+        if magic == v1 or magic == v2:
+            if size < MIN_MESSAGE_SIZE:
+                return n, pos, K_BAD_SIZE, size, magic
+            if pos + size > end:
+                return n, pos, K_TORN, size, magic
+            out[n] = pos
+            n += 1
+            pos += size
+            continue
+        if magic == MAGIC_BLANK:
+            return n, pos, K_BLANK, size, magic
+        if magic == 0 and size == 0:
+            return n, pos, K_ZERO, size, magic
+        return n, pos, K_BAD_MAGIC, size, magic
 
 
 def _scan_records(u8, pos, end, v1, v2, max_records, check_crc, prop_mode, c32, c64, reason):
@@ -405,19 +395,29 @@ def _scan_records(u8, pos, end, v1, v2, max_records, check_crc, prop_mode, c32, 
             return n, pos, K_EOF, 0, 0, R_OK
         if n >= max_records:
             return n, pos, K_CHUNK, 0, 0, R_OK
-        kind, size, magic = _step_kind(u8, pos, end, v1, v2)
-        if kind != K_RECORD:
-            return n, pos, kind, size, magic, R_OK
-        v32, v64, r = _decode(u8, pos)
-        r = _content_reason(u8, r, check_crc, prop_mode, v32, v64)
-        t0[n], t1[n], t2[n], t3[n], t4[n], t5[n], t6[n] = v32
-        (o0[n], o1[n], o2[n], o3[n], o4[n], o5[n], o6[n], o7[n], o8[n], o9[n], o10[n], o11[n], o12[n], o13[n],
-         o14[n], o15[n], o16[n]) = v64
-        reason[n] = r
-        if r != R_OK:
-            return n, pos, K_INVALID, size, magic, r
-        n += 1
-        pos += size
+        size = _i32(u8, pos)
+        magic = _i32(u8, pos + 4)
+        if magic == v1 or magic == v2:
+            if size < MIN_MESSAGE_SIZE:
+                return n, pos, K_BAD_SIZE, size, magic, R_OK
+            if pos + size > end:
+                return n, pos, K_TORN, size, magic, R_OK
+            v32, v64, r = _decode(u8, pos)
+            r = _content_reason(u8, r, check_crc, prop_mode, v32, v64)
+            t0[n], t1[n], t2[n], t3[n], t4[n], t5[n], t6[n] = v32
+            (o0[n], o1[n], o2[n], o3[n], o4[n], o5[n], o6[n], o7[n], o8[n], o9[n], o10[n], o11[n], o12[n], o13[n],
+             o14[n], o15[n], o16[n]) = v64
+            reason[n] = r
+            if r != R_OK:
+                return n, pos, K_INVALID, size, magic, r
+            n += 1
+            pos += size
+            continue
+        if magic == MAGIC_BLANK:
+            return n, pos, K_BLANK, size, magic, R_OK
+        if magic == 0 and size == 0:
+            return n, pos, K_ZERO, size, magic, R_OK
+        return n, pos, K_BAD_MAGIC, size, magic, R_OK
 
 
 def _decode_at(u8, offsets, c32, c64, reason):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .kernel import K_CHUNK, K_EOF, K_INVALID, K_RECORD, R_OK, _content_reason, _decode, _jit, _step_kind
+from .kernel import _jit
 from .wordops import HIGHS, ONES, _bytes_equal_mask, _low_byte_index, _prefetch, _word
 
 SEPARATOR = 2  # between entries (\x02)
@@ -94,61 +94,6 @@ def _same_bytes(a, ai, b, bi, n):
     return True
 
 
-@numba.njit(inline="always")
-def _shortest(pat_off):
-    """Length of the shortest wanted ``NAME\\x01`` pattern."""
-    shortest = 1 << 30
-    for k in range(pat_off.shape[0] - 1):
-        shortest = min(shortest, pat_off[k + 1] - pat_off[k])
-    return shortest
-
-
-@numba.njit(inline="always")
-def _record_props(u8, s, length, i, shortest, pat_word, pat_mask, pats, pat_off, first, chain, out_s, out_e):
-    """The wanted names in one record's property string ``u8[s:s+length]`` (column ``i`` of ``out_s``/``out_e``,
-    see :func:`_find_props`); returns whether every byte is < 0x80."""
-    ln = min(length, u8.shape[0] - s)  # never past the buffer (a record's properties always fit)
-    if ln <= 0:
-        return True
-    end = s + ln
-    seen = np.uint64(0)  # every byte OR-ed in: a top bit set means a non-ASCII byte
-    entry = s
-    j = s
-    while True:
-        sep = end
-        while j < end:
-            r = end - j
-            if r >= 8:
-                w = _word(u8, j)
-            else:  # the string's last bytes: the ones after it read as zeros
-                w = _load(u8, j, r) & ((np.uint64(1) << np.uint64(8 * r)) - np.uint64(1))
-            seen |= w
-            z = _bytes_equal_mask(w, np.uint64(SEPARATORS))
-            if z:
-                sep = j + _low_byte_index(z)
-                break
-            j += 8
-        n = sep - entry  # entry [entry, sep)
-        if n > shortest:
-            head = _load(u8, entry, min(n, 8))
-            z = _bytes_equal_mask(head, np.uint64(ONES))
-            k = first[(_low_byte_index(z) + 1 if z else 9) * 256 + np.int64(head & np.uint64(0xFF))]
-            while k >= 0:
-                a = pat_off[k]
-                L = pat_off[k + 1] - a
-                if n > L and (head & pat_mask[k]) == pat_word[k] and (
-                        L <= 8 or _same_bytes(u8, entry + 8, pats, a + 8, L - 8)):
-                    out_s[k, i] = entry + L
-                    out_e[k, i] = sep
-                    break
-                k = chain[k]
-        if sep >= end:
-            break
-        entry = sep + 1
-        j = entry
-    return (seen & np.uint64(HIGHS)) == 0
-
-
 def _find_props(u8, starts, lengths, pat_word, pat_mask, pats, pat_off, first, chain, out_s, out_e, ascii_ok):
     """For record i (property string ``u8[starts[i]:starts[i]+lengths[i]]``) and wanted name k
     (``pats[pat_off[k]:pat_off[k+1]]`` = ``NAME\\x01``, no two alike): the value span of the last matching
@@ -160,47 +105,55 @@ def _find_props(u8, starts, lengths, pat_word, pat_mask, pats, pat_off, first, c
     of that length (1-8; 9 = longer) and that first byte can match (``first[length * 256 + byte]``,
     then ``chain[k]``: -1 ends the list); each is compared by one masked word (``pat_word[k]``: its first
     up to 8 bytes, little-endian; ``pat_mask[k]``: their mask), a longer one then word by word."""
-    shortest = _shortest(pat_off)
+    shortest = 1 << 30
+    for k in range(pat_off.shape[0] - 1):
+        shortest = min(shortest, pat_off[k + 1] - pat_off[k])
     count = starts.shape[0]
     for i in range(count):
         if i + AHEAD < count:
             _prefetch(u8, starts[i + AHEAD])
             _prefetch(u8, starts[i + AHEAD] + 64)
-        if not _record_props(u8, starts[i], lengths[i], i, shortest, pat_word, pat_mask, pats, pat_off, first, chain,
-                             out_s, out_e):
-            ascii_ok[i] = False
-
-
-def _scan_records_props(u8, pos, end, v1, v2, max_records, check_crc, prop_mode, c32, c64, reason, pat_word, pat_mask,
-                        pats, pat_off, first, chain, out_s, out_e, ascii_ok):
-    """:func:`formats.kernel._scan_records` (same arguments and results) that also finds the wanted properties of
-    each valid record as :func:`_find_props` does (record n's into column n of ``out_s``/``out_e``, ``ascii_ok[n]``),
-    while its bytes are in the cache: the walk has just read them (1 KiB records run past the L2 cache in a chunk,
-    so a separate pass read every property string from memory again)."""
-    t0, t1, t2, t3, t4, t5, t6 = c32
-    o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, o12, o13, o14, o15, o16 = c64
-    shortest = _shortest(pat_off)
-    n = 0
-    while True:
-        if pos + 8 > end:
-            return n, pos, K_EOF, 0, 0, R_OK
-        if n >= max_records:
-            return n, pos, K_CHUNK, 0, 0, R_OK
-        kind, size, magic = _step_kind(u8, pos, end, v1, v2)
-        if kind != K_RECORD:
-            return n, pos, kind, size, magic, R_OK
-        v32, v64, r = _decode(u8, pos)
-        r = _content_reason(u8, r, check_crc, prop_mode, v32, v64)
-        t0[n], t1[n], t2[n], t3[n], t4[n], t5[n], t6[n] = v32
-        (o0[n], o1[n], o2[n], o3[n], o4[n], o5[n], o6[n], o7[n], o8[n], o9[n], o10[n], o11[n], o12[n], o13[n],
-         o14[n], o15[n], o16[n]) = v64
-        reason[n] = r
-        if r != R_OK:
-            return n, pos, K_INVALID, size, magic, r
-        ascii_ok[n] = _record_props(u8, v64[14], v64[15], n, shortest, pat_word, pat_mask, pats, pat_off, first, chain,
-                                    out_s, out_e)
-        n += 1
-        pos += size
+        s = starts[i]
+        ln = min(lengths[i], u8.shape[0] - s)  # never past the buffer (a record's properties always fit)
+        if ln <= 0:
+            continue
+        end = s + ln
+        seen = np.uint64(0)  # every byte OR-ed in: a top bit set means a non-ASCII byte
+        entry = s
+        j = s
+        while True:
+            sep = end
+            while j < end:
+                r = end - j
+                if r >= 8:
+                    w = _word(u8, j)
+                else:  # the string's last bytes: the ones after it read as zeros
+                    w = _load(u8, j, r) & ((np.uint64(1) << np.uint64(8 * r)) - np.uint64(1))
+                seen |= w
+                z = _bytes_equal_mask(w, np.uint64(SEPARATORS))
+                if z:
+                    sep = j + _low_byte_index(z)
+                    break
+                j += 8
+            n = sep - entry  # entry [entry, sep)
+            if n > shortest:
+                head = _load(u8, entry, min(n, 8))
+                z = _bytes_equal_mask(head, np.uint64(ONES))
+                k = first[(_low_byte_index(z) + 1 if z else 9) * 256 + np.int64(head & np.uint64(0xFF))]
+                while k >= 0:
+                    a = pat_off[k]
+                    L = pat_off[k + 1] - a
+                    if n > L and (head & pat_mask[k]) == pat_word[k] and (
+                            L <= 8 or _same_bytes(u8, entry + 8, pats, a + 8, L - 8)):
+                        out_s[k, i] = entry + L
+                        out_e[k, i] = sep
+                        break
+                    k = chain[k]
+            if sep >= end:
+                break
+            entry = sep + 1
+            j = entry
+        ascii_ok[i] = (seen & np.uint64(HIGHS)) == 0
 
 
 def _java_hash_spans(u8, starts, ends, out):
@@ -333,7 +286,6 @@ def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
 
 
 find_props = _jit(_find_props)
-scan_records_props = _jit(_scan_records_props)
 java_hash_spans = _jit(_java_hash_spans)
 key_hashes = _jit(_key_hashes)
 group_spans = _jit(_group_spans)

@@ -40,37 +40,14 @@ def scan(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray, names=WANTED) 
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     n = len(starts)
-    names, found = prepare(names, n)
-    if n:
-        _kernels().find_props(_view(u8), starts, lengths, *found)
-    return values(names, found, n)
-
-
-def prepare(names, n: int) -> tuple:
-    """(the names, each once; the property kernels' arguments after the records': the names' patterns
-    (:func:`_patterns`) and the output columns for ``n`` records, starts and ends at -1, ascii True)."""
     names = tuple(dict.fromkeys(names))  # each name once (the kernel gives an entry to one name)
     pats, off, words, masks, first, chain = _patterns(names)
     out_s = np.full((len(names), n), -1, dtype=np.int64)  # one contiguous row per name
     out_e = np.full((len(names), n), -1, dtype=np.int64)
-    return names, (words, masks, pats, off, first, chain, out_s, out_e, np.ones(n, dtype=bool))
-
-
-def values(names: tuple, found: tuple, n: int) -> PropValues:
-    """The first ``n`` records' values from a kernel's output columns (:func:`prepare`)."""
-    out_s, out_e, ascii_ok = found[-3:]
-    return PropValues(dict(zip(names, out_s[:, :n])), dict(zip(names, out_e[:, :n])), ascii_ok[:n])
-
-
-def scan_records(buf, pos: int, end: int, magics, max_records: int, check_crc: bool, prop_crc: int, u8, names=WANTED):
-    """:func:`formats.fast.scan_records` that also locates the ``names`` properties of each valid record, as
-    :func:`scan` does, in the same compiled pass (``ScanStep.props``)."""
-    from . import fast
-
-    names, found = prepare(names, max(int(max_records), 0))
-    step = fast.scan_with(_kernels().scan_records_props, found, buf, pos, end, magics, max_records, check_crc, prop_crc, u8)
-    step.props = values(names, found, len(step.headers))
-    return step
+    ascii_ok = np.ones(n, dtype=bool)
+    if n:
+        _kernels().find_props(_view(u8), starts, lengths, words, masks, pats, off, first, chain, out_s, out_e, ascii_ok)
+    return PropValues(dict(zip(names, out_s)), dict(zip(names, out_e)), ascii_ok)
 
 
 @lru_cache(maxsize=16)

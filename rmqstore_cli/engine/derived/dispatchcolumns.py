@@ -70,7 +70,7 @@ def topic_ids(buf, h, registry: dict[str, int], u8: np.ndarray | None = None) ->
 
 
 def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterner, delay_table: dict, details: bool = False,
-                     extra_names: tuple = (), props=None):
+                     extra_names: tuple = ()):
     """(tagsCode int64, tagsBad bool, keyCount int16, keyHashes int32) for the chunk's records.
 
     ``tagsBad``: the DELAY property is not a number (tags_code fails; CL_DELAY_PROPERTY).
@@ -78,14 +78,10 @@ def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterne
     kept), ``keyCount`` how many belong to each record, in record order. With ``details``, also the
     property spans (:class:`formats.propscan.PropValues`) and the decoded properties of the records
     that took the one-at-a-time rules ({record: properties}); ``extra_names`` are located in the same pass
-    (e.g. the multi-dispatch properties, so that lmq.chunk_targets need not scan again). ``props``: those
-    spans already located by the walk (``Chunk.props``), when they hold every name needed.
+    (e.g. the multi-dispatch properties, so that lmq.chunk_targets need not scan again).
     """
     n = len(h)
-    names = propscan.WANTED + tuple(extra_names)
-    pv = props if props is not None and all(k in props.start for k in names) else None
-    if pv is None:
-        pv = propscan.scan(u8, h.propsStart, h.propsLength, names=names)
+    pv = propscan.scan(u8, h.propsStart, h.propsLength, names=propscan.WANTED + tuple(extra_names))
     sched = np.asarray(interner.schedule, dtype=bool)[tids] if n else np.zeros(0, bool)
     slow = ~pv.ascii | sched
     codes = np.zeros(n, dtype=np.int64)

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from rmqstore_cli.formats import fast, propscan
+from rmqstore_cli.formats import fast
 from rmqstore_cli.formats.fast import Headers
 from rmqstore_cli.formats.message import RecordError, decode_message
 from rmqstore_cli.formats.records import MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE
@@ -33,7 +33,6 @@ class Chunk:
     buf: object
     headers: Headers
     crc_checked: bool
-    props: object = None  # formats.propscan.PropValues of the records, when the scan was asked for them
 
     @property
     def phy(self) -> np.ndarray:
@@ -149,15 +148,14 @@ class CommitLog:
     def scan(self, *, start_index: int = 0, start_position: int = 0, check_crc: bool = True,
              strict_version: bool = False, result: ScanResult | None = None,
              chunk_records: int = CHUNK_RECORDS, stop_at_invalid: bool = True,
-             end_index: int | None = None, props: tuple | None = None) -> Iterator[Chunk]:
+             end_index: int | None = None) -> Iterator[Chunk]:
         """Yield chunks of valid records from segment ``start_index`` on; fill ``result``.
 
         The walk follows the broker: BLANK -> next segment; anything else that is not a
         valid record ends the log (``result.stop`` says where and why). With ``end_index``
         the walk also ends after segment ``end_index - 1`` (a stop of kind "blank" there means
         the log goes on in the next range: how ``-j`` splits a scan, see :mod:`.parallel`).
-        Each chunk is one call of the compiled walk+decode+CRC kernel (:func:`formats.fast.scan_records`; with
-        ``props``, :func:`formats.propscan.scan_records`, which also locates those properties: ``Chunk.props``).
+        Each chunk is one call of the compiled walk+decode+CRC kernel (:func:`formats.fast.scan_records`).
         """
         result = result if result is not None else ScanResult()
         segs = self.segments.segments
@@ -174,17 +172,12 @@ class CommitLog:
             u8 = fast.kernel_view(buf) if seg.size else np.zeros(0, np.uint8)
             limit = min(seg.size, self.segments.file_size) if seg.size else 0
             while True:
-                if props is None:
-                    step = fast.scan_records(buf, pos, limit, magics, chunk_records, check_crc, prop_crc, u8)
-                else:
-                    step = propscan.scan_records(buf, pos, limit, magics, chunk_records, check_crc, prop_crc, u8, props)
+                step = fast.scan_records(buf, pos, limit, magics, chunk_records, check_crc, prop_crc, u8)
                 h = step.headers
                 if len(h):
                     result.records += len(h)
                     result.bytes += int(h.totalSize.sum())
-                    yield Chunk(seg, buf, h, check_crc, step.props)
-                # the chunk's columns are the consumer's now: none held here while the next chunk is made
-                h = step.headers = step.props = None
+                    yield Chunk(seg, buf, h, check_crc)
                 pos = step.stop
                 if step.kind != fast.STOP_CHUNK:
                     break

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from rmqstore_cli.formats import fast, propscan
+from rmqstore_cli.formats import fast
 
 from ..log.commitlog import CommitLog, ScanResult
 from ..findings import Finding
@@ -252,16 +252,14 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
         f.append(Finding(code, sev, seg.path, pos, msg, {"phyOffset": seg.start + pos, **extra}))
 
     dledger = getattr(commitlog, "is_dledger", False)
-    # the walk locates the properties dispatch reads while each record is in the cache (the DLedger walk does not)
-    walk_props = {} if dledger else {"props": propscan.WANTED}
     pos = 0
     while True:
         res = ScanResult()
-        for chunk in view.scan(start_position=pos, check_crc=check_crc, result=res, **walk_props):
+        for chunk in view.scan(start_position=pos, check_crc=check_crc, result=res):
             h = chunk.headers
             phy = chunk.phy
             tids = interner.intern_chunk(u8, buf, h)
-            codes, tags_bad, counts, hashes = dispatch_columns(u8, h, tids, interner, delay_table, props=chunk.props)
+            codes, tags_bad, counts, hashes = dispatch_columns(u8, h, tids, interner, delay_table)
             acc.add({"phy": phy, "size": h.totalSize, "queueId": h.queueId, "queueOffset": h.queueOffset,
                      "sysFlag": h.sysFlag, "storeTimestamp": h.storeTimestamp, "topic": tids, "tagsCode": codes,
                      "tagsBad": tags_bad, "keyCount": counts}, hashes)
