@@ -34,7 +34,7 @@ from .index import _check_checkpoint, _check_index, _check_root
 from .lmq import check_lmq_dispatch
 from .queues import _check_consume_queues, _check_dispatch
 from .records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier,  # noqa: F401
-                      map_large_allocations)
+                      keep_freed_heap, map_large_allocations)
 from .rocksdbqueues import check_database
 from ..timer.check import check_timer_store
 from ..timer.store import TimerStore
@@ -88,6 +88,7 @@ def verify_store(store, *, check_crc: bool = True, reports: Iterable[SegmentRepo
 
 def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[SegmentReport] | None = None,
                        progress: Callable[[int], None] | None = None, jobs: int = 1) -> VerifyResult:
+    keep_freed_heap()  # the walk's chunk columns reuse freed heap memory (in -j's forked workers too)
     cl = store.commitlog
     findings: list[Finding] = []
     findings += cl.segments.problems
@@ -200,6 +201,7 @@ def parallel_checks(store, jobs: int) -> bool:
 def verify_store_jobs(store, jobs: int, *, check_crc: bool = True, progress: Callable[[int], None] | None = None) -> VerifyResult:
     """:func:`verify_store` on ``jobs`` processes: the window checks in the workers where the store allows
     (:func:`parallel_checks`), else the walk alone; the same result as one process."""
+    keep_freed_heap()  # before any worker is forked: they inherit it
     if parallel_checks(store, jobs):
         try:
             return _verify_in_windows(store, check_crc=check_crc, progress=progress, jobs=jobs)

@@ -97,6 +97,36 @@ def map_large_allocations() -> None:
         pass
 
 
+_M_TRIM_THRESHOLD = -1  # glibc mallopt parameters
+_M_TOP_PAD = -2
+HEAP_KEPT = 64 << 20  # freed heap memory glibc keeps (a bound: RssAnon stays flat whatever the store)
+HEAP_PAD = 8 << 20  # extra heap asked for each time it grows
+_heap_kept = False
+
+
+def keep_freed_heap() -> None:
+    """Make glibc keep up to :data:`HEAP_KEPT` of freed heap memory instead of handing it back at once. Each walk
+    chunk allocates ~24 columns of 64 KiB and frees most of them after the chunk; by default glibc returns the
+    top of the heap to the system as soon as 128 KiB are free there, so every chunk faulted its columns in again
+    and the kernel zeroed them: ~4.5 ms per 64 MiB of 100 B records, a third of the walk kernel's own time
+    (measured 16.8 -> 12.2 ms per segment). A bounded constant (the memory rows stay flat); process-wide and
+    idempotent; a no-op where libc has no mallopt. Setting it keeps glibc's mmap threshold at its 128 KiB
+    default (no dynamic raise), so larger blocks (window columns) are still mapped and unmapped on their own."""
+    global _heap_kept
+    if _heap_kept:
+        return
+    _heap_kept = True
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(_M_TRIM_THRESHOLD, HEAP_KEPT)
+        libc.mallopt(_M_TOP_PAD, HEAP_PAD)
+    except (OSError, AttributeError, TypeError):
+        pass
+
+
 class _Records:
     """All valid commitlog records as columns, with each record's dispatch info (tagsCode, key hashes)."""
 
