@@ -22,7 +22,8 @@ from bisect import bisect_left
 
 import numpy as np
 
-from rmqstore_cli.formats.records import SYSFLAG_TRANSACTION_MASK, TRANSACTION_ROLLBACK
+from rmqstore_cli.formats.records import (INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE, SYSFLAG_TRANSACTION_MASK,
+                                          TRANSACTION_ROLLBACK)
 
 from .records import ERROR, Finding, _Records
 
@@ -34,10 +35,10 @@ class IndexCoverage:
 
     def __init__(self, store, index_files: list):
         self.store = store
-        self.first: tuple | None = None  # (phyOffset, entries held, entries wanted, topic) of the first short record
+        self.first: tuple | None = None  # (phyOffset, entries held, entries wanted, topic, index file, position)
         self.records = 0  # records short of entries
         self.missing = 0  # entries they lack
-        self.files: list = []  # (phyOffset column, entry count, first entry's phyOffset, last entry's)
+        self.files: list = []  # (phyOffset column, entry count, first entry's phyOffset, last entry's, the file)
         self.begin = self.end = 0
         files = store.index.files
         if not store.config.messageIndexEnable or not files or any(not f.complete for f in files):
@@ -50,7 +51,7 @@ class IndexCoverage:
         for ix in index_files:
             if ix.count > 1:
                 col = ix.f.entry_table(ix.count)["phyOffset"]
-                self.files.append((col, ix.count, int(col[1]), int(col[ix.count - 1])))
+                self.files.append((col, ix.count, int(col[1]), int(col[ix.count - 1]), ix.f))
                 begins += [ix.h.beginPhyOffset, int(col[1])]
         if not self.files:
             return
@@ -76,7 +77,7 @@ class IndexCoverage:
         want = int(kc.sum(dtype=np.int64)) if indexed.all() else int(kc[indexed].sum(dtype=np.int64))
         runs = []
         got = 0
-        for col, count, first, last in self.files:
+        for col, count, first, last, _ in self.files:
             if last < lo or first >= hi:
                 continue
             e0 = bisect_left(col, lo, 1, count)
@@ -102,7 +103,16 @@ class IndexCoverage:
         self.missing += int((kc[short] - held[short]).sum())
         i = int(short[0])
         if self.first is None or int(mine[i]) < self.first[0]:
-            self.first = (int(mine[i]), int(held[i]), int(kc[i]), recs.topic(a + i))
+            self.first = (int(mine[i]), int(held[i]), int(kc[i]), recs.topic(a + i), *self._where(int(mine[i])))
+
+    def _where(self, phy: int) -> tuple[str, int]:
+        """(index file, position) where the entries of the record at ``phy`` are or belong: the file whose entries
+        reach it (else the first one after it, else the last), at its first entry not below ``phy``."""
+        for col, count, first, last, f in self.files:
+            if phy <= last:
+                break
+        e = bisect_left(col, phy, 1, count)
+        return f.path, INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE + e * INDEX_ENTRY_SIZE
 
     def take_partial(self):
         """What the windows since the last call found (None if nothing); starts afresh (a ``-j`` worker sends it)."""
@@ -120,14 +130,12 @@ class IndexCoverage:
     def finish(self, findings: list) -> None:
         if not self.records:
             return
-        phy, held, want, topic = self.first
-        seg = self.store.commitlog.segments.find(phy)
+        phy, held, want, topic, path, pos = self.first
         more = f" (and {self.records - 1} more like it)" if self.records > 1 else ""
-        findings.append(Finding("IDX_MISSING", ERROR, seg.path if seg else self.store.commitlog.directory,
-                                phy - seg.start if seg else None,
+        findings.append(Finding("IDX_MISSING", ERROR, path, pos,
                                 f"the record at {phy} (topic {topic}) has {held} of its {want} index entries: "
-                                f"{self.missing} entries missing below the index's end {self.end}, which the broker "
-                                f"never indexes again{more}",
+                                f"{self.missing} {'entry' if self.missing == 1 else 'entries'} missing below the "
+                                f"index's end {self.end}, and the broker never indexes a record there again{more}",
                                 {"phyOffset": phy, "missingEntries": self.missing, "count": self.records}))
 
 
