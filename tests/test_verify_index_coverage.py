@@ -195,3 +195,26 @@ def test_rebuild_without_a_fault_is_clean(store_copy):
     root = store_copy("5.3.3-clean", "rebuild-control")
     code, out = _cli("rebuild", "index", str(root), "--backup-dir", f"{root}.bak", "--yes", "--json")
     assert code == 0, out
+
+
+def test_with_abort_the_files_the_next_start_deletes_are_not_needed(store_copy):
+    """4.9.3-crash (abort left): the broker's abnormal start deletes the index files newer than the checkpoint's
+    indexMsgTimestamp and indexes again from the end of the last one it keeps (§10.6). An entry missing from a
+    doomed file is no loss; one missing from a kept file is."""
+    root = store_copy("4.9.3-crash", "doomed")
+    index_ts = struct.unpack_from(">q", open(root / "checkpoint", "rb").read(24), 16)[0]
+    files = _geometry(root)
+    ends = [_HEADER.unpack_from(open(p, "rb").read(_HEADER.size), 0)[1] for p, _, _ in files]
+    doomed = [k for k, t in enumerate(ends) if t > index_ts]
+    assert doomed and doomed[0] > 1, (index_ts, ends)
+    path, slots, entries = files[doomed[-1]]
+    count = _HEADER.unpack_from(open(path, "rb").read(_HEADER.size), 0)[5]
+    _drop_entry(path, slots, entries, count // 2)
+    with Store.open(str(root)) as st:
+        assert "IDX_MISSING" not in _codes(verify_store(st).findings)
+    path, slots, entries = files[1]
+    count = _HEADER.unpack_from(open(path, "rb").read(_HEADER.size), 0)[5]
+    phy = _drop_entry(path, slots, entries, count // 2)
+    with Store.open(str(root)) as st:
+        found = [f for f in verify_store(st).findings if f.code == "IDX_MISSING"]
+    assert len(found) == 1 and found[0].extra["phyOffset"] == phy

@@ -8,7 +8,8 @@ record below the last file's endPhyOffset is never indexed again. So every such 
 indexed one up to (not including) the last file's endPhyOffset must hold all its entries: nothing
 will add them. The record AT endPhyOffset may hold only part of its keys (a broker stopped while it
 put them) and is indexed again, whole, at the next start; records after it are what that start
-re-dispatches (the other checks report an index behind the log as they always have).
+re-dispatches (the other checks report an index behind the log as they always have). With an ``abort``
+file, "the last file" is the last one the broker's abnormal start keeps (it deletes the newer ones).
 
 Cheap by construction: entries follow the commitlog (IDX_ORDER otherwise), so the entries of one
 index file that point into a window are one run, found by two binary searches in the file; a window
@@ -58,7 +59,17 @@ class IndexCoverage:
         # What the broker counts as indexed: from the first indexed record up to the last file's endPhyOffset
         # (a file created after a full one inherits its predecessor's end, so an empty last file still says it).
         self.begin = min(begins)
-        self.end = files[-1].header().endPhyOffset
+        last = files[-1]
+        if store.abort_exists:
+            # the next start is abnormal: it deletes every file newer than indexMsgTimestamp and indexes again from
+            # the end of the last one it keeps (§10.6 Load); entries of the doomed files are not needed
+            cp_ts = store.checkpoint().indexMsgTimestamp
+            kept = [f for f in files if f.header().endTimestamp <= cp_ts]
+            if not kept:
+                self.files = []
+                return
+            last = kept[-1]
+        self.end = last.header().endPhyOffset
 
     def __bool__(self) -> bool:
         return bool(self.files)
