@@ -15,6 +15,7 @@ import pytest
 from rmqstore_cli.engine.derived import indexwriter
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.verify import commitlog as verify_commitlog
+from rmqstore_cli.engine.verify import filechecks
 from rmqstore_cli.engine.verify import pipeline
 from rmqstore_cli.engine.verify.pipeline import verify_store, verify_store_jobs
 from tests.conftest import STORES, json_lines, tree_digest
@@ -119,10 +120,13 @@ def test_broker_written_stores_lack_no_entry(rel):
     assert "IDX_MISSING" not in _codes(res.findings), [f.as_json() for f in res.findings if f.code == "IDX_MISSING"]
 
 
-def test_jobs_equal_one_process(store_copy, monkeypatch):
+@pytest.mark.parametrize("shared_checks", [False, True])
+def test_jobs_equal_one_process(store_copy, monkeypatch, shared_checks):
     """Several windows per segment (the dropped record's window checked in a worker), and two dropped entries in
-    different files: the first one and the totals are the same as in one process."""
+    different files: the first one and the totals are the same as in one process; with the index files' own
+    checks built here or shared out among the workers."""
     monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 7000)
+    monkeypatch.setattr(filechecks, "MIN_PARALLEL_BYTES", 0 if shared_checks else 1 << 62)
     root, phy = _dropped(store_copy, which=5)
     path, slots, entries = _geometry(root)[12]
     count = _HEADER.unpack_from(open(path, "rb").read(_HEADER.size), 0)[5]

@@ -71,9 +71,6 @@ class IndexCoverage:
             last = kept[-1]
         self.end = last.header().endPhyOffset
 
-    def __bool__(self) -> bool:
-        return bool(self.files)
-
     def window(self, recs: _Records, ws: int, we: int) -> None:
         """The records of ``recs`` in ``[ws, we)`` (a window's, or the whole log's)."""
         lo, hi = max(ws, self.begin), min(we, self.end)
