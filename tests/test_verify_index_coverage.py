@@ -222,3 +222,15 @@ def test_with_abort_the_files_the_next_start_deletes_are_not_needed(store_copy):
     with Store.open(str(root)) as st:
         found = [f for f in verify_store(st).findings if f.code == "IDX_MISSING"]
     assert len(found) == 1 and found[0].extra["phyOffset"] == phy
+
+
+def test_an_index_behind_the_log_is_not_missing_entries(store_copy):
+    """The newest index files deleted: the records after the end of the last one left are what the broker's next
+    start indexes (they are past its endPhyOffset), not entries missing."""
+    root = store_copy("4.9.3-clean", "behind")
+    files = _geometry(root)
+    for path, _, _ in files[-3:]:
+        (root / "index" / path.rsplit("/", 1)[1]).unlink()
+    with Store.open(str(root)) as st:
+        res = verify_store(st)
+    assert "IDX_MISSING" not in _codes(res.findings), [f.as_json() for f in res.findings]
