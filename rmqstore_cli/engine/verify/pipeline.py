@@ -30,6 +30,7 @@ from .commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_para
                         whole_segments, window_report)
 from .batchqueues import BatchQueueCheck
 from .dledger import check_dledger
+from .indexcoverage import IndexCoverage
 from .index import _check_checkpoint, _check_index, _check_root
 from .lmq import check_lmq_dispatch
 from .queues import _check_consume_queues, _check_dispatch
@@ -138,6 +139,7 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
         summary["batchConsumeQueues"] = {"queues": len(batch), "units": sum(b.units for b in batch)}
     for ix in index_files:
         ix.finish(refs, findings)
+    checks.index_coverage.finish(findings)
     summary["index"] = {"files": len(store.index.files), "entries": sum(ix.entries for ix in index_files)}
     if refs.lost_refs:
         findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))
@@ -252,6 +254,9 @@ def _verify_whole_log(store, *, check_crc: bool = True, reports: list[SegmentRep
     _check_dispatch(store, recs, marks, findings)
     check_lmq_dispatch(store, recs, marks.phy_max, findings)
     cross_checks.index(store, recs, refs, findings, summary)
+    coverage = IndexCoverage(store, None)
+    coverage.window(recs, 0, (1 << 63) - 1)
+    coverage.finish(findings)
     if refs.lost_refs:
         findings.append(lost_tail_finding(cl, data_end, refs.lost_refs))
     _check_checkpoint(store, recs, findings)

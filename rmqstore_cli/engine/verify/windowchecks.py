@@ -25,6 +25,7 @@ from .batchqueues import BatchQueueCheck
 from .commitlog import first_windows, iter_segment_windows, window_report
 from .dispatch import DispatchWindows, WindowMissing
 from .filechecks import FileChecksPlan
+from .indexcoverage import IndexCoverage
 from .lmq import LmqDispatchCheck, after_furthest_unit
 from .records import ERROR, WARNING, _Agg, _Records
 from .rocksdbqueues import CheckpointDispatch, RocksQueueWindows
@@ -98,6 +99,7 @@ class WindowChecks:
         self.batch = [BatchQueueCheck(store, topic, qid, findings) for topic, qid in store.batch_queues()]
         findings += store.index.problems
         self.index_files = index_files if index_files is not None else [IndexWindows(f, windows) for f in self._index_files()]
+        self.index_coverage = IndexCoverage(store, self.index_files)
         phy_maxes = [q.phy_max for q in self.queues + self.batch if q.phy_max is not None]
         if store.rocksdb is None:
             self.dispatch = DispatchWindows(max(phy_maxes) if phy_maxes else None)
@@ -166,12 +168,14 @@ class WindowChecks:
         self.lmq.window(recs)
         for ix in self.index_files:
             ix.window(w, self.windows, recs)
+        self.index_coverage.window(recs, *self.windows.bounds(w))
 
     def _checkers(self):
         yield from ((("q", k), q) for k, q in enumerate(self.queues))
         yield from ((("b", k), b) for k, b in enumerate(self.batch))
         yield from ((("x", k), ix) for k, ix in enumerate(self.index_files))
         yield "lmq", self.lmq
+        yield "ixc", self.index_coverage
 
     # -- in a worker ---------------------------------------------------------------------------------------
 
