@@ -234,3 +234,17 @@ def test_an_index_behind_the_log_is_not_missing_entries(store_copy):
     with Store.open(str(root)) as st:
         res = verify_store(st)
     assert "IDX_MISSING" not in _codes(res.findings), [f.as_json() for f in res.findings]
+
+
+@pytest.mark.parametrize("name,jobs", [("4.9.3-clean", "1"), ("5.3.3-clean", "1"), ("4.9.3-clean", "2")])
+def test_recover_rebuilds_an_index_file_that_lacks_an_entry(store_copy, name, jobs):
+    """The broker never indexes a record below the index's end again: recover rebuilds the file that lacks the
+    entry (and the ones after it) from the commitlog, and the store verifies clean after it."""
+    root, phy = _dropped(store_copy, name, which=0)
+    code, out = _cli("recover", str(root), "--backup-dir", f"{root}.bak", "--json", "-j", jobs)
+    assert code == 0, out
+    verify = next(o for o in json_lines(out) if o.get("type") == "verify")
+    assert not verify["findings"], verify
+    with Store.open(str(root)) as st:
+        res = verify_store(st)
+    assert res.exit_code == 0 and not res.findings, res.findings

@@ -113,7 +113,7 @@ def check_index(planner, table) -> None:
     if planner.index_rebuild_from is not None or (not planner.index_files and damaged is None):
         return
     files = planner.index_files
-    probs = index_problems(planner.store, table, files) if files else []
+    probs = (index_problems(planner.store, table, files) if files else []) + _missing_entries(planner, files)
     if probs:
         bad = {f.path for f in probs}
         first_bad = min(i for i, f in enumerate(files) if f.path in bad)
@@ -146,6 +146,14 @@ def check_index(planner, table) -> None:
         planner.index_resume_after = (after, held)
     else:
         planner.index_rebuild_from = 0
+
+
+def _missing_entries(planner, files: list) -> list:
+    """verify's IDX_MISSING findings on the kept files (records below the index's end that lack entries: the
+    broker never indexes them again), when the plan verified the store along its walk; the file they name is
+    where the entries belong, so it is rebuilt like a file that disagrees with the log."""
+    kept = {f.path for f in files}
+    return [f for f in getattr(planner, "verify_findings", None) or [] if f.code == "IDX_MISSING" and f.path in kept]
 
 
 def _index_restart(files: list, j: int, table) -> tuple[int, int | None, int | None]:
