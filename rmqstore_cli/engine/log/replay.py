@@ -40,6 +40,7 @@ from .appender import AppendResult, Appender
 from .commitlog import Chunk
 from .linejson import line_messages
 from .messages import InputError, MessageBuilder
+from .writeback import EarlyWriteback
 
 BLOCK_BYTES = 4 << 20  # input read per block (whole lines; a longer line makes its block longer)
 
@@ -95,6 +96,7 @@ class DumpReplay:
         self.batched = 0  # lines put by the batch route
         self.line = 0  # lines read so far (the numbering of error messages: universal newlines, from 1)
         self._scratch = np.empty(0, np.uint8)  # the records of a run, encoded (written and dispatched before the next)
+        self.writeback = EarlyWriteback()  # the disk takes each run while the next is made, not all at the end
 
     # --- input ------------------------------------------------------------------------------------
 
@@ -344,9 +346,11 @@ class DumpReplay:
         while done < size:
             done += os.pwrite(seg.fd, view[done:], pos + done)
         seg.dirty = True
+        self.writeback.written(seg.fd, pos, pos + size)
         h = fast.decode_headers(out, at, u8=out)
         chunk = Chunk(SimpleNamespace(start=start), out, h, True)
         app.dispatcher.dispatch_many(app.dispatcher.requests_from_chunk(chunk))
+        self.writeback.every(app.dispatcher.written_ranges)
 
 
 def _blocks(stream):

@@ -1,0 +1,47 @@
+"""``append --from``'s early write-back (engine/log/writeback.py) hands the kernel only whole pages of bytes already
+written, inside the files, and changes no byte: the same files as an append that never starts it."""
+
+from __future__ import annotations
+
+import os
+
+from rmqstore_cli.engine.log import writeback as writeback_mod
+
+from .test_append_batch import _dump_lines, files, replay, small
+
+
+def _append(root, data: bytes, monkeypatch, early: bool) -> list:
+    calls = []
+    real = writeback_mod._sync_file_range()
+
+    def record(fd, start, n, flags):
+        size = os.fstat(fd).st_size
+        assert start >= 0 and n > 0 and start + n <= size, (start, n, size)
+        assert start % 4096 == 0 and n % 4096 == 0, (start, n)
+        calls.append((os.readlink(f"/proc/self/fd/{fd}"), start, n))
+        return real(fd, start, n, flags) if real else 0
+
+    monkeypatch.setattr(writeback_mod, "_sync_file_range", (lambda: record) if early else (lambda: None))
+    monkeypatch.setattr(writeback_mod.EarlyWriteback.__init__, "__defaults__", (1, None))  # derived files: every run
+    cfg = small(5, mappedFileSizeCommitLog=256 << 10, maxIndexNum=20000)
+    err, batched = replay(root, cfg, data, batch=True, keep_store_times=True)
+    assert err is None and batched == data.count(b"\n")
+    return calls
+
+
+def test_early_writeback_changes_no_byte(tmp_path, monkeypatch):
+    data = _dump_lines("5.3.3-v2topic", "base64") * 10  # several 256 KiB segments, several runs
+    calls = _append(tmp_path / "early", data, monkeypatch, True)
+    assert not _append(tmp_path / "late", data, monkeypatch, False)
+    a, b = files(tmp_path / "early"), files(tmp_path / "late")
+    assert sorted(a) == sorted(b)
+    assert sum(k.startswith("commitlog") for k in a) >= 2  # a BLANK and a second segment
+    for k in a:
+        assert a[k] == b[k], k
+    touched = {os.path.relpath(p, tmp_path / "early").split(os.sep)[0] for p, _, _ in calls}
+    assert touched == {"commitlog", "consumequeue", "index"}, touched
+    # commitlog pages handed over hold records already written: never past the end of a file's data
+    for path, start, n in calls:
+        rel = os.path.relpath(path, tmp_path / "early")
+        if rel.startswith("commitlog"):
+            assert start + n <= len(a[rel].rstrip(b"\0")), (rel, start, n)
