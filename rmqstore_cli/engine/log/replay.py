@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -43,6 +44,7 @@ from .messages import InputError, MessageBuilder
 from .writeback import EarlyWriteback
 
 BLOCK_BYTES = 4 << 20  # input read per block (whole lines; a longer line makes its block longer)
+PARSE_AHEAD = 2  # blocks parsed (in as many threads) while one is put
 
 
 def _kernel():
@@ -102,26 +104,30 @@ class DumpReplay:
 
     def feed_stream(self, stream):
         """Every line of a binary stream; yields the results of each run of puts. With the batch route, the
-        next block is read and parsed in a second thread while this one is put (the parse needs no store
-        state: it is a function of the bytes)."""
+        next PARSE_AHEAD blocks are parsed in as many threads while this one is put (the parse needs no store
+        state: it is a function of the bytes; the compiled parser releases the GIL). Blocks are read here, in
+        order, and put in order; a parse is the longer half of a line's work, so two threads parsing and this
+        one putting keep two cores busy."""
         blocks = _blocks(stream)
         if not self.batch:
             for block in blocks:
                 yield from self.feed(block)
             return
-        _kernel(), _encoder()  # imported here, not in the worker while this thread imports others
-        with ThreadPoolExecutor(1, thread_name_prefix="append-parse") as pool:
-            ahead = pool.submit(self._read_ahead, blocks)
-            while True:
-                parsed = ahead.result()
-                if parsed is None:
-                    break
-                ahead = pool.submit(self._read_ahead, blocks)
-                yield from self.feed(parsed[0], parsed)
-
-    def _read_ahead(self, blocks):
-        block = next(blocks, None)
-        return None if block is None else self._parse(block)
+        _kernel(), _encoder()  # imported here, not in the workers while this thread imports others
+        pending = deque()
+        with ThreadPoolExecutor(PARSE_AHEAD, thread_name_prefix="append-parse") as pool:
+            try:
+                for block in blocks:
+                    pending.append(pool.submit(self._parse, block))
+                    if len(pending) > PARSE_AHEAD:
+                        parsed = pending.popleft().result()
+                        yield from self.feed(parsed[0], parsed)
+                while pending:
+                    parsed = pending.popleft().result()
+                    yield from self.feed(parsed[0], parsed)
+            finally:
+                for f in pending:  # an error stops the input here: parses not started are dropped
+                    f.cancel()
 
     def _parse(self, block: bytes) -> tuple:
         """(block, u8, starts, ends, logical lines per line, inner \\r, columns, status, side): no store state."""
