@@ -23,8 +23,10 @@ always did: the lines before it in its block are written first, then the plain r
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
+import threading
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +46,7 @@ from .messages import InputError, MessageBuilder
 from .writeback import EarlyWriteback
 
 BLOCK_BYTES = 4 << 20  # input read per block (whole lines; a longer line makes its block longer)
-PARSE_AHEAD = 2  # blocks parsed (in as many threads) while one is put
+PARSE_AHEAD = 2  # threads reading and parsing blocks while this one puts
 
 
 def _kernel():
@@ -103,31 +105,45 @@ class DumpReplay:
     # --- input ------------------------------------------------------------------------------------
 
     def feed_stream(self, stream):
-        """Every line of a binary stream; yields the results of each run of puts. With the batch route, the
-        next PARSE_AHEAD blocks are parsed in as many threads while this one is put (the parse needs no store
-        state: it is a function of the bytes; the compiled parser releases the GIL). Blocks are read here, in
-        order, and put in order; a parse is the longer half of a line's work, so two threads parsing and this
-        one putting keep two cores busy."""
+        """Every line of a binary stream; yields the results of each run of puts. With the batch route, blocks
+        are read and parsed by PARSE_AHEAD threads while this one puts (the parse needs no store state: it is a
+        function of the bytes, and the compiled parser releases the GIL): reading and parsing are the longer half
+        of a line's work, so two threads doing them and this one putting keep two cores busy. Blocks are read
+        in turn (a block ends where a line does) and put in order."""
         blocks = _blocks(stream)
         if not self.batch:
             for block in blocks:
                 yield from self.feed(block)
             return
         _kernel(), _encoder()  # imported here, not in the workers while this thread imports others
-        pending = deque()
+        turn = threading.Condition()
+        state = {"turn": 0}
+        tickets = itertools.count()
         with ThreadPoolExecutor(PARSE_AHEAD, thread_name_prefix="append-parse") as pool:
+            pending = deque(pool.submit(self._read_parse, blocks, turn, state, next(tickets))
+                            for _ in range(PARSE_AHEAD + 1))
             try:
-                for block in blocks:
-                    pending.append(pool.submit(self._parse, block))
-                    if len(pending) > PARSE_AHEAD:
-                        parsed = pending.popleft().result()
-                        yield from self.feed(parsed[0], parsed)
-                while pending:
+                while True:
                     parsed = pending.popleft().result()
+                    if parsed is None:
+                        break
+                    pending.append(pool.submit(self._read_parse, blocks, turn, state, next(tickets)))
                     yield from self.feed(parsed[0], parsed)
             finally:
-                for f in pending:  # an error stops the input here: parses not started are dropped
+                for f in pending:  # the end of the input, or an error: reads not started are dropped
                     f.cancel()
+
+    def _read_parse(self, blocks, turn, state, ticket: int):
+        """Read block number ``ticket`` (after the one before it: tasks start in ticket order, so the one whose turn
+        it is is running already) and parse it; None at the end of the input."""
+        with turn:
+            turn.wait_for(lambda: state["turn"] == ticket)
+            try:
+                block = next(blocks, None)
+            finally:
+                state["turn"] += 1
+                turn.notify_all()
+        return None if block is None else self._parse(block)
 
     def _parse(self, block: bytes) -> tuple:
         """(block, u8, starts, ends, logical lines per line, inner \\r, columns, status, side): no store state."""
