@@ -67,3 +67,84 @@ def test_base64_bodies_equal_python(capsys):
         else:
             assert status[i] == replaykernel.SLOW, (seed, text)
     assert taken > 1000
+
+
+PROP_CHARS = ["a", "b", "K", "é", "键", "😀", "\"", "\\", "/", "\t", " ", "\x7f", "\x01", "=", "\u2028"]
+
+
+def _raw_entries(raw: str) -> list[tuple[str, str]]:
+    """MessageDecoder.string2messageProperties, written again: entries of name \\x01 value, separated by \\x02."""
+    out = []
+    for piece in raw.split("\x02"):
+        sep = piece.find("\x01")
+        if 0 < sep < len(piece) - 1:
+            out.append((piece[:sep], piece[sep + 1:]))
+    return out
+
+
+def _props_case(rng: random.Random) -> tuple[str, str]:
+    """(propertiesRaw, the text of a properties object): usually the same entries, sometimes not."""
+    def word():
+        return "".join(rng.choice(PROP_CHARS) for _ in range(rng.randrange(0, 5)))
+
+    entries = [(word(), word()) for _ in range(rng.randrange(0, 6))]
+    raw = "\x02".join(f"{k}\x01{v}" for k, v in entries) + rng.choice(["", "\x02"])
+    pairs = _raw_entries(raw)
+    op = rng.random()
+    if op < 0.15 and pairs:
+        pairs[rng.randrange(len(pairs))] = (word(), word())  # an entry changed
+    elif op < 0.25 and pairs:
+        pairs.append(rng.choice(pairs))  # a name twice in the object
+    elif op < 0.3 and pairs:
+        del pairs[rng.randrange(len(pairs))]
+    elif op < 0.45 and pairs:  # one character changed: the first or the last of a name or a value
+        j = rng.randrange(len(pairs))
+        kv = list(pairs[j])
+        side = rng.randrange(2)
+        kv[side] = (rng.choice(PROP_CHARS) + kv[side][1:]) if rng.random() < 0.5 else (kv[side][:-1] + rng.choice(PROP_CHARS))
+        pairs[j] = (kv[0], kv[1])
+    if rng.random() < 0.3:
+        rng.shuffle(pairs)
+    sep = rng.choice([(",", ":"), (",", ":"), (", ", ": ")])
+    ascii_only = rng.random() < 0.3
+    text = "{" + sep[0].join(json.dumps(k, ensure_ascii=ascii_only) + sep[1] + json.dumps(v, ensure_ascii=ascii_only)
+                             for k, v in pairs) + "}"
+    return raw, text
+
+
+def _props_ok(raw: str, text: str) -> bool:
+    """The parser's rule: the object and the raw string hold the same entries, no name twice on either side,
+    names and values not empty and free of the separators."""
+    got = json.loads(text, object_pairs_hook=list)
+    want = _raw_entries(raw)
+    if len({k for k, _ in got}) != len(got) or len({k for k, _ in want}) != len(want):
+        return False
+    if any(not k or not v or "\x01" in k + v or "\x02" in k + v for k, v in got):
+        return False
+    return dict(got) == dict(want)
+
+
+def test_properties_object_compared_like_python():
+    """The properties object is taken (OK) exactly when it holds the raw string's entries (the one-pass path for
+    entries in order without escapes, the general one for the rest), else the line is SLOW."""
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    cases = [_props_case(rng) for _ in range(3000)]
+    lines = []
+    for raw, text in cases:
+        line = _line("QUJD").decode()
+        line = line.replace('"properties":{"a":"b"}', '"properties":' + text)
+        line = line.replace('"propertiesRaw":"a\\u0001b"', '"propertiesRaw":' + json.dumps(raw, ensure_ascii=False))
+        lines.append(line.encode())
+    data = b"\n".join(lines) + b"\n"
+    u8 = np.frombuffer(data, np.uint8)
+    ends = np.flatnonzero(u8 == 10)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    _, status, _ = replaykernel.parse(u8, starts, ends, True)
+    ok = 0
+    for i, (raw, text) in enumerate(cases):
+        want = _props_ok(raw, text)
+        assert (status[i] == replaykernel.OK) == want, (seed, raw, text, int(status[i]))
+        ok += want
+    assert 500 < ok < len(cases) - 300, ok
