@@ -26,7 +26,7 @@ import numpy as np
 
 from .jsonscan import _HEX, _inline, _int_end, _int_value, _read_string, _string_end, _unescape, _ws
 from .kernel import _jit
-from .wordops import _word
+from .wordops import _low_byte_index, _word
 from .wordstore import _bswap, _store_word
 
 OK, BLANK, SLOW = 0, 1, 2
@@ -512,6 +512,57 @@ def _parse_line(u8, s, e, cols, at, side, cursor, scratch, ents, table, ends, v5
         sf |= 0x20
     cols[at, I_SYSFLAG] = sf
     return OK
+
+
+_LOW7 = 0x7F7F7F7F7F7F7F7F
+_NEWLINES = 0x0A0A0A0A0A0A0A0A
+_RETURNS = 0x0D0D0D0D0D0D0D0D
+_HIGHS = 0x8080808080808080
+
+
+@_inline
+def _zero_bytes(x):
+    """High bit set in exactly the bytes of ``x`` that are 0 (no carries between bytes)."""
+    low7 = np.uint64(_LOW7)
+    return ~(((x & low7) + low7) | x | low7)
+
+
+@_jit
+def line_ends(u8, ends):
+    """Every ``\n`` of ``u8``, 8 bytes a step: its positions into ``ends`` and (count, any ``\r``, any byte
+    >= 0x80). A count of -1: more lines than ``ends`` holds (the caller looks again another way)."""
+    n = len(u8)
+    count = 0
+    returns = np.uint64(0)
+    high = np.uint64(0)
+    i = 0
+    while i + 8 <= n:
+        w = _word(u8, i)
+        high |= w
+        returns |= _zero_bytes(w ^ np.uint64(_RETURNS))
+        nl = _zero_bytes(w ^ np.uint64(_NEWLINES))
+        while nl:
+            if count == len(ends):
+                return -1, False, False
+            ends[count] = i + _low_byte_index(nl)
+            count += 1
+            nl &= nl - np.uint64(1)
+        i += 8
+    cr = (returns & np.uint64(_HIGHS)) != 0
+    wide = (high & np.uint64(_HIGHS)) != 0
+    while i < n:
+        c = u8[i]
+        if c == 10:
+            if count == len(ends):
+                return -1, False, False
+            ends[count] = i
+            count += 1
+        elif c == 13:
+            cr = True
+        elif c >= 128:
+            wide = True
+        i += 1
+    return count, cr, wide
 
 
 @_jit

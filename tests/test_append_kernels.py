@@ -148,3 +148,25 @@ def test_properties_object_compared_like_python():
         assert (status[i] == replaykernel.OK) == want, (seed, raw, text, int(status[i]))
         ok += want
     assert 500 < ok < len(cases) - 300, ok
+
+
+def test_line_ends_equal_numpy():
+    """line_ends (8 bytes a step) finds every \\n, tells whether a \\r or a byte >= 0x80 is anywhere, and says -1
+    when its room is short, on seeded blocks of every length modulo 8 and bytes at word edges."""
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = np.random.default_rng(seed)
+    for trial in range(3000):
+        n = int(rng.integers(0, 200))
+        alphabet = [np.array([10, 13, 65, 200, 0, 127, 128, 255, 9], np.uint8), np.array([65, 66, 10], np.uint8),
+                    np.array([65, 10, 13], np.uint8), np.array([65, 66], np.uint8)][int(rng.integers(4))]
+        u8 = rng.choice(alphabet, n).astype(np.uint8)
+        room = int(rng.integers(0, 40))
+        ends = np.full(room, -7, np.int64)
+        count, cr, wide = replaykernel.line_ends(u8, ends)
+        want = np.flatnonzero(u8 == 10)
+        if len(want) > room:
+            assert count == -1, (seed, trial)
+            continue
+        assert count == len(want) and (ends[:count] == want).all(), (seed, trial)
+        assert cr == bool((u8 == 13).any()) and wide == bool((u8 >= 128).any()), (seed, trial)

@@ -149,7 +149,12 @@ class DumpReplay:
         """(block, u8, starts, ends, logical lines per line, inner \\r, columns, status, side): no store state."""
         u8 = np.frombuffer(block, np.uint8)
         k = _kernel()
-        ends = np.flatnonzero(u8 == 10)
+        ends = np.empty(len(block) // 64 + 64, np.int64)  # room for lines of 64 bytes on average
+        count, has_cr, wide = k.line_ends(u8, ends)
+        if count >= 0:
+            ends = ends[:count]
+        else:  # short lines: no room for them all
+            ends, has_cr, wide = np.flatnonzero(u8 == 10), block.find(b"\r") >= 0, not block.isascii()
         if not len(ends) or ends[-1] != len(block) - 1:
             ends = np.append(ends, len(block))
         n = len(ends)
@@ -159,14 +164,14 @@ class DumpReplay:
         # universal newlines: a \r inside a line (not before its \n nor at the end) starts another line of text
         logical = np.ones(n, np.int64)
         inner = np.zeros(n, bool)
-        if block.find(b"\r") >= 0:
+        if has_cr:
             cr = np.flatnonzero(u8 == 13)
             cr = cr[(cr + 1 < len(block)) & (u8[np.minimum(cr + 1, len(block) - 1)] != 10)]
             at = np.searchsorted(ends, cr, side="left")
             np.add.at(logical, at, 1)
             inner[at] = True
         cols = status = side = None
-        if self.batch and (block.isascii() or _valid_utf8(block)):
+        if self.batch and (not wide or _valid_utf8(block)):
             cols, status, side = k.parse(u8, starts, ends, self.v5)
         return block, u8, starts, ends, logical, inner, cols, status, side
 
