@@ -170,3 +170,32 @@ def test_line_ends_equal_numpy():
             continue
         assert count == len(want) and (ends[:count] == want).all(), (seed, trial)
         assert cr == bool((u8 == 13).any()) and wide == bool((u8 >= 128).any()), (seed, trial)
+
+
+def test_blocks_are_whole_lines_of_the_input(monkeypatch):
+    """The input read in blocks (straight into arrays, the end of a line carried over, a line longer than a block
+    kept whole), through streams that return short reads: the blocks put together are the input, each ends a
+    line (the last may lack its newline), none is empty."""
+    import io
+
+    from rmqstore_cli.engine.log import replay as replay_mod
+
+    class Trickle(io.BytesIO):
+        def __init__(self, data, rng):
+            super().__init__(data)
+            self.rng = rng
+
+        def readinto(self, b):
+            return super().readinto(memoryview(b)[: self.rng.randrange(1, len(b) + 1)])
+
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    for trial in range(400):
+        lines = [b"x" * rng.choice([0, 1, 5, 30, 200, 3000]) for _ in range(rng.randrange(0, 30))]
+        data = b"\n".join(lines) + rng.choice([b"", b"\n"])
+        monkeypatch.setattr(replay_mod, "BLOCK_BYTES", rng.choice([1, 2, 7, 64, 1000, 1 << 16]))
+        stream = Trickle(data, rng) if rng.random() < 0.5 else io.BytesIO(data)
+        blocks = [bytes(b) for b in replay_mod._blocks(stream)]
+        assert b"".join(blocks) == data, (seed, trial)
+        assert all(blocks) and all(b.endswith(b"\n") for b in blocks[:-1]), (seed, trial)

@@ -154,7 +154,8 @@ class DumpReplay:
         if count >= 0:
             ends = ends[:count]
         else:  # short lines: no room for them all
-            ends, has_cr, wide = np.flatnonzero(u8 == 10), block.find(b"\r") >= 0, not block.isascii()
+            text = bytes(block)
+            ends, has_cr, wide = np.flatnonzero(u8 == 10), text.find(b"\r") >= 0, not text.isascii()
         if not len(ends) or ends[-1] != len(block) - 1:
             ends = np.append(ends, len(block))
         n = len(ends)
@@ -196,7 +197,7 @@ class DumpReplay:
                 i += 1
                 continue
             if slow[i]:
-                yield from self._plain(block[starts[i]:ends[i]], int(first_line[i]))
+                yield from self._plain(bytes(block[starts[i]:ends[i]]), int(first_line[i]))
                 i += 1
                 continue
             if not filtered:  # batch consume queue topics are known once the store is open
@@ -218,7 +219,7 @@ class DumpReplay:
                     yield done
                 if len(done) < len(rows):  # a store time older than the log's: the plain route refuses it
                     r = int(rows[len(done)])
-                    yield from self._plain(block[starts[r]:ends[r]], int(first_line[r]))
+                    yield from self._plain(bytes(block[starts[r]:ends[r]]), int(first_line[r]))
                     rows = rows[len(done) + 1:]
                 else:
                     break
@@ -381,20 +382,60 @@ class DumpReplay:
 
 
 def _blocks(stream):
-    """Whole lines of a binary stream in blocks of about BLOCK_BYTES (the last one may lack its newline): a block
-    read, then the rest of its last line (one copy of the block, not two)."""
+    """Whole lines of a binary stream in blocks of about BLOCK_BYTES (the last one may lack its newline), each read
+    straight into its own array (one copy): the part of a line at its end is carried to the start of the next
+    block, and a line longer than a block makes its block longer. A stream without ``readinto`` gives bytes."""
+    readinto = getattr(stream, "readinto", None)
+    if readinto is None:
+        while True:
+            block = stream.read(BLOCK_BYTES)
+            if not block:
+                return
+            if block[-1] != 10:
+                block += stream.readline()
+            yield block
+    carry = b""
     while True:
-        block = stream.read(BLOCK_BYTES)
-        if not block:
-            break
-        if block[-1] != 10:
-            block += stream.readline()
-        yield block
+        size = BLOCK_BYTES
+        buf = np.empty(size, np.uint8)
+        got = len(carry)
+        buf[:got] = np.frombuffer(carry, np.uint8)
+        view = memoryview(buf)
+        while got < size:
+            n = readinto(view[got:])
+            if not n:
+                break
+            got += n
+        view.release()
+        if got < size:  # the end of the input
+            if got:
+                yield buf[:got]
+            return
+        cut = _last_newline(buf) + 1
+        if cut:
+            carry = buf[cut:].tobytes()
+            yield buf[:cut]
+        else:  # no newline in a whole block: the rest of this line comes with it
+            carry = b""
+            yield np.concatenate((buf, np.frombuffer(stream.readline(), np.uint8)))
 
 
-def _valid_utf8(block: bytes) -> bool:
+def _last_newline(buf: np.ndarray) -> int:
+    """Index of the last \n in ``buf``, -1 if none (looked for backwards, in growing windows)."""
+    window = 1 << 16
+    while True:
+        start = max(0, len(buf) - window)
+        at = buf[start:].tobytes().rfind(b"\n")
+        if at >= 0:
+            return start + at
+        if not start:
+            return -1
+        window *= 4
+
+
+def _valid_utf8(block) -> bool:
     try:
-        block.decode("utf-8")
+        str(memoryview(block), "utf-8")
     except UnicodeDecodeError:
         return False
     return True
