@@ -45,3 +45,36 @@ def test_early_writeback_changes_no_byte(tmp_path, monkeypatch):
         rel = os.path.relpath(path, tmp_path / "early")
         if rel.startswith("commitlog"):
             assert start + n <= len(a[rel].rstrip(b"\0")), (rel, start, n)
+
+
+def test_stopping_early_leaves_no_reader_waiting(tmp_path, monkeypatch):
+    """A consumer that stops after the first results (an error downstream, say) closes the replay: the blocks
+    being read and parsed finish, the ones not started are dropped, and nothing waits for a turn that never
+    comes (the close returns; a deadlock would leave the thread below alive)."""
+    import io
+    import threading
+
+    from rmqstore_cli.engine.log import replay as replay_mod
+    from rmqstore_cli.engine.log.appender import Appender
+    from rmqstore_cli.engine.log.messages import MessageBuilder
+
+    data = _dump_lines("5.3.3-v2topic", "base64")
+    monkeypatch.setattr(replay_mod, "BLOCK_BYTES", 2000)  # many blocks
+    for stop_after in (1, 2, 3, 5, 8):
+        cfg = small(5)
+        app = Appender(str(tmp_path / f"s{stop_after}"), cfg)
+        done = []
+
+        def run():
+            gen = replay_mod.DumpReplay(app, MessageBuilder(cfg)).feed_stream(io.BytesIO(data))
+            for k, _ in enumerate(gen):
+                if k + 1 == stop_after:
+                    break
+            gen.close()
+            app.close()
+            done.append(True)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(120)
+        assert done, f"the replay did not close after {stop_after} results"

@@ -130,7 +130,9 @@ class DumpReplay:
                     pending.append(pool.submit(self._read_parse, blocks, turn, state, next(tickets)))
                     yield from self.feed(parsed[0], parsed)
             finally:
-                for f in pending:  # the end of the input, or an error: reads not started are dropped
+                # the end of the input, or an error: reads not started are dropped, newest first, so that a worker
+                # never starts one whose turn (a cancelled older ticket's) would never come
+                for f in reversed(pending):
                     f.cancel()
 
     def _read_parse(self, blocks, turn, state, ticket: int):
