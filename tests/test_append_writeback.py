@@ -1,9 +1,13 @@
-"""``append --from``'s early write-back (engine/log/writeback.py) hands the kernel only whole pages of bytes already
-written, inside the files, and changes no byte: the same files as an append that never starts it."""
+"""``append --from``'s pipeline: the early write-back (engine/log/writeback.py) hands the kernel only whole pages of
+bytes already written, inside the files, and changes no byte (the same files as an append that never starts it);
+blocks read and parsed by any number of threads give the plain route's files; an early stop closes cleanly."""
 
 from __future__ import annotations
 
 import os
+import random
+
+import pytest
 
 from rmqstore_cli.engine.log import writeback as writeback_mod
 
@@ -47,7 +51,8 @@ def test_early_writeback_changes_no_byte(tmp_path, monkeypatch):
             assert start + n <= len(a[rel].rstrip(b"\0")), (rel, start, n)
 
 
-def test_stopping_early_leaves_no_reader_waiting(tmp_path, monkeypatch):
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_stopping_early_leaves_no_reader_waiting(tmp_path, monkeypatch, threads):
     """A consumer that stops after the first results (an error downstream, say) closes the replay: the blocks
     being read and parsed finish, the ones not started are dropped, and nothing waits for a turn that never
     comes (the close returns; a deadlock would leave the thread below alive)."""
@@ -60,6 +65,7 @@ def test_stopping_early_leaves_no_reader_waiting(tmp_path, monkeypatch):
 
     data = _dump_lines("5.3.3-v2topic", "base64")
     monkeypatch.setattr(replay_mod, "BLOCK_BYTES", 2000)  # many blocks
+    monkeypatch.setattr(replay_mod, "parse_threads", lambda: threads)
     for stop_after in (1, 2, 3, 5, 8):
         cfg = small(5)
         app = Appender(str(tmp_path / f"s{stop_after}"), cfg)
@@ -78,3 +84,19 @@ def test_stopping_early_leaves_no_reader_waiting(tmp_path, monkeypatch):
         t.start()
         t.join(120)
         assert done, f"the replay did not close after {stop_after} results"
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_any_number_of_parse_threads_gives_the_plain_routes_files(tmp_path, monkeypatch, threads):
+    """Blocks read and parsed by 1, 2 or 3 threads (in turn, put in order; tiny blocks: a line split over
+    several reads, many blocks in flight) give the files one put per line gives."""
+    from rmqstore_cli.engine.log import replay as replay_mod
+
+    from .test_append_batch import _lines, assert_same
+
+    monkeypatch.setattr(replay_mod, "parse_threads", lambda: threads)
+    monkeypatch.setattr(replay_mod, "BLOCK_BYTES", 1500)
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    err, batched = assert_same(tmp_path, small(5, mappedFileSizeCommitLog=16384), _lines(seed, 300, 0.3))
+    assert err is None and batched > 150

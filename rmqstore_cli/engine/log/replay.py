@@ -46,7 +46,6 @@ from .messages import InputError, MessageBuilder
 from .writeback import EarlyWriteback
 
 BLOCK_BYTES = 4 << 20  # input read per block (whole lines; a longer line makes its block longer)
-PARSE_AHEAD = 2  # threads reading and parsing blocks while this one puts
 
 
 def _kernel():
@@ -106,10 +105,9 @@ class DumpReplay:
 
     def feed_stream(self, stream):
         """Every line of a binary stream; yields the results of each run of puts. With the batch route, blocks
-        are read and parsed by PARSE_AHEAD threads while this one puts (the parse needs no store state: it is a
-        function of the bytes, and the compiled parser releases the GIL): reading and parsing are the longer half
-        of a line's work, so two threads doing them and this one putting keep two cores busy. Blocks are read
-        in turn (a block ends where a line does) and put in order."""
+        are read and parsed by other threads (:func:`parse_threads`) while this one puts (the parse needs no store
+        state: it is a function of the bytes, and the compiled parser releases the GIL). Blocks are read in turn
+        (a block ends where a line does) and put in order."""
         blocks = _blocks(stream)
         if not self.batch:
             for block in blocks:
@@ -119,9 +117,10 @@ class DumpReplay:
         turn = threading.Condition()
         state = {"turn": 0}
         tickets = itertools.count()
-        with ThreadPoolExecutor(PARSE_AHEAD, thread_name_prefix="append-parse") as pool:
+        threads = parse_threads()
+        with ThreadPoolExecutor(threads, thread_name_prefix="append-parse") as pool:
             pending = deque(pool.submit(self._read_parse, blocks, turn, state, next(tickets))
-                            for _ in range(PARSE_AHEAD + 1))
+                            for _ in range(threads + 1))
             try:
                 while True:
                     parsed = pending.popleft().result()
@@ -381,6 +380,18 @@ class DumpReplay:
         chunk = Chunk(SimpleNamespace(start=start), out, h, True)
         app.dispatcher.dispatch_many(app.dispatcher.requests_from_chunk(chunk))
         self.writeback.every(app.dispatcher.written_ranges)
+
+
+def parse_threads() -> int:
+    """Threads reading and parsing blocks beside the one putting them: reading and parsing a line costs about
+    what putting it does, so one keeps two cores busy; a second one, on a machine with cores to spare, halves
+    the parse's share. On two cores a second one would only take turns with the putting thread, which is then
+    the longest path."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return 2 if cores >= 3 else 1
 
 
 def _blocks(stream):
