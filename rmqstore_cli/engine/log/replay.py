@@ -422,15 +422,22 @@ def _blocks(stream):
         view.release()
         if got < size:  # the end of the input
             if got:
-                yield buf[:got]
+                yield _frozen(buf[:got])
             return
         cut = _last_newline(buf) + 1
         if cut:
             carry = buf[cut:].tobytes()
-            yield buf[:cut]
+            yield _frozen(buf[:cut])
         else:  # no newline in a whole block: the rest of this line comes with it
             carry = b""
-            yield np.concatenate((buf, np.frombuffer(stream.readline(), np.uint8)))
+            yield _frozen(np.concatenate((buf, np.frombuffer(stream.readline(), np.uint8))))
+
+
+def _frozen(block: np.ndarray) -> np.ndarray:
+    """The block read-only, as input bytes are: nothing writes into it, and the compiled kernels see the array
+    type they were compiled (and cached, formats/warmup.py) for, not a second one."""
+    block.flags.writeable = False
+    return block
 
 
 def _last_newline(buf: np.ndarray) -> int:
