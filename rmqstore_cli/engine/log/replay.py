@@ -441,7 +441,7 @@ def _frozen(block: np.ndarray) -> np.ndarray:
 
 
 def _last_newline(buf: np.ndarray) -> int:
-    """Index of the last \n in ``buf``, -1 if none (looked for backwards, in growing windows)."""
+    """Index of the last ``\\n`` in ``buf``, -1 if none (looked for backwards, in growing windows)."""
     window = 1 << 16
     while True:
         start = max(0, len(buf) - window)
