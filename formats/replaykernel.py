@@ -409,7 +409,7 @@ def _zero_bytes(x):
 
 @_jit
 def line_ends(u8, ends):
-    """Every ``\n`` of ``u8``, 8 bytes a step: its positions into ``ends`` and (count, any ``\r``, any byte
+    """Every ``\\n`` of ``u8``, 8 bytes a step: its positions into ``ends`` and (count, any ``\\r``, any byte
     >= 0x80). A count of -1: more lines than ``ends`` holds (the caller looks again another way)."""
     n = len(u8)
     count = 0
