@@ -14,7 +14,8 @@ which gives the value or the error. The kernel never decides an error itself, so
 those of one implementation.
 
 :mod:`formats.replayencode` writes the records from the columns; the JSON scanning pieces are in
-:mod:`formats.jsonscan` (numba caches a kernel by its own file: after editing one of those, clear
+:mod:`formats.jsonscan`, the comparison of the properties object with the raw string in
+:mod:`formats.replayprops` (numba caches a kernel by its own file: after editing one of those, clear
 ``formats/__pycache__/*.nbi``). ``tests/test_append_batch.py`` checks the lines this parser takes
 give the files the plain route gives.
 """
@@ -26,6 +27,9 @@ import numpy as np
 
 from .jsonscan import _HEX, _inline, _int_end, _int_value, _read_string, _string_end, _unescape, _ws
 from .kernel import _jit
+from .replayprops import _props_match
+from .wordops import _low_byte_index, _word
+from .wordstore import _bswap, _store_word
 
 OK, BLANK, SLOW = 0, 1, 2
 MAGIC_V2 = -626843477  # formats.records.MAGIC_V2 (a literal: numba freezes globals)
@@ -45,8 +49,11 @@ _FIELD_ENDS = np.cumsum([len(f) for f in FIELDS]).astype(np.int64)
 _CRC_KEY = np.frombuffer(b"__CRC32#", np.uint8).copy()
 _MULTI_KEY = np.frombuffer(b"INNER_MULTI_", np.uint8).copy()
 _B64 = np.full(256, -1, np.int64)
+# The same values pre-shifted to their place in a quad's 24 bits; 0xFF000000 (never set by a digit): not one.
+_B64_0, _B64_1, _B64_2, _B64_3 = (np.full(256, 0xFF000000, np.uint32) for _ in range(4))
 for _i, _c in enumerate(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"):
     _B64[_c] = _i
+    _B64_0[_c], _B64_1[_c], _B64_2[_c], _B64_3[_c] = _i << 18, _i << 12, _i << 6, _i
 # int columns of the parse (I_*), one row per line
 I_QUEUE, I_FLAG, I_SYSFLAG, I_BORN_TS, I_STORE_TS, I_RECONSUME, I_PREPARED = 0, 1, 2, 3, 4, 5, 6
 I_BORN_PORT, I_STORE_PORT, I_BORN_HEX, I_BORN_HEXLEN, I_STORE_HEX, I_STORE_HEXLEN = 7, 8, 9, 10, 11, 12
@@ -171,84 +178,6 @@ def _host(u8, p, e, port_col, hex_col, cols, at):
         return -1
 
 
-@_inline
-def _same(x, xs, y, ys, n):
-    for k in range(n):
-        if x[xs + k] != y[ys + k]:
-            return False
-    return True
-
-
-@_jit
-def _props_match(u8, p, e, raw, rn, tmp, ents):
-    """The ``properties`` object at ``p`` equals ``parse_properties`` of the decoded raw string ``raw[:rn]``
-    (the plain route's check), told without duplicate names on either side. Returns its end or -1."""
-    m = 0
-    start = 0
-    while start < rn:  # MessageDecoder.string2messageProperties
-        end = start
-        while end < rn and raw[end] != 2:
-            end += 1
-        if end - start >= 3:
-            sep = start
-            while sep < end and raw[sep] != 1:
-                sep += 1
-            if start < sep < end - 1:
-                if m == len(ents):
-                    return -1
-                ents[m, 0], ents[m, 1], ents[m, 2], ents[m, 3] = start, sep - start, sep + 1, end - sep - 1
-                for k in range(m):
-                    if ents[k, 1] == ents[m, 1] and _same(raw, ents[k, 0], raw, start, ents[m, 1]):
-                        return -1
-                m += 1
-        start = end + 1
-    for k in range(m):
-        ents[k, 4] = 0
-    if p >= e or u8[p] != 123:
-        return -1
-    p = _ws(u8, p + 1, e)
-    if p < e and u8[p] == 125:
-        return p + 1 if m == 0 else -1
-    count = 0
-    while True:
-        q = _string_end(u8, p, e)
-        if q < 0:
-            return -1
-        kn = _unescape(u8, p + 1, q, tmp, 0)
-        if kn <= 0:
-            return -1
-        p = _ws(u8, q + 1, e)
-        if p >= e or u8[p] != 58:
-            return -1
-        p = _ws(u8, p + 1, e)
-        q = _string_end(u8, p, e)
-        if q < 0:
-            return -1
-        vn = _unescape(u8, p + 1, q, tmp, kn)
-        if vn <= kn:
-            return -1
-        vn -= kn
-        for k in range(kn + vn):
-            if tmp[k] == 1 or tmp[k] == 2:
-                return -1
-        found = -1
-        for k in range(m):
-            if ents[k, 1] == kn and _same(raw, ents[k, 0], tmp, 0, kn):
-                found = k
-                break
-        if found < 0 or ents[found, 4] or ents[found, 3] != vn or not _same(raw, ents[found, 2], tmp, kn, vn):
-            return -1
-        ents[found, 4] = 1
-        count += 1
-        p = _ws(u8, q + 1, e)
-        if p < e and u8[p] == 44:
-            p = _ws(u8, p + 1, e)
-            continue
-        if p < e and u8[p] == 125 and count == m:
-            return p + 1
-        return -1
-
-
 @_jit
 def _parse_line(u8, s, e, cols, at, side, cursor, scratch, ents, table, ends, v5):
     p = _ws(u8, s, e)
@@ -302,6 +231,18 @@ def _parse_line(u8, s, e, cols, at, side, cursor, scratch, ents, table, ends, v5
             o = cursor[0]
             o0 = o
             q = p + 1
+            while q + 8 <= e:  # two quads per step: one 8-byte load, one 8-byte store (6 bytes kept)
+                x = _word(u8, q)
+                v = (_B64_0[x & 0xFF] | _B64_1[(x >> 8) & 0xFF] | _B64_2[(x >> 16) & 0xFF]
+                     | _B64_3[(x >> 24) & 0xFF])
+                w = (_B64_0[(x >> 32) & 0xFF] | _B64_1[(x >> 40) & 0xFF] | _B64_2[(x >> 48) & 0xFF]
+                     | _B64_3[x >> 56])
+                if (v | w) >> 24:
+                    break  # a character that is not a digit (the closing quote, padding): the steps below
+                # o + 8 <= q + 8 <= len(side): what is decoded is shorter than the text read so far
+                _store_word(side, o, _bswap((np.uint64(v) << np.uint64(40)) | (np.uint64(w) << np.uint64(16))))
+                o += 6
+                q += 8
             while q + 4 <= e:
                 a, b, c, d = _B64[u8[q]], _B64[u8[q + 1]], _B64[u8[q + 2]], _B64[u8[q + 3]]
                 if (a | b | c | d) < 0:
@@ -451,6 +392,57 @@ def _parse_line(u8, s, e, cols, at, side, cursor, scratch, ents, table, ends, v5
         sf |= 0x20
     cols[at, I_SYSFLAG] = sf
     return OK
+
+
+_LOW7 = 0x7F7F7F7F7F7F7F7F
+_NEWLINES = 0x0A0A0A0A0A0A0A0A
+_RETURNS = 0x0D0D0D0D0D0D0D0D
+_HIGHS = 0x8080808080808080
+
+
+@_inline
+def _zero_bytes(x):
+    """High bit set in exactly the bytes of ``x`` that are 0 (no carries between bytes)."""
+    low7 = np.uint64(_LOW7)
+    return ~(((x & low7) + low7) | x | low7)
+
+
+@_jit
+def line_ends(u8, ends):
+    """Every ``\\n`` of ``u8``, 8 bytes a step: its positions into ``ends`` and (count, any ``\\r``, any byte
+    >= 0x80). A count of -1: more lines than ``ends`` holds (the caller looks again another way)."""
+    n = len(u8)
+    count = 0
+    returns = np.uint64(0)
+    high = np.uint64(0)
+    i = 0
+    while i + 8 <= n:
+        w = _word(u8, i)
+        high |= w
+        returns |= _zero_bytes(w ^ np.uint64(_RETURNS))
+        nl = _zero_bytes(w ^ np.uint64(_NEWLINES))
+        while nl:
+            if count == len(ends):
+                return -1, False, False
+            ends[count] = i + _low_byte_index(nl)
+            count += 1
+            nl &= nl - np.uint64(1)
+        i += 8
+    cr = (returns & np.uint64(_HIGHS)) != 0
+    wide = (high & np.uint64(_HIGHS)) != 0
+    while i < n:
+        c = u8[i]
+        if c == 10:
+            if count == len(ends):
+                return -1, False, False
+            ends[count] = i
+            count += 1
+        elif c == 13:
+            cr = True
+        elif c >= 128:
+            wide = True
+        i += 1
+    return count, cr, wide
 
 
 @_jit

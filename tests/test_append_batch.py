@@ -341,6 +341,10 @@ def test_input_read_in_blocks(tmp_path):
             reads.append(n)
             return super().read(n)
 
+        def readinto(self, b):
+            reads.append(len(b))
+            return super().readinto(b)
+
     data = _lines(1, 50)
     cfg = small(5)
     app = Appender(str(tmp_path / "s"), cfg)

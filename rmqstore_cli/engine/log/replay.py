@@ -23,8 +23,11 @@ always did: the lines before it in its block are written first, then the plain r
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
+import threading
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -40,6 +43,7 @@ from .appender import AppendResult, Appender
 from .commitlog import Chunk
 from .linejson import line_messages
 from .messages import InputError, MessageBuilder
+from .writeback import EarlyWriteback
 
 BLOCK_BYTES = 4 << 20  # input read per block (whole lines; a longer line makes its block longer)
 
@@ -95,37 +99,64 @@ class DumpReplay:
         self.batched = 0  # lines put by the batch route
         self.line = 0  # lines read so far (the numbering of error messages: universal newlines, from 1)
         self._scratch = np.empty(0, np.uint8)  # the records of a run, encoded (written and dispatched before the next)
+        self.writeback = EarlyWriteback()  # the disk takes each run while the next is made, not all at the end
 
     # --- input ------------------------------------------------------------------------------------
 
     def feed_stream(self, stream):
-        """Every line of a binary stream; yields the results of each run of puts. With the batch route, the
-        next block is read and parsed in a second thread while this one is put (the parse needs no store
-        state: it is a function of the bytes)."""
+        """Every line of a binary stream; yields the results of each run of puts. With the batch route, blocks
+        are read and parsed by other threads (:func:`parse_threads`) while this one puts (the parse needs no store
+        state: it is a function of the bytes, and the compiled parser releases the GIL). Blocks are read in turn
+        (a block ends where a line does) and put in order."""
         blocks = _blocks(stream)
         if not self.batch:
             for block in blocks:
                 yield from self.feed(block)
             return
-        _kernel(), _encoder()  # imported here, not in the worker while this thread imports others
-        with ThreadPoolExecutor(1, thread_name_prefix="append-parse") as pool:
-            ahead = pool.submit(self._read_ahead, blocks)
-            while True:
-                parsed = ahead.result()
-                if parsed is None:
-                    break
-                ahead = pool.submit(self._read_ahead, blocks)
-                yield from self.feed(parsed[0], parsed)
+        _kernel(), _encoder()  # imported here, not in the workers while this thread imports others
+        turn = threading.Condition()
+        state = {"turn": 0}
+        tickets = itertools.count()
+        threads = parse_threads()
+        with ThreadPoolExecutor(threads, thread_name_prefix="append-parse") as pool:
+            pending = deque(pool.submit(self._read_parse, blocks, turn, state, next(tickets))
+                            for _ in range(threads + 1))
+            try:
+                while True:
+                    parsed = pending.popleft().result()
+                    if parsed is None:
+                        break
+                    pending.append(pool.submit(self._read_parse, blocks, turn, state, next(tickets)))
+                    yield from self.feed(parsed[0], parsed)
+            finally:
+                # the end of the input, or an error: reads not started are dropped, newest first, so that a worker
+                # never starts one whose turn (a cancelled older ticket's) would never come
+                for f in reversed(pending):
+                    f.cancel()
 
-    def _read_ahead(self, blocks):
-        block = next(blocks, None)
+    def _read_parse(self, blocks, turn, state, ticket: int):
+        """Read block number ``ticket`` (after the one before it: tasks start in ticket order, so the one whose turn
+        it is is running already) and parse it; None at the end of the input."""
+        with turn:
+            turn.wait_for(lambda: state["turn"] == ticket)
+            try:
+                block = next(blocks, None)
+            finally:
+                state["turn"] += 1
+                turn.notify_all()
         return None if block is None else self._parse(block)
 
     def _parse(self, block: bytes) -> tuple:
         """(block, u8, starts, ends, logical lines per line, inner \\r, columns, status, side): no store state."""
         u8 = np.frombuffer(block, np.uint8)
         k = _kernel()
-        ends = np.flatnonzero(u8 == 10)
+        ends = np.empty(len(block) // 64 + 64, np.int64)  # room for lines of 64 bytes on average
+        count, has_cr, wide = k.line_ends(u8, ends)
+        if count >= 0:
+            ends = ends[:count]
+        else:  # short lines: no room for them all
+            text = bytes(block)
+            ends, has_cr, wide = np.flatnonzero(u8 == 10), text.find(b"\r") >= 0, not text.isascii()
         if not len(ends) or ends[-1] != len(block) - 1:
             ends = np.append(ends, len(block))
         n = len(ends)
@@ -135,14 +166,14 @@ class DumpReplay:
         # universal newlines: a \r inside a line (not before its \n nor at the end) starts another line of text
         logical = np.ones(n, np.int64)
         inner = np.zeros(n, bool)
-        if block.find(b"\r") >= 0:
+        if has_cr:
             cr = np.flatnonzero(u8 == 13)
             cr = cr[(cr + 1 < len(block)) & (u8[np.minimum(cr + 1, len(block) - 1)] != 10)]
             at = np.searchsorted(ends, cr, side="left")
             np.add.at(logical, at, 1)
             inner[at] = True
         cols = status = side = None
-        if self.batch and (block.isascii() or _valid_utf8(block)):
+        if self.batch and (not wide or _valid_utf8(block)):
             cols, status, side = k.parse(u8, starts, ends, self.v5)
         return block, u8, starts, ends, logical, inner, cols, status, side
 
@@ -167,7 +198,7 @@ class DumpReplay:
                 i += 1
                 continue
             if slow[i]:
-                yield from self._plain(block[starts[i]:ends[i]], int(first_line[i]))
+                yield from self._plain(bytes(block[starts[i]:ends[i]]), int(first_line[i]))
                 i += 1
                 continue
             if not filtered:  # batch consume queue topics are known once the store is open
@@ -189,7 +220,7 @@ class DumpReplay:
                     yield done
                 if len(done) < len(rows):  # a store time older than the log's: the plain route refuses it
                     r = int(rows[len(done)])
-                    yield from self._plain(block[starts[r]:ends[r]], int(first_line[r]))
+                    yield from self._plain(bytes(block[starts[r]:ends[r]]), int(first_line[r]))
                     rows = rows[len(done) + 1:]
                 else:
                     break
@@ -344,26 +375,87 @@ class DumpReplay:
         while done < size:
             done += os.pwrite(seg.fd, view[done:], pos + done)
         seg.dirty = True
+        self.writeback.written(seg.fd, pos, pos + size)
         h = fast.decode_headers(out, at, u8=out)
         chunk = Chunk(SimpleNamespace(start=start), out, h, True)
         app.dispatcher.dispatch_many(app.dispatcher.requests_from_chunk(chunk))
+        self.writeback.every(app.dispatcher.written_ranges)
+
+
+def parse_threads() -> int:
+    """Threads reading and parsing blocks beside the one putting them: reading and parsing a line costs about
+    what putting it does, so one keeps two cores busy; a second one, on a machine with cores to spare, halves
+    the parse's share. On two cores a second one would only take turns with the putting thread, which is then
+    the longest path."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return 2 if cores >= 3 else 1
 
 
 def _blocks(stream):
-    """Whole lines of a binary stream in blocks of about BLOCK_BYTES (the last one may lack its newline): a block
-    read, then the rest of its last line (one copy of the block, not two)."""
+    """Whole lines of a binary stream in blocks of about BLOCK_BYTES (the last one may lack its newline), each read
+    straight into its own array (one copy): the part of a line at its end is carried to the start of the next
+    block, and a line longer than a block makes its block longer. A stream without ``readinto`` gives bytes."""
+    readinto = getattr(stream, "readinto", None)
+    if readinto is None:
+        while True:
+            block = stream.read(BLOCK_BYTES)
+            if not block:
+                return
+            if block[-1] != 10:
+                block += stream.readline()
+            yield block
+    carry = b""
     while True:
-        block = stream.read(BLOCK_BYTES)
-        if not block:
-            break
-        if block[-1] != 10:
-            block += stream.readline()
-        yield block
+        size = BLOCK_BYTES
+        buf = np.empty(size, np.uint8)
+        got = len(carry)
+        buf[:got] = np.frombuffer(carry, np.uint8)
+        view = memoryview(buf)
+        while got < size:
+            n = readinto(view[got:])
+            if not n:
+                break
+            got += n
+        view.release()
+        if got < size:  # the end of the input
+            if got:
+                yield _frozen(buf[:got])
+            return
+        cut = _last_newline(buf) + 1
+        if cut:
+            carry = buf[cut:].tobytes()
+            yield _frozen(buf[:cut])
+        else:  # no newline in a whole block: the rest of this line comes with it
+            carry = b""
+            yield _frozen(np.concatenate((buf, np.frombuffer(stream.readline(), np.uint8))))
 
 
-def _valid_utf8(block: bytes) -> bool:
+def _frozen(block: np.ndarray) -> np.ndarray:
+    """The block read-only, as input bytes are: nothing writes into it, and the compiled kernels see the array
+    type they were compiled (and cached, formats/warmup.py) for, not a second one."""
+    block.flags.writeable = False
+    return block
+
+
+def _last_newline(buf: np.ndarray) -> int:
+    """Index of the last ``\\n`` in ``buf``, -1 if none (looked for backwards, in growing windows)."""
+    window = 1 << 16
+    while True:
+        start = max(0, len(buf) - window)
+        at = buf[start:].tobytes().rfind(b"\n")
+        if at >= 0:
+            return start + at
+        if not start:
+            return -1
+        window *= 4
+
+
+def _valid_utf8(block) -> bool:
     try:
-        block.decode("utf-8")
+        str(memoryview(block), "utf-8")
     except UnicodeDecodeError:
         return False
     return True
