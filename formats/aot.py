@@ -154,14 +154,17 @@ class AotKernel:
     """One kernel of the extension: calls the export compiled for the arguments' types, else ``fallback()``'s
     kernel (numba's)."""
 
-    __slots__ = ("name", "exports", "_fallback", "_jit")
+    __slots__ = ("name", "exports", "_fallback", "_jit", "calls", "missed")
 
     def __init__(self, name: str, exports: dict, fallback):
         self.name, self.exports, self._fallback, self._jit = name, exports, fallback, None
+        self.calls = self.missed = 0  # calls, and those that took numba's kernel
 
     def __call__(self, *args):
+        self.calls += 1
         fn = self.exports.get(tuple(type_key(a) for a in args))
         if fn is None:
+            self.missed += 1
             if self._jit is None:
                 self._jit = self._fallback()
             return self._jit(*args)
@@ -195,6 +198,7 @@ class Face(types.ModuleType):
 def _face(module: str, record: dict):
     face = Face(PACKAGE + "." + module)
     ns = face.__dict__
+    ns["__builtins__"] = __builtins__  # what the plain functions' code reads builtins from
     ns.update(record["constants"])
     for name, (mod, attr) in record["imports"].items():
         target = importlib.import_module(mod)
@@ -210,6 +214,14 @@ def _face(module: str, record: dict):
         f.__kwdefaults__, f.__doc__ = kwdefaults, doc
         ns[name] = f
     return face
+
+
+def face(module: str):
+    """The extension's face of ``module`` (for tests: whether or not the module itself is imported); None when the
+    extension is not in use or does not hold it."""
+    if not loaded() or module not in _STATE[0]["faces"]:
+        return None
+    return _face(module, _STATE[0]["faces"][module])
 
 
 def kernels(module: str):
@@ -228,6 +240,16 @@ def kernels(module: str):
     return _real(module)
 
 
+FIRST: dict = {}  # (module, name) -> AotKernel handed out by first()
+
+
+def aot_first() -> bool:
+    """first() hands out the extension's kernels: it is in use and numba is not imported. Once numba is in (a kernel
+    the extension lacks, or a -j warm-up), first() gives numba's: a module's compile function may compile its
+    helpers as a side effect another module's relies on (entrykernel on checkkernel's)."""
+    return "numba" not in sys.modules and loaded()
+
+
 def first(module_name: str):
     """Decorator for a module's ``compile(name)`` function (as ``checkkernel._compiled``): the extension's
     kernel ``name`` when it holds it, else what the function makes (numba's)."""
@@ -235,17 +257,15 @@ def first(module_name: str):
     ROUTED.add(module)
 
     def wrap(compile_kernel):
-        made: dict = {}
-
         def compiled(name: str):
-            if "numba" in sys.modules or not loaded():  # numba's route (once numba is in: its kernels)
+            if not aot_first():
                 return compile_kernel(name)
-            fn = made.get(name)
+            fn = FIRST.get((module, name))
             if fn is None:
                 fn = _kernel(module, name, lambda: compile_kernel(name))
                 if fn is None:  # not in the extension (added since it was built)
                     return compile_kernel(name)
-                made[name] = fn
+                FIRST[module, name] = fn
             return fn
 
         compiled.__wrapped__ = compile_kernel

@@ -27,9 +27,7 @@ import tempfile
 import time
 import types
 
-os.environ["RMQSTORE_AOT"] = "0"  # the warm-up runs numba's route, recording what goes through formats.aot
-
-from . import aot  # noqa: E402
+from . import aot
 
 CRC_TARGET = "rmqstore_crc32_target"
 SIMPLE = (int, float, bool, str, bytes, type(None))
@@ -143,6 +141,17 @@ def _fresh_flags_per_export() -> None:
     pycc_compiler.compile_extra = compile_with_own_flags
 
 
+def current() -> bool:
+    """The extension built here is there and its key is the current one (nothing to build)."""
+    try:
+        with open(os.path.join(aot.HERE, aot.MANIFEST), "rb") as f:
+            manifest = pickle.load(f)
+        return manifest["key"] == aot.current_key(manifest["sources"]) and any(
+            n.startswith(aot.EXTENSION + ".") and not n.endswith(".manifest") for n in os.listdir(aot.HERE))
+    except Exception:
+        return False
+
+
 def build(verbose: bool = False) -> dict:
     from numba.core.dispatcher import Dispatcher
     from numba.pycc import CC
@@ -151,6 +160,8 @@ def build(verbose: bool = False) -> dict:
     from . import warmup
 
     t0 = time.time()
+    os.environ["RMQSTORE_AOT"] = "0"  # the warm-up takes numba's route, recording what goes through formats.aot
+    aot._STATE[:] = [None, None]
     warmup.warm_up()
     for module in sorted(aot.ROUTED):
         aot._real(module)
@@ -225,4 +236,7 @@ def build(verbose: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    build(verbose="-v" in sys.argv)
+    if "--force" not in sys.argv and current():
+        print("rmqstore AOT kernels: up to date")
+    else:
+        build(verbose="-v" in sys.argv)
