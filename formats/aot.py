@@ -126,22 +126,31 @@ def loaded() -> bool:
 
 # --- argument types, as numba types them ---------------------------------------------------------------
 
+# numba's layout of an array from numpy's C_CONTIGUOUS (1) and F_CONTIGUOUS (2) flag bits: "C" when C-contiguous
+# (a contiguous 1-d array is both), else "F" when Fortran-contiguous, else "A"
+_LAYOUT = ("A", "C", "F", "C")
+_ALIGNED, _WRITEABLE = 0x100, 0x400  # numpy's NPY_ARRAY_ALIGNED, NPY_ARRAY_WRITEABLE
+
+
 def type_key(value):
     """numba's type of ``value`` in the form the build records for each exported signature; None for what an
-    exported kernel never takes (the numba route handles it)."""
-    if isinstance(value, np.ndarray):
-        flags = value.flags
-        if not flags.aligned or not value.dtype.isnative:
-            return None
-        layout = "C" if flags.c_contiguous else "F" if flags.f_contiguous else "A"
-        return ("array", value.dtype.str, value.ndim, layout, not flags.writeable)
+    exported kernel never takes (the numba route handles it). Called for every argument of every kernel call:
+    kept to plain attribute reads (an array's flags as one int, its dtype object)."""
     t = type(value)
+    if t is np.ndarray:
+        flags = value.flags.num
+        dtype = value.dtype
+        if not flags & _ALIGNED or not dtype.isnative:
+            return None
+        return ("array", dtype, value.ndim, _LAYOUT[flags & 3], not flags & _WRITEABLE)
     if t is bool or t is np.bool_:
         return "|b1"
     if t is int:
         return "<i8" if -(1 << 63) <= value < (1 << 63) else "<u8" if 0 <= value < (1 << 64) else None
     if t is float:
         return "<f8"
+    if isinstance(value, np.ndarray):  # a subclass: numba refuses some, types others its own way
+        return None
     if isinstance(value, np.generic):
         return value.dtype.str if value.dtype.isnative and value.dtype.kind in "biuf" else None
     if t is tuple:
@@ -162,7 +171,7 @@ class AotKernel:
 
     def __call__(self, *args):
         self.calls += 1
-        fn = self.exports.get(tuple(type_key(a) for a in args))
+        fn = self.exports.get(tuple(map(type_key, args)))
         if fn is None:
             self.missed += 1
             if self._jit is None:

@@ -104,7 +104,7 @@ def signature_key(ty):
     if isinstance(ty, nt.Array):
         if not ty.aligned or ty.layout not in "CFA":
             return None
-        return ("array", as_dtype(ty.dtype).str, ty.ndim, ty.layout, not ty.mutable)
+        return ("array", as_dtype(ty.dtype), ty.ndim, ty.layout, not ty.mutable)
     if isinstance(ty, (nt.Boolean, nt.Integer, nt.Float)):
         return as_dtype(ty).str
     if isinstance(ty, nt.BaseTuple):
