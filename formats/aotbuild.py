@@ -76,6 +76,14 @@ def face_of(module, kernels: dict) -> dict:
             if not _globals_used(f.__code__) <= available | set(functions):
                 del functions[name]
                 changed = True
+    # callers in other modules use the public ones: those, and the plain functions they call
+    keep = {n for n in functions if not n.startswith("_")}
+    todo = list(keep)
+    while todo:
+        for n in _globals_used(functions[todo.pop()].__code__) & set(functions) - keep:
+            keep.add(n)
+            todo.append(n)
+    functions = {n: f for n, f in functions.items() if n in keep}
     used = set().union(*(_globals_used(f.__code__) for f in functions.values()))
     imports = {name: ref for name, ref in imports.items() if name in used}  # only what the functions kept use
     return {"constants": constants, "imports": imports, "kernels": kernels,
@@ -114,8 +122,8 @@ def signature_key(ty):
 
 
 def _sources() -> list[str]:
-    """The formats sources loaded by now (the kernels' and everything they read), by file name."""
-    names = set()
+    """The formats sources loaded by now (the kernels' and everything they read), and this one, by file name."""
+    names = {os.path.basename(__file__)}
     for name, mod in list(sys.modules.items()):
         f = getattr(mod, "__file__", None)
         if name.startswith(aot.PACKAGE + ".") and f and os.path.dirname(os.path.abspath(f)) == aot.HERE \
@@ -146,7 +154,8 @@ def current() -> bool:
     try:
         with open(os.path.join(aot.HERE, aot.MANIFEST), "rb") as f:
             manifest = pickle.load(f)
-        return manifest["key"] == aot.current_key(manifest["sources"]) and any(
+        return os.path.basename(__file__) in manifest["sources"] and manifest["key"] == aot.current_key(
+            manifest["sources"]) and any(
             n.startswith(aot.EXTENSION + ".") and not n.endswith(".manifest") for n in os.listdir(aot.HERE))
     except Exception:
         return False
