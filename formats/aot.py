@@ -117,6 +117,13 @@ def _load():
         return None, None
 
 
+def use_numba() -> None:
+    """From now on this process takes numba's route (the set-up's warm-up and the extension's build)."""
+    _STATE[:] = [None, None]
+    _FACES.clear()
+    FIRST.clear()
+
+
 def loaded() -> bool:
     """The extension is in use in this process."""
     if not _STATE:

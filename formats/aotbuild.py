@@ -169,9 +169,7 @@ def build(verbose: bool = False) -> dict:
     from . import warmup
 
     t0 = time.time()
-    os.environ["RMQSTORE_AOT"] = "0"  # the warm-up takes numba's route, recording what goes through formats.aot
-    aot._STATE[:] = [None, None]
-    warmup.warm_up()
+    warmup.warm_up(full=True)  # through numba's route, recording the modules routed through formats.aot
     for module in sorted(aot.ROUTED):
         aot._real(module)
     routed = {aot.PACKAGE + "." + m: m for m in aot.ROUTED}
