@@ -22,6 +22,7 @@ import hashlib
 import marshal
 import os
 import pickle
+import shutil
 import sys
 import tempfile
 import time
@@ -228,7 +229,10 @@ def build(verbose: bool = False) -> dict:
         os.unlink(manifest_path)  # no manifest while the extension is replaced
     except FileNotFoundError:
         pass
-    cc.compile()
+    try:
+        cc.compile()
+    finally:
+        shutil.rmtree(os.path.dirname(shim), ignore_errors=True)
     manifest = {"key": aot.current_key(sources), "sources": sources, "kernels": exports, "faces": faces,
                 "crc_target": CRC_TARGET}
     fd, tmp = tempfile.mkstemp(dir=aot.HERE, prefix=".aot-")
