@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import aot
 from .records import (CQ_FILLER, field_offsets, CQ_UNIT_FIELDS, CQ_UNIT_SIZE, INDEX_ENTRY_FIELDS,
                       SYSFLAG_TRANSACTION_MASK, TRANSACTION_COMMIT, TRANSACTION_NOT)
 
@@ -38,6 +39,7 @@ _COMPILED: dict = {}
 _HELPERS = ("_be64", "_be32", "_is_filler", "_window_of", "_find")
 
 
+@aot.first(__name__)  # the ahead-of-time extension's kernel when built and current (formats/aot.py)
 def _compiled(name: str):
     """The compiled pass ``name`` (numba imported and the helpers compiled on the first call)."""
     fn = _COMPILED.get(name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checkkernel
+from . import aot, checkkernel
 from .checkkernel import IX_DIFF, IX_HASH, IX_PHY, IX_PREV, TRAN_MASK, _last_offset
 from .records import INDEX_ENTRY_SIZE, TRANSACTION_ROLLBACK
 
@@ -19,6 +19,7 @@ AHEAD = 32  # entries between a slot's prefetch and its use
 _COMPILED: dict = {}
 
 
+@aot.first(__name__)  # the ahead-of-time extension's kernel when built and current (formats/aot.py)
 def _compiled(name: str):
     """The compiled pass ``name`` (checkkernel's helpers, the chain rule and the prefetch made on the first call)."""
     fn = _COMPILED.get(name)

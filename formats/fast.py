@@ -63,9 +63,9 @@ def _kernel():
     is too slow for commands that never walk records."""
     global _KERNEL
     if _KERNEL is None:
-        from . import kernel
+        from .aot import kernels
 
-        _KERNEL = kernel
+        _KERNEL = kernels("kernel")
     return _KERNEL
 
 

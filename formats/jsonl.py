@@ -122,8 +122,9 @@ def encode_blocks(buf, h: Headers, base: int, body: str = "none", idx: np.ndarra
     mode = _BODY_CODES.get(body)
     if mode is None:
         raise ValueError(f"unknown body mode {body!r}")
-    from . import jsonkernel
+    from .aot import kernels
 
+    jsonkernel = kernels("jsonkernel")
     if n <= BLOCK_RECORDS and jsonkernel.capacity(h, mode) <= block_bytes:
         yield _encode_block(buf, h, base, body, as_array), n
         return
@@ -143,8 +144,10 @@ _BODY_CODES = {"none": 0, "hex": 1, "base64": 2, "text": 3}  # formats.jsonkerne
 def kernel_lines(buf, h: Headers, base: int, body: str):
     """The compiled writer's output for the records ``h``: (buffer, bytes used, end of each line,
     which records it left to the reference decoder — their lines are empty)."""
-    from . import fast, jsonkernel
+    from . import fast
+    from .aot import kernels
 
+    jsonkernel = kernels("jsonkernel")
     mode = _BODY_CODES.get(body)
     if mode is None:
         raise ValueError(f"unknown body mode {body!r}")

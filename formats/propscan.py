@@ -29,9 +29,10 @@ class PropValues:
 
 
 def _kernels():
-    from . import fast, propkernel  # noqa: F401 (fast first: it owns the lazy kernel import order)
+    from . import fast  # noqa: F401 (fast first: it owns the lazy kernel import order)
+    from .aot import kernels
 
-    return propkernel
+    return kernels("propkernel")
 
 
 def scan(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray, names=WANTED) -> PropValues:

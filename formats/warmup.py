@@ -9,15 +9,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import dledgerkernel, entrykernel, fast, indexbuild, indexchain, jsonl, kernel, propscan, replayencode, replaykernel
-
 
 def one_i64() -> np.ndarray:
     return np.ones(1, np.int64)
 
 
-def warm_up() -> None:
-    """Compile (or load from the cache) every kernel once, with the argument types the callers use."""
+def warm_up(full: bool = False) -> None:
+    """Compile (or load from the cache) every kernel once, with the argument types the callers use.
+
+    With the ahead-of-time kernels in use (formats/aot.py) nothing is loaded here unless ``full``: the routed
+    kernels came with the extension, and importing numba before a ``-j`` fork (~0.15 s, and numba's kernels
+    loaded besides) would be a fixed cost the workers do not need; a worker that calls a kernel only numba has
+    imports it then. The set-up and the extension's build warm everything (``full``)."""
+    from . import aot
+
+    if not full and aot.loaded():
+        return
+    if full:
+        aot.use_numba()  # this process warms numba's kernels: its routes give those, not the extension's
+    from . import (dledgerkernel, entrykernel, fast, indexbuild, indexchain, jsonl, kernel, propscan, replayencode,
+                   replaykernel)
+
     data = bytes(256)
     u8 = fast.kernel_view(data)
     fast.walk(data)
@@ -50,5 +62,7 @@ def warm_up() -> None:
 
 
 if __name__ == "__main__":
-    warm_up()
+    from . import kernel
+
+    warm_up(full=True)
     print(f"rmqstore kernels ready (CRC32: {kernel.CRC_IMPLEMENTATION}; cache: {kernel.scan_records.stats.cache_path})")

@@ -11,6 +11,13 @@ fi
 # Compile the numba read kernels once now (cached per environment) rather than in the first command; this also
 # caches numba's runtime (NRT) machine code beside them, which every record-reading start would compile (formats/numbastart.py).
 .venv/bin/python -m rmqstore_cli.formats.warmup
+# Then compile the same kernels ahead of time into a C extension (formats/aotbuild.py, numba's pycc; ~1 min of CPU):
+# a start that finds it current imports no numba (~0.15 s less per command, docs/start.md). Without it (no C
+# compiler, a failed build) everything runs as before through numba; RMQSTORE_AOT=0 skips building it.
+if [ "${RMQSTORE_AOT:-1}" != "0" ]; then
+  .venv/bin/python -m rmqstore_cli.formats.aotbuild \
+    || echo "setup: the ahead-of-time kernels were not built; commands use numba's JIT kernels (slower start)" >&2
+fi
 # Byte-compile the sources: PYTHONDONTWRITEBYTECODE (set on some machines) would otherwise make every command
 # start compile ~120 modules from source (0.15-0.2 s of CPU each time).
 .venv/bin/python -m compileall -q -j 0 rmqstore_cli formats commands bench tests > /dev/null || true

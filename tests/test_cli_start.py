@@ -9,6 +9,7 @@ nor rich, when nothing is printed to a terminal."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -57,10 +58,13 @@ run()
 """
 
 
-def imported(tmp_path, argv) -> tuple[set, subprocess.CompletedProcess]:
+def imported(tmp_path, argv, aot: bool = False) -> tuple[set, subprocess.CompletedProcess]:
+    """The modules a run of ``argv`` has imported when it exits; ``aot``: with the ahead-of-time kernels when they
+    are built (formats/aot.py), else through numba (RMQSTORE_AOT=0)."""
     out = tmp_path / "modules.json"
+    env = dict(os.environ, RMQSTORE_AOT="1" if aot else "0")
     p = subprocess.run([sys.executable, "-c", PROBE, str(out)] + argv, capture_output=True, text=True, cwd=REPO,
-                       timeout=300)
+                       timeout=300, env=env)
     return set(json.loads(out.read_text())), p
 
 
@@ -89,6 +93,26 @@ def test_a_command_start_loads_only_what_the_command_uses(tmp_path, case):
         not_loaded = [n for n in NOT_FOR_CACHED_LOADS if not (case == "recover" and n == "numpy.ma")]
         assert not [m for m in mods if any(m == n or m.startswith(n + ".") for n in not_loaded)]
         assert "rmqstore_cli.formats.numbastart" in mods
+
+
+AOT_EXTENSION = "rmqstore_cli.formats._aotkernels"
+
+
+@pytest.mark.parametrize("case", sorted(set(CASES) - {"version"}))
+def test_with_the_ahead_of_time_kernels_a_start_imports_no_numba(tmp_path, case):
+    """verify, recover --dry-run, rebuild all --dry-run and dump --limit 1 on the demo store, with the extension
+    built (scripts/setup.sh): its kernels, and neither numba nor llvmlite, nor the numba kernel modules."""
+    from rmqstore_cli.formats import aot
+
+    if not aot.loaded():
+        pytest.skip("the AOT kernel extension is not built or not current (python -m rmqstore_cli.formats.aotbuild)")
+    argv, _, kernels, _ = CASES[case]
+    mods, p = imported(tmp_path, argv, aot=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert AOT_EXTENSION in mods  # the probe sees a real run, with the extension's kernels
+    assert not [m for m in mods if m.split(".")[0] in ("numba", "llvmlite")]
+    assert not {"kernel", "propkernel", "jsonkernel", "wordops", "numbastart"} & _under(mods, "rmqstore_cli.formats")
+    assert _under(mods, "rmqstore_cli.formats") & KERNEL_MODULES <= kernels
 
 
 def test_the_probe_sees_what_a_run_imports(tmp_path):

@@ -1,0 +1,253 @@
+"""Build the ahead-of-time kernel extension (:mod:`formats.aot`): ``python -m rmqstore_cli.formats.aotbuild``
+(``scripts/setup.sh`` runs it after the kernel warm-up).
+
+Nothing here is listed by hand. The warm-up (:func:`formats.warmup.warm_up`) runs every routed kernel through
+numba's JIT with the argument types its callers pass; then every kernel compiled by then in a module routed
+through :mod:`formats.aot` is exported once per signature numba compiled for it, by ``numba.pycc`` from the
+same Python function (its inline helpers and intrinsics compile into it, as in the JIT). A kernel added later is
+picked up by the next build; until then its calls take the numba route. ISA-L's CRC, which the JIT resolves
+through a symbol registered with LLVM at run time (``formats.kernel.CRC_SYMBOL``), is a small C function of the
+extension that calls through a pointer :mod:`formats.aot` sets when it loads the extension.
+
+Each routed module's face is recorded too: its simple constants, the names it imported from outside numba, and
+its plain Python functions (their code objects, marshalled) whose globals need nothing else — what callers use
+besides the kernels. The manifest (key, exports, faces) is written last, so an interrupted build leaves no
+extension that would be used.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import marshal
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+import types
+
+from . import aot
+
+CRC_TARGET = "rmqstore_crc32_target"
+SIMPLE = (int, float, bool, str, bytes, type(None))
+NUMBA_ROOTS = ("numba", "llvmlite")
+
+
+def _simple(value) -> bool:
+    if isinstance(value, tuple):
+        return all(_simple(v) for v in value)
+    return isinstance(value, SIMPLE) and not isinstance(value, type)
+
+
+def _numba_free(mod_name: str) -> bool:
+    return mod_name.split(".")[0] not in NUMBA_ROOTS
+
+
+def face_of(module, kernels: dict) -> dict:
+    """What callers may use of ``module`` without importing it: constants, outside imports, plain functions."""
+    from numba.core.dispatcher import Dispatcher
+
+    constants, imports, functions = {}, {}, {}
+    for name, value in vars(module).items():
+        if name.startswith("__"):
+            continue
+        if _simple(value):
+            constants[name] = value
+        elif isinstance(value, types.ModuleType) and _numba_free(value.__name__) and name not in kernels:
+            imports[name] = (value.__name__, None)
+        elif isinstance(value, (type, types.FunctionType)) and not isinstance(value, Dispatcher):
+            owner = getattr(value, "__module__", None) or ""
+            if owner != module.__name__ and _numba_free(owner) and getattr(sys.modules.get(owner), name, None) is value:
+                imports[name] = (owner, name)
+    import builtins
+
+    available = set(constants) | set(imports) | set(kernels) | set(dir(builtins))
+    for name, value in vars(module).items():
+        if (isinstance(value, types.FunctionType) and value.__module__ == module.__name__ and value.__closure__ is None
+                and name not in kernels):
+            if _simple(value.__defaults__) and _simple(tuple((value.__kwdefaults__ or {}).values())):
+                functions[name] = value
+    # plain functions whose globals are all available (calling another one kept is fine)
+    changed = True
+    while changed:
+        changed = False
+        for name, f in list(functions.items()):
+            if not _globals_used(f.__code__) <= available | set(functions):
+                del functions[name]
+                changed = True
+    # callers in other modules use the public ones: those, and the plain functions they call
+    keep = {n for n in functions if not n.startswith("_")}
+    todo = list(keep)
+    while todo:
+        for n in _globals_used(functions[todo.pop()].__code__) & set(functions) - keep:
+            keep.add(n)
+            todo.append(n)
+    functions = {n: f for n, f in functions.items() if n in keep}
+    used = set().union(*(_globals_used(f.__code__) for f in functions.values()))
+    imports = {name: ref for name, ref in imports.items() if name in used}  # only what the functions kept use
+    return {"constants": constants, "imports": imports, "kernels": kernels,
+            "functions": {n: (marshal.dumps(f.__code__), f.__defaults__, f.__kwdefaults__, f.__doc__)
+                          for n, f in functions.items()}}
+
+
+def _globals_used(code) -> set:
+    """The global names ``code`` (and the code nested in it) loads."""
+    import dis
+
+    used = set()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        used.update(ins.argval for ins in dis.get_instructions(c) if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"))
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return used
+
+
+def signature_key(ty):
+    """The :func:`formats.aot.type_key` of values numba types as ``ty``; None when no plain value is."""
+    from numba.core import types as nt
+    from numba.np.numpy_support import as_dtype
+
+    if isinstance(ty, nt.Array):
+        if not ty.aligned or ty.layout not in "CFA":
+            return None
+        return ("array", as_dtype(ty.dtype), ty.ndim, ty.layout, not ty.mutable)
+    if isinstance(ty, (nt.Boolean, nt.Integer, nt.Float)):
+        return as_dtype(ty).str
+    if isinstance(ty, nt.BaseTuple):
+        keys = tuple(signature_key(t) for t in ty.types)
+        return None if None in keys else ("tuple",) + keys
+    return None
+
+
+def _sources() -> list[str]:
+    """The formats sources loaded by now (the kernels' and everything they read), and this one, by file name."""
+    names = {os.path.basename(__file__)}
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if name.startswith(aot.PACKAGE + ".") and f and os.path.dirname(os.path.abspath(f)) == aot.HERE \
+                and f.endswith(".py"):
+            names.add(os.path.basename(f))
+    return sorted(names)
+
+
+def _fresh_flags_per_export() -> None:
+    """pycc compiles every export with one Flags object; inlining an ``inline="always"`` helper sets that object's
+    ``enable_ssa`` to False (numba's InlineWorker), so the next export that inlines it is typed without SSA and fails
+    (a variable given two global constants). The JIT compiles each function with its own flags: so does this."""
+    import numba.pycc.compiler as pycc_compiler
+
+    compile_extra = pycc_compiler.compile_extra
+    if getattr(compile_extra, "fresh_flags", False):
+        return
+
+    def compile_with_own_flags(typingctx, targetctx, func, args, return_type, flags, *rest, **kw):
+        return compile_extra(typingctx, targetctx, func, args, return_type, flags.copy(), *rest, **kw)
+
+    compile_with_own_flags.fresh_flags = True
+    pycc_compiler.compile_extra = compile_with_own_flags
+
+
+def current() -> bool:
+    """The extension built here is there and its key is the current one (nothing to build)."""
+    try:
+        with open(os.path.join(aot.HERE, aot.MANIFEST), "rb") as f:
+            manifest = pickle.load(f)
+        return os.path.basename(__file__) in manifest["sources"] and manifest["key"] == aot.current_key(
+            manifest["sources"]) and any(
+            n.startswith(aot.EXTENSION + ".") and not n.endswith(".manifest") for n in os.listdir(aot.HERE))
+    except Exception:
+        return False
+
+
+def build(verbose: bool = False) -> dict:
+    from numba.core.dispatcher import Dispatcher
+    from numba.pycc import CC
+    import llvmlite.binding as llvm
+
+    from . import warmup
+
+    t0 = time.time()
+    warmup.warm_up(full=True)  # through numba's route, recording the modules routed through formats.aot
+    for module in sorted(aot.ROUTED):
+        aot._real(module)
+    routed = {aot.PACKAGE + "." + m: m for m in aot.ROUTED}
+    dispatchers = [d for d in gc.get_objects() if isinstance(d, Dispatcher) and d.overloads
+                   and d.py_func.__module__ in routed]
+
+    shim = os.path.join(tempfile.mkdtemp(prefix="rmqstore-aot-"), "crcshim.c")
+    from . import kernel
+
+    with open(shim, "w") as f:
+        f.write("#include <stdint.h>\n"
+                "typedef uint32_t (*crc_fn)(uint32_t, uintptr_t, uint64_t);\n"
+                f"crc_fn {CRC_TARGET} = 0;\n"
+                f"uint32_t {kernel.CRC_SYMBOL}(uint32_t init, uintptr_t address, uint64_t length)"
+                f" {{ return {CRC_TARGET}(init, address, length); }}\n")
+
+    class KernelCC(CC):
+        def _get_mixin_sources(self):
+            return super()._get_mixin_sources() + [shim]
+
+    from numba.core.registry import cpu_target
+
+    # the warm-up may have only loaded cached kernels, which skips the target's refresh (formats.kernel's lean
+    # loads): compiling needs every typing and lowering registry installed, as numba's own compile does first
+    cpu_target.typing_context.refresh()
+    cpu_target.target_context.refresh()
+    _fresh_flags_per_export()
+    cc = KernelCC(aot.EXTENSION)
+    cc.output_dir = aot.HERE
+    cc.target_cpu = llvm.get_host_cpu_name()
+    exports: dict = {}
+    seen = set()
+    for d in sorted(dispatchers, key=lambda d: (d.py_func.__module__, d.py_func.__name__)):
+        module, func = routed[d.py_func.__module__], d.py_func.__name__
+        if (module, func) in seen:
+            continue
+        seen.add((module, func))
+        for i, sig in enumerate(d.nopython_signatures):
+            key = tuple(signature_key(t) for t in sig.args)
+            if None in key:
+                continue
+            symbol = f"{module}__{func.lstrip('_')}__{i}"
+            cc.export(symbol, sig)(d.py_func)
+            exports.setdefault((module, func), []).append((key, symbol))
+            if verbose:
+                print(f"  {module}.{func}{sig.args}", file=sys.stderr)
+    faces = {}
+    for full, module in routed.items():
+        mod = sys.modules[full]
+        kernels = {name: v.py_func.__name__ for name, v in vars(mod).items()
+                   if isinstance(v, Dispatcher) and (module, v.py_func.__name__) in exports}
+        faces[module] = face_of(mod, kernels)
+    sources = _sources()
+    manifest_path = os.path.join(aot.HERE, aot.MANIFEST)
+    try:
+        os.unlink(manifest_path)  # no manifest while the extension is replaced
+    except FileNotFoundError:
+        pass
+    try:
+        cc.compile()
+    finally:
+        shutil.rmtree(os.path.dirname(shim), ignore_errors=True)
+    manifest = {"key": aot.current_key(sources), "sources": sources, "kernels": exports, "faces": faces,
+                "crc_target": CRC_TARGET}
+    fd, tmp = tempfile.mkstemp(dir=aot.HERE, prefix=".aot-")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(manifest, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, manifest_path)
+    n = sum(len(v) for v in exports.values())
+    print(f"rmqstore AOT kernels: {n} exports of {len(exports)} kernels in {time.time() - t0:.0f} s "
+          f"({hashlib.sha256(manifest['key'].encode()).hexdigest()[:12]})")
+    return manifest
+
+
+if __name__ == "__main__":
+    if "--force" not in sys.argv and current():
+        print("rmqstore AOT kernels: up to date")
+    else:
+        build(verbose="-v" in sys.argv)
