@@ -55,6 +55,7 @@ def warm_up(full: bool = False) -> None:
             b'"bodyBase64":"AA=="}')  # append --from's batch route (formats.replaykernel, formats.replayencode)
     u8 = np.frombuffer(line, np.uint8)
     cols, _, side = replaykernel.parse(u8, np.zeros(1, np.int64), np.full(1, len(line), np.int64), True)
+    replaykernel.line_ends(np.frombuffer(b"a\n", np.uint8), np.empty(4, np.int64))  # its block scan (read-only blocks)
     one = np.ones(1, np.int64)
     replayencode.encode_records(u8, side, cols, np.zeros(1, np.int64), one, one * 200, one, one, np.zeros(256, np.uint8),
                                 np.zeros(1, np.int64))
