@@ -107,37 +107,29 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
                         os.unlink(os.path.join(idx, n))
                     else:
                         start = min(start, end)
-        d = Dispatcher(tmp, cfg.with_(messageIndexEnable=cfg.messageIndexEnable and "index" in parts),
-                       index_namer=index_namer, batch_topics=store.batch_topics())
-        writeback = _Writeback(d)
-        try:
-            def handle(reqs) -> None:
-                keep = np.ones(len(reqs), dtype=bool)
-                if start:
-                    keep &= reqs.phy >= start
-                if topic is not None:
-                    # the queue's own records, and (an LMQ queue) the records multi-dispatched to it; the other
-                    # queues they also reach are written in the scratch folder only
-                    mine = np.fromiter((t == topic for t in reqs.topic), dtype=bool, count=len(reqs))
-                    lt = reqs.lmq
-                    if lt is not None and topic in lt.names:
-                        mine[lt.row[lt.name == lt.names.index(topic)]] = True
-                    keep &= mine
-                if not keep.all():
-                    reqs = reqs.take(np.flatnonzero(keep))
-                d.dispatch_many(reqs)
-                writeback.after(reqs)
+        dcfg = cfg.with_(messageIndexEnable=cfg.messageIndexEnable and "index" in parts)
+        direct = (jobs > 1 and from_offset is None and topic is None and not cfg.enableConsumeQueueExt and cfg.maxIndexNum >= 2
+                  and not store.batch_topics() and cfg.mappedFileSizeConsumeQueue % CQ_UNIT_SIZE == 0
+                  and len(store.commitlog.segments.segments) > 1)
+        if direct:
+            from ..derived.cqdirect import SpeculationRefused
 
-            if jobs > 1:
-                # a record's strings (spans into its segment) travel only when someone reads them: the topic filter
-                # and the one-key-at-a-time index writer (maxIndexNum < 2)
-                parallel_requests(store, d, jobs, handle, strings=topic is not None or cfg.maxIndexNum < 2)
-            else:
-                for chunk in store.commitlog.scan(check_crc=False, stop_at_invalid=False):
-                    handle(d.requests_from_chunk(chunk))
-            d.flush(checkpoint=False)
-        finally:
-            d.close(flush=False)
+            d = Dispatcher(tmp, dcfg, index_namer=index_namer, batch_topics=store.batch_topics())
+            try:
+                try:
+                    direct_requests(store, d, jobs, _Writeback(d))
+                    d.flush(checkpoint=False)
+                finally:
+                    d.close(flush=False)
+            except SpeculationRefused:
+                # a queue's units are not where the workers wrote them (gaps, repeats, a log that ends before its
+                # last segment): built again below, the parent writing every unit
+                shutil.rmtree(tmp)
+                os.makedirs(tmp)
+                direct = False
+        if not direct:
+            d = Dispatcher(tmp, dcfg, index_namer=index_namer, batch_topics=store.batch_topics())
+            _dispatch_all(store, d, jobs, start, topic)
         stats = d.stats
         for dp, _, fn in os.walk(tmp):
             for f in fn:
@@ -166,6 +158,92 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
     return {"rebuilt": swapped, "checkpoint": checkpoint, "records": stats.records, "cqUnits": stats.cq_units, "extUnits": stats.ext_units,
             "indexEntries": stats.index_entries, "from": start,
             "problems": [f.as_json() for f in getattr(d, "problems", [])]}  # records not dispatched, and why
+
+
+def _dispatch_all(store, d, jobs: int, start: int, topic) -> None:
+    """The records of the log (from ``start``; only ``topic``'s units kept) dispatched by ``d``, which writes
+    every file: parsed in this process, or with ``jobs`` > 1 in workers (:func:`parallel_requests`)."""
+    writeback = _Writeback(d)
+    try:
+        def handle(reqs) -> None:
+            keep = np.ones(len(reqs), dtype=bool)
+            if start:
+                keep &= reqs.phy >= start
+            if topic is not None:
+                # the queue's own records, and (an LMQ queue) the records multi-dispatched to it; the other
+                # queues they also reach are written in the scratch folder only
+                mine = np.fromiter((t == topic for t in reqs.topic), dtype=bool, count=len(reqs))
+                lt = reqs.lmq
+                if lt is not None and topic in lt.names:
+                    mine[lt.row[lt.name == lt.names.index(topic)]] = True
+                keep &= mine
+            if not keep.all():
+                reqs = reqs.take(np.flatnonzero(keep))
+            d.dispatch_many(reqs)
+            writeback.after(reqs)
+
+        if jobs > 1:
+            # a record's strings (spans into its segment) travel only when someone reads them: the topic filter
+            # and the one-key-at-a-time index writer (maxIndexNum < 2)
+            parallel_requests(store, d, jobs, handle, strings=topic is not None or d.config.maxIndexNum < 2)
+        else:
+            for chunk in store.commitlog.scan(check_crc=False, stop_at_invalid=False):
+                handle(d.requests_from_chunk(chunk))
+        d.flush(checkpoint=False)
+    finally:
+        d.close(flush=False)
+
+
+def direct_requests(store, d, jobs: int, writeback) -> None:
+    """``rebuild -j`` into a fresh folder: the workers write the consume-queue units themselves (:mod:`..derived.cqdirect`);
+    this process accepts them in log order, writes what they left (groups that are not straight, LMQ units) and the
+    index. Raises SpeculationRefused when the workers' units cannot stand (the caller builds again, classically)."""
+    from ..derived.cqdirect import DirectChunk, SpeculationRefused, apply_direct
+    from ..parallel import stream_segments
+
+    n = len(store.commitlog.segments.segments)
+    d.fresh_queues = True
+    _warm_kernels(store, d)
+    stream = stream_segments(_segment_direct, n, jobs, store, d)
+    i = 0
+    try:
+        for item in stream:
+            if isinstance(item, _SegmentEnd):
+                if not item.continues:
+                    if i < n - 1:  # the workers of the later segments wrote units past the end of the log
+                        raise SpeculationRefused(f"the log ends in segment {i} of {n}")
+                    break
+                i += 1
+                continue
+            if isinstance(item, DirectChunk):
+                apply_direct(d, item)
+                if item.n:
+                    writeback.after_range(item.phy0 + int(item.phy[0]), d.last_dispatched_end)
+            else:
+                reqs = _unpack_batch(item, store)
+                d.dispatch_many(reqs)
+                writeback.after(reqs)
+    finally:
+        stream.close()  # stops the workers before anyone removes what they write into
+
+
+def _segment_direct(i: int, store, d):
+    from ..derived.cqdirect import QueueFiles, write_chunk
+    from ..log.commitlog import ScanResult
+
+    res = ScanResult()
+    segs = store.commitlog.segments.segments
+    files = QueueFiles(d.root, d.config.mappedFileSizeConsumeQueue)
+    try:
+        for c in store.commitlog.scan(start_index=i, end_index=i + 1, check_crc=False, result=res, stop_at_invalid=False):
+            b = d.requests_from_chunk(c)
+            if b.lmq is not None or b.msg_base is not None:
+                yield _pack_batch(b, i, strings=False)  # multi-dispatch units: written by the parent
+            else:
+                yield write_chunk(b, files)
+    finally:
+        files.close()
+    yield _SegmentEnd(res.stop is not None and res.stop.kind == "blank" and res.stop.segment is segs[i])
 
 
 def parallel_requests(store, d, jobs: int, handle, strings: bool = True) -> None:
@@ -219,9 +297,14 @@ class _Writeback:
         self.call = _sync_file_range()
 
     def after(self, reqs) -> None:
-        if self.call is None or not len(reqs):
+        if len(reqs):
+            self.after_range(int(reqs.phy[0]), int(reqs.phy[-1]) + int(reqs.size[-1]))
+
+    def after_range(self, start: int, end: int) -> None:
+        """The records of [start, end) of the log have been dispatched."""
+        if self.call is None:
             return
-        self.since += int(reqs.phy[-1]) + int(reqs.size[-1]) - int(reqs.phy[0])
+        self.since += end - start
         if self.since < self.WRITEBACK_BYTES:
             return
         self.since = 0
