@@ -49,6 +49,7 @@ class QueueFiles:
         self.root = root
         self.file_size = file_size
         self._open: dict[str, tuple[int, mmap.mmap]] = {}
+        self._paths: dict[tuple[str, int, int], str] = {}
 
     def _map(self, path: str) -> mmap.mmap:
         got = self._open.pop(path, None)
@@ -89,14 +90,17 @@ class QueueFiles:
     def write(self, topic: str, queue_id: int, pos: int, data: np.ndarray) -> None:
         """``data`` (bytes as uint8) at logical position ``pos`` of the queue, across file ends."""
         fs = self.file_size
-        d = os.path.join(self.root, "consumequeue", topic, str(queue_id))
         done = 0
         n = len(data)
         while done < n:
             at = pos + done
             start = at - at % fs
             k = min(n - done, start + fs - at)
-            mm = self._map(os.path.join(d, segment_name(start)))
+            key = (topic, queue_id, start)
+            path = self._paths.get(key)
+            if path is None:
+                path = self._paths[key] = os.path.join(self.root, "consumequeue", topic, str(queue_id), segment_name(start))
+            mm = self._map(path)
             mm[at - start:at - start + k] = data[done:done + k]
             done += k
 
