@@ -204,7 +204,9 @@ def direct_requests(store, d, jobs: int, writeback) -> None:
     n = len(store.commitlog.segments.segments)
     d.fresh_queues = True
     _warm_kernels(store, d)
-    stream = stream_segments(_segment_direct, n, jobs, store, d)
+    spill = os.path.join(d.root, ".spill")  # the workers' items wait there (parallel.stream_segments)
+    os.makedirs(spill, exist_ok=True)
+    stream = stream_segments(_segment_direct, n, jobs, store, d, spill=spill)
     i = 0
     try:
         for item in stream:
@@ -225,6 +227,7 @@ def direct_requests(store, d, jobs: int, writeback) -> None:
                 writeback.after(reqs)
     finally:
         stream.close()  # stops the workers before anyone removes what they write into
+        shutil.rmtree(spill, ignore_errors=True)
 
 
 def _segment_direct(i: int, store, d):
@@ -258,17 +261,27 @@ def parallel_requests(store, d, jobs: int, handle, strings: bool = True) -> None
     The walk goes on into segment i + 1 only when segment i ends in a BLANK, exactly as one scan
     does; what workers made past the end of the log is dropped unread.
     """
+    import tempfile
+
     from ..parallel import stream_segments
 
     n = len(store.commitlog.segments.segments)
+    spill = None
     if jobs > 1 and n > 1:
         _warm_kernels(store, d)
-    for item in stream_segments(_segment_requests, n, jobs, store, d, jobs > 1, strings):
-        if isinstance(item, _SegmentEnd):
-            if not item.continues:
-                break
-            continue
-        handle(_unpack_batch(item, store) if jobs > 1 else item)
+        spill = tempfile.mkdtemp(prefix="rmqstore-dispatch-")  # the workers' batches wait there, not in memory
+    stream = stream_segments(_segment_requests, n, jobs, store, d, jobs > 1, strings, spill=spill)
+    try:
+        for item in stream:
+            if isinstance(item, _SegmentEnd):
+                if not item.continues:
+                    break
+                continue
+            handle(_unpack_batch(item, store) if jobs > 1 else item)
+    finally:
+        stream.close()
+        if spill:
+            shutil.rmtree(spill, ignore_errors=True)
 
 
 def _warm_kernels(store, d) -> None:
