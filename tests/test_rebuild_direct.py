@@ -162,3 +162,26 @@ def test_log_ending_in_a_middle_segment_is_built_again(tmp_path, monkeypatch):
     assert one == two
     assert not [n for n in os.listdir(tmp_path / "j2") if ".rebuild-" in n]  # the scratch folder is gone
     assert _content(roots[0] / "consumequeue") == _content(roots[1] / "consumequeue")
+
+
+@pytest.mark.parametrize("change", [lambda qo: -5, lambda qo: 1 << 61, lambda qo: qo - 1, lambda qo: qo + 3],
+                         ids=["negative", "huge", "repeat", "gap"])
+def test_a_damaged_queue_offset_gives_the_files_of_one_process(change, tmp_path):
+    """QUEUEOFFSET (8 bytes at +20 in the record; rebuild checks no CRC) of a record in the middle of the log
+    rewritten: the group holding it is not where the workers would write it, or not straight."""
+    from .test_rebuild_jobs import _both, _segment_file
+
+    seed = random.SystemRandom().randrange(2**32)
+    print("seed", seed)
+    name = "4.9.3-clean"
+    rec = _middle_record(name, random.Random(seed))
+
+    def damage(root):
+        path, pos = _segment_file(root, name, rec["offset"])
+        with open(path, "r+b") as f:
+            f.seek(pos + 20)
+            (qo,) = struct.unpack(">q", f.read(8))
+            f.seek(pos + 20)
+            f.write(struct.pack(">q", change(qo)))
+
+    _both(tmp_path, name, damage)

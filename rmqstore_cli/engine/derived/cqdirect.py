@@ -151,7 +151,8 @@ def write_chunk(batch, files: QueueFiles) -> DirectChunk:
     c.tids, c.qids = p.tids.astype(np.int32), p.qids.astype(np.int32)
     starts = p.starts
     c.counts = np.diff(starts)
-    written = p.straight.copy()
+    # a damaged QUEUEOFFSET (negative, or so large that * 20 wraps) is left to the parent's unit rules
+    written = p.straight & (p.first_offset >= 0) & (p.qids >= 0) & (p.first_offset < 1 << 60)
     units = p.units.view(np.uint8).reshape(-1, CQ_UNIT_SIZE) if len(p.units) else None
     tids, qids, fo = p.tids.tolist(), p.qids.tolist(), p.first_offset.tolist()
     for g in np.flatnonzero(written).tolist():
