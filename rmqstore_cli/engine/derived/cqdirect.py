@@ -45,9 +45,10 @@ class QueueFiles:
     created full size and zero-filled as :class:`..log.mappedfile.SegmentQueueWriter` creates it, whichever
     process comes first (the file appears with its full size: made under a private name, then linked)."""
 
-    def __init__(self, root: str, file_size: int):
+    def __init__(self, root: str, file_size: int, writeback=None):
         self.root = root
         self.file_size = file_size
+        self.writeback = writeback  # sync_file_range (see repair/rebuild._Writeback), called on each file closed
         self._open: dict[str, tuple[int, mmap.mmap]] = {}
         self._paths: dict[tuple[str, int, int], str] = {}
 
@@ -56,9 +57,7 @@ class QueueFiles:
         if got is None:
             if len(self._open) >= MAX_OPEN:
                 old = next(iter(self._open))
-                fd, mm = self._open.pop(old)
-                mm.close()
-                os.close(fd)
+                self._close(*self._open.pop(old))
             got = self._create_or_open(path)
         self._open[path] = got  # most recently used last
         return got[1]
@@ -104,10 +103,15 @@ class QueueFiles:
             mm[at - start:at - start + k] = data[done:done + k]
             done += k
 
+    def _close(self, fd: int, mm: mmap.mmap) -> None:
+        mm.close()
+        if self.writeback is not None:
+            self.writeback(fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE of the whole file: starts the writes, does not wait
+        os.close(fd)
+
     def close(self) -> None:
         for fd, mm in self._open.values():
-            mm.close()
-            os.close(fd)
+            self._close(fd, mm)
         self._open.clear()
 
 

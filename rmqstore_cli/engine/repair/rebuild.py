@@ -236,7 +236,7 @@ def _segment_direct(i: int, store, d):
 
     res = ScanResult()
     segs = store.commitlog.segments.segments
-    files = QueueFiles(d.root, d.config.mappedFileSizeConsumeQueue)
+    files = QueueFiles(d.root, d.config.mappedFileSizeConsumeQueue, _sync_file_range())
     try:
         for c in store.commitlog.scan(start_index=i, end_index=i + 1, check_crc=False, result=res, stop_at_invalid=False):
             b = d.requests_from_chunk(c)
