@@ -138,7 +138,8 @@ def _tracked(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean", "5.3.3-v2topic", "lmq-5.3.3"])
+@pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean", "5.3.3-v2topic", "lmq-5.3.3", "4.9.3-crash", "timer-5.3.3-crash",
+                                  "dledger-4.9.3-clean", "dledger-5.3.3-clean"])
 def test_broker_stores_take_the_workers_path(name, tmp_path, monkeypatch):
     one = _rebuild(copy_store(name, tmp_path / "j1" / "store"), 1)
     calls = _tracked(monkeypatch)

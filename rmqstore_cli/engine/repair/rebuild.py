@@ -212,8 +212,7 @@ def direct_requests(store, d, jobs: int, writeback) -> None:
         for item in stream:
             if isinstance(item, _SegmentEnd):
                 if not item.continues:
-                    if i < n - 1:  # the workers of the later segments wrote units past the end of the log
-                        raise SpeculationRefused(f"the log ends in segment {i} of {n}")
+                    _nothing_written_past(stream, i)
                     break
                 i += 1
                 continue
@@ -228,6 +227,17 @@ def direct_requests(store, d, jobs: int, writeback) -> None:
     finally:
         stream.close()  # stops the workers before anyone removes what they write into
         shutil.rmtree(spill, ignore_errors=True)
+
+
+def _nothing_written_past(stream, i: int) -> None:
+    """The log ended in segment ``i``: what the workers made of the later segments is never dispatched. Raises
+    SpeculationRefused when they wrote units there (a log torn in the middle); a crash's pre-allocated, all-zero
+    next file gives them no record, and then the files stand."""
+    from ..derived.cqdirect import DirectChunk, SpeculationRefused
+
+    for item in stream:
+        if isinstance(item, DirectChunk) and item.written.any():
+            raise SpeculationRefused(f"the log ends in segment {i}, the workers wrote units past it")
 
 
 def _segment_direct(i: int, store, d):
