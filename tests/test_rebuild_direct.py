@@ -186,3 +186,44 @@ def test_a_damaged_queue_offset_gives_the_files_of_one_process(change, tmp_path)
             f.write(struct.pack(">q", change(qo)))
 
     _both(tmp_path, name, damage)
+
+
+def _bad_delay(root) -> None:
+    """The DELAY property of the last SCHEDULE_TOPIC_XXXX record made no number: reput skips the record and rebuild
+    reports DISPATCH_BAD_DELAY (found by a worker with -j, past the first segment)."""
+    from rmqstore_cli.engine.derived.dispatch import Dispatcher
+    from rmqstore_cli.engine.store import Store
+
+    with Store.open(str(root)) as st:
+        target = None
+        for chunk in st.commitlog.scan(check_crc=False):
+            for r in Dispatcher(str(root) + ".x", st.config).requests_from_chunk(chunk):
+                if r.topic == "SCHEDULE_TOPIC_XXXX":
+                    target = (chunk.segment.path, r.phy - chunk.segment.start, r.size)
+    assert target, "the store has a delayed message"
+    assert not target[0].endswith("00000000000000000000"), "the last delayed message lies past the first segment"
+    path, pos, size = target
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        rec = bytearray(f.read(size))
+        rec[rec.index(b"DELAY\x01") + 6] = ord("x")
+        f.seek(pos)
+        f.write(rec)
+
+
+@pytest.mark.parametrize("path", ["workers write", "classic"])
+def test_findings_of_the_workers_parse_are_reported_as_by_one_process(path, tmp_path, monkeypatch):
+    roots = [copy_store("4.9.3-clean", tmp_path / f"j{j}" / "store") for j in (1, 2)]
+    for r in roots:
+        _bad_delay(r)
+    one = _rebuild(roots[0], 1)
+    if path == "classic":  # the parent writes every unit (what --topic, ext files, a refused group use)
+        from rmqstore_cli.engine.repair import rebuild as rb
+
+        def refuse(*_a, **_k):
+            raise cqdirect.SpeculationRefused("test")
+
+        monkeypatch.setattr(rb, "direct_requests", refuse)
+    two = _rebuild(roots[1], 2)
+    assert "DISPATCH_BAD_DELAY" in one[1]
+    assert one == two

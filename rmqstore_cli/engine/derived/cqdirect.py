@@ -125,7 +125,7 @@ class DirectChunk:
 
     __slots__ = ("n", "phy0", "phy", "ts0", "ts", "sysflag", "key_count", "key_hashes", "last_size", "names", "tids",
                  "qids", "counts", "written", "first_offset", "first_end", "last_end", "first_unit", "rest",
-                 "unsafe", "last_ts")
+                 "unsafe", "last_ts", "problems")
 
     def __getstate__(self):
         return tuple(getattr(self, k) for k in self.__slots__)
@@ -141,10 +141,12 @@ def _delta(a: np.ndarray) -> tuple[int, np.ndarray]:
     return (base, d.astype(np.int32)) if not len(d) or int(d.max()) < 2**31 else (0, a)
 
 
-def write_chunk(batch, files: QueueFiles) -> DirectChunk:
-    """Write the straight groups of a planned batch (``batch.cq_plan``) into ``files`` and describe the chunk."""
+def write_chunk(batch, files: QueueFiles, problems: list = ()) -> DirectChunk:
+    """Write the straight groups of a planned batch (``batch.cq_plan``) into ``files`` and describe the chunk;
+    ``problems``: what making the batch found (records reput skips), reported by the parent in log order."""
     p = batch.cq_plan
     c = DirectChunk()
+    c.problems = list(problems)
     c.n = len(batch)
     c.phy0, c.phy = _delta(batch.phy)
     c.ts0, c.ts = _delta(batch.store_timestamp)
@@ -195,6 +197,7 @@ def apply_direct(d, c: DirectChunk) -> None:
     ``d.dispatch_many`` does with the batch, except that the written groups are only accepted.
     Raises :class:`SpeculationRefused` when one is not where the put rules would put it."""
     stats = d.stats
+    d.problems.extend(c.problems)
     for phy, topic in c.unsafe:
         stats.unsafe_topics += 1
         d.problems.append(Finding("DISPATCH_UNSAFE_TOPIC", "error", None, phy,

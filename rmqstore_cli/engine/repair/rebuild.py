@@ -221,6 +221,7 @@ def direct_requests(store, d, jobs: int, writeback) -> None:
                 if item.n:
                     writeback.after_range(item.phy0 + int(item.phy[0]), d.last_dispatched_end)
             else:
+                d.problems.extend(item.pop("_problems"))
                 reqs = _unpack_batch(item, store)
                 d.dispatch_many(reqs)
                 writeback.after(reqs)
@@ -249,11 +250,11 @@ def _segment_direct(i: int, store, d):
     files = QueueFiles(d.root, d.config.mappedFileSizeConsumeQueue, _sync_file_range())
     try:
         for c in store.commitlog.scan(start_index=i, end_index=i + 1, check_crc=False, result=res, stop_at_invalid=False):
-            b = d.requests_from_chunk(c)
+            b, found = _requests_and_problems(d, c)
             if b.lmq is not None or b.msg_base is not None:
-                yield _pack_batch(b, i, strings=False)  # multi-dispatch units: written by the parent
+                yield _pack_batch(b, i, strings=False) | {"_problems": found}  # multi-dispatch units: by the parent
             else:
-                yield write_chunk(b, files)
+                yield write_chunk(b, files, found)
     finally:
         files.close()
     yield _SegmentEnd(res.stop is not None and res.stop.kind == "blank" and res.stop.segment is segs[i])
@@ -287,7 +288,10 @@ def parallel_requests(store, d, jobs: int, handle, strings: bool = True) -> None
                 if not item.continues:
                     break
                 continue
-            handle(_unpack_batch(item, store) if jobs > 1 else item)
+            if jobs > 1:
+                d.problems.extend(item.pop("_problems"))  # found in the worker, reported here in log order
+                item = _unpack_batch(item, store)
+            handle(item)
     finally:
         stream.close()
         if spill:
@@ -297,10 +301,21 @@ def parallel_requests(store, d, jobs: int, handle, strings: bool = True) -> None
 def _warm_kernels(store, d) -> None:
     """Load the compiled scan and dispatch kernels here, before the workers are forked: each forked worker
     then has them, instead of every process paying numba's start-up (about half a second of CPU each).
-    One chunk of the first segment is scanned and dropped; nothing is dispatched."""
+    One chunk of the first segment is scanned and dropped; nothing is dispatched (what it finds is the first
+    worker's to report)."""
     for chunk in store.commitlog.scan(end_index=1, check_crc=False):
-        d.requests_from_chunk(chunk)
+        _requests_and_problems(d, chunk)
         break
+
+
+def _requests_and_problems(d, chunk):
+    """``d.requests_from_chunk(chunk)`` and the findings it added (taken out of ``d.problems``): in a ``-j`` worker
+    they travel with the chunk's batch, the parent reports them in log order."""
+    before = len(d.problems)
+    b = d.requests_from_chunk(chunk)
+    found = d.problems[before:]
+    del d.problems[before:]
+    return b, found
 
 
 class _Writeback:
@@ -363,8 +378,11 @@ def _segment_requests(i: int, store, d, packed: bool = False, strings: bool = Tr
     res = ScanResult()
     segs = store.commitlog.segments.segments
     for c in store.commitlog.scan(start_index=i, end_index=i + 1, check_crc=False, result=res, stop_at_invalid=False):
-        b = d.requests_from_chunk(c)
-        yield _pack_batch(b, i, strings) if packed else b
+        if packed:
+            b, found = _requests_and_problems(d, c)
+            yield _pack_batch(b, i, strings) | {"_problems": found}
+        else:
+            yield d.requests_from_chunk(c)
     yield _SegmentEnd(res.stop is not None and res.stop.kind == "blank" and res.stop.segment is segs[i])
 
 
