@@ -14,24 +14,37 @@ import numpy as np
 from .records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
 INT_MAX = (1 << 31) - 1
+AHEAD = 16  # keys between the prefetch of a key's slot and its use
 _COMPILED = None
 
 
 def _kernel():
     """Compiled on first use (importing numba must not slow the start of commands that never write an index)."""
-    global _COMPILED
+    global _COMPILED, _prefetch
     if _COMPILED is None:
         from .kernel import _jit
+        from .wordops import _prefetch as intrinsic
 
+        _prefetch = intrinsic
         _COMPILED = _jit(_put_entries)
     return _COMPILED
+
+
+def _prefetch(arr, i):
+    """Replaced by :func:`formats.wordops._prefetch` before the pass compiles. Each key reads and writes one
+    random slot (a 20 MB table at the default geometry): asked for some keys ahead, those reads overlap
+    instead of waiting one after the other."""
+    raise NotImplementedError
 
 
 def _put_entries(u8, slots, first_num, hashes, phys, tss, begin_ts, first_diff):
     # bytes stored most significant first (big-endian), as Java's MappedByteBuffer puts them
     entry = INDEX_HEADER_SIZE + slots * INDEX_SLOT_SIZE + first_num * INDEX_ENTRY_SIZE
     fresh = 0
-    for j in range(len(hashes)):
+    n = len(hashes)
+    for j in range(n):
+        if j + AHEAD < n:
+            _prefetch(u8, INDEX_HEADER_SIZE + (hashes[j + AHEAD] % slots) * INDEX_SLOT_SIZE)
         h = hashes[j]
         num = first_num + j
         sp = INDEX_HEADER_SIZE + (h % slots) * INDEX_SLOT_SIZE

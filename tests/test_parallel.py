@@ -124,3 +124,47 @@ def test_workers_end_when_the_process_that_forked_them_is_killed(tmp_path):
         time.sleep(0.05)
     os.kill(worker, signal.SIGKILL)
     pytest.fail(f"worker {worker} still ran 60 s after its parent was killed")
+
+
+def _numbered(i: int, marks: str | None = None):
+    if marks:
+        open(os.path.join(marks, f"segment-{i}"), "w").close()
+    for k in range(3 + i % 2):
+        yield {"segment": i, "k": k, "payload": bytes(range(i % 7, 200))}
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 3])
+def test_spilled_items_come_back_the_same_and_their_files_go(jobs, tmp_path):
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    done = []
+    got = list(stream_segments(_numbered, 6, jobs, spill=str(spill), done=done.append))
+    assert got == [it for i in range(6) for it in _numbered(i)]
+    assert done == list(range(6))
+    assert os.listdir(spill) == []
+
+
+def test_spilled_workers_walk_their_segments_at_the_same_time(tmp_path):
+    """With spilled items, the worker of segment 1 goes on through it while segment 0's items are still untaken
+    (two queued items stopped it before)."""
+    spill, marks = tmp_path / "spill", tmp_path / "marks"
+    spill.mkdir()
+    marks.mkdir()
+    gen = stream_segments(_numbered, 4, 2, str(marks), spill=str(spill))
+    first = next(gen)
+    deadline = time.monotonic() + 120  # only a worker that is held back waits this out
+    while not os.path.exists(marks / "segment-3") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(marks / "segment-3")  # worker 1 finished segment 1 and went on while 0 was untaken
+    rest = list(gen)
+    assert [first] + rest == [it for i in range(4) for it in _numbered(i)]
+    assert os.listdir(spill) == []
+
+
+def test_a_spilled_stream_closed_early_leaves_no_file(tmp_path):
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    gen = stream_segments(_numbered, 8, 2, spill=str(spill))
+    next(gen)
+    gen.close()
+    assert os.listdir(spill) == []

@@ -82,10 +82,11 @@ def map_ranges(fn: Callable, ranges: Sequence[range], jobs: int, *args, on_resul
 
 
 AHEAD = 2  # items a worker of stream_segments may have made that the consumer has not taken yet
+SPILL_AHEAD = 256  # the same with ``spill``: items wait in a file, the queue holds only where
 
 
 def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[int], None] | None = None,
-                    exchange=None) -> Iterator:
+                    exchange=None, spill: str | None = None) -> Iterator:
     """Everything ``items(i, *args)`` yields for segments ``i = 0 .. n-1``, in that order, computed by ``jobs``
     forked processes: worker *k* takes segments k, k+jobs, ... and hands each item over a queue that holds at
     most :data:`AHEAD` of them, so a 1 GiB segment's results never sit in memory whole, here or in a worker.
@@ -99,17 +100,24 @@ def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[i
     (picklable); this process gets every worker's part, in worker order, as ``exchange.combine(parts)``
     before this call returns, and sends what that returns to every worker, where
     ``exchange.accept_later(receive)`` gets a callable that returns it (``receive(False)`` raises queue.Empty
-    while it has not come): a worker may start its first segment before the other parts are done."""
+    while it has not come): a worker may start its first segment before the other parts are done.
+
+    ``spill`` (a directory): the items are pickled into one file per segment there and only their place goes
+    through the queue, which then holds up to :data:`SPILL_AHEAD` of them. With a queue of :data:`AHEAD` items,
+    worker *k* + 1 stops two items into its segment until this process has taken all of segment *k*: the workers
+    take turns instead of walking at the same time whenever this process is slower than one worker. Spilled,
+    each runs up to SPILL_AHEAD items ahead, their bytes in the page cache, not in any process's memory; a
+    segment's file is removed once its items are taken."""
     if jobs <= 1 or n <= 1:
         if exchange is not None:
             raise ValueError("an exchange needs at least two workers")
         return _serial(items, n, args, done)
     ctx = multiprocessing.get_context("fork")
     workers = min(jobs, n)
-    queues = [ctx.Queue(maxsize=AHEAD) for _ in range(workers)]
+    queues = [ctx.Queue(maxsize=SPILL_AHEAD if spill else AHEAD) for _ in range(workers)]
     inboxes = [ctx.Queue(maxsize=1) for _ in range(workers)] if exchange is not None else [None] * workers
     procs = [ctx.Process(target=_stream_worker, args=(items, range(k, n, workers), args, queues[k], exchange, k, workers,
-                                                      inboxes[k]), daemon=True)
+                                                      inboxes[k], spill), daemon=True)
              for k in range(workers)]
     for p in procs:
         p.start()
@@ -127,7 +135,7 @@ def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[i
         except BaseException:
             _stop(procs)
             raise
-    gen = _consume(queues, procs, n, done)
+    gen = _consume(queues, procs, n, done, spill)
     weakref.finalize(gen, _stop, procs)  # a stream dropped without being read stops its workers too
     return gen
 
@@ -139,22 +147,70 @@ def _serial(items: Callable, n: int, args: tuple, done) -> Iterator:
             done(i)
 
 
-def _consume(queues: list, procs: list, n: int, done) -> Iterator:
+def _consume(queues: list, procs: list, n: int, done, spill: str | None = None) -> Iterator:
     workers = len(procs)
     try:
         for i in range(n):
-            while True:
-                item = _next_item(queues[i % workers], procs[i % workers])
-                if isinstance(item, _SegmentDone):
-                    break
-                if isinstance(item, _WorkerError):
-                    raise item.error
-                yield item
-                del item
+            fd = None
+            try:
+                while True:
+                    item = _next_item(queues[i % workers], procs[i % workers])
+                    if isinstance(item, _SegmentDone):
+                        break
+                    if isinstance(item, _WorkerError):
+                        raise item.error
+                    if isinstance(item, _Spilled):
+                        if fd is None:
+                            fd = os.open(_spill_path(spill, i), os.O_RDONLY)
+                        item = item.load(fd)
+                    yield item
+                    del item
+            finally:
+                if fd is not None:
+                    os.close(fd)
+                if spill:
+                    _unlink(_spill_path(spill, i))
             if done:
                 done(i)
     finally:
         _stop(procs)
+        if spill:
+            for i in range(n):
+                _unlink(_spill_path(spill, i))
+
+
+def _spill_path(spill: str, i: int) -> str:
+    return os.path.join(spill, f"segment-{i}.items")
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class _Spilled:
+    """Where a spilled item is in its segment's file (see ``spill`` in :func:`stream_segments`)."""
+
+    __slots__ = ("offset", "size")
+
+    def __init__(self, offset: int, size: int):
+        self.offset, self.size = offset, size
+
+    def __getstate__(self):
+        return (self.offset, self.size)
+
+    def __setstate__(self, state) -> None:
+        self.offset, self.size = state
+
+    def load(self, fd: int):
+        import pickle
+
+        data = os.pread(fd, self.size, self.offset)
+        if len(data) != self.size:
+            raise RuntimeError("a spilled item was cut short")
+        return pickle.loads(data)
 
 
 def _stop(procs: list) -> None:
@@ -192,21 +248,42 @@ class _Part:
 
 
 def _stream_worker(items: Callable, segments: range, args: tuple, out, exchange=None, k: int = 0, workers: int = 1,
-                   inbox=None) -> None:
+                   inbox=None, spill: str | None = None) -> None:
     die_with_parent()
     try:
         if exchange is not None:
             out.put(_Part(exchange.part(k, workers)))
             exchange.accept_later(inbox.get)  # get(block); the consumer stops this worker if it cannot send
         for i in segments:
-            for item in items(i, *args):
-                out.put(item)
-                del item
+            if spill:
+                _spill_segment(items(i, *args), _spill_path(spill, i), out)
+            else:
+                for item in items(i, *args):
+                    out.put(item)
+                    del item
             out.put(_SEGMENT_DONE)
     except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
         out.put(_WorkerError(e))
     out.close()
     out.join_thread()
+
+
+def _spill_segment(made: Iterator, path: str, out) -> None:
+    import pickle
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        at = 0
+        for item in made:
+            data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+            del item
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            out.put(_Spilled(at, len(data)))
+            at += len(data)
+    finally:
+        os.close(fd)
 
 
 def _next_item(q, proc):

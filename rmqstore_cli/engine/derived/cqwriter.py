@@ -37,7 +37,7 @@ class ConsumeQueueWriter:
     """
 
     def __init__(self, root: str, topic: str, queue_id: int, config: StoreConfig, dirname: str = "consumequeue",
-                 journal=None, strict_offsets: bool = False):
+                 journal=None, strict_offsets: bool = False, recover: bool = True):
         self.topic = topic
         # strict_offsets (repairs): a unit is written only at its record's QUEUEOFFSET; the broker
         # appends at the current position whatever the offset says (§7.5) and so shifts a queue
@@ -52,7 +52,8 @@ class ConsumeQueueWriter:
         self.first_create_start: int | None = None  # start of the file created in an empty queue
         self.min_logic_offset = 0
         self.out_of_order = 0  # units appended at a position that differs from cqOffset*20 (logged by Java)
-        self._recover()
+        if recover:  # not for a queue of a folder that was empty when the writing began (rebuild -j: see .cqdirect)
+            self._recover()
 
     def _recover(self) -> None:
         starts = self.files.existing_starts()
@@ -216,6 +217,29 @@ class ConsumeQueueWriter:
         seg = self.files.open(w - in_file)
         seg.write(in_file, units.view(np.uint8))
         self.write_offset = w + n
+        self.max_physic_offset = last_end
+        return True
+
+    def accept_written(self, first_offset: int, first_end: int, last_end: int, count: int, first_unit: tuple) -> bool:
+        """``count`` units (a straight group: record ends strictly increasing, queue offsets consecutive from
+        ``first_offset`` / 20) are already in the files at ``first_offset`` (rebuild -j, :mod:`.cqdirect`): True when
+        ``put`` would have put every one of them exactly there, and the queue's state then moves past them as it
+        would; False when it would not. ``first_unit`` (phy, size, tagsCode) goes through ``put`` itself when it is
+        the first of a new queue (the file's creation and pre-blank fill)."""
+        if self.file_size % CQ_UNIT_SIZE or first_offset < 0:
+            return False
+        if not self.has_files or self.write_offset == self.first_create_start:
+            phy, size, tags = first_unit
+            if not self.put(phy, size, tags, first_offset // CQ_UNIT_SIZE) or self.write_offset != first_offset + CQ_UNIT_SIZE:
+                return False
+            if count == 1:
+                return True
+            # the second unit: its end is past the first's (straight), the first's is now max_physic_offset
+            first_offset, first_end, count = first_offset + CQ_UNIT_SIZE, self.max_physic_offset + 1, count - 1
+        w = self.write_offset
+        if first_offset != w or first_end <= self.max_physic_offset:
+            return False
+        self.write_offset = w + count * CQ_UNIT_SIZE
         self.max_physic_offset = last_end
         return True
 

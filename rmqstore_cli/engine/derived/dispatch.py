@@ -94,6 +94,9 @@ class Dispatcher:
         self.last_dispatched_end = -1  # phy + size of the last record dispatched
         self._interner = TopicInterner()
         self.multi_dispatch = MultiDispatchRule(config)
+        # the consume-queue folder was empty when this dispatcher began (rebuild -j): a queue's files that exist
+        # when its writer opens were made by a worker (.cqdirect), not left by a broker, so they are not recovered
+        self.fresh_queues = False
 
     def index_continues_after(self, phy: int, keys_held: int | None = None) -> None:
         """The index holds every key of the records before ``phy`` and the first ``keys_held`` keys of the
@@ -113,7 +116,8 @@ class Dispatcher:
         w = self._queues.get(key)
         if w is None:
             w = self._queues[key] = ConsumeQueueWriter(self.root, topic, queue_id, self.config,
-                                                       journal=self.journal, strict_offsets=self.repair)
+                                                       journal=self.journal, strict_offsets=self.repair,
+                                                       recover=not self.fresh_queues)
         return w
 
     def ext(self, topic: str, queue_id: int) -> ConsumeQueueExtWriter:

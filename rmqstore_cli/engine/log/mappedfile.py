@@ -161,7 +161,14 @@ class SegmentQueueWriter:
         exists = os.path.exists(path)
         if not exists:
             makedirs(self.directory, self.journal)
-        seg = WritableSegment(path, start, self.file_size, create=not exists, journal=self.journal)
+        try:
+            seg = WritableSegment(path, start, self.file_size, create=not exists, journal=self.journal)
+        except UsageError:
+            if exists or not os.path.exists(path):
+                raise
+            # made meanwhile by a rebuild -j worker (engine/derived/cqdirect.py: it appears full size)
+            exists = True
+            seg = WritableSegment(path, start, self.file_size, create=False, journal=self.journal)
         if not exists:
             self._dir_dirty = True
             self.created.append(path)

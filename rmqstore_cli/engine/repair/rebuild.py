@@ -107,37 +107,29 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
                         os.unlink(os.path.join(idx, n))
                     else:
                         start = min(start, end)
-        d = Dispatcher(tmp, cfg.with_(messageIndexEnable=cfg.messageIndexEnable and "index" in parts),
-                       index_namer=index_namer, batch_topics=store.batch_topics())
-        writeback = _Writeback(d)
-        try:
-            def handle(reqs) -> None:
-                keep = np.ones(len(reqs), dtype=bool)
-                if start:
-                    keep &= reqs.phy >= start
-                if topic is not None:
-                    # the queue's own records, and (an LMQ queue) the records multi-dispatched to it; the other
-                    # queues they also reach are written in the scratch folder only
-                    mine = np.fromiter((t == topic for t in reqs.topic), dtype=bool, count=len(reqs))
-                    lt = reqs.lmq
-                    if lt is not None and topic in lt.names:
-                        mine[lt.row[lt.name == lt.names.index(topic)]] = True
-                    keep &= mine
-                if not keep.all():
-                    reqs = reqs.take(np.flatnonzero(keep))
-                d.dispatch_many(reqs)
-                writeback.after(reqs)
+        dcfg = cfg.with_(messageIndexEnable=cfg.messageIndexEnable and "index" in parts)
+        direct = (jobs > 1 and from_offset is None and topic is None and not cfg.enableConsumeQueueExt and cfg.maxIndexNum >= 2
+                  and not store.batch_topics() and cfg.mappedFileSizeConsumeQueue % CQ_UNIT_SIZE == 0
+                  and len(store.commitlog.segments.segments) > 1)
+        if direct:
+            from ..derived.cqdirect import SpeculationRefused
 
-            if jobs > 1:
-                # a record's strings (spans into its segment) travel only when someone reads them: the topic filter
-                # and the one-key-at-a-time index writer (maxIndexNum < 2)
-                parallel_requests(store, d, jobs, handle, strings=topic is not None or cfg.maxIndexNum < 2)
-            else:
-                for chunk in store.commitlog.scan(check_crc=False, stop_at_invalid=False):
-                    handle(d.requests_from_chunk(chunk))
-            d.flush(checkpoint=False)
-        finally:
-            d.close(flush=False)
+            d = Dispatcher(tmp, dcfg, index_namer=index_namer, batch_topics=store.batch_topics())
+            try:
+                try:
+                    direct_requests(store, d, jobs, _Writeback(d))
+                    d.flush(checkpoint=False)
+                finally:
+                    d.close(flush=False)
+            except SpeculationRefused:
+                # a queue's units are not where the workers wrote them (gaps, repeats, a log that ends before its
+                # last segment): built again below, the parent writing every unit
+                shutil.rmtree(tmp)
+                os.makedirs(tmp)
+                direct = False
+        if not direct:
+            d = Dispatcher(tmp, dcfg, index_namer=index_namer, batch_topics=store.batch_topics())
+            _dispatch_all(store, d, jobs, start, topic)
         stats = d.stats
         for dp, _, fn in os.walk(tmp):
             for f in fn:
@@ -168,6 +160,106 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
             "problems": [f.as_json() for f in getattr(d, "problems", [])]}  # records not dispatched, and why
 
 
+def _dispatch_all(store, d, jobs: int, start: int, topic) -> None:
+    """The records of the log (from ``start``; only ``topic``'s units kept) dispatched by ``d``, which writes
+    every file: parsed in this process, or with ``jobs`` > 1 in workers (:func:`parallel_requests`)."""
+    writeback = _Writeback(d)
+    try:
+        def handle(reqs) -> None:
+            keep = np.ones(len(reqs), dtype=bool)
+            if start:
+                keep &= reqs.phy >= start
+            if topic is not None:
+                # the queue's own records, and (an LMQ queue) the records multi-dispatched to it; the other
+                # queues they also reach are written in the scratch folder only
+                mine = np.fromiter((t == topic for t in reqs.topic), dtype=bool, count=len(reqs))
+                lt = reqs.lmq
+                if lt is not None and topic in lt.names:
+                    mine[lt.row[lt.name == lt.names.index(topic)]] = True
+                keep &= mine
+            if not keep.all():
+                reqs = reqs.take(np.flatnonzero(keep))
+            d.dispatch_many(reqs)
+            writeback.after(reqs)
+
+        if jobs > 1:
+            # a record's strings (spans into its segment) travel only when someone reads them: the topic filter
+            # and the one-key-at-a-time index writer (maxIndexNum < 2)
+            parallel_requests(store, d, jobs, handle, strings=topic is not None or d.config.maxIndexNum < 2)
+        else:
+            for chunk in store.commitlog.scan(check_crc=False, stop_at_invalid=False):
+                handle(d.requests_from_chunk(chunk))
+        d.flush(checkpoint=False)
+    finally:
+        d.close(flush=False)
+
+
+def direct_requests(store, d, jobs: int, writeback) -> None:
+    """``rebuild -j`` into a fresh folder: the workers write the consume-queue units themselves (:mod:`..derived.cqdirect`);
+    this process accepts them in log order, writes what they left (groups that are not straight, LMQ units) and the
+    index. Raises SpeculationRefused when the workers' units cannot stand (the caller builds again, classically)."""
+    from ..derived.cqdirect import DirectChunk, SpeculationRefused, apply_direct
+    from ..parallel import stream_segments
+
+    n = len(store.commitlog.segments.segments)
+    d.fresh_queues = True
+    _warm_kernels(store, d)
+    spill = os.path.join(d.root, ".spill")  # the workers' items wait there (parallel.stream_segments)
+    os.makedirs(spill, exist_ok=True)
+    stream = stream_segments(_segment_direct, n, jobs, store, d, spill=spill)
+    i = 0
+    try:
+        for item in stream:
+            if isinstance(item, _SegmentEnd):
+                if not item.continues:
+                    _nothing_written_past(stream, i)
+                    break
+                i += 1
+                continue
+            if isinstance(item, DirectChunk):
+                apply_direct(d, item)
+                if item.n:
+                    writeback.after_range(item.phy0 + int(item.phy[0]), d.last_dispatched_end)
+            else:
+                d.problems.extend(item.pop("_problems"))
+                reqs = _unpack_batch(item, store)
+                d.dispatch_many(reqs)
+                writeback.after(reqs)
+    finally:
+        stream.close()  # stops the workers before anyone removes what they write into
+        shutil.rmtree(spill, ignore_errors=True)
+
+
+def _nothing_written_past(stream, i: int) -> None:
+    """The log ended in segment ``i``: what the workers made of the later segments is never dispatched. Raises
+    SpeculationRefused when they wrote units there (a log torn in the middle); a crash's pre-allocated, all-zero
+    next file gives them no record, and then the files stand."""
+    from ..derived.cqdirect import DirectChunk, SpeculationRefused
+
+    for item in stream:
+        if isinstance(item, DirectChunk) and item.written.any():
+            raise SpeculationRefused(f"the log ends in segment {i}, the workers wrote units past it")
+
+
+def _segment_direct(i: int, store, d):
+    from ..derived.cqdirect import QueueFiles, write_chunk
+    from ..log.commitlog import ScanResult
+
+    res = ScanResult()
+    segs = store.commitlog.segments.segments
+    files = QueueFiles(d.root, d.config.mappedFileSizeConsumeQueue, _sync_file_range())
+    try:
+        for c in store.commitlog.scan(start_index=i, end_index=i + 1, check_crc=False, result=res, stop_at_invalid=False):
+            b, found = _requests_and_problems(d, c)
+            if b.lmq is not None or b.msg_base is not None:
+                yield _pack_batch(b, i, strings=False) | {"_problems": found}  # multi-dispatch units: by the parent
+            else:
+                yield write_chunk(b, files, found)
+    finally:
+        files.close()
+    yield _SegmentEnd(res.stop is not None and res.stop.kind == "blank" and res.stop.segment is segs[i])
+
+
 def parallel_requests(store, d, jobs: int, handle, strings: bool = True) -> None:
     """``-j``: parse the records of each segment in forked workers, ``handle`` their batches here in log order, a
     chunk's batch at a time (:func:`.parallel.stream_segments`: never a whole segment's batches at once).
@@ -180,26 +272,50 @@ def parallel_requests(store, d, jobs: int, handle, strings: bool = True) -> None
     The walk goes on into segment i + 1 only when segment i ends in a BLANK, exactly as one scan
     does; what workers made past the end of the log is dropped unread.
     """
+    import tempfile
+
     from ..parallel import stream_segments
 
     n = len(store.commitlog.segments.segments)
+    spill = None
     if jobs > 1 and n > 1:
         _warm_kernels(store, d)
-    for item in stream_segments(_segment_requests, n, jobs, store, d, jobs > 1, strings):
-        if isinstance(item, _SegmentEnd):
-            if not item.continues:
-                break
-            continue
-        handle(_unpack_batch(item, store) if jobs > 1 else item)
+        spill = tempfile.mkdtemp(prefix="rmqstore-dispatch-")  # the workers' batches wait there, not in memory
+    stream = stream_segments(_segment_requests, n, jobs, store, d, jobs > 1, strings, spill=spill)
+    try:
+        for item in stream:
+            if isinstance(item, _SegmentEnd):
+                if not item.continues:
+                    break
+                continue
+            if jobs > 1:
+                d.problems.extend(item.pop("_problems"))  # found in the worker, reported here in log order
+                item = _unpack_batch(item, store)
+            handle(item)
+    finally:
+        stream.close()
+        if spill:
+            shutil.rmtree(spill, ignore_errors=True)
 
 
 def _warm_kernels(store, d) -> None:
     """Load the compiled scan and dispatch kernels here, before the workers are forked: each forked worker
     then has them, instead of every process paying numba's start-up (about half a second of CPU each).
-    One chunk of the first segment is scanned and dropped; nothing is dispatched."""
+    One chunk of the first segment is scanned and dropped; nothing is dispatched (what it finds is the first
+    worker's to report)."""
     for chunk in store.commitlog.scan(end_index=1, check_crc=False):
-        d.requests_from_chunk(chunk)
+        _requests_and_problems(d, chunk)
         break
+
+
+def _requests_and_problems(d, chunk):
+    """``d.requests_from_chunk(chunk)`` and the findings it added (taken out of ``d.problems``): in a ``-j`` worker
+    they travel with the chunk's batch, the parent reports them in log order."""
+    before = len(d.problems)
+    b = d.requests_from_chunk(chunk)
+    found = d.problems[before:]
+    del d.problems[before:]
+    return b, found
 
 
 class _Writeback:
@@ -219,9 +335,14 @@ class _Writeback:
         self.call = _sync_file_range()
 
     def after(self, reqs) -> None:
-        if self.call is None or not len(reqs):
+        if len(reqs):
+            self.after_range(int(reqs.phy[0]), int(reqs.phy[-1]) + int(reqs.size[-1]))
+
+    def after_range(self, start: int, end: int) -> None:
+        """The records of [start, end) of the log have been dispatched."""
+        if self.call is None:
             return
-        self.since += int(reqs.phy[-1]) + int(reqs.size[-1]) - int(reqs.phy[0])
+        self.since += end - start
         if self.since < self.WRITEBACK_BYTES:
             return
         self.since = 0
@@ -257,8 +378,11 @@ def _segment_requests(i: int, store, d, packed: bool = False, strings: bool = Tr
     res = ScanResult()
     segs = store.commitlog.segments.segments
     for c in store.commitlog.scan(start_index=i, end_index=i + 1, check_crc=False, result=res, stop_at_invalid=False):
-        b = d.requests_from_chunk(c)
-        yield _pack_batch(b, i, strings) if packed else b
+        if packed:
+            b, found = _requests_and_problems(d, c)
+            yield _pack_batch(b, i, strings) | {"_problems": found}
+        else:
+            yield d.requests_from_chunk(c)
     yield _SegmentEnd(res.stop is not None and res.stop.kind == "blank" and res.stop.segment is segs[i])
 
 
