@@ -227,3 +227,46 @@ def test_findings_of_the_workers_parse_are_reported_as_by_one_process(path, tmp_
     two = _rebuild(roots[1], 2)
     assert "DISPATCH_BAD_DELAY" in one[1]
     assert one == two
+
+
+def test_no_disk_with_room_to_spill_gives_the_same_files(tmp_path, monkeypatch):
+    """Where no disk has room for the workers' spilled items (a full incident disk), -j passes them through the
+    queue instead: the same files, nothing spilled."""
+    from rmqstore_cli.engine import parallel
+
+    real = os.statvfs
+    made = []
+
+    class Full:
+        def __init__(self, st):
+            self.f_frsize, self.f_bavail = st.f_frsize, 0
+
+    monkeypatch.setattr(parallel.os, "statvfs", lambda p: Full(real(p)))
+    spill = parallel.spill_dir
+    monkeypatch.setattr(parallel, "spill_dir", lambda *a, **k: made.append(spill(*a, **k)) or made[-1])
+    name = "4.9.3-clean"
+    one = _rebuild(copy_store(name, tmp_path / "j1" / "store"), 1)
+    two = _rebuild(copy_store(name, tmp_path / "j2" / "store"), 2)
+    assert made and all(m is None for m in made)
+    assert one == two
+
+
+def test_spill_dir_needs_room_for_two_segments_per_worker(tmp_path, monkeypatch):
+    from rmqstore_cli.engine import parallel
+
+    free = {"bytes": 0}
+
+    class Vfs:
+        f_frsize = 4096
+
+        @property
+        def f_bavail(self):
+            return free["bytes"] // 4096
+
+    monkeypatch.setattr(parallel.os, "statvfs", lambda p: Vfs())
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
+    free["bytes"] = 3 * 2 * (1 << 20) - 4096
+    assert parallel.spill_dir(3, 1 << 20) is None
+    free["bytes"] = 3 * 2 * (1 << 20)
+    got = parallel.spill_dir(3, 1 << 20)
+    assert got is not None and os.path.dirname(got) == str(tmp_path) and os.path.isdir(got)

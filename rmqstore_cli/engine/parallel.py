@@ -140,6 +140,28 @@ def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[i
     return gen
 
 
+def spill_dir(workers: int, segment_bytes: int, near: str | None = None) -> str | None:
+    """A new directory for ``stream_segments(spill=...)``, on a disk with room for what ``workers`` may spill at
+    once (each up to two segments' files in flight: at most ``2 * segment_bytes`` each, a bound the items of a
+    segment stay under), tried in the system's temporary folder and then beside ``near``; None when neither has
+    that much free: the items then go through the queue (correct, but the workers take turns). An incident disk
+    that is full must not fail a command that only wanted to go faster."""
+    import tempfile
+
+    need = workers * 2 * segment_bytes
+    for place in (tempfile.gettempdir(), near):
+        if not place:
+            continue
+        try:
+            st = os.statvfs(place)
+            if st.f_bavail * st.f_frsize < need:
+                continue
+            return tempfile.mkdtemp(prefix=".rmqstore-spill-", dir=place)
+        except OSError:
+            continue
+    return None
+
+
 def _serial(items: Callable, n: int, args: tuple, done) -> Iterator:
     for i in range(n):
         yield from items(i, *args)

@@ -198,14 +198,14 @@ def direct_requests(store, d, jobs: int, writeback) -> None:
     """``rebuild -j`` into a fresh folder: the workers write the consume-queue units themselves (:mod:`..derived.cqdirect`);
     this process accepts them in log order, writes what they left (groups that are not straight, LMQ units) and the
     index. Raises SpeculationRefused when the workers' units cannot stand (the caller builds again, classically)."""
-    from ..derived.cqdirect import DirectChunk, SpeculationRefused, apply_direct
-    from ..parallel import stream_segments
+    from ..derived.cqdirect import DirectChunk, apply_direct
+    from ..parallel import spill_dir, stream_segments
 
     n = len(store.commitlog.segments.segments)
     d.fresh_queues = True
     _warm_kernels(store, d)
-    spill = os.path.join(d.root, ".spill")  # the workers' items wait there (parallel.stream_segments)
-    os.makedirs(spill, exist_ok=True)
+    # the workers' items wait in files there (parallel.stream_segments), or in the queue when no disk has room
+    spill = spill_dir(min(jobs, n), store.commitlog.segments.file_size, d.root)
     stream = stream_segments(_segment_direct, n, jobs, store, d, spill=spill)
     i = 0
     try:
@@ -227,7 +227,8 @@ def direct_requests(store, d, jobs: int, writeback) -> None:
                 writeback.after(reqs)
     finally:
         stream.close()  # stops the workers before anyone removes what they write into
-        shutil.rmtree(spill, ignore_errors=True)
+        if spill:
+            shutil.rmtree(spill, ignore_errors=True)
 
 
 def _nothing_written_past(stream, i: int) -> None:
@@ -272,15 +273,14 @@ def parallel_requests(store, d, jobs: int, handle, strings: bool = True) -> None
     The walk goes on into segment i + 1 only when segment i ends in a BLANK, exactly as one scan
     does; what workers made past the end of the log is dropped unread.
     """
-    import tempfile
-
-    from ..parallel import stream_segments
+    from ..parallel import spill_dir, stream_segments
 
     n = len(store.commitlog.segments.segments)
     spill = None
     if jobs > 1 and n > 1:
         _warm_kernels(store, d)
-        spill = tempfile.mkdtemp(prefix="rmqstore-dispatch-")  # the workers' batches wait there, not in memory
+        # the workers' batches wait in files there, not in memory (or in the queue when no disk has room)
+        spill = spill_dir(min(jobs, n), store.commitlog.segments.file_size, d.root)
     stream = stream_segments(_segment_requests, n, jobs, store, d, jobs > 1, strings, spill=spill)
     try:
         for item in stream:
