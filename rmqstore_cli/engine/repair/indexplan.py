@@ -43,8 +43,8 @@ def load_index(planner) -> None:
     planner.index_damaged_from = None
     if damaged is not None:
         bad = files[damaged]
-        what = (f"holds entries or slots past its indexCount (a put cut short by a crash): re-dispatching into it "
-                f"would link new entries to stale ones" if torn else
+        what = ("holds entries or slots past its indexCount (a put cut short by a crash): re-dispatching into it "
+                "would link new entries to stale ones" if torn else
                 f"is {bad.size} bytes, not {bad.expected_size}: the broker would map it at full "
                 f"size (growing it with zeros) and silently miss the lost entries")
         if planner.broker_only:  # what the next start reads, not a plan to apply: every file counted as rebuilt
@@ -113,7 +113,9 @@ def check_index(planner, table) -> None:
     if planner.index_rebuild_from is not None or (not planner.index_files and damaged is None):
         return
     files = planner.index_files
-    probs = (index_problems(planner.store, table, files) if files else []) + _missing_entries(planner, files)
+    probs = _verified(planner, files)
+    if probs is None:
+        probs = (index_problems(planner.store, table, files) if files else []) + _missing_entries(planner, files)
     if probs:
         bad = {f.path for f in probs}
         first_bad = min(i for i, f in enumerate(files) if f.path in bad)
@@ -146,6 +148,26 @@ def check_index(planner, table) -> None:
         planner.index_resume_after = (after, held)
     else:
         planner.index_rebuild_from = 0
+
+
+def _verified(planner, files: list) -> list | None:
+    """verify's error and warning findings on the kept index files, when the plan verified the store along its walk
+    and the recovered log is the log verify read: the broker's walk ended at the end of the data and verify found
+    nothing wrong in the commitlog (no record cut, none invalid). The index checks then read the same records as
+    :func:`index_problems` would, in the same windows, and are not made twice. None otherwise."""
+    from rmqstore_cli.formats.fast import STOP_EOF, STOP_ZERO
+
+    from .derived import in_file_order
+
+    found = getattr(planner, "verify_findings", None)
+    stop = getattr(planner, "stop", None)
+    if found is None or stop is None or stop.kind not in (STOP_ZERO, STOP_EOF):
+        return None
+    log_dir = planner.store.commitlog.segments.directory
+    if any(f.severity in ("error", "warning") and f.path and f.path.startswith(log_dir) for f in found):
+        return None
+    kept = {f.path for f in files}
+    return in_file_order([f for f in found if f.path in kept and f.severity in ("error", "warning")], files)
 
 
 def _missing_entries(planner, files: list) -> list:
