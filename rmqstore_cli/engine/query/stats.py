@@ -25,6 +25,7 @@ from rmqstore_cli.formats.fast import Headers
 from ..derived.dispatchcolumns import topic_ids
 from ..derived.lmq import LMQ_PREFIX
 from ..timer.report import timer_stats
+from .timecounts import TimeCounts
 
 SIZE_BINS = 32  # bin k counts records with 2**k <= size < 2**(k+1)
 TIMELINE_BINS = 60
@@ -47,8 +48,13 @@ class StatsAccumulator:
     topics: dict[str, int] = field(default_factory=dict)
     queues: dict[tuple[int, int], list] = field(default_factory=dict)  # (topic id, queueId) -> _QUEUE_FIELDS
     size_hist: np.ndarray = field(default_factory=lambda: np.zeros(SIZE_BINS, np.int64))
-    seconds: dict[int, int] = field(default_factory=dict)  # store time // time_unit_ms -> records
+    times: TimeCounts = field(default_factory=TimeCounts)  # store time // time_unit_ms -> records
     time_unit_ms: int = 1  # ms; coarsened to seconds, then minutes, when there are too many distinct keys
+
+    @property
+    def seconds(self) -> dict[int, int]:
+        """{store time // time_unit_ms: records} (a copy)."""
+        return self.times.as_dict()
 
     def add_chunk(self, buf, h: Headers) -> None:
         if len(h):
@@ -97,16 +103,14 @@ class StatsAccumulator:
             self._merge_queue((k >> 32, k & 0xFFFFFFFF), part)
         bins = np.clip(np.floor(np.log2(np.maximum(size, 1))).astype(np.int64), 0, SIZE_BINS - 1)
         self.size_hist += np.bincount(bins, minlength=SIZE_BINS)
-        secs, counts = np.unique(ts // self.time_unit_ms, return_counts=True)
-        for s_, c in zip(secs.tolist(), counts.tolist()):
-            self.seconds[s_] = self.seconds.get(s_, 0) + c
+        self.times.add(*np.unique(ts // self.time_unit_ms, return_counts=True))
         self._bound_keys()
 
     def _bound_keys(self) -> None:
         """Coarsen (ms -> s -> min -> ...) until at most SECOND_KEYS_LIMIT time keys are left: the finest unit at
         which the records seen have that few keys, whatever order they came in (so partial accumulators merge
         to what one walk gives)."""
-        while len(self.seconds) > SECOND_KEYS_LIMIT:
+        while len(self.times) > SECOND_KEYS_LIMIT:
             self._coarsen(1000 if self.time_unit_ms == 1 else 60)
 
     def _merge_queue(self, k: tuple[int, int], part: list) -> None:
@@ -124,10 +128,7 @@ class StatsAccumulator:
             cur[i] += part[i]
 
     def _coarsen(self, factor: int) -> None:
-        merged: dict[int, int] = {}
-        for s_, c in self.seconds.items():
-            merged[s_ // factor] = merged.get(s_ // factor, 0) + c
-        self.seconds = merged
+        self.times.coarsen(factor)
         self.time_unit_ms *= factor
 
     def merge(self, other: "StatsAccumulator") -> None:
@@ -138,9 +139,7 @@ class StatsAccumulator:
         self.size_hist += other.size_hist
         while other.time_unit_ms > self.time_unit_ms:
             self._coarsen(other.time_unit_ms // self.time_unit_ms)
-        f = self.time_unit_ms // other.time_unit_ms
-        for s_, c in other.seconds.items():
-            self.seconds[s_ // f] = self.seconds.get(s_ // f, 0) + c
+        self.times.merge(other.times, self.time_unit_ms // other.time_unit_ms)
         self._bound_keys()
 
     def result(self) -> dict:
@@ -164,7 +163,7 @@ class StatsAccumulator:
             "topics": len({r["topic"] for r in rows}),
             "queues": rows,
             "sizeHistogram": {"binsLog2": list(range(SIZE_BINS)), "counts": self.size_hist.tolist()},
-            "timeline": timeline(self.seconds, self.time_unit_ms),
+            "timeline": timeline(self.times, self.time_unit_ms),
         }
 
 
@@ -186,15 +185,16 @@ def inner_messages(buf, h: Headers) -> np.ndarray | None:
     return out
 
 
-def timeline(buckets: dict[int, int], unit_ms: int, bins: int = TIMELINE_BINS) -> dict:
+def timeline(buckets: TimeCounts, unit_ms: int, bins: int = TIMELINE_BINS) -> dict:
     """Records per time bucket: ``bins`` buckets of a whole number of ``unit_ms`` from the first record."""
-    if not buckets:
+    if not len(buckets):
         return {"startMs": None, "bucketMs": unit_ms, "counts": []}
-    lo, hi = min(buckets), max(buckets)
+    keys = buckets.keys
+    lo, hi = int(keys[0]), int(keys[-1])
     width = max(1, math.ceil((hi - lo + 1) / bins))
-    counts = [0] * ((hi - lo) // width + 1)
-    for k, c in buckets.items():
-        counts[(k - lo) // width] += c
+    per_bin = np.zeros((hi - lo) // width + 1, np.int64)
+    np.add.at(per_bin, (keys - lo) // width, buckets.counts)
+    counts = per_bin.tolist()
     return {"startMs": lo * unit_ms, "bucketMs": width * unit_ms, "counts": counts}
 
 
