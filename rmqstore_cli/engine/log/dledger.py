@@ -328,7 +328,11 @@ class DLedgerCommitLog(CommitLog):
         fast.validate(buf, h, check_crc, prop_crc, u8)
         ok = h.reason == fast.R_OK
         h.reason[ok & (h.totalSize != ec.cols["bodyLength"])] = R_SIZE_MISMATCH
-        not_msg = ~np.isin(h.magicCode, np.asarray(magics, dtype=np.int32)) | (h.totalSize < MIN_MESSAGE_SIZE)
+        not_msg = h.totalSize < MIN_MESSAGE_SIZE
+        known = np.zeros(len(h), bool)
+        for magic in set(magics):  # one or two magic codes: comparisons cost less than np.isin's set-up per chunk
+            known |= h.magicCode == np.int32(magic)
+        not_msg |= ~known
         h.reason[not_msg] = R_NOT_A_MESSAGE
         return h, fast.first_invalid(h)
 
