@@ -5,6 +5,8 @@
 - the commitlog, property and JSON kernels run through both routes on every broker-written store's commitlog
   give the same records, reasons, CRC results, property spans and JSON bytes (and the extension's kernels were
   the ones called: no call fell back to numba);
+- the DLedger entry walk does the same on every data file of every broker-written DLedger store (and on copies with
+  seeded header damage), and DLedger verify prints the same through both routes;
 - whole commands (verify --json, dump --json, recover --dry-run --json) print the same through both routes on the
   broker-written stores and on a copy with seeded damage (seed printed).
 
@@ -189,3 +191,81 @@ def test_a_call_with_types_the_extension_lacks_goes_to_numba():
         results.append((walk(*args), out.astype(np.int64)))
     assert misses >= 1 and walk.calls == 3 and walk.missed == misses
     assert _same(results[0], results[1]) and _same(results[0], results[2]) and results[0][0][0] > 0
+
+
+# --- the DLedger entry walk (formats.dledgerkernel, routed through formats.aot.kernels) -------------------------------
+
+def _dledger_data_files():
+    from .conftest import STORES
+    from .test_dledger_jobs import dledger_roots
+
+    for rel in dledger_roots():
+        for f in sorted((STORES / rel).glob("dledger-*/data/*")):
+            if f.is_file():
+                yield rel, f
+
+
+def _entry_walk(k, u8, start: int, chunk: int, last_index: int = -1, last_term: int = -1) -> list:
+    """Every step of the kernel over one data file, ``chunk`` entries at a time: (its return tuple, its columns)."""
+    steps, pos = [], 0
+    while True:
+        cols = tuple(np.full(chunk, -7, np.int64) for _ in k.COLUMNS)
+        r = k.walk_entries(u8, pos, len(u8), start, last_index, last_term, chunk, cols)
+        n, pos = r[0], r[1]
+        steps.append((tuple(int(v) for v in r), tuple(c[:n].copy() for c in cols)))
+        if n:
+            last_index, last_term = int(cols[2][n - 1]), int(cols[3][n - 1])
+        if r[2] != k.K_CHUNK:
+            return steps
+
+
+@needs_extension
+def test_the_dledger_entry_walk_gives_the_same_through_both_routes(monkeypatch):
+    """On every data file of every broker-written DLedger store, whole and in chunks, from no predecessor and from
+    the real one, and on copies with seeded header damage: the extension's kernel (called, never falling back to
+    numba) gives the entries, stop kind, position and rule numba's does."""
+    from rmqstore_cli.formats import dledgerkernel
+
+    face = aot.face("dledgerkernel")
+    assert face is not None and isinstance(face.walk_entries, aot.AotKernel), "the build exports the DLedger walk"
+    assert face.COLUMNS == dledgerkernel.COLUMNS and face.K_CHUNK == dledgerkernel.K_CHUNK
+    seed = random.randrange(1 << 30)
+    print(f"damage seed {seed}")
+    rnd = random.Random(seed)
+    files = list(_dledger_data_files())
+    assert files
+    kinds = set()
+    for rel, f in files:
+        data = f.read_bytes()
+        start = int(f.name)
+        variants = [data]
+        for _ in range(3):  # a flipped bit inside the first 48 bytes of some entry's page: header damage mostly
+            b = bytearray(data)
+            if b:
+                at = rnd.randrange(len(b)) // 1024 * 1024
+                b[min(at + rnd.randrange(48), len(b) - 1)] ^= 1 << rnd.randrange(8)
+            variants.append(bytes(b))
+        for v in variants:
+            u8 = fast.kernel_view(v)
+            for chunk in (7, 1 << 16):
+                ours = _entry_walk(face, u8, start, chunk)
+                numbas = _entry_walk(dledgerkernel, u8, start, chunk)
+                assert _same(ours, numbas), (seed, rel, f.name, chunk)
+                kinds.add(ours[-1][0][2])
+                if ours[0][1][0].size:  # from the entry before the file's first, as a walk from the previous file
+                    first_index = int(ours[0][1][2][0])
+                    assert _same(_entry_walk(face, u8, start, chunk, first_index - 1, 0),
+                                 _entry_walk(dledgerkernel, u8, start, chunk, first_index - 1, 0)), (seed, f.name)
+    assert face.walk_entries.calls > 0 and face.walk_entries.missed == 0
+    assert len(kinds) >= 2  # the files end in different ways (a blank, zeros, a broken header...)
+
+
+@needs_extension
+def test_dledger_verify_prints_the_same_through_both_routes():
+    from .conftest import STORES
+
+    for rel in ("dledger-4.9.3-clean/store", "dledger-4.9.3-crash/store", "dledger-4.9.3-torn/store-torn",
+                "dledger-4.9.3-torn/store-corrupt"):
+        args = ["verify", str(STORES / rel), "--json"]
+        aot_run, numba_run = _cli(args, True), _cli(args, False)
+        assert aot_run == numba_run and "records in" in aot_run[1], (rel, aot_run[1][-500:])

@@ -278,3 +278,44 @@ def _rich_kv(obj: dict, title):
     for k, v in obj.items():
         t.add_row(Text(str(k)), Text(output._cell(v)))
     return t
+
+
+# Every process of the run (the main one and forked ones: verify -j 1 walks a DLedger log's entries in a background
+# process beside the window walk) writes its imported modules when it leaves through os._exit.
+PROBE_EVERY_PROCESS = """
+import json, os, sys
+out = sys.argv.pop(1)
+real_exit = os._exit
+def leave(code):
+    with open(f"{out}.{os.getpid()}", "w") as f:
+        f.write(json.dumps(sorted(sys.modules)))
+    real_exit(code)
+os._exit = leave
+sys.argv[0] = "rmqstore"
+from rmqstore_cli.app import run
+run()
+"""
+
+
+def test_with_the_ahead_of_time_kernels_dledger_verify_imports_no_numba(tmp_path):
+    """verify of a broker-written DLedger store (its entry walk, formats.dledgerkernel, routed through formats.aot),
+    with the extension built: no process of the run imports numba, llvmlite or the numba kernel module."""
+    from rmqstore_cli.formats import aot
+
+    from .conftest import STORES
+
+    if not aot.loaded():
+        pytest.skip("the AOT kernel extension is not built or not current (python -m rmqstore_cli.formats.aotbuild)")
+    out = tmp_path / "modules"
+    env = dict(os.environ, RMQSTORE_AOT="1")
+    p = subprocess.run([sys.executable, "-c", PROBE_EVERY_PROCESS, str(out), "verify",
+                        str(STORES / "dledger-4.9.3-clean" / "store")], capture_output=True, text=True, cwd=REPO,
+                       timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "records in" in p.stderr
+    runs = [set(json.loads(f.read_text())) for f in tmp_path.glob("modules.*")]
+    assert runs and any(AOT_EXTENSION in mods for mods in runs)  # the probe sees the run, with the extension
+    assert any("rmqstore_cli.engine.verify.dledger" in mods for mods in runs)  # ...and the DLedger checks
+    for mods in runs:
+        assert not [m for m in mods if m.split(".")[0] in ("numba", "llvmlite")]
+        assert not {"dledgerkernel", "kernel", "propkernel", "wordops", "numbastart"} & _under(mods, "rmqstore_cli.formats")

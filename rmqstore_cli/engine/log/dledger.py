@@ -177,13 +177,20 @@ class EntryWalk:
     last_term: int = -1
 
 
+def dledger_kernel():
+    """formats.dledgerkernel through formats.aot: the ahead-of-time kernel when it is built (no numba), else the
+    module (numba's)."""
+    from rmqstore_cli.formats.aot import kernels
+
+    return kernels("dledgerkernel")
+
+
 def walk_entries(segments: list, *, start_index: int = 0, start_position: int = 0, last_index: int = -1,
                  last_term: int = -1, result: EntryWalk | None = None, chunk: int = CHUNK_RECORDS,
                  end_index: int | None = None) -> Iterator[EntryChunk]:
     """The entries DLedger's recovery accepts, from file ``start_index`` (blank -> next file; any other
     stop ends the log: ``result.stop``), chunk by chunk."""
-    from rmqstore_cli.formats import dledgerkernel as k
-
+    k = dledger_kernel()
     result = result if result is not None else EntryWalk()
     result.last_index, result.last_term = last_index, last_term
     if not segments:
@@ -194,7 +201,7 @@ def walk_entries(segments: list, *, start_index: int = 0, start_position: int = 
     while i < end_index:
         seg = segments[i]
         buf = seg.buffer()
-        u8 = fast.kernel_view(buf) if seg.size else np.zeros(0, np.uint8)
+        u8 = fast.kernel_view(buf if seg.size else b"")
         while True:
             cols = tuple(np.empty(chunk, np.int64) for _ in k.COLUMNS)
             n, pos, kind, size, magic, rule = k.walk_entries(u8, int(pos), int(seg.size), int(seg.start),
@@ -321,7 +328,11 @@ class DLedgerCommitLog(CommitLog):
         fast.validate(buf, h, check_crc, prop_crc, u8)
         ok = h.reason == fast.R_OK
         h.reason[ok & (h.totalSize != ec.cols["bodyLength"])] = R_SIZE_MISMATCH
-        not_msg = ~np.isin(h.magicCode, np.asarray(magics, dtype=np.int32)) | (h.totalSize < MIN_MESSAGE_SIZE)
+        not_msg = h.totalSize < MIN_MESSAGE_SIZE
+        known = np.zeros(len(h), bool)
+        for magic in set(magics):  # one or two magic codes: comparisons cost less than np.isin's set-up per chunk
+            known |= h.magicCode == np.int32(magic)
+        not_msg |= ~known
         h.reason[not_msg] = R_NOT_A_MESSAGE
         return h, fast.first_invalid(h)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from rmqstore_cli.formats import fast
 
-from .dledger import EntryWalk, walk_entries
+from .dledger import EntryWalk, dledger_kernel, walk_entries
 
 START = (0, 0, -1, -1)  # (file, position, last index, last term) of a walk from the start of the log
 
@@ -102,9 +102,8 @@ def _add(totals: EntryWalk, walk: EntryWalk) -> None:
 
 def first_verdict(seg, last_index: int, last_term: int) -> tuple:
     """The kernel's verdict on the first entry of ``seg`` after the entry (``last_index``, ``last_term``)."""
-    from rmqstore_cli.formats import dledgerkernel as k
-
-    u8 = fast.kernel_view(seg.buffer()) if seg.size else np.zeros(0, np.uint8)
+    k = dledger_kernel()
+    u8 = fast.kernel_view(seg.buffer() if seg.size else b"")
     cols = tuple(np.empty(1, np.int64) for _ in k.COLUMNS)
     return tuple(int(v) for v in k.walk_entries(u8, 0, int(seg.size), int(seg.start), int(last_index), int(last_term),
                                                 1, cols))
