@@ -307,7 +307,9 @@ class IndexWindows:
                     out.append([a, b])
         return out
 
-    def window(self, w: int, windows: Windows, recs: _Records) -> None:
+    def window(self, w: int, windows: Windows, recs: _Records, held: np.ndarray | None = None) -> None:
+        """The entries pointing into window ``w`` against its records ``recs``; ``held`` (one per record), if given,
+        gets one added per entry found at the record (:class:`.indexcoverage.IndexCoverage` reads it)."""
         f, h, agg, epos = self.f, self.h, self.agg, self.epos
         if not self.reach:
             return
@@ -317,7 +319,7 @@ class IndexWindows:
         ts = recs.c["storeTimestamp"]
         for a, b in self._ranges(w, windows):
             (nf, nf_phy), (fl, fr, fkh, fphy, fdiff), first, last = entrykernel.index_range(raw, a, b, *windows.bounds(w), recs,
-                                                                                        h.beginTimestamp)
+                                                                                        h.beginTimestamp, held)
             _drop_pages(buf, base + a * INDEX_ENTRY_SIZE, (b - a) * INDEX_ENTRY_SIZE)
             self.deferred.add(nf, nf_phy)
             if first is None:
