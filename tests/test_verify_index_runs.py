@@ -15,7 +15,7 @@ import pytest
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.verify import commitlog as verify_commitlog
 from rmqstore_cli.engine.verify import windows as verify_windows
-from rmqstore_cli.engine.verify.pipeline import _verify_whole_log, verify_store
+from rmqstore_cli.engine.verify.pipeline import _verify_whole_log, verify_store, verify_store_jobs
 from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 from tests.conftest import copy_store
 
@@ -66,14 +66,17 @@ def _damage(root, rng: random.Random, keep_order: bool) -> bool:
 
 
 def _findings_both_ways(root) -> tuple[list, bool]:
-    """(findings, whether every complete index file is in commitlog order), asserting the windowed verify equals
-    the whole-log one."""
+    """(findings, whether every complete index file is in commitlog order), asserting the windowed verify (in this
+    process and with ``-j 2``) equals the whole-log one."""
     with Store.open(str(root)) as st:
         windowed = verify_store(st)
     with Store.open(str(root)) as st:
         whole = _verify_whole_log(st)
+    with Store.open(str(root)) as st:
+        two = verify_store_jobs(st, 2)  # the window checks in two worker processes
     got, want = [f.as_json() for f in windowed.findings], [f.as_json() for f in whole.findings]
     assert got == want
+    assert [f.as_json() for f in two.findings] == want
     assert windowed.summary == whole.summary
     with Store.open(str(root)) as st:
         ordered = all(verify_windows.IndexWindows(f, verify_windows.Windows(st.commitlog)).out_of_order is None
