@@ -159,14 +159,16 @@ def index_entries(u8, a: int, b: int, slots: int, starts, last, prev_phy: int | 
     return out
 
 
-def _index_range(u8, a, b, ws, we, rphy, rsys, rts, keys, key_start, key_count, begin_ts, nf_pos, nf_phy, fl_pos, fl_rec,
-                 fl_kh, fl_phy, fl_diff, state):
+def _index_range(u8, a, b, ws, we, rphy, rsys, rts, keys, key_start, key_count, begin_ts, held, nf_pos, nf_phy, fl_pos,
+                 fl_rec, fl_kh, fl_phy, fl_diff, state):
     """Index entries ``a .. b-1`` (read from ``u8``, the entry table's bytes from entry 0) pointing into
     ``[ws, we]`` (inclusive). ``state`` = [not found, flagged, last found entry (-1), first found entry, its
     record, last found entry's record]. An entry is flagged when it points at a rollback record, at a record
     without a key of its hash, or (``begin_ts`` > 0, from entry 2) when its timeDiff is not the record's store
     time - ``begin_ts`` in whole seconds (clamped to int32; offsets of 2**53 ms or more are flagged for the exact
-    rule). Entries with a negative key hash are not checked against their record (reported before the walk)."""
+    rule). Entries with a negative key hash are not checked against their record (reported before the walk).
+    ``held`` (one per record, or empty): each found entry adds one to its record's (the index coverage's count)."""
+    count_held = len(held) > 0
     nnf = 0
     nfl = 0
     hint = 0
@@ -186,6 +188,8 @@ def _index_range(u8, a, b, ws, we, rphy, rsys, rts, keys, key_start, key_count, 
             nnf += 1
             continue
         hint = r
+        if count_held:
+            held[r] += 1
         if first < 0:
             first = e
             first_rec = r
@@ -230,19 +234,22 @@ def _index_range(u8, a, b, ws, we, rphy, rsys, rts, keys, key_start, key_count, 
     state[5] = last_rec
 
 
+_NO_HELD = np.zeros(0, np.int32)  # no counting
 RANGE_CHUNK = 1 << 15  # entries per call of the range pass: its scratch columns stay ~2 MB whatever the range's length
 
 
-def index_range(u8, a: int, b: int, ws: int, we: int, recs, begin_ts: int) -> tuple:
+def index_range(u8, a: int, b: int, ws: int, we: int, recs, begin_ts: int, held: np.ndarray | None = None) -> tuple:
     """Entries ``a .. b-1`` against the window ``[ws, we)`` of records ``recs``: ((entries that found no record,
     their offsets), (flagged entries, their records, keyHash, phyOffset, timeDiff), (first found entry, its
-    record) or None, (last found entry, its record) or None). The range (a window's entries: hundreds of
+    record) or None, (last found entry, its record) or None). ``held`` (int32, one per record of ``recs``), if
+    given, gets one added per entry that found the record. The range (a window's entries: hundreds of
     thousands) is passed in chunks of :data:`RANGE_CHUNK` entries, so the scratch columns, which must hold every
     entry of a call in the worst case, do not grow with it."""
     n = min(max(b - a, 0), RANGE_CHUNK)
     scratch = tuple(np.empty(n, np.int64) for _ in range(7))
     state = np.zeros(6, np.int64)
     c = recs.c
+    held = _NO_HELD if held is None else held
     kernel = _compiled("_index_range")
     not_found: list = []
     flagged: list = []
@@ -250,7 +257,7 @@ def index_range(u8, a: int, b: int, ws: int, we: int, recs, begin_ts: int) -> tu
     for lo in range(a, b, RANGE_CHUNK):
         hi = min(lo + RANGE_CHUNK, b)
         kernel(u8, np.int64(lo), np.int64(hi), np.int64(ws), _last_offset(we), recs.phy, c["sysFlag"], c["storeTimestamp"],
-               recs.keys, recs.key_start, c["keyCount"], np.int64(begin_ts), *scratch, state)
+               recs.keys, recs.key_start, c["keyCount"], np.int64(begin_ts), held, *scratch, state)
         nnf, nfl = int(state[0]), int(state[1])
         if nnf:
             not_found.append(tuple(v[:nnf].copy() for v in scratch[:2]))
@@ -280,4 +287,4 @@ def warm_up() -> None:
         u8 = np.zeros(60, np.uint8)
         u8.flags.writeable = writable
         index_entries(u8, 1, 3, 4, z, np.zeros(4, np.int32), None)
-        index_range(u8, 1, 3, 0, 1, recs, 0)
+        index_range(u8, 1, 3, 0, 1, recs, 0)  # held: int32, empty or one per record (one signature)

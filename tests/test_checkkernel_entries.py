@@ -162,7 +162,13 @@ def test_index_range_matches_a_plain_walk(chunk, monkeypatch):
                 bad = diff != min(int(d / 1000) if d >= 0 else 0, 2**31 - 1)
             if bad:
                 flagged.append((e, r, kh, phy, diff))
-        (got_nf, got_nf_phy), fl, first, last = entrykernel.index_range(u8, a, b, ws, we, recs, begin)
+        held = np.full(len(phys), 3, np.int32) if case % 2 else None  # counted onto what is there
+        (got_nf, got_nf_phy), fl, first, last = entrykernel.index_range(u8, a, b, ws, we, recs, begin, held)
+        if held is not None:
+            want_held = [3] * len(phys)
+            for _, r in found:
+                want_held[r] += 1
+            assert held.tolist() == want_held, case
         assert list(zip(got_nf.tolist(), got_nf_phy.tolist())) == nf, case
         assert list(zip(*(v.tolist() for v in fl))) == flagged, case
         assert (first, last) == ((found[0], found[-1]) if found else (None, None)), case

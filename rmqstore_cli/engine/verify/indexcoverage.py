@@ -11,10 +11,12 @@ put them) and is indexed again, whole, at the next start; records after it are w
 re-dispatches (the other checks report an index behind the log as they always have). With an ``abort``
 file, "the last file" is the last one the broker's abnormal start keeps (it deletes the newer ones).
 
-Cheap by construction: entries follow the commitlog (IDX_ORDER otherwise), so the entries of one
-index file that point into a window are one run, found by two binary searches in the file; a window
-whose run lengths add up to its records' key counts is complete. Only a window whose totals differ
-(a shortfall, or extra entries: a record indexed twice at a restart) is counted record by record.
+Cheap by construction: the window's entry pass (:class:`.windows.IndexWindows`), which finds each entry's
+record anyway, counts the entries each record holds; here they are compared with its keys. Counting record
+by record (not comparing a window's totals) is what makes the answer independent of the window size: an
+entry moved to another record, or to no record, leaves the totals as they were. Without the window pass (the
+whole-log formulation) the entries of one index file that point into the range are one run (entries follow
+the commitlog; IDX_ORDER otherwise), found by two binary searches in the file, and counted here.
 """
 
 from __future__ import annotations
@@ -71,8 +73,9 @@ class IndexCoverage:
             last = kept[-1]
         self.end = last.header().endPhyOffset
 
-    def window(self, recs: _Records, ws: int, we: int) -> None:
-        """The records of ``recs`` in ``[ws, we)`` (a window's, or the whole log's)."""
+    def window(self, recs: _Records, ws: int, we: int, held: np.ndarray | None = None) -> None:
+        """The records of ``recs`` in ``[ws, we)`` (a window's, or the whole log's). ``held``: the entries of the
+        index files each record of ``recs`` holds, as the window's entry pass counted them (None: counted here)."""
         lo, hi = max(ws, self.begin), min(we, self.end)
         if not self.files or lo >= hi or not len(recs):
             return
@@ -82,28 +85,23 @@ class IndexCoverage:
             return
         kc = recs.c["keyCount"][a:b]
         indexed = (recs.c["sysFlag"][a:b] & SYSFLAG_TRANSACTION_MASK) != TRANSACTION_ROLLBACK
-        want = int(kc.sum(dtype=np.int64)) if indexed.all() else int(kc[indexed].sum(dtype=np.int64))
-        runs = []
-        got = 0
-        for col, count, first, last, _ in self.files:
-            if last < lo or first >= hi:
-                continue
-            e0 = bisect_left(col, lo, 1, count)
-            e1 = bisect_left(col, hi, e0, count)
-            if e1 > e0:
-                runs.append(col[e0:e1])
-                got += e1 - e0
-        if got == want:
-            return
-        # Record by record: which records hold fewer entries than keys.
-        held = np.zeros(b - a, np.int64)
         mine = phy[a:b]
-        for run in runs:
-            p = run.astype(np.int64)
-            k = np.searchsorted(mine, p)
-            ok = k < len(mine)
-            ok[ok] = mine[k[ok]] == p[ok]
-            held += np.bincount(k[ok], minlength=b - a)
+        if held is not None:
+            held = held[a:b]
+        else:  # record by record from the files' runs (a sum of run lengths equal to the keys' could hide a
+            # shortfall: an entry moved to another record, or to no record, counts in the run all the same)
+            held = np.zeros(b - a, np.int64)
+            for col, count, first, last, _ in self.files:
+                if last < lo or first >= hi:
+                    continue
+                e0 = bisect_left(col, lo, 1, count)
+                e1 = bisect_left(col, hi, e0, count)
+                if e1 > e0:
+                    p = col[e0:e1].astype(np.int64)
+                    k = np.searchsorted(mine, p)
+                    ok = k < len(mine)
+                    ok[ok] = mine[k[ok]] == p[ok]
+                    held += np.bincount(k[ok], minlength=b - a)
         short = np.flatnonzero(indexed & (held < kc))
         if not len(short):
             return

@@ -166,9 +166,11 @@ class WindowChecks:
                 found_end = end if found_end is None else max(found_end, end)
         self.dispatch.window(recs, marks, found_end, w)
         self.lmq.window(recs)
+        # the index entries each record holds, counted by the entry pass (what the coverage check compares)
+        held = np.zeros(len(recs), np.int32) if self.index_coverage.files else None
         for ix in self.index_files:
-            ix.window(w, self.windows, recs)
-        self.index_coverage.window(recs, *self.windows.bounds(w))
+            ix.window(w, self.windows, recs, held)
+        self.index_coverage.window(recs, *self.windows.bounds(w), held)
 
     def _checkers(self):
         yield from ((("q", k), q) for k, q in enumerate(self.queues))

@@ -18,9 +18,12 @@ run once per file before the walk. Findings, counts and messages equal the whole
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+
 import numpy as np
 
 from rmqstore_cli.formats import checkkernel, entrykernel
+from rmqstore_cli.formats.checkkernel import _last_offset
 from rmqstore_cli.formats.extaddr import MAX_ADDR
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
@@ -283,8 +286,18 @@ class IndexWindows:
     def epos(self, e: int) -> int:
         return INDEX_HEADER_SIZE + self.f.slots * INDEX_SLOT_SIZE + int(e) * INDEX_ENTRY_SIZE
 
-    def _ranges(self, w: int) -> list:
-        """The runs of consecutive entry blocks whose entries point into window ``w``, as (first entry, end)."""
+    def _ranges(self, w: int, windows: Windows) -> list:
+        """The runs of entries that may point into window ``w``, as (first entry, end). Entries in commitlog order
+        (no IDX_ORDER: the normal case) are one run, found by two binary searches in the file's offsets: each entry
+        is then read once by the window passes, not once per window its block reaches. Otherwise, the runs of
+        consecutive entry blocks whose entries point into the window (the range pass skips the others)."""
+        if self.out_of_order is None:
+            col = self.f.entry_table(self.count)["phyOffset"]
+            ws, we = windows.bounds(w)
+            n = len(col)
+            a = bisect_left(col, ws, 1, n)
+            b = bisect_right(col, int(_last_offset(we)), a, n)
+            return [[a, b]] if b > a else []
         out: list = []
         for a, b, lo, hi in self.reach:
             if lo <= w <= hi:
@@ -294,7 +307,9 @@ class IndexWindows:
                     out.append([a, b])
         return out
 
-    def window(self, w: int, windows: Windows, recs: _Records) -> None:
+    def window(self, w: int, windows: Windows, recs: _Records, held: np.ndarray | None = None) -> None:
+        """The entries pointing into window ``w`` against its records ``recs``; ``held`` (one per record), if given,
+        gets one added per entry found at the record (:class:`.indexcoverage.IndexCoverage` reads it)."""
         f, h, agg, epos = self.f, self.h, self.agg, self.epos
         if not self.reach:
             return
@@ -302,9 +317,9 @@ class IndexWindows:
         buf = f.segment.buffer()
         base = INDEX_HEADER_SIZE + f.slots * INDEX_SLOT_SIZE
         ts = recs.c["storeTimestamp"]
-        for a, b in self._ranges(w):
+        for a, b in self._ranges(w, windows):
             (nf, nf_phy), (fl, fr, fkh, fphy, fdiff), first, last = entrykernel.index_range(raw, a, b, *windows.bounds(w), recs,
-                                                                                        h.beginTimestamp)
+                                                                                        h.beginTimestamp, held)
             _drop_pages(buf, base + a * INDEX_ENTRY_SIZE, (b - a) * INDEX_ENTRY_SIZE)
             self.deferred.add(nf, nf_phy)
             if first is None:
