@@ -248,3 +248,33 @@ def test_recover_rebuilds_an_index_file_that_lacks_an_entry(store_copy, name, jo
     with Store.open(str(root)) as st:
         res = verify_store(st)
     assert res.exit_code == 0 and not res.findings, res.findings
+
+
+def test_recover_indexes_what_the_crash_start_leaves_out(store_copy):
+    """An abnormal start deletes the index files newer than indexMsgTimestamp but indexes again only what its walk
+    re-dispatches (from the checkpoint's file): the records between the last kept file's end and the walk would be
+    in no index file. recover indexes them again from the kept files' end; the store verifies clean after it."""
+    import os
+    import struct as st_
+
+    root = store_copy("5.3.3-v2topic", "crash-index")
+    with Store.open(str(root)) as st:
+        files = [f for f in st.index.files if f.complete]
+        last = files[-1].header()
+        walk_from = st.commitlog.segments.segments[-1].start
+    assert len(files) > 1 and last.beginPhyOffset < walk_from  # the deleted file reaches back before the walk
+    open(root / "abort", "wb").close()
+    with open(root / "checkpoint", "r+b") as f:
+        # physic/logics past every record (the walk starts at the last file); indexMsgTimestamp just before the last
+        # index file's end (the crash start deletes it)
+        f.write(st_.pack(">qqq", last.endTimestamp + 60_000, last.endTimestamp + 60_000, last.endTimestamp - 1))
+    code, out = _cli("recover", str(root), "--backup-dir", f"{root}.bak", "--json")
+    plan = next(o for o in json_lines(out) if o.get("type") == "recover-plan")
+    assert plan["indexDeleted"] == [os.path.basename(files[-1].path)]
+    assert plan["commitlog"]["startOffset"] == walk_from, plan["commitlog"]  # the broker re-dispatches from there
+    assert plan["dispatch"]["from"] <= last.beginPhyOffset, plan["dispatch"]  # ours indexes again from the kept end
+    verify = next(o for o in json_lines(out) if o.get("type") == "verify")
+    assert code == 0 and not verify["findings"], verify
+    with Store.open(str(root)) as st:
+        res = verify_store(st)
+    assert res.exit_code == 0 and not res.findings, res.findings

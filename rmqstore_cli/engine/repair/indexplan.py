@@ -79,6 +79,16 @@ def index_after_crash(planner, cp) -> None:
             planner.plan.index_deleted.append(f.name)
         else:
             keep.append(f)
+    if len(keep) < len(planner.index_files) and not planner.broker_only:
+        # The broker indexes again only the records its walk re-dispatches; the records between the last kept
+        # file's end and the walk's start would be in no index file (verify: IDX_MISSING). Ours re-dispatch from
+        # the kept files' end at least (Planner._dispatch), where the broker's own rule takes over: the record at
+        # that end is indexed again whole, as when its walk starts before it.
+        planner.plan.notes.append(f"abnormal start: {len(planner.index_files) - len(keep)} index file(s) deleted; the "
+                                  "broker indexes again only what its walk re-dispatches, so records after the last "
+                                  "kept index file and before the walk would be in no index file: we re-dispatch from "
+                                  "the end of the kept files at least")
+        planner.index_crash_deleted = True
     planner.index_files = keep
 
 

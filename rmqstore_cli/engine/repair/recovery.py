@@ -393,6 +393,8 @@ class Planner:
         ours = min([broker_from] + list(missing.values()) + batch_dispatch_starts(self, broker_from))
         if self.index_rebuild_from is not None:
             ours = min(ours, self.index_rebuild_from)
+        if getattr(self, "index_crash_deleted", False):  # indexplan.index_after_crash: from the kept files' end
+            ours = min(ours, self.index_files[-1].header().endPhyOffset if self.index_files else 0)
         for (t, q), p in missing.items():
             if not self.verdicts[(t, q)][0].lies:
                 plan.notes.append(f"queue {t}/{q} lacks units from commitlog offset {p} on; the broker would never "
