@@ -311,10 +311,11 @@ def test_cli_json_results_and_error(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_bytes(data)
     r = runner.invoke(cli, ["append", str(tmp_path / "cli"), "--from", str(src), "--json", "--broker-version", "5",
-                            "--cq-file-size", "6000", "--index-slots", "64", "--index-entries", "256"])
+                            "--cq-file-size", "6000", "--index-slots", "64", "--index-entries", "256",
+                            "--commitlog-file-size", str(4 << 20)])
     assert r.exit_code == 0, r.output
     got = [json.loads(line) for line in r.stdout.splitlines()]
-    cfg = small(5)
+    cfg = small(5, mappedFileSizeCommitLog=4 << 20)  # not the default 1 GiB segment (reserved on disk)
     app = Appender(str(tmp_path / "plain"), cfg)
     try:
         want = [res.as_json() for results in DumpReplay(app, MessageBuilder(cfg), batch=False).feed_stream(
@@ -346,7 +347,7 @@ def test_input_read_in_blocks(tmp_path):
             return super().readinto(b)
 
     data = _lines(1, 50)
-    cfg = small(5)
+    cfg = small(5, mappedFileSizeCommitLog=256 << 10)  # not the default 1 GiB segment (reserved on disk)
     app = Appender(str(tmp_path / "s"), cfg)
     try:
         for _ in DumpReplay(app, MessageBuilder(cfg)).feed_stream(Stream(data)):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 
 import pytest
 
@@ -67,7 +68,7 @@ def test_stopping_early_leaves_no_reader_waiting(tmp_path, monkeypatch, threads)
     monkeypatch.setattr(replay_mod, "BLOCK_BYTES", 2000)  # many blocks
     monkeypatch.setattr(replay_mod, "parse_threads", lambda: threads)
     for stop_after in (1, 2, 3, 5, 8):
-        cfg = small(5)
+        cfg = small(5, mappedFileSizeCommitLog=256 << 10)  # the default 1 GiB segment is reserved on disk (fallocate)
         app = Appender(str(tmp_path / f"s{stop_after}"), cfg)
         done = []
 
@@ -84,6 +85,7 @@ def test_stopping_early_leaves_no_reader_waiting(tmp_path, monkeypatch, threads)
         t.start()
         t.join(120)
         assert done, f"the replay did not close after {stop_after} results"
+        shutil.rmtree(tmp_path / f"s{stop_after}", ignore_errors=True)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
