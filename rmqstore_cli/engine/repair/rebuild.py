@@ -17,6 +17,7 @@ import numpy as np
 from rmqstore_cli.formats.records import BCQ_UNIT_SIZE, CQ_UNIT_SIZE
 
 from .backup import Backup, fsync_path
+from ..log.writeback import _sync_file_range  # libc's, or None (one lookup for append and rebuild)
 from ..errors import UsageError
 from ..derived.batchcq import BCQ_DIR
 from ..derived.indexwriter import store_time_namer
@@ -349,19 +350,6 @@ class _Writeback:
         for fd, start, end in self.d.written_ranges():
             if end > start:
                 self.call(fd, start, end - start, self._START_WRITE)  # a failure only leaves it to the final flush
-
-
-def _sync_file_range():
-    """libc's sync_file_range(int, off64_t, off64_t, unsigned), or None."""
-    try:
-        import ctypes
-
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-    fn.restype = ctypes.c_int
-    return fn
 
 
 class _SegmentEnd:
