@@ -87,14 +87,7 @@ def map_large_allocations() -> None:
     if _mapped_allocations:
         return
     _mapped_allocations = True
-    try:
-        import ctypes
-        import ctypes.util
-
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, 256 << 10)
-    except (OSError, AttributeError, TypeError):
-        pass
+    _mallopt((_M_MMAP_THRESHOLD, 256 << 10))
 
 
 _M_TRIM_THRESHOLD = -1  # glibc mallopt parameters
@@ -116,13 +109,18 @@ def keep_freed_heap() -> None:
     if _heap_kept:
         return
     _heap_kept = True
+    _mallopt((_M_TRIM_THRESHOLD, HEAP_KEPT), (_M_TOP_PAD, HEAP_PAD))
+
+
+def _mallopt(*settings: tuple[int, int]) -> None:
+    """glibc's mallopt(param, value) for each setting; nothing where libc has no mallopt."""
     try:
         import ctypes
         import ctypes.util
 
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(_M_TRIM_THRESHOLD, HEAP_KEPT)
-        libc.mallopt(_M_TOP_PAD, HEAP_PAD)
+        for param, value in settings:
+            libc.mallopt(param, value)
     except (OSError, AttributeError, TypeError):
         pass
 
