@@ -467,6 +467,36 @@ def test_spark_verify_equals_verify_on_fuzz_cases(spark, tmp_path):
             jobs.verify(spark, [root])
 
 
+def test_spark_verify_finds_a_removed_index_entry(spark, store_copy):
+    """IDX_MISSING in the distributed job: an entry removed cleanly (nothing else notices) from a 4.9.3 store, and
+    from a kept file of a store left with an abort file (one also removed from a file the next start deletes,
+    which is no loss), found as `verify` finds them, in one job."""
+    import struct
+
+    from rmqstore_cli.engine.store import Store
+    from rmqstore_cli.engine.verify.pipeline import verify_store
+    from rmqstore_cli.spark import jobs
+
+    from .test_verify_index_coverage import _HEADER, _drop_entry, _dropped, _geometry
+
+    clean, phy = _dropped(store_copy, which=3)
+    crash = store_copy("4.9.3-crash", "crash-dropped")
+    index_ts = struct.unpack_from(">q", open(crash / "checkpoint", "rb").read(24), 16)[0]
+    files = _geometry(crash)
+    ends = [_HEADER.unpack_from(open(p, "rb").read(_HEADER.size), 0)[1] for p, _, _ in files]
+    for k in (max(k for k, t in enumerate(ends) if t > index_ts), 1):  # a doomed file's entry, then a kept one's
+        path, slots, entries = files[k]
+        count = _HEADER.unpack_from(open(path, "rb").read(_HEADER.size), 0)[5]
+        crash_phy = _drop_entry(path, slots, entries, count // 2)
+    res = jobs.verify(spark, [str(clean), str(crash)], split=1 << 20)
+    for root, want_phy in ((clean, phy), (crash, crash_phy)):
+        with Store.open(str(root)) as st:
+            single = verify_store(st)
+        assert _finding_keys_spark(res["findings"], str(root)) == _finding_keys_engine(single.findings), root
+        found = [r for r in res["findings"] if r["store"] == str(root) and r["code"] == "IDX_MISSING"]
+        assert len(found) == 1 and found[0]["phyOffset"] == want_phy, found
+
+
 def test_spark_verify_uses_the_given_geometry(spark):
     """Geometry overrides reach every source and task: a wrong consume-queue file size gives `verify`'s findings."""
     from rmqstore_cli.engine.store import Store

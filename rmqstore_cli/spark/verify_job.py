@@ -11,6 +11,8 @@
    by (store, index file), through the engine's ``check_index_file``.
    The consume-queue join is a full outer join: its rows without a unit are the records no queue
    holds, which is the dispatch check's input.
+   Index coverage (IDX_MISSING): entries counted per (store, phyOffset) ⋈ the records below the index's
+   end, per record; the range and whether the files' entries keep commitlog order come from the engine.
 4. Dispatch completeness: those records aggregated per store and queue, split at the high-water
    mark the queue checks report (furthest unit; end of the furthest record a unit points at).
 
@@ -27,7 +29,8 @@ import time
 
 import numpy as np
 
-GROUP_RESULT_DDL = "store string, key string, n bigint, lost bigint, findings binary, foundEnd bigint, maxPhy bigint"
+GROUP_RESULT_DDL = ("store string, key string, n bigint, lost bigint, findings binary, foundEnd bigint, maxPhy bigint, "
+                    "unordered boolean")
 
 
 def _reader(spark, fmt: str, roots: list[str], options: dict):
@@ -111,6 +114,7 @@ def _group_fn(kind: str, ctx: dict, config_file, overrides):
         try:
             recs = mini_records(st, table, c["invalid"])
             refs = mini_refs(recs, st.commitlog, c)
+            unordered = None
             if kind == "queue":
                 topic, qid = table.column("topic")[0].as_py(), table.column("queueId")[0].as_py()
                 findings, n, _ = check_queue(st, topic, qid, recs, refs)
@@ -122,13 +126,14 @@ def _group_fn(kind: str, ctx: dict, config_file, overrides):
                              if found.num_rows else None)
             else:
                 i = table.column("file")[0].as_py()
-                findings, n = check_index_file(st, st.index.files[i], recs, refs)
+                findings, n, unordered = check_index_file(st, st.index.files[i], recs, refs)
                 key, max_phy, found_end = str(i), None, None
         finally:
             st.close()
         return pa.table({"store": [root], "key": [key], "n": pa.array([n], pa.int64()),
                          "lost": pa.array([refs.lost_refs], pa.int64()), "findings": [pickle.dumps(findings)],
-                         "foundEnd": pa.array([found_end], pa.int64()), "maxPhy": pa.array([max_phy], pa.int64())})
+                         "foundEnd": pa.array([found_end], pa.int64()), "maxPhy": pa.array([max_phy], pa.int64()),
+                         "unordered": pa.array([unordered], pa.bool_())})
 
     return run
 
@@ -268,6 +273,7 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
                   .groupBy("store", "file")
                   .applyInArrow(_group_fn("index", ctx, config_file, overrides), GROUP_RESULT_DDL).collect())
         _add_group_results(state, i_rows, "files", "entries")
+        _index_coverage(stores, state, i_rows, records, entries)
         joined.unpersist()
         verified.unpersist()
 
@@ -300,6 +306,45 @@ def verify(spark, roots: list[str], *, check_crc: bool = True, out: str | None =
     return {"stores": [r.summary for r in results], "findings": rows, "exitCode": exit_code, "segments": n_segments,
             "tasks": n_tasks, "crossCheckTasks": tasks, "seconds": round(time.monotonic() - t0, 3),
             "out": os.path.abspath(out) if out else None}
+
+
+def _index_coverage(stores: list, state: dict, i_rows, records, entries) -> None:
+    """IDX_MISSING: the records below each store's index end holding fewer entries than keys, counted by joining
+    the entries (of every index file: a record's keys may span two) to the records, per record; only each store's
+    count and first record reach the driver. The range and the files' order are the engine's
+    (:class:`~rmqstore_cli.engine.verify.indexcoverage.IndexCoverage`), from the per-file tasks' results."""
+    from pyspark.sql import functions as F
+
+    from rmqstore_cli.engine.verify.indexcoverage import FileEntries, IndexCoverage
+    from rmqstore_cli.formats.records import SYSFLAG_TRANSACTION_MASK, TRANSACTION_ROLLBACK
+
+    unordered = {(r["store"], int(r["key"])) for r in i_rows if r["unordered"]}
+    coverage = {}
+    for st in stores:
+        files = [FileEntries(f, (st.root, i) in unordered) for i, f in enumerate(st.index.files) if f.complete]
+        c = IndexCoverage(st, files)
+        if c.files:
+            coverage[st.root] = c
+    if not coverage:
+        return
+    bound = lambda pick: F.create_map(*[x for root, c in coverage.items() for x in (F.lit(root), F.lit(pick(c)))])  # noqa: E731
+    begin, end = bound(lambda c: c.begin), bound(lambda c: c.end)
+    held = entries.groupBy("store", "phyOffset").agg(F.count("*").alias("held"))
+    wanted = (records.where(F.col("store").isin(list(coverage)))
+              .where((F.col("phyOffset") >= begin[F.col("store")]) & (F.col("phyOffset") < end[F.col("store")]))
+              .where(F.col("sysFlag").bitwiseAND(SYSFLAG_TRANSACTION_MASK) != TRANSACTION_ROLLBACK)
+              .select("store", "phyOffset", "recTopic", F.size("keyHashes").alias("want"))
+              .where(F.col("want") > 0))
+    short = (wanted.join(held, ["store", "phyOffset"], "left")
+             .withColumn("held", F.coalesce(F.col("held"), F.lit(0)))
+             .where(F.col("held") < F.col("want")))
+    for r in (short.groupBy("store")
+              .agg(F.count("*").alias("n"), F.sum(F.col("want") - F.col("held")).alias("missing"),
+                   F.min(F.struct("phyOffset", "held", "want", "recTopic")).alias("first")).collect()):
+        f = r["first"]
+        coverage[r["store"]].merge_counted(r["n"], r["missing"], f["phyOffset"], f["held"], f["want"], f["recTopic"])
+    for root, c in coverage.items():
+        c.finish(state[root]["findings"])
 
 
 def _add_group_results(state: dict, rows, groups: str, refs: str) -> None:

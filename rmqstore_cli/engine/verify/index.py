@@ -15,13 +15,15 @@ from ..log.mappedfile import drop_pages as _drop_pages
 from .records import ERROR, INFO, WARNING, _Agg, _Records, _RefClassifier
 
 
-def check_index_file(store, f, recs: _Records, refs: _RefClassifier) -> tuple[list, int]:
-    """The checks of ONE index file (``f`` from ``store.index.files``): (findings, entries).
-    Independent of the other files, so a distributed verify can run one task per file."""
+def check_index_file(store, f, recs: _Records, refs: _RefClassifier) -> tuple[list, int, bool]:
+    """The checks of ONE index file (``f`` from ``store.index.files``): (findings, entries, whether its entries
+    leave the commitlog order: the index coverage check is skipped then). Independent of the other files, so a
+    distributed verify can run one task per file."""
     findings: list = []
-    summary: dict = {}
-    _check_index(store, recs, refs, findings, summary, files=[f])
-    return findings, summary["index"]["entries"]
+    if not f.complete:
+        return findings, 0, False
+    n, out_of_order = _check_index_file(f, recs, refs, findings)
+    return findings, n, out_of_order is not None
 
 
 def _check_index(store, recs: _Records, refs: _RefClassifier, findings: list, summary: dict,
@@ -32,7 +34,7 @@ def _check_index(store, recs: _Records, refs: _RefClassifier, findings: list, su
     n_entries = 0
     for f in svc.files if files is None else files:
         if f.complete:
-            n_entries += _check_index_file(f, recs, refs, findings)
+            n_entries += _check_index_file(f, recs, refs, findings)[0]
     summary["index"] = {"files": len(svc.files), "entries": n_entries}
 
 
@@ -52,8 +54,9 @@ class _EntryScan:
         self.last_ts: int | None = None  # same for the last entry
 
 
-def _check_index_file(f, recs: _Records, refs: _RefClassifier, findings: list) -> int:
-    """The checks of one complete index file, reading its entries in blocks; returns its entry count."""
+def _check_index_file(f, recs: _Records, refs: _RefClassifier, findings: list) -> tuple[int, tuple | None]:
+    """The checks of one complete index file, reading its entries in blocks; returns its entry count and the
+    first place its entries leave the commitlog order (None: they follow it)."""
     agg = _Agg()
     h = f.header()
     count = h.indexCount if h.indexCount > 0 else 1
@@ -68,7 +71,7 @@ def _check_index_file(f, recs: _Records, refs: _RefClassifier, findings: list) -
                 f"{last_live} is written: the broker does not see entries past the count")
     if count <= 1:
         findings += agg.findings()
-        return 0
+        return 0, None
     table = f.entry_table(count)
     buf = f.segment.buffer()
     scan = _EntryScan(f.slots)
@@ -89,7 +92,7 @@ def _check_index_file(f, recs: _Records, refs: _RefClassifier, findings: list) -
     check_slot_table(agg, f, h, buf, scan.last, scan.first_phy, scan.last_phy)
     check_header_times(agg, f, h, epos, scan.first_ts, scan.last_ts, scan.out_of_order)
     findings += agg.findings()
-    return count - 1
+    return count - 1, scan.out_of_order
 
 
 def _check_entry_block(f, h, a: int, kh, phy, diff, prev, final: bool, scan: _EntryScan, recs: _Records,

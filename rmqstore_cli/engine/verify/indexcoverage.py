@@ -47,7 +47,7 @@ class IndexCoverage:
         if not store.config.messageIndexEnable or not files or any(not f.complete for f in files):
             return  # no index kept, or a file whose entries the entry checks could not read (reported there)
         if index_files is None:  # the whole-log formulation: no window checks were built
-            index_files = [_FileEntries(f) for f in files]
+            index_files = [FileEntries(f) for f in files]
         if any(ix.out_of_order is not None for ix in index_files):
             return  # IDX_ORDER: entries out of commitlog order are found in no run (rebuild the index)
         begins = []
@@ -133,6 +133,11 @@ class IndexCoverage:
         self.records += records
         self.missing += missing
 
+    def merge_counted(self, records: int, missing: int, phy: int, held: int, want: int, topic: str) -> None:
+        """Records short of entries counted elsewhere (a distributed verify joins entries and records): how many,
+        the entries they lack, and the first of them (its offset, entries held and wanted, topic)."""
+        self.merge_partial(((phy, held, want, topic, *self._where(phy)), records, missing))
+
     def finish(self, findings: list) -> None:
         if not self.records:
             return
@@ -145,15 +150,16 @@ class IndexCoverage:
                                 {"phyOffset": phy, "missingEntries": self.missing, "count": self.records}))
 
 
-class _FileEntries:
+class FileEntries:
     """What the coverage reads of an index file's window checks (:class:`.windows.IndexWindows`), for a verify
-    that built none: its header, entry count and whether its entries follow the commitlog."""
+    that built none: its header, entry count and whether its entries follow the commitlog (``unordered``: as
+    the file's entry check found it; None: looked at here)."""
 
-    def __init__(self, f):
+    def __init__(self, f, unordered: bool | None = None):
         self.f, self.h = f, f.header()
         self.count = min(self.h.indexCount if self.h.indexCount > 0 else 1, f.entries)
-        self.out_of_order = None
-        if self.count > 2:
+        self.out_of_order = True if unordered else None
+        if unordered is None and self.count > 2:
             phy = f.entry_table(self.count)["phyOffset"][1:].astype(np.int64)
             if np.any(phy[1:] < phy[:-1]):
                 self.out_of_order = True
