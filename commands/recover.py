@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import typer
@@ -244,7 +245,22 @@ def finish_without_actions(plan, out: Output, json_: bool, command: str) -> int:
     return plan.expected_exit
 
 
+def keeping_mappings(fn):
+    """The command's passes over the log share their commitlog mappings (engine/log/segments.kept_mappings):
+    recover walks the log four times (the broker's walk, verify before, the re-dispatch, verify after)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from rmqstore_cli.engine.log.segments import kept_mappings
+
+        with kept_mappings():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 @handle_errors
+@keeping_mappings
 @geometry_options
 def recover(
     store: str = StoreArg,

@@ -35,8 +35,9 @@ class MemSegment:
         return self.data
 
 
-def reference_walk(segments, version: int, check_crc: bool, sink, chunk: int) -> tuple:
-    """The walk as separate steps: size chain, header decode, body CRC of the structurally valid records."""
+def reference_walk(segments, version: int, check_crc: bool, sink, chunk: int, prop_crc: bool = False) -> tuple:
+    """The walk as separate steps: size chain, header decode, body CRC of the structurally valid records
+    (``prop_crc``: 5.x with forceVerifyPropCRC, the whole-record property CRC of each instead)."""
     magics = magics_for(version)
     i, pos = 0, 0
     while True:
@@ -47,7 +48,12 @@ def reference_walk(segments, version: int, check_crc: bool, sink, chunk: int) ->
             if len(w.offsets):
                 h = fast.decode_headers(buf, w.offsets)
                 reason = h.reason.copy()
-                if check_crc:
+                if check_crc and prop_crc:
+                    for j in range(len(h)):
+                        if reason[j] == fast.R_OK and not fast.check_property_crc(buf, int(h.offsets[j]),
+                                                                                  int(h.totalSize[j])):
+                            reason[j] = fast.R_PROP_CRC
+                elif check_crc:
                     ok = fast.check_body_crc(buf, h)
                     reason[(~ok) & (reason == fast.R_OK)] = fast.R_BODY_CRC
                 bad = np.flatnonzero(reason != fast.R_OK)
@@ -87,12 +93,13 @@ def _segments(name: str) -> tuple[list, int]:
     return segs, version
 
 
-def _compare(segs, version: int, check_crc: bool, chunk: int, pause_every: int = 0) -> WalkStop:
+def _compare(segs, version: int, check_crc: bool, chunk: int, pause_every: int = 0, prop_crc: bool = False) -> WalkStop:
+    """``prop_crc``: forceVerifyPropCRC set (5.x: the walk then checks each record's property CRC, not its body CRC)."""
     cfg = StoreConfig()
-    cfg.forceVerifyPropCRC = False
+    cfg.forceVerifyPropCRC = prop_crc
     got_sink, want_sink = Recorder(pause_every), Recorder(pause_every)
     got = broker_walk(segs, cfg, version, 0, check_crc, got_sink, chunk=chunk)
-    want = reference_walk(segs, version, check_crc, want_sink, chunk)
+    want = reference_walk(segs, version, check_crc, want_sink, chunk, prop_crc=prop_crc and version >= 5)
     assert got_sink.chunks == want_sink.chunks
     assert (got.offset, got.kind, got.total_size, got.oom) == (want[0], want[1], want[3], want[4])
     if want[1] == "invalid":
@@ -109,6 +116,9 @@ def test_same_walk_on_broker_stores(name):
         for chunk in (8192, 5):
             _compare(segs, version, check_crc, chunk)
     _compare(segs, version, True, 3, pause_every=4)
+    for chunk in (8192, 5):
+        _compare(segs, version, True, chunk, prop_crc=True)
+    _compare(segs, version, True, 3, pause_every=4, prop_crc=True)
 
 
 def _records(segs) -> list:
@@ -152,3 +162,34 @@ def test_same_walk_on_seeded_damage(kind):
             for chunk in (8192, 4):
                 _compare(segs, version, check_crc, chunk)
         _compare(segs, version, True, 2, pause_every=3)
+        _compare(segs, version, True, 4, prop_crc=True)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_property_crc_walk_matches_the_reference(fail, monkeypatch):
+    """5.x with forceVerifyPropCRC: the walk checks each record's property CRC (walk, decode, then that check).
+    No broker-written store carries the ``__CRC32#`` property, so the check is replaced here by one that passes
+    every record but (``fail``) one drawn at random: the walk goes through the whole log, in chunks and pauses,
+    and stops where the reference does."""
+    print(f"seed {SEED} (RMQSTORE_FUSED_WALK_SEED)")
+    rng = random.Random(f"{SEED}-propcrc-{fail}")
+    names = [n for n in ALL_STORES if _segments(n)[0] and _segments(n)[1] >= 5]
+    assert names
+    for name in names:
+        segs, version = _segments(name)
+        monkeypatch.setattr(fast, "check_property_crc", lambda buf, off, size: True)
+        reached = Recorder()
+        reference_walk(segs, version, True, reached, 8192, prop_crc=True)
+        starts = {s.start: s for s in segs}
+        recs = [(starts[seg_start], p) for seg_start, offsets, _, _ in reached.chunks for p in offsets]
+        assert recs
+        bad = rng.choice(recs) if fail else None
+        bad_at = (id(bad[0].data), bad[1]) if bad else None
+        monkeypatch.setattr(fast, "check_property_crc", lambda buf, off, size: (id(buf), off) != bad_at)
+        for chunk in (8192, 5):
+            got = _compare(segs, version, True, chunk, prop_crc=True)
+            if bad:
+                assert (got.kind, got.offset) == ("invalid", bad[0].start + bad[1])
+            else:
+                assert got.kind != "invalid"
+        _compare(segs, version, True, 3, pause_every=4, prop_crc=True)

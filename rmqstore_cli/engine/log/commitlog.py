@@ -19,7 +19,7 @@ from rmqstore_cli.formats.message import RecordError, decode_message
 from rmqstore_cli.formats.records import MAGIC_V1, MAGIC_V2, MIN_MESSAGE_SIZE
 
 from ..config.storeconfig import StoreConfig
-from .segments import Segment, SegmentQueue
+from .segments import Segment, SegmentQueue, is_kept
 from .storetime import commitlog_offset_at
 
 CHUNK_RECORDS = 8192  # bounded memory per step; ~4K-16K records was fastest in NOTES-performance
@@ -322,9 +322,10 @@ class CommitLog:
 
 def _release(buf) -> None:
     """Drop a finished segment's pages from this process (RSS stays ~one segment whatever the
-    store size). The mapping stays valid: later reads fault the pages in again from the cache."""
+    store size). The mapping stays valid: later reads fault the pages in again from the cache.
+    A mapping kept for the command (segments.kept_mappings) keeps its pages for the next pass."""
     madvise = getattr(buf, "madvise", None)
-    if madvise is not None:
+    if madvise is not None and not is_kept(buf):
         try:
             madvise(mmap.MADV_DONTNEED)
         except (OSError, ValueError):

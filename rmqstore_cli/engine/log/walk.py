@@ -11,6 +11,7 @@ Both use the vectorised codec in :mod:`formats.fast`; nothing here writes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -138,82 +139,86 @@ def _stop_reason(kind: str, size: int, magic: int, version: int, reason_code: in
     return kind
 
 
+@dataclass
+class _ChunkStep:
+    """One chunk of a walk: its valid records, then where and how the chunk ended (``kind`` is
+    ``fast.STOP_CHUNK`` when the segment goes on, "invalid" at a record that fails the checks, else
+    the walk's end there: BLANK, zeros, torn, ...)."""
+
+    headers: fast.Headers
+    kind: str
+    stop: int  # the next record's position; "invalid": the invalid record's
+    size: int = 0  # TOTALSIZE read at the stop
+    magic: int = 0
+    reason: int = 0  # "invalid": the fast.R_* reason validate names
+
+
 def broker_walk(segments, cfg: StoreConfig, version: int, start_index: int, check_crc: bool,
                 sink=None, chunk: int = 8192) -> WalkStop:
     """The §13.4 walk from ``segments[start_index]``; each chunk of valid records goes to
     ``sink(segment_start, buffer, headers)``. A sink that returns True pauses the walk after that
     chunk: the answer is then a stop of kind ``fast.STOP_CHUNK`` where the next record starts (a walk
-    resumed there goes on exactly as this one would have: no record check looks at the ones before)."""
-    magics = magics_for(version)
-    i = start_index
-    pos = 0
+    resumed there goes on exactly as this one would have: no record check looks at the ones before).
+
+    A chunk is read by one of two steps with the same answers: when a record's content check is its body
+    CRC alone (every 4.9 walk; 5.x unless forceVerifyPropCRC has the property CRC checked instead), walk,
+    decode and body CRC in one compiled pass (:func:`formats.fast.scan_records`, each record read once
+    where three steps read it three times); else walk, decode and ``validate``."""
     if not segments:
         return WalkStop(0, 0, 0, fast.STOP_EOF, "no commitlog files")
-    if not (check_crc and version >= 5 and cfg.forceVerifyPropCRC):
-        return _scanning_walk(segments, version, start_index, check_crc, sink, chunk)
-    while True:
-        seg = segments[i]
-        buf = seg.buffer()
-        limit = seg.size
-        u8 = fast.as_u8(buf) if limit else np.zeros(0, np.uint8)
-        while True:
-            w = fast.walk(buf, pos, limit, magics, max_records=chunk)
-            if len(w.offsets):
-                h = fast.decode_headers(buf, w.offsets, u8)
-                validate(buf, u8, h, cfg, version, check_crc)
-                bad = fast.first_invalid(h)
-                good = h.take(bad) if bad < len(h) else h
-                pause = sink(seg.start, buf, good) if sink is not None and len(good) else False
-                if bad < len(h):
-                    p = int(h.offsets[bad])
-                    return WalkStop(seg.start + p, i, p, "invalid",
-                                    _stop_reason("invalid", 0, 0, version, int(h.reason[bad])), int(h.totalSize[bad]))
-                if pause is True and w.stop < limit:
-                    return WalkStop(seg.start + w.stop, i, w.stop, fast.STOP_CHUNK, "paused by the caller")
-            pos = w.stop
-            if w.kind != fast.STOP_CHUNK:
-                break
-        if w.kind == fast.STOP_BLANK and i + 1 < len(segments):
-            i += 1
-            pos = 0
-            continue
-        oom = version < 5 and w.kind == fast.STOP_TORN and w.size >= OOM_TOTALSIZE
-        return WalkStop(seg.start + w.stop, i, w.stop, w.kind, _stop_reason(w.kind, w.size, w.magic, version),
-                        w.size, oom)
-
-
-def _scanning_walk(segments, version: int, start_index: int, check_crc: bool, sink, chunk: int) -> WalkStop:
-    """``broker_walk`` when a record's content check is its body CRC alone (every 4.9 walk; 5.x unless
-    forceVerifyPropCRC has the property CRC checked instead): walk, decode and body CRC in one compiled pass
-    per chunk (:func:`formats.fast.scan_records`), which reads each record once where the three steps read it
-    three times. Same chunks to ``sink``, same stop."""
     magics = magics_for(version)
+    if check_crc and version >= 5 and cfg.forceVerifyPropCRC:
+        step, view = partial(_validating_step, cfg, version, magics, check_crc, chunk), fast.as_u8
+    else:
+        step, view = partial(_scanning_step, magics, check_crc, chunk), fast.kernel_view
     i, pos = start_index, 0
     while True:
         seg = segments[i]
         buf = seg.buffer()
         limit = seg.size
-        u8 = fast.kernel_view(buf) if limit else np.zeros(0, np.uint8)
+        u8 = view(buf) if limit else np.zeros(0, np.uint8)
         while True:
-            step = fast.scan_records(buf, pos, limit, magics, chunk, check_crc, fast.PROP_NONE, u8)
-            h = step.headers
-            pause = sink(seg.start, buf, h) if sink is not None and len(h) else False
-            if step.kind == fast.STOP_INVALID:
-                p = step.stop
-                reason = _walked_reason(buf, u8, p, step.reason)
-                return WalkStop(seg.start + p, i, p, "invalid", _stop_reason("invalid", 0, 0, version, reason), step.size)
-            if pause is True and step.stop < limit:
-                return WalkStop(seg.start + step.stop, i, step.stop, fast.STOP_CHUNK, "paused by the caller")
-            pos = step.stop
-            if step.kind != fast.STOP_CHUNK:
+            c = step(buf, u8, pos, limit)
+            pause = sink(seg.start, buf, c.headers) if sink is not None and len(c.headers) else False
+            if c.kind == "invalid":
+                return WalkStop(seg.start + c.stop, i, c.stop, "invalid",
+                                _stop_reason("invalid", 0, 0, version, c.reason), c.size)
+            if pause is True and c.stop < limit:
+                return WalkStop(seg.start + c.stop, i, c.stop, fast.STOP_CHUNK, "paused by the caller")
+            pos = c.stop
+            if c.kind != fast.STOP_CHUNK:
                 break
-        if step.kind == fast.STOP_BLANK and i + 1 < len(segments):
+        if c.kind == fast.STOP_BLANK and i + 1 < len(segments):
             i += 1
             pos = 0
             continue
-        oom = version < 5 and step.kind == fast.STOP_TORN and step.size >= OOM_TOTALSIZE
-        return WalkStop(seg.start + step.stop, i, step.stop, step.kind,
-                        _stop_reason(step.kind, step.size, step.magic, version), step.size, oom)
+        oom = version < 5 and c.kind == fast.STOP_TORN and c.size >= OOM_TOTALSIZE
+        return WalkStop(seg.start + c.stop, i, c.stop, c.kind, _stop_reason(c.kind, c.size, c.magic, version),
+                        c.size, oom)
+
+
+def _scanning_step(magics, check_crc: bool, chunk: int, buf, u8, pos: int, limit: int) -> _ChunkStep:
+    """Up to ``chunk`` records from ``pos``: walk, decode and body CRC in one compiled pass."""
+    s = fast.scan_records(buf, pos, limit, magics, chunk, check_crc, fast.PROP_NONE, u8)
+    if s.kind == fast.STOP_INVALID:
+        return _ChunkStep(s.headers, "invalid", s.stop, s.size, reason=_walked_reason(buf, u8, s.stop, s.reason))
+    return _ChunkStep(s.headers, s.kind, s.stop, s.size, s.magic)
+
+
+def _validating_step(cfg: StoreConfig, version: int, magics, check_crc: bool, chunk: int, buf, u8, pos: int,
+                     limit: int) -> _ChunkStep:
+    """Up to ``chunk`` records from ``pos``: walk, decode, then ``validate`` (the property CRC on 5.x)."""
+    w = fast.walk(buf, pos, limit, magics, max_records=chunk)
+    if len(w.offsets):
+        h = fast.decode_headers(buf, w.offsets, u8)
+        validate(buf, u8, h, cfg, version, check_crc)
+        bad = fast.first_invalid(h)
+        if bad < len(h):
+            return _ChunkStep(h.take(bad), "invalid", int(h.offsets[bad]), int(h.totalSize[bad]),
+                              reason=int(h.reason[bad]))
+    else:
+        h = fast.decode_headers(buf, w.offsets, u8)
+    return _ChunkStep(h, w.kind, w.stop, w.size, w.magic)
 
 
 def _walked_reason(buf, u8, p: int, reason: int) -> int:

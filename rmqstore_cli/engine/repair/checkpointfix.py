@@ -108,3 +108,33 @@ def write_fields(root: str, fields: dict, backup) -> bool:
         backup.mark("created", path="checkpoint")
     w.flush()
     return True
+
+
+def plan_checkpoint_and_abort(planner, cp: Checkpoint) -> None:
+    """The checkpoint fields and the abort file as the broker's start leaves them (Planner's last steps)."""
+    after = Checkpoint(cp.physicMsgTimestamp, cp.logicsMsgTimestamp, cp.indexMsgTimestamp,
+                       cp.masterFlushedOffset, cp.confirmPhyOffset, cp.exists, cp.fileSize)
+    dispatching = any(a.kind == "dispatch" for a in planner.plan.actions)
+    if planner.last_cq_ts is not None and (dispatching or not planner.plan.last_exit_ok):
+        after.logicsMsgTimestamp = planner.last_cq_ts
+    if planner.version >= 5 and planner.last_record_start is not None:
+        after.confirmPhyOffset = planner.last_record_start
+    corrected, index_from_files = correct_times(planner, after)
+    planner.plan.checkpoint_after = after.as_json(planner.version)
+    planner.plan.checkpoint_after["indexMsgTimestampNote"] = "advances if re-dispatch fills an index file"
+    if after.to_bytes() != cp.to_bytes() or not cp.exists or index_from_files:
+        fields = {k: getattr(after, k) for k in ("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp",
+                                                 "masterFlushedOffset", "confirmPhyOffset")}
+        only_confirm = (after.logicsMsgTimestamp == cp.logicsMsgTimestamp)
+        changed = [k for k in fields if getattr(cp, k) != fields[k]]
+        why = ("5.3.3 sets confirmPhyOffset to the start of the last record at every start (4.9.3 has no such "
+               "field): the broker's next start writes it" if changed == ["confirmPhyOffset"] and cp.exists
+               and not index_from_files else "checkpoint fields the broker sets during recovery")
+        planner.act("checkpoint", os.path.join(planner.store.root, "checkpoint"),
+                    why + (" (times after the log corrected)" if corrected else ""),
+                    housekeeping=only_confirm and planner.plan.last_exit_ok and not corrected,
+                    extra={"fields": fields, "indexCorrected": getattr(planner, "index_ts_corrected", False),
+                           **({"indexFromFiles": True} if index_from_files else {})})
+    if not planner.plan.last_exit_ok:
+        planner.act("remove_abort", os.path.join(planner.store.root, "abort"),
+                    "a clean shutdown removes abort; done last, after everything else is on disk")

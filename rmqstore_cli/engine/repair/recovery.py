@@ -17,18 +17,19 @@ from rmqstore_cli.formats import fast
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2, SYSFLAG_BORNHOST_V6
 
 from ..log.checkpoint import Checkpoint
-from .checkpointfix import correct_times
+from .checkpointfix import plan_checkpoint_and_abort
 from ..derived.consumequeue import ConsumeQueue, ConsumeQueueExt
 from ..derived.dispatchpredict import DispatchPrediction
 from ..derived.lmq import MultiDispatchRule
 from ..log.walk import LogTally, WalkStop, broker_walk, lenient_records, resync, rewalk
 from ..store import Store
-from .batchrecovery import (batch_dispatch_starts, batch_max_physic, batch_queue_state, batch_summary,
+from .batchrecovery import (batch_dispatch_starts, batch_max_physic, batch_queue_state,
                             check_batch_queues, load_batch_queues, recover_batch_queues, truncate_batch_queues)
 from .derived_plan import check_derived, dispatch_starts, queue_repairs
 from .extplan import cut_exts_to_queues, recover_ext
 from .indexplan import index_after_crash, index_past_end, load_index
 from .plan import Action, QueueState, RecoveryPlan, cut_files, store_fingerprint
+from .plan_summary import summarize
 from .timerfix import plan_timer_for_recovery
 from .probes import file_has_data, first_unit, invalid_unit, nonzero_after, SegmentFrom, queue_file_units
 
@@ -128,8 +129,8 @@ class Planner:
                 check_batch_queues(self)
         self._dispatch(cp)
         plan_timer_for_recovery(self)
-        self._checkpoint_and_abort(cp)
-        self._summary()
+        plan_checkpoint_and_abort(self, cp)
+        summarize(self)
         if not self.broker_only:
             plan.queue_repairs = queue_repairs(self, self.broker_from)
         return plan
@@ -305,8 +306,8 @@ class Planner:
         self._dispatch(cp)
         plan_timer_for_recovery(self)
         self.last_cq_ts = None
-        self._checkpoint_and_abort(cp)  # consistent with the cut log (engine/repair/checkpointfix.py)
-        self._summary()
+        plan_checkpoint_and_abort(self, cp)  # consistent with the cut log (engine/repair/checkpointfix.py)
+        summarize(self)
         plan.queue_repairs = queue_repairs(self, self.broker_from)
         return plan
 
@@ -437,53 +438,6 @@ class Planner:
         """The consume-queue put state DispatchPrediction starts from: [next offset, maxPhysicOffset,
         first offset written into an empty queue, queue has no file]."""
         return {k: [qs.max_offset, qs.max_physic, None, not qs.segments] for k, qs in self.queues.items()}
-
-    def _checkpoint_and_abort(self, cp: Checkpoint) -> None:
-        after = Checkpoint(cp.physicMsgTimestamp, cp.logicsMsgTimestamp, cp.indexMsgTimestamp,
-                           cp.masterFlushedOffset, cp.confirmPhyOffset, cp.exists, cp.fileSize)
-        dispatching = any(a.kind == "dispatch" for a in self.plan.actions)
-        if self.last_cq_ts is not None and (dispatching or not self.plan.last_exit_ok):
-            after.logicsMsgTimestamp = self.last_cq_ts
-        if self.version >= 5 and self.last_record_start is not None:
-            after.confirmPhyOffset = self.last_record_start
-        corrected, index_from_files = correct_times(self, after)
-        self.plan.checkpoint_after = after.as_json(self.version)
-        self.plan.checkpoint_after["indexMsgTimestampNote"] = "advances if re-dispatch fills an index file"
-        if after.to_bytes() != cp.to_bytes() or not cp.exists or index_from_files:
-            fields = {k: getattr(after, k) for k in ("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp",
-                                                     "masterFlushedOffset", "confirmPhyOffset")}
-            only_confirm = (after.logicsMsgTimestamp == cp.logicsMsgTimestamp)
-            changed = [k for k in fields if getattr(cp, k) != fields[k]]
-            why = ("5.3.3 sets confirmPhyOffset to the start of the last record at every start (4.9.3 has no such "
-                   "field): the broker's next start writes it" if changed == ["confirmPhyOffset"] and cp.exists
-                   and not index_from_files else "checkpoint fields the broker sets during recovery")
-            self.act("checkpoint", os.path.join(self.store.root, "checkpoint"),
-                     why + (" (times after the log corrected)" if corrected else ""),
-                     housekeeping=only_confirm and self.plan.last_exit_ok and not corrected,
-                     extra={"fields": fields, "indexCorrected": getattr(self, "index_ts_corrected", False),
-                            **({"indexFromFiles": True} if index_from_files else {})})
-        if not self.plan.last_exit_ok:
-            self.act("remove_abort", os.path.join(self.store.root, "abort"),
-                     "a clean shutdown removes abort; done last, after everything else is on disk")
-
-    def _summary(self) -> None:
-        plan = self.plan
-        queues = []
-        min_phy = self.cl_kept[0].start if self.cl_kept else 0
-        for (t, q), (max_off, max_phys, new_min, *_) in sorted(self.qstate.items()):
-            qs = self.queues.get((t, q))
-            min_off = new_min or 0
-            if qs is not None and qs.segments:
-                arr = queue_file_units(qs.segments[0], qs.file_size)
-                hit = first_unit(arr, lambda u: (u["phyOffset"] >= min_phy) & (u["size"] > 0))
-                if hit < len(arr):
-                    min_off = qs.segments[0].start // CQ_UNIT_SIZE + hit
-            queues.append({"topic": t, "queueId": q, "minOffset": min_off, "maxOffset": max_off,
-                           "maxPhysicOffset": max_phys})
-        queues += batch_summary(self, getattr(self, "bstate", {}))
-        plan.summary = {"type": "recover", "version": "4.9.3" if self.version < 5 else "5.3.3",
-                        "lastExitOK": plan.last_exit_ok, "maxPhyOffset": self.end if self.cl_kept else 0,
-                        "minPhyOffset": min_phy, "queues": queues}
 
 
 def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after: bool = False,
