@@ -3,6 +3,9 @@
 1. ``rebuild -j``'s workers start the write-back of the queue units they wrote as they go
    (engine/derived/cqdirect.QueueFiles.start_writeback): only whole pages inside the file, already written;
    the queue files are the broker's.
+2. the index writer faults in the pages of the entries it is about to write in one call
+   (engine/log/writeback.populate_write, MADV_POPULATE_WRITE): the rebuilt index files are the broker's,
+   with the advice taken for every batch and with a kernel that refuses it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,40 @@ def _rebuild_matches_broker(name: str, root, jobs: int = 1) -> None:
         for x, y in zip(fa, fb):
             assert x.header() == y.header()
             assert bytes(x.segment.buffer()) == bytes(y.segment.buffer())
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["advice-taken", "kernel-refuses"])
+def test_populated_index_pages_change_no_byte(refused, tmp_path, monkeypatch):
+    calls = []
+    real = mmap.mmap.madvise
+
+    class Spy:
+        """The mapping's madvise, recorded (and refused as an old kernel does, with ``refused``)."""
+
+        def __init__(self, mm):
+            self.mm = mm
+
+        def __len__(self):
+            return len(self.mm)
+
+        def madvise(self, option, start, length):
+            calls.append((option, start, length, len(self.mm)))
+            if refused:
+                raise OSError(22, "Invalid argument")
+            return real(self.mm, option, start, length)
+
+    populate = writeback.populate_write
+    monkeypatch.setattr(writeback, "POPULATE_MIN", 1)  # every batch, however small the broker's stores are
+    monkeypatch.setattr(writeback, "_populate", [True])
+    from rmqstore_cli.engine.derived import indexwriter
+
+    monkeypatch.setattr(indexwriter, "populate_write", lambda mm, start, n: populate(Spy(mm), start, n))
+    _rebuild_matches_broker("4.9.3-clean", copy_store("4.9.3-clean", tmp_path / "store"))
+    assert calls
+    for option, start, length, size in calls:
+        assert start % mmap.PAGESIZE == 0 and length > 0 and start + length <= size
+    if refused:
+        assert len(calls) == 1 and writeback._populate == [False]  # asked once, then left to the page faults
 
 
 def test_workers_writeback_of_queue_units_changes_no_byte(tmp_path, monkeypatch):
