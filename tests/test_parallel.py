@@ -168,3 +168,44 @@ def test_a_spilled_stream_closed_early_leaves_no_file(tmp_path):
     next(gen)
     gen.close()
     assert os.listdir(spill) == []
+
+
+@pytest.mark.parametrize("jobs", [2, 3])
+@pytest.mark.parametrize("spilled", [False, True])
+def test_balanced_items_come_in_segment_order(jobs, spilled, tmp_path):
+    spill = str(tmp_path) if spilled else None
+    done = []
+    got = list(stream_segments(_numbered, 9, jobs, spill=spill, done=done.append, balance=True))
+    assert got == [it for i in range(9) for it in _numbered(i)]
+    assert done == list(range(9))
+    if spilled:
+        assert os.listdir(tmp_path) == []
+
+
+def test_balanced_worker_error_and_early_stop():
+    got = []
+    with pytest.raises(ValueError, match="segment 3 is damaged"):
+        for item in stream_segments(_failing, 6, 2, balance=True):
+            got.append(item)
+    assert got == [0, 1, 2, 3]
+    gen = stream_segments(_items, 50, 2, 1000, balance=True)
+    assert [next(gen) for _ in range(3)] == [(0, k) for k in range(3)]
+    gen.close()
+
+
+def _slow_first(i: int, folder: str):
+    """Segment 0 is not through until segment 2 has started: with k, k + 2, ... its own worker would have to
+    start segment 2, so only a worker that takes whatever segment is next lets it end before the deadline."""
+    open(os.path.join(folder, f"started-{i}"), "w").close()
+    if i == 0:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(folder, "started-2")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    yield i, os.getpid()
+
+
+def test_balanced_segments_go_to_the_worker_that_is_free(tmp_path):
+    got = list(stream_segments(_slow_first, 4, 2, str(tmp_path), balance=True))
+    assert [i for i, _ in got] == [0, 1, 2, 3]
+    pids = dict(got)
+    assert pids[2] != pids[0]  # taken by the other worker while the first was still in segment 0

@@ -86,7 +86,7 @@ SPILL_AHEAD = 256  # the same with ``spill``: items wait in a file, the queue ho
 
 
 def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[int], None] | None = None,
-                    exchange=None, spill: str | None = None) -> Iterator:
+                    exchange=None, spill: str | None = None, balance: bool = False) -> Iterator:
     """Everything ``items(i, *args)`` yields for segments ``i = 0 .. n-1``, in that order, computed by ``jobs``
     forked processes: worker *k* takes segments k, k+jobs, ... and hands each item over a queue that holds at
     most :data:`AHEAD` of them, so a 1 GiB segment's results never sit in memory whole, here or in a worker.
@@ -107,7 +107,11 @@ def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[i
     worker *k* + 1 stops two items into its segment until this process has taken all of segment *k*: the workers
     take turns instead of walking at the same time whenever this process is slower than one worker. Spilled,
     each runs up to SPILL_AHEAD items ahead, their bytes in the page cache, not in any process's memory; a
-    segment's file is removed once its items are taken."""
+    segment's file is removed once its items are taken.
+
+    ``balance`` (without ``exchange``): instead of k, k+jobs, ..., a worker that is through its segment takes the
+    next segment nobody has taken yet, so that a worker whose segments went faster does not wait idle while
+    the other walks its last one alone. For ``items`` that keep nothing from one segment to the next."""
     if jobs <= 1 or n <= 1:
         if exchange is not None:
             raise ValueError("an exchange needs at least two workers")
@@ -116,8 +120,11 @@ def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[i
     workers = min(jobs, n)
     queues = [ctx.Queue(maxsize=SPILL_AHEAD if spill else AHEAD) for _ in range(workers)]
     inboxes = [ctx.Queue(maxsize=1) for _ in range(workers)] if exchange is not None else [None] * workers
-    procs = [ctx.Process(target=_stream_worker, args=(items, range(k, n, workers), args, queues[k], exchange, k, workers,
-                                                      inboxes[k], spill), daemon=True)
+    owners = None
+    if balance and exchange is None:
+        owners = _Owners(ctx, n)
+    procs = [ctx.Process(target=_stream_worker, args=(items, owners.taker(k) if owners else range(k, n, workers), args,
+                                                      queues[k], exchange, k, workers, inboxes[k], spill), daemon=True)
              for k in range(workers)]
     for p in procs:
         p.start()
@@ -135,7 +142,7 @@ def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[i
         except BaseException:
             _stop(procs)
             raise
-    gen = _consume(queues, procs, n, done, spill)
+    gen = _consume(queues, procs, n, done, spill, owners)
     weakref.finalize(gen, _stop, procs)  # a stream dropped without being read stops its workers too
     return gen
 
@@ -169,14 +176,59 @@ def _serial(items: Callable, n: int, args: tuple, done) -> Iterator:
             done(i)
 
 
-def _consume(queues: list, procs: list, n: int, done, spill: str | None = None) -> Iterator:
+class _Owners:
+    """Which worker took each segment (``balance`` in :func:`stream_segments`): the next segment to take and, per
+    segment, the worker that took it (-1 until then), in memory shared with the forked workers."""
+
+    def __init__(self, ctx, n: int):
+        self.n = n
+        self.next = ctx.Value("q", 0)  # with its lock: two workers never take the same segment
+        self.owner = ctx.RawArray("i", [-1] * n)
+
+    def taker(self, k: int) -> Iterator[int]:
+        """The segments worker ``k`` takes, in increasing order, one when it asks for it."""
+        return _Taker(self, k)
+
+    def of(self, i: int, procs: list) -> int:
+        """The worker that took segment ``i``, once one has (at once, but for the moment it takes to take it)."""
+        import time
+
+        while True:
+            k = self.owner[i]
+            if k >= 0:
+                return k
+            if not any(p.is_alive() for p in procs):
+                raise RuntimeError("the worker processes ended before every segment was taken")
+            time.sleep(0.0005)
+
+
+class _Taker:
+    """Iterates the segments one worker takes from :class:`_Owners` (picklable with it, inherited by the fork)."""
+
+    def __init__(self, owners: _Owners, k: int):
+        self.owners, self.k = owners, k
+
+    def __iter__(self):
+        o = self.owners
+        while True:
+            with o.next.get_lock():
+                i = o.next.value
+                if i >= o.n:
+                    return
+                o.next.value = i + 1
+                o.owner[i] = self.k
+            yield i
+
+
+def _consume(queues: list, procs: list, n: int, done, spill: str | None = None, owners: _Owners | None = None) -> Iterator:
     workers = len(procs)
     try:
         for i in range(n):
             fd = None
+            k = owners.of(i, procs) if owners is not None else i % workers
             try:
                 while True:
-                    item = _next_item(queues[i % workers], procs[i % workers])
+                    item = _next_item(queues[k], procs[k])
                     if isinstance(item, _SegmentDone):
                         break
                     if isinstance(item, _WorkerError):

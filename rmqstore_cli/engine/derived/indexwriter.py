@@ -33,6 +33,7 @@ from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, IN
 from ..config.storeconfig import StoreConfig
 from .index import HEADER_STRUCT
 from ..log.mappedfile import WritableSegment, fsync_dir, makedirs
+from ..log.writeback import populate_write
 
 INT_MAX = (1 << 31) - 1
 _I32 = struct.Struct(">i")
@@ -188,6 +189,7 @@ class _OpenIndex:
             first_diff = self._diff(int(tss[0]))
             self.begin_phy, self.begin_ts = int(phys[0]), int(tss[0])
         self.seg.touch(self.entry_base + c * INDEX_ENTRY_SIZE, k * INDEX_ENTRY_SIZE)
+        populate_write(self.seg.mm, self.entry_base + c * INDEX_ENTRY_SIZE, k * INDEX_ENTRY_SIZE)
         self.slot_count += put_entries(self.u8, self.slots, c, hashes, phys, tss, self.begin_ts, first_diff)
         self.seg.dirty = True
         self.index_count = c + k

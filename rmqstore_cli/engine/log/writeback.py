@@ -64,3 +64,23 @@ class EarlyWriteback:
             lo, hi = start // _PAGE * _PAGE, end // _PAGE * _PAGE
             if hi > lo:
                 self.call(fd, lo, hi - lo, _START_WRITE)
+
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+ (mmap.MADV_POPULATE_WRITE where Python defines it)
+POPULATE_MIN = 64 << 10  # below this, the page faults of the writes themselves cost less than a call
+_populate = [True]  # False once the kernel has refused the advice (an older kernel): not asked again
+
+
+def populate_write(mm, start: int, n: int) -> None:
+    """Fault in, writable, the pages of ``mm[start:start + n]`` that are about to be written, in one call
+    (``MADV_POPULATE_WRITE``), instead of one page fault per page during the writes. In a fresh file (an
+    index file's entries, 280 MB for 7 M messages with two keys each) the faults' kernel time was as much as
+    the compiled pass itself. The bytes written are unchanged; a kernel without the advice, or one that
+    refuses it, leaves the faults to the writes."""
+    if n < POPULATE_MIN or not _populate[0]:
+        return
+    lo = start // _PAGE * _PAGE
+    try:
+        mm.madvise(getattr(mmap, "MADV_POPULATE_WRITE", _MADV_POPULATE_WRITE), lo, min(start + n, len(mm)) - lo)
+    except (OSError, ValueError, AttributeError):
+        _populate[0] = False

@@ -207,7 +207,7 @@ def direct_requests(store, d, jobs: int, writeback) -> None:
     _warm_kernels(store, d)
     # the workers' items wait in files there (parallel.stream_segments), or in the queue when no disk has room
     spill = spill_dir(min(jobs, n), store.commitlog.segments.file_size, d.root)
-    stream = stream_segments(_segment_direct, n, jobs, store, d, spill=spill)
+    stream = stream_segments(_segment_direct, n, jobs, store, d, spill=spill, balance=True)
     i = 0
     try:
         for item in stream:
@@ -282,7 +282,7 @@ def parallel_requests(store, d, jobs: int, handle, strings: bool = True) -> None
         _warm_kernels(store, d)
         # the workers' batches wait in files there, not in memory (or in the queue when no disk has room)
         spill = spill_dir(min(jobs, n), store.commitlog.segments.file_size, d.root)
-    stream = stream_segments(_segment_requests, n, jobs, store, d, jobs > 1, strings, spill=spill)
+    stream = stream_segments(_segment_requests, n, jobs, store, d, jobs > 1, strings, spill=spill, balance=True)
     try:
         for item in stream:
             if isinstance(item, _SegmentEnd):

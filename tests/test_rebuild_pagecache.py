@@ -1,0 +1,127 @@
+"""Page-cache aids of rebuild change no byte of the files it writes:
+
+1. ``rebuild -j``'s workers start the write-back of the queue units they wrote as they go
+   (engine/derived/cqdirect.QueueFiles.start_writeback): only whole pages inside the file, already written;
+   the queue files are the broker's.
+2. the index writer faults in the pages of the entries it is about to write in one call
+   (engine/log/writeback.populate_write, MADV_POPULATE_WRITE): the rebuilt index files are the broker's,
+   with the advice taken for every batch and with a kernel that refuses it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from rmqstore_cli.app import app
+from rmqstore_cli.engine.derived import cqdirect
+from rmqstore_cli.engine.log import writeback
+from rmqstore_cli.engine.store import Store
+
+from .conftest import copy_store, shared_store
+from .test_rebuild import files_under, geometry
+
+runner = CliRunner()
+
+
+def _rebuild_matches_broker(name: str, root, jobs: int = 1) -> None:
+    for sub in ("consumequeue", "consumequeue_ext", "index"):
+        shutil.rmtree(root / sub, ignore_errors=True)
+    r = runner.invoke(app, ["rebuild", "all", str(root), "--yes", "-j", str(jobs), *geometry(name)])
+    assert r.exit_code == 0, r.output
+    src = shared_store(name)
+    assert files_under(root, "consumequeue") == files_under(src, "consumequeue")
+    with Store.open(str(root)) as a, Store.open(str(src)) as b:
+        fa, fb = a.index.files, b.index.files
+        assert len(fa) == len(fb)
+        for x, y in zip(fa, fb):
+            assert x.header() == y.header()
+            assert bytes(x.segment.buffer()) == bytes(y.segment.buffer())
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["advice-taken", "kernel-refuses"])
+def test_populated_index_pages_change_no_byte(refused, tmp_path, monkeypatch):
+    calls = []
+    real = mmap.mmap.madvise
+
+    class Spy:
+        """The mapping's madvise, recorded (and refused as an old kernel does, with ``refused``)."""
+
+        def __init__(self, mm):
+            self.mm = mm
+
+        def __len__(self):
+            return len(self.mm)
+
+        def madvise(self, option, start, length):
+            calls.append((option, start, length, len(self.mm)))
+            if refused:
+                raise OSError(22, "Invalid argument")
+            return real(self.mm, option, start, length)
+
+    populate = writeback.populate_write
+    monkeypatch.setattr(writeback, "POPULATE_MIN", 1)  # every batch, however small the broker's stores are
+    monkeypatch.setattr(writeback, "_populate", [True])
+    from rmqstore_cli.engine.derived import indexwriter
+
+    monkeypatch.setattr(indexwriter, "populate_write", lambda mm, start, n: populate(Spy(mm), start, n))
+    _rebuild_matches_broker("4.9.3-clean", copy_store("4.9.3-clean", tmp_path / "store"))
+    assert calls
+    for option, start, length, size in calls:
+        assert start % mmap.PAGESIZE == 0 and length > 0 and start + length <= size
+    if refused:
+        assert len(calls) == 1 and writeback._populate == [False]  # asked once, then left to the page faults
+
+
+def test_workers_writeback_of_queue_units_changes_no_byte(tmp_path, monkeypatch):
+    """A multi-segment broker store through the workers' path with a write-back after every write; the calls the
+    workers make (other processes) are written down in a file, as the test process cannot see them otherwise."""
+    log = tmp_path / "calls"
+    parent = os.getpid()
+    real = writeback._sync_file_range()
+
+    def record(fd, start, n, flags):
+        size = os.fstat(fd).st_size
+        assert 0 <= start and start + n <= size, (start, n, size)
+        if os.getpid() != parent:
+            with open(log, "a") as f:
+                f.write(f"{start} {n}\n")
+        return real(fd, start, n, flags) if real is not None else 0
+
+    from rmqstore_cli.engine.repair import rebuild as rebuild_mod
+
+    monkeypatch.setattr(cqdirect, "WRITEBACK_BYTES", 1)
+    monkeypatch.setattr(rebuild_mod, "_sync_file_range", lambda: record)
+    root = copy_store("5.3.3-clean", tmp_path / "store")
+    assert len(os.listdir(root / "commitlog")) > 1  # the workers' path needs more than one segment
+    _rebuild_matches_broker("5.3.3-clean", root, jobs=2)
+    calls = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
+    ranges = [(start, n) for start, n in calls if n]  # n = 0: a whole file, as each is closed
+    assert ranges  # started as the units were written, not only at the end
+    assert all(start % mmap.PAGESIZE == 0 and n % mmap.PAGESIZE == 0 for start, n in ranges)
+
+
+def test_queue_files_start_writeback_of_whole_written_pages(tmp_path):
+    """In process: the pages handed over are those fully written since the last call, none past them."""
+    seen = []
+    files = cqdirect.QueueFiles(str(tmp_path), 64 * mmap.PAGESIZE, lambda fd, lo, n, flags: seen.append((lo, n)))
+    import numpy as np
+
+    page = mmap.PAGESIZE
+    files.write("T", 0, 0, np.ones(2 * page + 100, np.uint8))
+    files.start_writeback()
+    assert seen == [(0, 2 * page)]  # the third page is not complete yet
+    seen.clear()
+    files.write("T", 0, 2 * page + 100, np.ones(page, np.uint8))
+    files.start_writeback()
+    assert seen == [(2 * page, page)]
+    seen.clear()
+    files.start_writeback()
+    assert seen == []  # nothing written since
+    files.close()
+    data = open(tmp_path / "consumequeue" / "T" / "0" / "00000000000000000000", "rb").read()
+    assert data[:3 * page + 100] == b"\1" * (3 * page + 100) and data[3 * page + 100:] == bytes(len(data) - 3 * page - 100)
