@@ -94,6 +94,58 @@ def _same_bytes(a, ai, b, bi, n):
     return True
 
 
+@numba.njit(inline="always")
+def _shortest(pat_off):
+    """The length of the shortest pattern (an entry no longer than it matches none)."""
+    shortest = 1 << 30
+    for k in range(pat_off.shape[0] - 1):
+        shortest = min(shortest, pat_off[k + 1] - pat_off[k])
+    return shortest
+
+
+@numba.njit(inline="always")
+def _record_props(u8, s, ln, shortest, pat_word, pat_mask, pats, pat_off, first, chain, out_s, out_e, i):
+    """One record's property string ``u8[s:s+ln]`` (``ln`` > 0) scanned as :func:`_find_props` describes, into
+    column ``i`` of ``out_s``/``out_e``; returns whether every byte is < 0x80."""
+    end = s + ln
+    seen = np.uint64(0)  # every byte OR-ed in: a top bit set means a non-ASCII byte
+    entry = s
+    j = s
+    while True:
+        sep = end
+        while j < end:
+            r = end - j
+            if r >= 8:
+                w = _word(u8, j)
+            else:  # the string's last bytes: the ones after it read as zeros
+                w = _load(u8, j, r) & ((np.uint64(1) << np.uint64(8 * r)) - np.uint64(1))
+            seen |= w
+            z = _bytes_equal_mask(w, np.uint64(SEPARATORS))
+            if z:
+                sep = j + _low_byte_index(z)
+                break
+            j += 8
+        n = sep - entry  # entry [entry, sep)
+        if n > shortest:
+            head = _load(u8, entry, min(n, 8))
+            z = _bytes_equal_mask(head, np.uint64(ONES))
+            k = first[(_low_byte_index(z) + 1 if z else 9) * 256 + np.int64(head & np.uint64(0xFF))]
+            while k >= 0:
+                a = pat_off[k]
+                L = pat_off[k + 1] - a
+                if n > L and (head & pat_mask[k]) == pat_word[k] and (
+                        L <= 8 or _same_bytes(u8, entry + 8, pats, a + 8, L - 8)):
+                    out_s[k, i] = entry + L
+                    out_e[k, i] = sep
+                    break
+                k = chain[k]
+        if sep >= end:
+            break
+        entry = sep + 1
+        j = entry
+    return (seen & np.uint64(HIGHS)) == 0
+
+
 def _find_props(u8, starts, lengths, pat_word, pat_mask, pats, pat_off, first, chain, out_s, out_e, ascii_ok):
     """For record i (property string ``u8[starts[i]:starts[i]+lengths[i]]``) and wanted name k
     (``pats[pat_off[k]:pat_off[k+1]]`` = ``NAME\\x01``, no two alike): the value span of the last matching
@@ -105,9 +157,7 @@ def _find_props(u8, starts, lengths, pat_word, pat_mask, pats, pat_off, first, c
     of that length (1-8; 9 = longer) and that first byte can match (``first[length * 256 + byte]``,
     then ``chain[k]``: -1 ends the list); each is compared by one masked word (``pat_word[k]``: its first
     up to 8 bytes, little-endian; ``pat_mask[k]``: their mask), a longer one then word by word."""
-    shortest = 1 << 30
-    for k in range(pat_off.shape[0] - 1):
-        shortest = min(shortest, pat_off[k + 1] - pat_off[k])
+    shortest = _shortest(pat_off)
     count = starts.shape[0]
     for i in range(count):
         if i + AHEAD < count:
@@ -117,43 +167,7 @@ def _find_props(u8, starts, lengths, pat_word, pat_mask, pats, pat_off, first, c
         ln = min(lengths[i], u8.shape[0] - s)  # never past the buffer (a record's properties always fit)
         if ln <= 0:
             continue
-        end = s + ln
-        seen = np.uint64(0)  # every byte OR-ed in: a top bit set means a non-ASCII byte
-        entry = s
-        j = s
-        while True:
-            sep = end
-            while j < end:
-                r = end - j
-                if r >= 8:
-                    w = _word(u8, j)
-                else:  # the string's last bytes: the ones after it read as zeros
-                    w = _load(u8, j, r) & ((np.uint64(1) << np.uint64(8 * r)) - np.uint64(1))
-                seen |= w
-                z = _bytes_equal_mask(w, np.uint64(SEPARATORS))
-                if z:
-                    sep = j + _low_byte_index(z)
-                    break
-                j += 8
-            n = sep - entry  # entry [entry, sep)
-            if n > shortest:
-                head = _load(u8, entry, min(n, 8))
-                z = _bytes_equal_mask(head, np.uint64(ONES))
-                k = first[(_low_byte_index(z) + 1 if z else 9) * 256 + np.int64(head & np.uint64(0xFF))]
-                while k >= 0:
-                    a = pat_off[k]
-                    L = pat_off[k + 1] - a
-                    if n > L and (head & pat_mask[k]) == pat_word[k] and (
-                            L <= 8 or _same_bytes(u8, entry + 8, pats, a + 8, L - 8)):
-                        out_s[k, i] = entry + L
-                        out_e[k, i] = sep
-                        break
-                    k = chain[k]
-            if sep >= end:
-                break
-            entry = sep + 1
-            j = entry
-        ascii_ok[i] = (seen & np.uint64(HIGHS)) == 0
+        ascii_ok[i] = _record_props(u8, s, ln, shortest, pat_word, pat_mask, pats, pat_off, first, chain, out_s, out_e, i)
 
 
 def _java_hash_spans(u8, starts, ends, out):
@@ -245,6 +259,32 @@ def _hash_token(h, u8, j, e):
     return np.uint32(x & np.uint64(0xFFFFFFFF)), j
 
 
+@numba.njit(inline="always")
+def _record_key_hashes(u8, prefix, uniq_s, uniq_e, keys_s, keys_e, out, t):
+    """One record's index key hashes (UNIQ_KEY's value ``u8[uniq_s:uniq_e]`` first, then each non-empty
+    space-separated token of KEYS' ``u8[keys_s:keys_e]``; a start of -1: absent) written from ``out[t]`` on;
+    returns where the next record's hashes start, or -1 when ``out`` has no room for them."""
+    if uniq_s >= 0:
+        if t >= out.shape[0]:
+            return -1
+        out[t] = _key_hash_of(_java_hash(prefix, u8, uniq_s, uniq_e))
+        t += 1
+    if keys_s >= 0:
+        j = keys_s
+        e = keys_e
+        while j < e:
+            while j < e and u8[j] == SPACE:
+                j += 1
+            if j >= e:
+                break
+            if t >= out.shape[0]:
+                return -1
+            h, j = _hash_token(prefix, u8, j, e)
+            out[t] = _key_hash_of(h)
+            t += 1
+    return t
+
+
 def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
     """Index key hashes of ``topic#key`` for the records with ``use[i]``: UNIQ_KEY first, then every
     non-empty space-separated token of KEYS, in order (duplicates kept); ``prefix[i]`` is the uint32
@@ -260,32 +300,60 @@ def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
                 _prefetch(u8, keys_s[i + AHEAD])
         if not use[i]:
             continue
-        c = 0
-        if uniq_s[i] >= 0:
-            if t >= out.shape[0]:
-                return -1
-            out[t] = _key_hash_of(_java_hash(np.uint32(prefix[i]), u8, uniq_s[i], uniq_e[i]))
-            t += 1
-            c += 1
-        if keys_s[i] >= 0:
-            j = keys_s[i]
-            e = keys_e[i]
-            while j < e:
-                while j < e and u8[j] == SPACE:
-                    j += 1
-                if j >= e:
-                    break
-                if t >= out.shape[0]:
-                    return -1
-                h, j = _hash_token(np.uint32(prefix[i]), u8, j, e)
-                out[t] = _key_hash_of(h)
-                t += 1
-                c += 1
-        counts[i] = c
+        u = _record_key_hashes(u8, np.uint32(prefix[i]), uniq_s[i], uniq_e[i], keys_s[i], keys_e[i], out, t)
+        if u < 0:
+            return -1
+        counts[i] = u - t
+        t = u
+    return t
+
+
+# the rows of the wanted names in :func:`_dispatch_props`' scratch (formats.propscan.WANTED's order)
+ROW_TAGS, ROW_KEYS, ROW_UNIQ_KEY = 0, 1, 2
+
+
+def _dispatch_props(u8, starts, lengths, tids, topic_prefix, topic_slow, pat_word, pat_mask, pats, pat_off, first,
+                    chain, vs, ve, codes, slow, counts, out):
+    """What dispatch computes from the properties, one record per step (the property string is scanned and
+    hashed while it is in cache): :func:`_find_props` for the wanted names (``vs``/``ve``: one column of
+    scratch, a row per name, TAGS, KEYS and UNIQ_KEY in the rows ROW_*); then, unless the record has a
+    non-ASCII property byte or its topic (``tids[i]``) has ``topic_slow`` (both: ``slow[i]``, left for the
+    one-at-a-time rules), its tagsCode (the Java hash of TAGS as an int32, 0 without TAGS) into ``codes[i]``
+    and its index key hashes (:func:`_key_hashes`, ``topic_prefix`` per topic) appended to ``out``, how many
+    into ``counts[i]``. Returns how many hashes were written, or -1 when ``out`` has no room for them all."""
+    shortest = _shortest(pat_off)
+    rows = vs.shape[0]
+    count = starts.shape[0]
+    t = 0
+    for i in range(count):
+        if i + AHEAD < count:
+            _prefetch(u8, starts[i + AHEAD])
+            _prefetch(u8, starts[i + AHEAD] + 64)
+        for k in range(rows):
+            vs[k, 0] = -1
+            ve[k, 0] = -1
+        s = starts[i]
+        ln = min(lengths[i], u8.shape[0] - s)  # never past the buffer (a record's properties always fit)
+        ascii_ok = True
+        if ln > 0:
+            ascii_ok = _record_props(u8, s, ln, shortest, pat_word, pat_mask, pats, pat_off, first, chain, vs, ve, 0)
+        tid = tids[i]
+        if not ascii_ok or topic_slow[tid]:
+            slow[i] = True
+            continue
+        if vs[ROW_TAGS, 0] >= 0:
+            codes[i] = np.int64(np.int32(_java_hash(np.uint32(0), u8, vs[ROW_TAGS, 0], ve[ROW_TAGS, 0])))
+        u = _record_key_hashes(u8, np.uint32(topic_prefix[tid]), vs[ROW_UNIQ_KEY, 0], ve[ROW_UNIQ_KEY, 0],
+                               vs[ROW_KEYS, 0], ve[ROW_KEYS, 0], out, t)
+        if u < 0:
+            return -1
+        counts[i] = u - t
+        t = u
     return t
 
 
 find_props = _jit(_find_props)
 java_hash_spans = _jit(_java_hash_spans)
 key_hashes = _jit(_key_hashes)
+dispatch_props = _jit(_dispatch_props)
 group_spans = _jit(_group_spans)

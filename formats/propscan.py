@@ -95,6 +95,36 @@ def key_hashes(u8: np.ndarray, use: np.ndarray, prefix: np.ndarray, pv: PropValu
     return counts, out[:got]
 
 
+def dispatch_hashes(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray, tids: np.ndarray, topic_prefix: np.ndarray,
+                    topic_slow: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`scan`, the TAGS hash and :func:`key_hashes` in one compiled pass over each property string:
+    (tagsCode int64, slow bool, keyCount int16 per record, keyHash int32 of every key in record order).
+    ``tids``: each record's topic, indexing ``topic_prefix`` (uint32 Java hash of ``topic#``) and
+    ``topic_slow``; a record whose properties hold a non-ASCII byte or whose topic is slow is left to the
+    one-at-a-time rules (``slow``; tagsCode and keyCount 0, no hashes)."""
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    n = len(starts)
+    codes = np.zeros(n, dtype=np.int64)
+    slow = np.zeros(n, dtype=bool)
+    counts = np.zeros(n, dtype=np.int16)
+    out = np.empty(3 * n + 16, dtype=np.int32)  # room for most chunks (a UNIQ_KEY and two KEYS tokens a record)
+    if not n:
+        return codes, slow, counts, out[:0]
+    pats, off, words, masks, first, chain = _patterns(WANTED)
+    vs = np.empty((len(WANTED), 1), np.int64)
+    ve = np.empty((len(WANTED), 1), np.int64)
+    args = (_view(u8), starts, lengths, np.ascontiguousarray(tids, dtype=np.int32),
+            np.ascontiguousarray(topic_prefix, dtype=np.uint32), np.ascontiguousarray(topic_slow, dtype=bool),
+            words, masks, pats, off, first, chain, vs, ve, codes, slow, counts)
+    got = _kernels().dispatch_props(*args, out)
+    if got < 0:  # more keys than that: room for every one (a key is at least a byte, and a space or its entry's name)
+        out = np.empty(n + (int(np.maximum(lengths, 0).sum()) + n) // 2 + 16, np.int32)
+        slow[:] = False
+        got = _kernels().dispatch_props(*args, out)
+    return codes, slow, counts, out[:got]
+
+
 def java_hash_spans(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Java ``String.hashCode`` (uint32) of the ASCII byte spans ``u8[start:end]`` (compiled kernel)."""
     starts = np.ascontiguousarray(starts, dtype=np.int64)

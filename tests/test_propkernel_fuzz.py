@@ -15,7 +15,7 @@ import random
 import numpy as np
 
 from rmqstore_cli.formats import propscan
-from rmqstore_cli.formats.hashing import index_key_hash
+from rmqstore_cli.formats.hashing import index_key_hash, java_hash
 
 NAMES = propscan.WANTED + ("KEYSX", "K", "CLUSTER", "LONG_NAME_X")
 
@@ -91,6 +91,34 @@ def _check(buf: bytes, starts: list, lengths: list, topic: str = "TopicF") -> No
         want_keys += [index_key_hash(topic + "#" + k.decode("ascii")) for k in keys]
     prefix = np.full(len(starts), _java_hash_bytes(f"{topic}#".encode()), np.uint32)
     counts, kh = propscan.key_hashes(u8, use, prefix, pv)
+    assert counts.tolist() == want_counts
+    assert kh.tolist() == want_keys
+    # the one-pass form (scan, TAGS hash and key hashes together): record i of topic i % 3, topic 1 slow
+    topics = [topic, "SlowTopic", "T\u00e9"]
+    tids = np.arange(len(starts), dtype=np.int32) % 3
+    slow_topic = np.array([False, True, False])
+    topic_prefix = np.array([java_hash(f"{t}#") & 0xFFFFFFFF for t in topics], np.uint32)
+    codes, slow, counts, kh = propscan.dispatch_hashes(u8, np.asarray(starts, np.int64), np.asarray(lengths, np.int64), tids,
+                                                       topic_prefix, slow_topic)
+    want_slow, want_codes, want_counts, want_keys = [], [], [], []
+    for i, (s, n) in enumerate(zip(starts, lengths)):
+        raw = buf[s:s + max(n, 0)]
+        want = _spans(raw, s, NAMES)
+        is_slow = not all(b < 0x80 for b in raw) or bool(slow_topic[tids[i]])
+        want_slow.append(is_slow)
+        ts, te = want["TAGS"]
+        code = _java_hash_bytes(buf[ts:te]) if ts >= 0 and not is_slow else 0
+        want_codes.append(code - (1 << 32) if code >= 1 << 31 else code)
+        keys = []
+        if not is_slow:
+            us, ue = want["UNIQ_KEY"]
+            keys += [buf[us:ue]] if us >= 0 else []
+            ks, ke = want["KEYS"]
+            keys += [t for t in buf[ks:ke].split(b" ") if t] if ks >= 0 else []
+        want_counts.append(len(keys))
+        want_keys += [index_key_hash(topics[tids[i]] + "#" + k.decode("ascii")) for k in keys]
+    assert slow.tolist() == want_slow
+    assert codes.tolist() == want_codes
     assert counts.tolist() == want_counts
     assert kh.tolist() == want_keys
 

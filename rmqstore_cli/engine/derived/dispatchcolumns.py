@@ -81,18 +81,23 @@ def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterne
     (e.g. the multi-dispatch properties, so that lmq.chunk_targets need not scan again).
     """
     n = len(h)
-    pv = propscan.scan(u8, h.propsStart, h.propsLength, names=propscan.WANTED + tuple(extra_names))
-    sched = np.asarray(interner.schedule, dtype=bool)[tids] if n else np.zeros(0, bool)
-    slow = ~pv.ascii | sched
-    codes = np.zeros(n, dtype=np.int64)
     tags_bad = np.zeros(n, dtype=bool)
-    ts, te = pv.start["TAGS"], pv.end["TAGS"]
-    has_tags = (ts >= 0) & ~slow
-    if has_tags.any():
-        codes[has_tags] = propscan.java_hash_spans(u8, ts[has_tags], te[has_tags]).view(np.int32)
-    # Keys: UNIQ_KEY, then every non-empty space-separated token of KEYS (compiled kernel).
-    prefix = np.asarray(interner.prefix, dtype=np.uint32)[tids] if n else np.zeros(0, np.uint32)
-    counts, kh = propscan.key_hashes(u8, ~slow, prefix, pv)
+    if details:
+        pv = propscan.scan(u8, h.propsStart, h.propsLength, names=propscan.WANTED + tuple(extra_names))
+        sched = np.asarray(interner.schedule, dtype=bool)[tids] if n else np.zeros(0, bool)
+        slow = ~pv.ascii | sched
+        codes = np.zeros(n, dtype=np.int64)
+        ts, te = pv.start["TAGS"], pv.end["TAGS"]
+        has_tags = (ts >= 0) & ~slow
+        if has_tags.any():
+            codes[has_tags] = propscan.java_hash_spans(u8, ts[has_tags], te[has_tags]).view(np.int32)
+        # Keys: UNIQ_KEY, then every non-empty space-separated token of KEYS (compiled kernel).
+        prefix = np.asarray(interner.prefix, dtype=np.uint32)[tids] if n else np.zeros(0, np.uint32)
+        counts, kh = propscan.key_hashes(u8, ~slow, prefix, pv)
+    else:  # the same, the spans kept only while each record's hashes are made (one compiled pass)
+        codes, slow, counts, kh = propscan.dispatch_hashes(u8, h.propsStart, h.propsLength, tids,
+                                                           np.asarray(interner.prefix, dtype=np.uint32),
+                                                           np.asarray(interner.schedule, dtype=bool))
     # The rest, one at a time.
     slow_idx = np.flatnonzero(slow)
     slow_props: dict = {}
