@@ -30,7 +30,8 @@ import numpy as np
 
 import numba
 
-from .jsontext import _HEXL, _HEXU, _esc, _hex, _host, _int, _lit, _same
+from .jsontext import _HEXL, _HEXU, _esc, _hex, _host, _int, _lit
+from .wordops import _same_bytes
 from .kernel import _jit
 
 MAGIC_V2 = -626843477  # formats.records.MAGIC_V2 (a literal: numba freezes globals)
@@ -92,7 +93,7 @@ def _props(u8, s, e, out, p, hexl, ent):
             ent[k, 3] = b
             ent[k, 4] = k
             for j in range(k):
-                if ent[j, 4] == j and _same(u8, ent[j, 0], ent[j, 1] - ent[j, 0], a, sep - a):
+                if ent[j, 4] == j and ent[j, 1] - ent[j, 0] == sep - a and _same_bytes(u8, ent[j, 0], u8, a, sep - a):
                     ent[j, 2] = sep + 1  # the later value wins, the first place stays
                     ent[j, 3] = b
                     ent[k, 4] = -1
@@ -149,7 +150,7 @@ def _props_fast(u8, s, e, out, p, ent, plain):
         if sep <= a or sep >= b - 1 or k == ent.shape[0]:
             return -1
         for j in range(k):
-            if ent[j, 1] - ent[j, 0] == sep - a and _same(u8, ent[j, 0], sep - a, a, sep - a):
+            if ent[j, 1] - ent[j, 0] == sep - a and _same_bytes(u8, ent[j, 0], u8, a, sep - a):
                 return -1
         ent[k, 0] = a
         ent[k, 1] = sep

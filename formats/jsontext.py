@@ -218,15 +218,6 @@ def _host(u8, s, w, out, p, hexl):
     return p + 1
 
 
-def _same(u8, a, al, b, bl):
-    if al != bl:
-        return False
-    for k in range(al):
-        if u8[a + k] != u8[b + k]:
-            return False
-    return True
-
-
 _inline = numba.njit(inline="always")
 _lit = _inline(_lit)
 _ndigits = _inline(_ndigits)
@@ -235,4 +226,3 @@ _seq_len = _inline(_seq_len)
 _esc = _inline(_esc)
 _hex = _inline(_hex)
 _host = _inline(_host)
-_same = _inline(_same)

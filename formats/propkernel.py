@@ -18,7 +18,7 @@ import numba
 import numpy as np
 
 from .kernel import _jit
-from .wordops import HIGHS, ONES, _bytes_equal_mask, _low_byte_index, _prefetch, _word
+from .wordops import HIGHS, ONES, _bytes_equal_mask, _load, _low_byte_index, _low_bytes, _prefetch, _same_bytes, _word
 
 SEPARATOR = 2  # between entries (\x02)
 SPACE = 0x20  # between KEYS tokens
@@ -45,25 +45,6 @@ def _poly(w):
 
 
 @numba.njit(inline="always")
-def _low_bytes(w, r):
-    """The ``r`` (1..8) lowest bytes of ``w`` moved to its top, zeros below (``_poly`` of the result is
-    the hash step over those ``r`` bytes)."""
-    return w << np.uint64(8 * (8 - r))
-
-
-@numba.njit(inline="always")
-def _load(u8, j, r):
-    """The word at ``u8[j]`` of which only the ``r`` (1..8) lowest bytes matter: one load when 8 bytes
-    are left in the buffer, else the ``r`` bytes one by one (the buffer's last few bytes only)."""
-    if j + 8 <= u8.shape[0]:
-        return _word(u8, j)
-    w = np.uint64(0)
-    for t in range(r):
-        w |= np.uint64(u8[j + t]) << np.uint64(8 * t)
-    return w
-
-
-@numba.njit(inline="always")
 def _java_hash(h, u8, s, e):
     """Java ``String.hashCode`` continued from ``h`` over the ASCII bytes ``u8[s:e]`` (as uint32).
 
@@ -78,20 +59,6 @@ def _java_hash(h, u8, s, e):
         r = e - j
         x = x * np.uint64(POW31[r]) + _poly(_low_bytes(_load(u8, j, r), r))
     return np.uint32(x & np.uint64(0xFFFFFFFF))
-
-
-@numba.njit(inline="always")
-def _same_bytes(a, ai, b, bi, n):
-    """``a[ai:ai+n] == b[bi:bi+n]`` (eight bytes per step; both spans lie inside their arrays)."""
-    t = 0
-    while t + 8 <= n:
-        if _word(a, ai + t) != _word(b, bi + t):
-            return False
-        t += 8
-    if t < n:
-        r = n - t
-        return _low_bytes(_load(a, ai + t, r), r) == _low_bytes(_load(b, bi + t, r), r)
-    return True
 
 
 @numba.njit(inline="always")

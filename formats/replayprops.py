@@ -9,14 +9,7 @@ from __future__ import annotations
 
 from .jsonscan import _inline, _string_end, _unescape, _ws
 from .kernel import _jit
-
-
-@_inline
-def _same(x, xs, y, ys, n):
-    for k in range(n):
-        if x[xs + k] != y[ys + k]:
-            return False
-    return True
+from .wordops import _same_bytes
 
 
 @_inline
@@ -78,7 +71,7 @@ def _props_match(u8, p, e, raw, rn, tmp, ents):
                     return -1
                 ents[m, 0], ents[m, 1], ents[m, 2], ents[m, 3] = start, sep - start, sep + 1, end - sep - 1
                 for k in range(m):
-                    if ents[k, 1] == ents[m, 1] and _same(raw, ents[k, 0], raw, start, ents[m, 1]):
+                    if ents[k, 1] == ents[m, 1] and _same_bytes(raw, ents[k, 0], raw, start, ents[m, 1]):
                         return -1
                 m += 1
         start = end + 1
@@ -117,10 +110,10 @@ def _props_match(u8, p, e, raw, rn, tmp, ents):
                 return -1
         found = -1
         for k in range(m):
-            if ents[k, 1] == kn and _same(raw, ents[k, 0], tmp, 0, kn):
+            if ents[k, 1] == kn and _same_bytes(raw, ents[k, 0], tmp, 0, kn):
                 found = k
                 break
-        if found < 0 or ents[found, 4] or ents[found, 3] != vn or not _same(raw, ents[found, 2], tmp, kn, vn):
+        if found < 0 or ents[found, 4] or ents[found, 3] != vn or not _same_bytes(raw, ents[found, 2], tmp, kn, vn):
             return -1
         ents[found, 4] = 1
         count += 1

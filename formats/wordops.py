@@ -1,7 +1,8 @@
-"""Word-at-a-time helpers for the compiled kernels (the property, hash and index-chain passes test or
-fetch 8 bytes per step): one unaligned little-endian 64-bit load, the lowest flagged byte of a mask, a
-byte-equality mask, and a cache prefetch hint. LLVM intrinsics, so each compiles to one instruction;
-one implementation each, shared by :mod:`formats.propkernel` and :mod:`formats.entrykernel`."""
+"""Word-at-a-time helpers for the compiled kernels (the property, hash, index-chain and JSON passes test,
+fetch or compare 8 bytes per step): one unaligned little-endian 64-bit load, the lowest flagged byte of a
+mask and a cache prefetch hint (LLVM intrinsics, one instruction each), a byte-equality mask, a buffer's
+last few bytes as one word, and the comparison of two byte spans. One implementation each, shared by
+:mod:`formats.propkernel`, :mod:`formats.entrykernel`, :mod:`formats.jsonkernel` and :mod:`formats.replayprops`."""
 
 from __future__ import annotations
 
@@ -72,3 +73,36 @@ def _bytes_equal_mask(w, rep):
     a match may be flagged too: only the lowest flagged byte is exact)."""
     x = w ^ rep
     return (x - np.uint64(ONES)) & ~x & np.uint64(HIGHS)
+
+
+@numba.njit(inline="always")
+def _low_bytes(w, r):
+    """The ``r`` (1..8) lowest bytes of ``w`` moved to its top, zeros below (``_poly`` of the result is
+    the hash step over those ``r`` bytes)."""
+    return w << np.uint64(8 * (8 - r))
+
+
+@numba.njit(inline="always")
+def _load(u8, j, r):
+    """The word at ``u8[j]`` of which only the ``r`` (1..8) lowest bytes matter: one load when 8 bytes
+    are left in the buffer, else the ``r`` bytes one by one (the buffer's last few bytes only)."""
+    if j + 8 <= u8.shape[0]:
+        return _word(u8, j)
+    w = np.uint64(0)
+    for t in range(r):
+        w |= np.uint64(u8[j + t]) << np.uint64(8 * t)
+    return w
+
+
+@numba.njit(inline="always")
+def _same_bytes(a, ai, b, bi, n):
+    """``a[ai:ai+n] == b[bi:bi+n]`` (eight bytes per step; both spans lie inside their arrays)."""
+    t = 0
+    while t + 8 <= n:
+        if _word(a, ai + t) != _word(b, bi + t):
+            return False
+        t += 8
+    if t < n:
+        r = n - t
+        return _low_bytes(_load(a, ai + t, r), r) == _low_bytes(_load(b, bi + t, r), r)
+    return True
