@@ -39,10 +39,15 @@ def files_under(root, sub):
 
 @pytest.mark.parametrize("name", CLEAN_STORES)
 def test_rebuild_all_matches_broker(name, store_copy):
-    root = store_copy(name)
+    rebuild_all_matches_broker(name, store_copy(name))
+
+
+def rebuild_all_matches_broker(name: str, root, *options: str) -> None:
+    """``rebuild all`` (with ``options``) of ``root``, a copy of shared store ``name`` without its derived files,
+    writes consume queues, ext files and index files byte for byte as the broker wrote them."""
     for sub in ("consumequeue", "consumequeue_ext", "index"):
         shutil.rmtree(root / sub, ignore_errors=True)
-    r = runner.invoke(app, ["rebuild", "all", str(root), *geometry(name)])
+    r = runner.invoke(app, ["rebuild", "all", str(root), *options, *geometry(name)])
     assert r.exit_code == 0, r.output
     src = shared_store(name)
     assert files_under(root, "consumequeue") == files_under(src, "consumequeue")

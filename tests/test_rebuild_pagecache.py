@@ -12,35 +12,18 @@ from __future__ import annotations
 
 import mmap
 import os
-import shutil
 
 import pytest
-from typer.testing import CliRunner
 
-from rmqstore_cli.app import app
 from rmqstore_cli.engine.derived import cqdirect
 from rmqstore_cli.engine.log import writeback
-from rmqstore_cli.engine.store import Store
 
-from .conftest import copy_store, shared_store
-from .test_rebuild import files_under, geometry
-
-runner = CliRunner()
+from .conftest import copy_store
+from .test_rebuild import rebuild_all_matches_broker
 
 
 def _rebuild_matches_broker(name: str, root, jobs: int = 1) -> None:
-    for sub in ("consumequeue", "consumequeue_ext", "index"):
-        shutil.rmtree(root / sub, ignore_errors=True)
-    r = runner.invoke(app, ["rebuild", "all", str(root), "--yes", "-j", str(jobs), *geometry(name)])
-    assert r.exit_code == 0, r.output
-    src = shared_store(name)
-    assert files_under(root, "consumequeue") == files_under(src, "consumequeue")
-    with Store.open(str(root)) as a, Store.open(str(src)) as b:
-        fa, fb = a.index.files, b.index.files
-        assert len(fa) == len(fb)
-        for x, y in zip(fa, fb):
-            assert x.header() == y.header()
-            assert bytes(x.segment.buffer()) == bytes(y.segment.buffer())
+    rebuild_all_matches_broker(name, root, "--yes", "-j", str(jobs))
 
 
 @pytest.mark.parametrize("refused", [False, True], ids=["advice-taken", "kernel-refuses"])
