@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 from rmqstore_cli.formats import dledger as dl
 
-from .cleanup import (FIRST_ROUND_DELAY_MS, ROUND_INTERVAL_MS, CleanupPrediction, CleanupSettings, DerivedCleaner,
-                      DerivedFile, DiskUsage, LogFile, Partition, Round, expired_files, local_hour)
+from .cleanup import (FIRST_ROUND_DELAY_MS, ROUND_INTERVAL_MS, CleanupPrediction, CleanupSettings, DiskUsage, LogFile,
+                      Partition, Round, expired_files, local_hour)
+from .derivedcleanup import DerivedCleaner, DerivedFile
 
 DLEDGER_ROUND_MS = 100  # CleanSpaceService: waitForRunning(100) between rounds
 DLEDGER_BATCH_MAX = 10  # MmapFileList.DELETE_FILES_BATCH_MAX, both DLedger versions

@@ -24,7 +24,8 @@ import numpy as np
 
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
-from .cleanup import CleanupPrediction, CleanupSettings, DerivedFile, DiskUsage, LogFile, derived_behind, predict_cleanup
+from .cleanup import CleanupPrediction, CleanupSettings, DiskUsage, LogFile, predict_cleanup
+from .derivedcleanup import derived_behind
 from .dledgercleanup import dledger_behind, predict_dledger_cleanup
 from ..errors import StoreCorruptError, UsageError
 
