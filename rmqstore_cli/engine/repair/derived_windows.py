@@ -214,6 +214,56 @@ class WindowedCheck:
         return _verdicts(planner, self.queues, self.tails)
 
 
+class FedByVerify:
+    """A :class:`WindowedCheck` fed by ``verify -j``'s workers in their walk (``WindowChecks``' ``extra``), as one
+    process feeds it verify's window reports (derived_plan._verify_along): each worker checks the windows of its
+    segments from a fresh start, as :func:`_segment_partial` does, and sends what they add; this process folds the
+    segments in in log order (:meth:`WindowedCheck.run_parallel`'s merge). :meth:`verdicts` is None when the walk
+    cannot say (a segment not fed, an invalid record before the recovered end: verify's CRC walk read other records
+    than the check's own walk would; a lying unit): the caller then runs the check's own walk."""
+
+    def __init__(self, check: WindowedCheck):
+        self.check = check
+        self.merged: set = set()
+        self.bad = False
+
+    # -- in a worker (a forked copy of this object and its check) --
+
+    def window(self, rep) -> None:
+        self.check.report(rep)
+
+    def segment_result(self, i: int):
+        c = self.check
+        out = (c.count, c.newest, c.newest_cq, c.tails, c.lied or c.invalid_seen)
+        c.count, c.newest, c.newest_cq, c.tails, c.lied, c.invalid_seen = 0, None, 0, {}, False, False
+        return out
+
+    # -- here --
+
+    def merge(self, i: int, part) -> None:
+        if part is None or self.bad:
+            self.bad = True
+            return
+        count, newest, newest_cq, tails, bad = part
+        if bad:
+            self.bad = True
+            return
+        self.merged.add(i)
+        c = self.check
+        c.count += count
+        if newest is not None:
+            c.newest = newest if c.newest is None else max(c.newest, newest)
+        c.newest_cq = max(c.newest_cq, newest_cq)
+        for key, parts in tails.items():
+            c.tails.setdefault(key, []).extend(parts)
+
+    def verdicts(self) -> dict | None:
+        """The check's answer, when every segment of the recovered log was fed and nothing needs another walk."""
+        if self.bad or not self.merged.issuperset(range(len(self.check.segs))):
+            return None
+        return self.check.finish()
+
+
 def _window_bounds(cl, segs: list) -> np.ndarray:
     """Start offsets of the windows of ``segs`` (a prefix of the log's segments: numbered as verify numbers them)."""
     parts = [window_starts(s, cl.segments.file_size) for s in segs]
