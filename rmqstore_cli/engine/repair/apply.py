@@ -234,7 +234,10 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
         if jobs > 1 and start_index == 0 and len(segs) > 1:
             from .rebuild import parallel_requests
 
-            parallel_requests(st, d, jobs, lambda batch: d.dispatch_many(_inside(batch, start, end)))
+            # the records' strings travel only for the one-key-at-a-time index writer (as rebuild -j sends them):
+            # the bulk dispatch reads the workers' topic ids and index key hashes
+            parallel_requests(st, d, jobs, lambda batch: d.dispatch_many(_inside(batch, start, end)),
+                              strings=d.config.maxIndexNum < 2)
         else:
             for chunk in st.commitlog.scan(start_index=start_index, check_crc=False):
                 d.dispatch_many(_inside(d.requests_from_chunk(chunk), start, end))
