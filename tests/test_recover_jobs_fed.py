@@ -71,6 +71,7 @@ def test_cut_queues_fed_check_and_broker_counts(tmp_path, used):
     assert gaining == {f"{t}-{q}": lengths[(t, q)] - keep for (t, q), keep in sorted(cut.items())}, cut
     assert used["walk"] and used["dispatch"], used
     assert used["fed"] and not used["derived"] - used["fed"], used  # no walk of the derived check's own
+    assert used["pruned"], used  # the re-dispatch's workers left out units the queues held
 
 
 def test_invalid_record_before_the_end_takes_the_checks_own_walk(tmp_path, used):
