@@ -122,3 +122,36 @@ def test_lying_unit_takes_the_whole_table(tmp_path, used):
     assert code in (0, 1), f"{path.relative_to(case)} unit {i}: {err}"
     assert any(r["code"] for r in _plan(out)["queueRepairs"]), "the lying unit is repaired"
     assert not used["fed"], used
+
+
+def test_windows_hit_matches_placing_each_unit():
+    """derived_windows.windows_hit (binary searches of the bounds in rising offsets) against each unit placed on its
+    own in plain Python: its segment (None past the segment's limit) and its window."""
+    import numpy as np
+
+    from rmqstore_cli.engine.repair.derived_windows import windows_hit
+
+    print("seed", SEED)
+    rng = random.Random(SEED * 13 + 4)
+    for _ in range(400):
+        size = rng.randrange(8, 64)
+        nseg = rng.randrange(1, 5)
+        bounds = [k * size for k in range(nseg)]
+        limits = [b + rng.randrange(1, size + 1) for b in bounds]
+        wstarts = sorted({b + (0 if j == 0 else rng.randrange(1, size)) for b in bounds for j in range(rng.randrange(1, 4))})
+        top = bounds[-1] + size + 4
+        real = [rng.randrange(0, top) for _ in range(rng.randrange(0, 30))]
+        if rng.random() < 0.7:
+            real.sort()
+        if rng.random() < 0.5:  # mostly inside the segments' limits
+            real = [x for x in real if any(b <= x < lim for b, lim in zip(bounds, limits))]
+
+        def place(x):
+            k = max(i for i, b in enumerate(bounds) if b <= x)
+            return None if x >= limits[k] else max(j for j, w in enumerate(wstarts) if w <= x)
+
+        placed = [place(x) for x in real]
+        want = None if None in placed else sorted(set(placed))
+        got = windows_hit(np.asarray(real, np.int64), np.asarray(bounds, np.int64), np.asarray(limits, np.int64),
+                          np.asarray(wstarts, np.int64))
+        assert got == want, (bounds, limits, wstarts, real)

@@ -122,11 +122,9 @@ class WindowedCheck:
                 real = phy[first + np.arange(len(phy)) >= first_real] if first_real is not None else phy[:0]
                 if len(bounds):
                     real = real[real >= bounds[0]]  # behind the commitlog's first file: deleted by the cleaner
-                w = np.searchsorted(bounds, real, side="right") - 1
-                inside = (w >= 0) & (real < limits[np.maximum(w, 0)]) if len(bounds) else np.zeros(len(real), bool)
-                if not inside.all():
+                hit = windows_hit(real, bounds, limits, wbounds)
+                if hit is None:
                     return None  # a unit points where no segment of the recovered log is: CQ_NO_RECORD
-                hit = np.unique(np.searchsorted(wbounds, real, side="right") - 1).tolist()
                 touched.append(_window_slices(phy, first, first_real, wbounds, hit))
             queues[key] = (qs, files, first_real, touched)
         return cls(planner, segs, limits, wbounds, queues)
@@ -262,6 +260,26 @@ class FedByVerify:
         if self.bad or not self.merged.issuperset(range(len(self.check.segs))):
             return None
         return self.check.finish()
+
+
+def windows_hit(real: np.ndarray, bounds: np.ndarray, limits: np.ndarray, wbounds: np.ndarray) -> list | None:
+    """The windows (numbers, increasing) the phyOffsets ``real`` point into (window k: [wbounds[k], wbounds[k + 1])),
+    or None when one points where no segment is (segment k: [bounds[k], limits[k])). ``real`` holds nothing before
+    ``bounds[0]``. Rising offsets (a queue is written in log order) are placed by binary searches of the few
+    bounds in them instead of every unit in the bounds (7 M units of a 8 GiB log: ~0.2 s less before the walk)."""
+    n = len(real)
+    if not len(bounds):
+        return None if n else []
+    if n > 1 and len(wbounds) and real[0] >= wbounds[0] and not (real[1:] < real[:-1]).any():
+        after = np.append(bounds[1:], np.iinfo(np.int64).max)
+        if (np.searchsorted(real, after) > np.searchsorted(real, limits)).any():
+            return None  # some unit lies in [limits[k], bounds[k + 1]): past a segment's end
+        first = np.searchsorted(real, wbounds)  # units before each window
+        return np.flatnonzero(np.diff(np.append(first, n)) > 0).tolist()
+    w = np.searchsorted(bounds, real, side="right") - 1
+    if not ((w >= 0) & (real < limits[np.maximum(w, 0)])).all():
+        return None
+    return np.unique(np.searchsorted(wbounds, real, side="right") - 1).tolist()
 
 
 def _window_bounds(cl, segs: list) -> np.ndarray:
