@@ -236,6 +236,11 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
         d = Dispatcher(root, st.config, index_namer=index_namer, repair=True)
     if index_after is not None:
         d.index_continues_after(*index_after)
+    from .rebuild import _Writeback
+
+    # the index entries and units written are handed to the kernel's write-back as the dispatch goes on (as rebuild
+    # does), so the final flush does not wait for all of a large store's dirty pages at once
+    writeback = _Writeback(d)
     try:
         if parallel:
             from .dispatchjobs import skipped_units
@@ -248,13 +253,16 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
                 batch = _inside(batch, start, end)
                 d.dispatch_many(batch)
                 d.stats.cq_skipped += skipped_units(batch)
+                writeback.after(batch)
 
             # the records' strings travel only for the one-key-at-a-time index writer (as rebuild -j sends them):
             # the bulk dispatch reads the workers' topic ids and index key hashes
             parallel_requests(st, d, jobs, handle, strings=d.config.maxIndexNum < 2)
         else:
             for chunk in st.commitlog.scan(start_index=start_index, check_crc=False):
-                d.dispatch_many(_inside(d.requests_from_chunk(chunk), start, end))
+                batch = _inside(d.requests_from_chunk(chunk), start, end)
+                d.dispatch_many(batch)
+                writeback.after(batch)
                 if chunk.segment.start + int(chunk.headers.offsets[-1]) >= end:
                     break
         d.flush()
