@@ -60,7 +60,10 @@ class PruningDispatcher(Dispatcher):
         if getattr(self, "_ready", None) is None or self._ready.value:
             return
         for key, i in self._slots.items():
-            self._limits[i] = self.queue(*key).max_physic_offset
+            try:
+                self._limits[i] = self.queue(*key).max_physic_offset
+            except Exception:  # noqa: BLE001 - a queue -j 1 may never open: its units go whole, its error stays -j 1's
+                self._limits[i] = -(1 << 62)
         self._ready.value = 1
 
     def requests_from_chunk(self, chunk):
