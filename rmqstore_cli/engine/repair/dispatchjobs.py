@@ -34,8 +34,9 @@ class _PrunedPlan(QueuePlan):
 
 
 class PruningDispatcher(Dispatcher):
-    """The re-dispatch's :class:`Dispatcher`; in a forked worker, once :meth:`queues_known` has run here, the
-    batches it makes (:meth:`requests_from_chunk`) leave out the units their queues already hold."""
+    """The re-dispatch's :class:`Dispatcher` (the broker's ReputMessageService dispatch, CommitLogDispatcherBuildConsumeQueue
+    and BuildIndex); in a forked worker, once :meth:`queues_known` has run here, the batches it makes
+    (:meth:`requests_from_chunk`) leave out the units their queues already hold."""
 
     def prepare_pruning(self, start: int, end: int) -> None:
         """Before the workers are forked: the queues whose writers will say where they start (file-based, not a batch
