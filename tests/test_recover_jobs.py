@@ -47,7 +47,7 @@ def used(monkeypatch):
     # small chunks and hand-overs: a worker pauses its walk and resumes it many times in each segment
     monkeypatch.setattr(recoveryjobs, "CHUNK", 7)
     monkeypatch.setattr(recoveryjobs, "HAND_OVER", 10)
-    seen = {"walk": 0, "derived": 0, "dispatch": 0}
+    seen = {"walk": 0, "derived": 0, "dispatch": 0, "fed": 0, "pruned": 0}
 
     real_walk = recoveryjobs.broker_walk_jobs
     real_check = derived_windows.WindowedCheck.run_parallel
@@ -62,6 +62,26 @@ def used(monkeypatch):
 
     monkeypatch.setattr(recoveryjobs, "broker_walk_jobs", walk)
     monkeypatch.setattr(derived_windows.WindowedCheck, "run_parallel", check)
+    real_fed = derived_windows.FedByVerify.verdicts
+
+    def fed(self):
+        got = real_fed(self)
+        if got is not None:  # the derived check answered from verify's workers' walk
+            seen["fed"] += 1
+            seen["derived"] += 1
+        return got
+
+    monkeypatch.setattr(derived_windows.FedByVerify, "verdicts", fed)
+    from rmqstore_cli.engine.repair import dispatchjobs
+
+    real_skipped = dispatchjobs.skipped_units
+
+    def skipped(batch):
+        n = real_skipped(batch)
+        seen["pruned"] += n  # units a re-dispatch worker left out of its batch (the queue held them)
+        return n
+
+    monkeypatch.setattr(dispatchjobs, "skipped_units", skipped)
     from rmqstore_cli.engine.repair import rebuild
 
     real_req = rebuild.parallel_requests

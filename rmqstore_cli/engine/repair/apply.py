@@ -222,22 +222,47 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
     st = Store.open(root, overrides={k: getattr(config, k) for k in (
         "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "mappedFileSizeConsumeQueueExt",
         "enableConsumeQueueExt", "maxHashSlotNum", "maxIndexNum", "messageIndexEnable", "version")})
-    d = Dispatcher(root, st.config, index_namer=index_namer, repair=True)
+    segs = st.commitlog.segments.segments
+    start_index = 0
+    for k, s in enumerate(segs):
+        if s.start <= start:
+            start_index = k
+    parallel = jobs > 1 and start_index == 0 and len(segs) > 1
+    if parallel:
+        from .dispatchjobs import PruningDispatcher
+
+        d = PruningDispatcher(root, st.config, index_namer=index_namer, repair=True)
+    else:
+        d = Dispatcher(root, st.config, index_namer=index_namer, repair=True)
     if index_after is not None:
         d.index_continues_after(*index_after)
+    from .rebuild import _Writeback
+
+    # the index entries and units written are handed to the kernel's write-back as the dispatch goes on (as rebuild
+    # does), so the final flush does not wait for all of a large store's dirty pages at once
+    writeback = _Writeback(d)
     try:
-        segs = st.commitlog.segments.segments
-        start_index = 0
-        for k, s in enumerate(segs):
-            if s.start <= start:
-                start_index = k
-        if jobs > 1 and start_index == 0 and len(segs) > 1:
+        if parallel:
+            from .dispatchjobs import skipped_units
             from .rebuild import parallel_requests
 
-            parallel_requests(st, d, jobs, lambda batch: d.dispatch_many(_inside(batch, start, end)))
+            d.prepare_pruning(start, end)  # the workers leave out the units the queues hold (dispatchjobs.py)
+
+            def handle(batch):
+                d.queues_known()
+                batch = _inside(batch, start, end)
+                d.dispatch_many(batch)
+                d.stats.cq_skipped += skipped_units(batch)
+                writeback.after(batch)
+
+            # the records' strings travel only for the one-key-at-a-time index writer (as rebuild -j sends them):
+            # the bulk dispatch reads the workers' topic ids and index key hashes
+            parallel_requests(st, d, jobs, handle, strings=d.config.maxIndexNum < 2)
         else:
             for chunk in st.commitlog.scan(start_index=start_index, check_crc=False):
-                d.dispatch_many(_inside(d.requests_from_chunk(chunk), start, end))
+                batch = _inside(d.requests_from_chunk(chunk), start, end)
+                d.dispatch_many(batch)
+                writeback.after(batch)
                 if chunk.segment.start + int(chunk.headers.offsets[-1]) >= end:
                     break
         d.flush()

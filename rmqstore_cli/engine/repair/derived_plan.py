@@ -83,11 +83,17 @@ def _verify_along(planner) -> dict | None:
 
     store = planner.store
     if planner.jobs > 1:
-        # -j: verify's own workers (window checks included), then the derived check's workers (one walk each)
+        # -j: verify's workers also run the derived check on each segment they walk (one walk for both, as below)
         from ..verify.pipeline import verify_store_jobs
+        from .derived_windows import FedByVerify
 
-        planner.verify_findings = verify_store_jobs(store, planner.jobs).findings
-        return windowed_verdicts(planner) if planner.cl_kept else None
+        check = WindowedCheck.start(planner) if planner.cl_kept else None
+        fed = FedByVerify(check) if check is not None and len(check.segs) > 1 else None
+        planner.verify_findings = verify_store_jobs(store, planner.jobs, extra=fed).findings
+        if not planner.cl_kept:
+            return None
+        found = fed.verdicts() if fed is not None else None
+        return found if found is not None else windowed_verdicts(planner)
     check = WindowedCheck.start(planner) if planner.cl_kept else None
 
     def reports():

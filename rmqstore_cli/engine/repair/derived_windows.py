@@ -122,11 +122,9 @@ class WindowedCheck:
                 real = phy[first + np.arange(len(phy)) >= first_real] if first_real is not None else phy[:0]
                 if len(bounds):
                     real = real[real >= bounds[0]]  # behind the commitlog's first file: deleted by the cleaner
-                w = np.searchsorted(bounds, real, side="right") - 1
-                inside = (w >= 0) & (real < limits[np.maximum(w, 0)]) if len(bounds) else np.zeros(len(real), bool)
-                if not inside.all():
+                hit = windows_hit(real, bounds, limits, wbounds)
+                if hit is None:
                     return None  # a unit points where no segment of the recovered log is: CQ_NO_RECORD
-                hit = np.unique(np.searchsorted(wbounds, real, side="right") - 1).tolist()
                 touched.append(_window_slices(phy, first, first_real, wbounds, hit))
             queues[key] = (qs, files, first_real, touched)
         return cls(planner, segs, limits, wbounds, queues)
@@ -212,6 +210,76 @@ class WindowedCheck:
         planner = self.planner
         planner.record_table = LazyRecordTable(planner.store, planner.end, self.count, self.newest, self.newest_cq)
         return _verdicts(planner, self.queues, self.tails)
+
+
+class FedByVerify:
+    """A :class:`WindowedCheck` fed by ``verify -j``'s workers in their walk (``WindowChecks``' ``extra``), as one
+    process feeds it verify's window reports (derived_plan._verify_along): each worker checks the windows of its
+    segments from a fresh start, as :func:`_segment_partial` does, and sends what they add; this process folds the
+    segments in in log order (:meth:`WindowedCheck.run_parallel`'s merge). :meth:`verdicts` is None when the walk
+    cannot say (a segment not fed, an invalid record before the recovered end: verify's CRC walk read other records
+    than the check's own walk would; a lying unit): the caller then runs the check's own walk."""
+
+    def __init__(self, check: WindowedCheck):
+        self.check = check
+        self.merged: set = set()
+        self.bad = False
+
+    # -- in a worker (a forked copy of this object and its check) --
+
+    def window(self, rep) -> None:
+        self.check.report(rep)
+
+    def segment_result(self, i: int):
+        c = self.check
+        out = (c.count, c.newest, c.newest_cq, c.tails, c.lied or c.invalid_seen)
+        c.count, c.newest, c.newest_cq, c.tails, c.lied, c.invalid_seen = 0, None, 0, {}, False, False
+        return out
+
+    # -- here --
+
+    def merge(self, i: int, part) -> None:
+        if part is None or self.bad:
+            self.bad = True
+            return
+        count, newest, newest_cq, tails, bad = part
+        if bad:
+            self.bad = True
+            return
+        self.merged.add(i)
+        c = self.check
+        c.count += count
+        if newest is not None:
+            c.newest = newest if c.newest is None else max(c.newest, newest)
+        c.newest_cq = max(c.newest_cq, newest_cq)
+        for key, parts in tails.items():
+            c.tails.setdefault(key, []).extend(parts)
+
+    def verdicts(self) -> dict | None:
+        """The check's answer, when every segment of the recovered log was fed and nothing needs another walk."""
+        if self.bad or not self.merged.issuperset(range(len(self.check.segs))):
+            return None
+        return self.check.finish()
+
+
+def windows_hit(real: np.ndarray, bounds: np.ndarray, limits: np.ndarray, wbounds: np.ndarray) -> list | None:
+    """The windows (numbers, increasing) the phyOffsets ``real`` point into (window k: [wbounds[k], wbounds[k + 1])),
+    or None when one points where no segment is (segment k: [bounds[k], limits[k])). ``real`` holds nothing before
+    ``bounds[0]``. Rising offsets (a queue is written in log order) are placed by binary searches of the few
+    bounds in them instead of every unit in the bounds (7 M units of a 8 GiB log: ~0.2 s less before the walk)."""
+    n = len(real)
+    if not len(bounds):
+        return None if n else []
+    if n > 1 and len(wbounds) and real[0] >= wbounds[0] and not (real[1:] < real[:-1]).any():
+        after = np.append(bounds[1:], np.iinfo(np.int64).max)
+        if (np.searchsorted(real, after) > np.searchsorted(real, limits)).any():
+            return None  # some unit lies in [limits[k], bounds[k + 1]): past a segment's end
+        first = np.searchsorted(real, wbounds)  # units before each window
+        return np.flatnonzero(np.diff(np.append(first, n)) > 0).tolist()
+    w = np.searchsorted(bounds, real, side="right") - 1
+    if not ((w >= 0) & (real < limits[np.maximum(w, 0)])).all():
+        return None
+    return np.unique(np.searchsorted(wbounds, real, side="right") - 1).tolist()
 
 
 def _window_bounds(cl, segs: list) -> np.ndarray:

@@ -27,15 +27,45 @@ CHUNK = 8192  # records per chunk of a worker's walk (broker_walk's default)
 
 class _PredictionInputs(DispatchPrediction):
     """In a worker: the records DispatchPrediction would run its put rules on, kept (not applied) and handed over
-    in log order; topic ids are this segment's own, sent with their names."""
+    in log order; topic ids are this segment's own, sent with their names.
+
+    A record its queue already holds a unit for by the rules' first test (it ends at or before the queue's
+    maxPhysicOffset as the walk found it: ``proto.state``, the state before any record, inherited by the fork) is
+    not handed over: that maxPhysicOffset only grows as the rules run, so the rules skip the record whatever the
+    records before it did. After a crash the queues are mostly complete: the workers hand over only the records
+    past each queue's last unit, not every record of the log."""
 
     def __init__(self, proto: DispatchPrediction):
         super().__init__({}, proto.multi_dispatch, {}, ())
         self.held = 0
+        self.initial = proto.state
+        self._names: list = []
+        self._limits: dict = {}  # (segment's topic id, queue id) -> the queue's maxPhysicOffset before any record
+
+    def _limit(self, key: int) -> int:
+        got = self._limits.get(key)
+        if got is None:
+            tid, qid = key >> 32, key & 0xFFFFFFFF
+            if tid >= len(self._names):
+                self._names = [None] * len(self.topics)
+                for name, v in self.topics.items():
+                    self._names[v] = name
+            st = self.initial.get((self._names[tid], qid))
+            got = self._limits[key] = int(st[1]) if st is not None else -(1 << 62)  # a new queue: every record counts
+        return got
 
     def add(self, phy, size, tid, qid, qo) -> None:
-        self._parts.append((np.asarray(phy, np.int64), np.asarray(size, np.int64), np.asarray(tid, np.int64),
-                            np.asarray(qid, np.int64), np.asarray(qo, np.int64)))
+        phy, size, tid, qid, qo = (np.asarray(a, np.int64) for a in (phy, size, tid, qid, qo))
+        if len(phy):
+            keys, inv = np.unique((tid << 32) | (qid & 0xFFFFFFFF), return_inverse=True)
+            limit = np.asarray([self._limit(k) for k in keys.tolist()], np.int64)[inv]
+            keep = phy + size > limit
+            if not keep.all():
+                rows = np.flatnonzero(keep)
+                phy, size, tid, qid, qo = phy[rows], size[rows], tid[rows], qid[rows], qo[rows]
+        if not len(phy):
+            return
+        self._parts.append((phy, size, tid, qid, qo))
         self.held += len(phy)
 
     def flush(self) -> None:  # the rules run in the main process
@@ -104,7 +134,8 @@ def broker_walk_jobs(segments, cfg, version: int, start_index: int, check_crc: b
     warm_up()  # the compiled kernels loaded once here, before the fork
     n = len(segments) - start_index
     k = start_index
-    stream = stream_segments(_walk_segment, n, jobs, segments, cfg, version, start_index, check_crc, pred)
+    # a worker through its segment takes the next one nobody has (each segment is walked from its start alone)
+    stream = stream_segments(_walk_segment, n, jobs, segments, cfg, version, start_index, check_crc, pred, balance=True)
     try:
         for item in stream:
             if not isinstance(item, _SegmentWalked):

@@ -88,13 +88,14 @@ def verify_store(store, *, check_crc: bool = True, reports: Iterable[SegmentRepo
 
 
 def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[SegmentReport] | None = None,
-                       progress: Callable[[int], None] | None = None, jobs: int = 1) -> VerifyResult:
+                       progress: Callable[[int], None] | None = None, jobs: int = 1, extra=None) -> VerifyResult:
     keep_freed_heap()  # the walk's chunk columns reuse freed heap memory (in -j's forked workers too)
     cl = store.commitlog
     findings: list[Finding] = []
     findings += cl.segments.problems
     parallel = reports is None and parallel_checks(store, jobs)
-    checks = WindowChecks(store, findings, check_crc=check_crc, jobs=jobs if parallel else 1)
+    checks = WindowChecks(store, findings, check_crc=check_crc, jobs=jobs if parallel else 1,
+                          extra=extra if parallel else None)
     tail = None
     if parallel:
         if _has_log_independent_checks(store, with_dledger=False):  # -j splits the DLedger walk itself
@@ -200,13 +201,16 @@ def parallel_checks(store, jobs: int) -> bool:
     return jobs > 1 and store.rocksdb is None and len(store.commitlog.segments.segments) > 1 and not segments_overlap(store.commitlog)
 
 
-def verify_store_jobs(store, jobs: int, *, check_crc: bool = True, progress: Callable[[int], None] | None = None) -> VerifyResult:
+def verify_store_jobs(store, jobs: int, *, check_crc: bool = True, progress: Callable[[int], None] | None = None,
+                      extra=None) -> VerifyResult:
     """:func:`verify_store` on ``jobs`` processes: the window checks in the workers where the store allows
-    (:func:`parallel_checks`), else the walk alone; the same result as one process."""
+    (:func:`parallel_checks`), else the walk alone; the same result as one process. ``extra``: the caller's own
+    per-window work done by the same workers in the same walk (:class:`.windowchecks.WindowChecks`); it is fed
+    only when the workers run the window checks (the caller sees what it was given)."""
     keep_freed_heap()  # before any worker is forked: they inherit it
     if parallel_checks(store, jobs):
         try:
-            return _verify_in_windows(store, check_crc=check_crc, progress=progress, jobs=jobs)
+            return _verify_in_windows(store, check_crc=check_crc, progress=progress, jobs=jobs, extra=extra)
         except NotMergeable:  # the workers' summaries cannot decide it: the records are read again here
             return verify_store(store, check_crc=check_crc)
     reports = iter_segments_parallel(store.commitlog, jobs, check_crc=check_crc, progress=progress) if jobs > 1 else None

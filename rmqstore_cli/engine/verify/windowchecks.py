@@ -46,6 +46,7 @@ class SegmentChecks:
     records: int
     dispatch: list  # (WindowMissing, window number) of the windows that matter to the dispatch check
     partials: dict = field(default_factory=dict)  # ("q"|"b"|"x", number) or "lmq" -> the checker's partial
+    extra: object = None  # what the caller's extra per-window work made of the segment (``WindowChecks.extra``)
 
 
 class _DispatchSummaries:
@@ -64,9 +65,15 @@ class WindowChecks:
     """The commitlog side of the broker's consistency: what ``ReputMessageService`` would have dispatched
     (consume queues, batch queues, LMQ, index entries) checked against the records, one window at a time."""
 
-    def __init__(self, store, findings: list, *, check_crc: bool = True, jobs: int = 1):
+    def __init__(self, store, findings: list, *, check_crc: bool = True, jobs: int = 1, extra=None):
         """The record-independent checks of every queue and index file are made here, or with ``jobs`` > 1 by the
-        workers of :meth:`run_parallel` (this process then has them once that call has started the workers)."""
+        workers of :meth:`run_parallel` (this process then has them once that call has started the workers).
+
+        ``extra`` (with ``jobs`` > 1): more work for the workers in the same walk, so the log is not walked again
+        for it: in a worker ``extra.window(rep)`` gets each window report before the checks consume its columns
+        (it must not consume them) and ``extra.segment_result(i)`` (picklable) ends segment ``i``; this process
+        gets those in log order as ``extra.merge(i, result)``."""
+        self.extra = extra
         cl = self.cl = store.commitlog
         self.store, self.check_crc, self.findings = store, check_crc, findings
         self.windows = windows = Windows(cl)
@@ -212,6 +219,8 @@ class WindowChecks:
             rep.findings = []  # already in self.findings
         out = SegmentChecks(i, self.findings, self.kept, self.times, self.first_record, self.prev_ts, self.newest,
                             self.n_records, self.dispatch.items)
+        if self.extra is not None:
+            out.extra = self.extra.segment_result(i)
         for key, c in self._checkers():
             got = c.take_partial()
             if got is not None:
@@ -242,6 +251,8 @@ class WindowChecks:
             got = res.partials.get(key)
             if got is not None:
                 c.merge_partial(got)
+        if self.extra is not None:
+            self.extra.merge(res.segment, res.extra)
 
     def run_parallel(self, jobs: int, progress: Callable[[int], None] | None = None) -> None:
         """Every segment's windows checked by ``jobs`` forked workers, merged here in log order."""
@@ -265,6 +276,8 @@ _WALK_AHEAD = 3  # windows a worker walks before it waits for the shared file ch
 def _segment_checks(i: int, checks: WindowChecks, firsts: list):
     pending: list = []  # windows walked while the shared file checks were on their way
     for rep in iter_segment_windows(checks.cl, i, check_crc=checks.check_crc, first_window=firsts[i]):
+        if checks.extra is not None:
+            checks.extra.window(rep)
         if not checks.enter_worker(wait=len(pending) >= _WALK_AHEAD):
             pending.append(rep)
             continue
