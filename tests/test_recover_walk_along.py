@@ -148,3 +148,33 @@ def test_walk_along_plans_like_separate_walks_on_seeded_damage(store_copy):
             assert along[0] == separate[0], f"{where}: plans differ"
             assert along[1] == separate[1], f"{where}: findings differ"
     assert any(answered) and not all(answered), answered
+
+
+@pytest.mark.parametrize("gap", ["to the end of its file", "one record"])
+def test_look_past_skips_a_zero_tail(store_copy, monkeypatch, gap):
+    """The broker's walk ends in zeros: when the rest of the file is zeros no record can start there and it is
+    not searched (a crash's last 1 GiB file may be mostly zeros); the plan is the one a search gives (forced
+    here); zeros over one record in the middle of a file: searched, and the records after it are found."""
+    name = "4.9.3-clean"
+    root = store_copy(name)
+    recs = _records(root)
+    path, pos, size, _, _ = recs[len(recs) // 2]
+    with open(path, "r+b") as f:
+        end = f.seek(0, 2)
+        f.seek(pos)
+        f.write(bytes(end - pos if gap.startswith("to") else size))
+    _crash(root, "zeroed")
+    searched = []
+    real_resync, real_look = recovery.resync, recovery.Planner._look_past
+    monkeypatch.setattr(recovery, "resync", lambda *a: searched.append(a[1]) or real_resync(*a))
+    plans = []
+    for forced in (False, True):
+        if forced:
+            monkeypatch.setattr(recovery.Planner, "_look_past", lambda self, stop, tail=True: real_look(self, stop))
+        with Store.open(str(root)) as st:
+            plans.append(plan_recovery(st, 4, with_verify=True).as_json())
+        if not forced:
+            assert bool(searched) == (gap == "one record"), searched
+    assert plans[0]["commitlog"]["stopKind"] == "zero"
+    assert plans[0] == plans[1]
+    assert ("salvage" in str(plans[0])) or gap.startswith("to")

@@ -254,8 +254,10 @@ class Planner:
         if stop.kind == fast.STOP_BAD_MAGIC and "v2" in stop.reason:
             plan.notes.append(f"4.9 reads the magic v2 record at {stop.offset} as garbage and truncates the log there; "
                               f"open this store with --broker-version 5")
+        tails = {}  # (file, position) -> any non-zero byte from there on (read once: a 1 GiB tail costs)
+        has_data = lambda seg, pos: tails.setdefault((seg.path, pos), nonzero_after(seg.path, pos))  # noqa: E731
         if segs and stop.kind != fast.STOP_BLANK:
-            self._look_past(stop)
+            self._look_past(stop, has_data(segs[stop.segment_index], stop.position))
         # §13.6 on the commitlog
         for k, seg in enumerate(segs):
             if seg.start > end:
@@ -263,7 +265,7 @@ class Planner:
                 self.move_aside(seg.path, f"commitlog truncation at {end}: the file starts after the recovered end"
                                 + ("" if has else " (pre-allocated, all zeros)"), housekeeping=not has)
             elif seg.start <= end < seg.start + seg.size and stop.kind != fast.STOP_BLANK:
-                if nonzero_after(seg.path, end - seg.start):
+                if has_data(seg, end - seg.start):
                     self.act("zero_tail", seg.path, f"commitlog cut at {end}: bytes after the recovered end zeroed "
                              f"(Java leaves them; stale records could reappear after a later crash)", offset=end - seg.start)
         self.cl_kept = [s for s in segs if s.start <= end]
@@ -302,14 +304,15 @@ class Planner:
         plan.queue_repairs = queue_repairs(self, self.broker_from)
         return plan
 
-    def _look_past(self, stop: WalkStop) -> None:
-        """Valid records after the first bad one: what the broker's cut would throw away."""
+    def _look_past(self, stop: WalkStop, tail_has_data: bool = True) -> None:
+        """Valid records after the first bad one: what the broker's cut would throw away. ``tail_has_data``
+        False: the stop's file is all zeros from the stop on (no record can start there: not searched)."""
         segs = self.cl_segments
         count = 0
         first = last = None
         skipped = []
         k, seg = stop.segment_index, segs[stop.segment_index]
-        p = resync(seg.buffer(), stop.position + 1, seg.size, seg.start, self.version)
+        p = resync(seg.buffer(), stop.position + 1, seg.size, seg.start, self.version) if tail_has_data else None
         if p is None:
             skipped.append((stop.offset, seg.start + seg.size))
         else:
