@@ -48,18 +48,28 @@ def _plans(root, version: int, answered: list | None = None) -> tuple:
 
 
 def _crash(root, how: str) -> None:
+    """``how``: none, abort, zeroed (abort and the checkpoint's times at 0), short (zeroed, and every consume
+    queue's last file lost its second half: the re-dispatch writes units again)."""
     if how == "none":
         return
     (root / "abort").write_bytes(b"")
-    if how == "zeroed":
+    if how in ("zeroed", "short"):
         with open(root / "checkpoint", "r+b") as f:
             f.write(b"\0" * 24)
+    if how == "short":
+        for q in (root / "consumequeue").glob("*/*"):
+            files = sorted(q.iterdir())
+            if files:
+                size = files[-1].stat().st_size
+                with open(files[-1], "r+b") as f:
+                    f.seek(size // 40 * 20)
+                    f.write(bytes(size - size // 40 * 20))
 
 
 @pytest.mark.parametrize("name", PLANNED)
 def test_walk_along_plans_like_separate_walks_on_broker_stores(store_copy, name):
     answered = []
-    for crash in ("none", "abort", "zeroed"):
+    for crash in ("none", "abort", "zeroed", "short"):
         root = store_copy(name, f"{name}-{crash}")
         _crash(root, crash)
         # (a batch consume queue store under 4.9's rules fails in DispatchPrediction.flush either way: not this test's)
@@ -140,7 +150,7 @@ def test_walk_along_plans_like_separate_walks_on_seeded_damage(store_copy):
         name = rng.choice(["4.9.3-clean", "4.9.3-crash", "5.3.3-clean", "5.3.3-v2topic"])
         root = store_copy(name, f"case{i}")
         what = [_damage(rng, root, KINDS[(i + k) % len(KINDS)]) for k in range(1 + (i % 4 == 3))]
-        crash = rng.choice(["none", "abort", "zeroed"])
+        crash = rng.choice(["none", "abort", "zeroed", "short"])
         _crash(root, crash)
         for version in (4, 5):
             along, separate = _plans(root, version, answered)

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from rmqstore_cli.formats import fast
 from rmqstore_cli.formats.records import MAGIC_V1
 
+from ..derived.dispatchcolumns import topic_ids
 from ..derived.dispatchpredict import DispatchPrediction
-from ..derived.lmq import MultiDispatchRule
-from ..log.walk import LogTally, WalkStop, broker_walk, lenient_records
+from ..derived.lmq import MultiDispatchRule, chunk_targets
+from ..log.walk import LogTally, WalkStop, broker_walk, cq_dispatched, lenient_records
 
 
 def walk_sinks(planner, start: int, lenient: bool = True):
@@ -49,6 +51,60 @@ def walk_sinks(planner, start: int, lenient: bool = True):
         tally(seg_start, buf, h)
         pred(seg_start, buf, h)
     return tally, pred, sink
+
+
+class _LiveRecords:
+    """DispatchPrediction's walk sink, handed only the records the put rules can act on: a record whose own unit is
+    already there (it ends at or before its queue's maxPhysicOffset as the prediction holds it now; that value only
+    grows) is skipped by the rules (DispatchPrediction._queue) and changes nothing but the count, unless it has
+    multi-dispatch units: a chunk with any goes to the prediction whole. A crash copy's queues usually hold every
+    record already: the prediction then sorts nothing."""
+
+    def __init__(self, pred: DispatchPrediction):
+        self.pred = pred
+        # queues seen (topic id << 32 | queueId, sorted) and their maxPhysicOffset when first seen: lower than or
+        # equal to the prediction's (it only grows), so a record found dead by it is dead there; a queue without
+        # state then gets -2^62 (every record kept)
+        self.keys = np.zeros(0, np.int64)
+        self.maxp = np.zeros(0, np.int64)
+
+    def __call__(self, seg_start: int, buf, h) -> None:
+        pred = self.pred
+        tid = topic_ids(buf, h, pred.topics)
+        key = (tid << 32) | (h.queueId.astype(np.int64) & 0xFFFFFFFF)
+        at = np.searchsorted(self.keys, key)
+        if not (at < len(self.keys)).all() or not (self.keys[np.minimum(at, len(self.keys) - 1)] == key).all():
+            self._learn(np.setdiff1d(key, self.keys))
+            at = np.searchsorted(self.keys, key)
+        keep = cq_dispatched(h.sysFlag)
+        live = keep & (h.offsets + seg_start + h.totalSize > self.maxp[at])
+        if live.all() or self._multi_dispatched(buf, h, keep, tid):
+            pred(seg_start, buf, h)
+            return
+        sub = h.select(live)
+        pred.count += len(h) - len(sub)
+        if len(sub):
+            pred(seg_start, buf, sub)
+
+    def _learn(self, new: np.ndarray) -> None:
+        names = {v: n for n, v in self.pred.topics.items()}
+        maxp = []
+        for k in new.tolist():
+            q = k & 0xFFFFFFFF
+            st = self.pred.state.get((names[k >> 32], q - (1 << 32) if q >= 1 << 31 else q))
+            maxp.append(st[1] if st is not None else -(1 << 62))
+        keys = np.concatenate([self.keys, new])
+        order = np.argsort(keys, kind="stable")
+        self.keys, self.maxp = keys[order], np.concatenate([self.maxp, np.asarray(maxp, np.int64)])[order]
+
+    def _multi_dispatched(self, buf, h, keep, tid) -> bool:
+        rule = self.pred.multi_dispatch
+        if rule is None or not rule.enabled:
+            return False
+        if not keep.all():
+            h, tid = h.select(keep), tid[keep]
+        names = {v: n for n, v in self.pred.topics.items()}
+        return len(chunk_targets(rule, fast.kernel_view(buf), h, lambda i: names[int(tid[i])])) > 0
 
 
 def walks_along(planner) -> bool:
@@ -81,7 +137,8 @@ class WalkAlong:
     def __init__(self, planner, start: int):
         self.planner, self.start = planner, start
         self.segs = planner.cl_segments
-        self.tally, self.pred, self.sink = walk_sinks(planner, start, lenient=False)
+        self.tally, self.pred, _ = walk_sinks(planner, start, lenient=False)
+        self.live = _LiveRecords(self.pred) if self.pred is not None else None
         self.v1_only = planner.version < 5
         self.ok = True  # every report so far agrees with the broker's walk
         self.stop_seg: int | None = None  # segment the broker's walk ends in
@@ -155,7 +212,9 @@ class WalkAlong:
             self.ok = False  # 4.9's walk stops at a magic v2 record, verify reads on
             return
         else:
-            self.sink(seg.start, buf, h)
+            self.tally(seg.start, buf, h)
+            if self.live is not None:
+                self.live(seg.start, buf, h)
         self.last_end[i] = int(h.offsets[-1]) + int(h.totalSize[-1])
 
     def _segment_end(self, rep) -> None:
