@@ -260,16 +260,13 @@ class WalkAlong:
 
 
 def _units_before(check, end: int) -> bool:
-    """Every real unit the check read (at or after the log's first file) points before ``end``: then
-    ``WindowedCheck.start`` with the recovered end takes the same units and windows."""
-    first = int(check.segs[0].start) if check.segs else 0
+    """Every real unit the check read points before ``end`` (units behind the log's first file do: it starts at or
+    before ``end``): then ``WindowedCheck.start`` with the recovered end takes the same units and windows."""
     for qs, files, first_real, _ in check.queues.values():
         if first_real is None:
             continue
         for off, units in files:
-            phy = units["phyOffset"].astype(np.int64)
-            real = phy[off + np.arange(len(phy)) >= first_real]
-            real = real[real >= first]
-            if len(real) and int(real.max()) >= end:
+            real = units["phyOffset"][max(0, first_real - off):]
+            if len(real) and bool((real >= end).any()):
                 return False
     return True
