@@ -19,22 +19,33 @@ from rmqstore_cli.engine.verify.pipeline import verify_store
 SEED = int(os.environ.get("RMQSTORE_ONEWALK_SEED", random.randrange(1 << 30)))
 
 
-def _both(root: str, version: int, monkeypatch) -> tuple:
-    """(plan and findings of the one walk, of the separate walks, how the one walk answered)."""
-    from rmqstore_cli.engine.repair import derived_plan
+def _both(root: str, version: int, monkeypatch, passes: list | None = None) -> tuple:
+    """(plan and findings of the one walk, of the separate walks, how the one walk answered); ``passes`` gets how
+    many times the one-walk plan read the whole log: verify's walk, the broker's walk unless verify's walk stood
+    for it (repair/walkalong.py), the derived check's own walk if it walked again."""
+    from rmqstore_cli.engine.repair import derived_plan, walkalong
 
-    walked_again = []
-    real = derived_plan.windowed_verdicts
+    walked_again, answered = [], []
+    real, real_run = derived_plan.windowed_verdicts, walkalong.WalkAlong.run
 
     def counting(planner):
         walked_again.append(True)
         return real(planner)
 
+    def along(self):
+        stop = real_run(self)
+        answered.append(stop is not None)
+        return stop
+
     with Store.open(root, overrides={"version": version}) as st:
         monkeypatch.setattr(derived_plan, "windowed_verdicts", counting)
+        monkeypatch.setattr(walkalong.WalkAlong, "run", along)
         one = plan_recovery(st, version, with_verify=True)
         how = "walked again" if walked_again else "one walk"
+        if passes is not None:
+            passes.append(1 + (not any(answered)) + bool(walked_again))
         monkeypatch.setattr(derived_plan, "windowed_verdicts", real)
+        monkeypatch.setattr(walkalong.WalkAlong, "run", real_run)
         two = plan_recovery(st, version)
         found = verify_store(st).findings
     assert two.verify_findings is None
@@ -66,10 +77,12 @@ def test_one_walk_plans_and_verifies_like_two(tmp_path, monkeypatch):
 @pytest.mark.parametrize("where", ["last", "first", "first-no-queues"])
 def test_bad_body_crc_one_walk_plans_like_two(store_copy, monkeypatch, where):
     """A body byte changed (bad CRC, the record otherwise whole): in the last record the broker's walk
-    stops there (the one walk answers: what follows is cut either way); in the first record of a store
-    whose recovery walk starts later, verify's CRC-checking reports hold other records than the derived
-    check reads without CRC (the check walks again: found by the unit pointing at the record, or, with no
-    consume queues left, by the invalid record itself). Same plan and findings as two walks."""
+    stops there (verify's walk stands for the broker's: its stop is the bad record; the consume queues cut
+    there, the derived check walks again: the log is read twice, as when the check's walk was verify's); in
+    the first record of a store whose recovery walk starts later, verify's CRC-checking reports hold other
+    records than the derived check reads without CRC (the check walks again: found by the unit pointing at
+    the record, or, with no consume queues left, by the invalid record itself; verify's walk still stands for
+    the broker's, which starts after it). Same plan and findings as two walks; the log read twice at most."""
     import shutil
 
     for name in ("4.9.3-clean", "5.3.3-clean"):
@@ -86,11 +99,13 @@ def test_bad_body_crc_one_walk_plans_like_two(store_copy, monkeypatch, where):
         if where == "first-no-queues":
             shutil.rmtree(root / "consumequeue")
         version = 4 if name.startswith("4") else 5
-        one, two, how = _both(str(root), version, monkeypatch)
+        passes = []
+        one, two, how = _both(str(root), version, monkeypatch, passes)
         assert one[0] == two[0], f"{name}: plans differ"
         assert one[1] == two[1], f"{name}: findings differ"
+        assert passes == [2], (name, passes)
         if where != "first-no-queues" or version == 4:  # (5.3.3 without queues walks from the first file)
-            assert how == ("one walk" if where == "last" else "walked again"), (name, how)
+            assert where == "last" or how == "walked again", (name, how)
         codes = {f["code"] for f in one[1]}
         assert codes & {"CL_BODY_CRC", "CL_PROP_CRC", "CL_TORN_TAIL", "CL_LENGTHS", "CL_TOTALSIZE"}, codes
 

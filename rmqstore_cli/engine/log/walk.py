@@ -154,7 +154,7 @@ class _ChunkStep:
 
 
 def broker_walk(segments, cfg: StoreConfig, version: int, start_index: int, check_crc: bool,
-                sink=None, chunk: int = 8192) -> WalkStop:
+                sink=None, chunk: int = 8192, start_position: int = 0) -> WalkStop:
     """The §13.4 walk from ``segments[start_index]``; each chunk of valid records goes to
     ``sink(segment_start, buffer, headers)``. A sink that returns True pauses the walk after that
     chunk: the answer is then a stop of kind ``fast.STOP_CHUNK`` where the next record starts (a walk
@@ -163,7 +163,8 @@ def broker_walk(segments, cfg: StoreConfig, version: int, start_index: int, chec
     A chunk is read by one of two steps with the same answers: when a record's content check is its body
     CRC alone (every 4.9 walk; 5.x unless forceVerifyPropCRC has the property CRC checked instead), walk,
     decode and body CRC in one compiled pass (:func:`formats.fast.scan_records`, each record read once
-    where three steps read it three times); else walk, decode and ``validate``."""
+    where three steps read it three times); else walk, decode and ``validate``. ``start_position``: where in
+    ``segments[start_index]`` the walk begins (a walk resumed after records already read elsewhere)."""
     if not segments:
         return WalkStop(0, 0, 0, fast.STOP_EOF, "no commitlog files")
     magics = magics_for(version)
@@ -171,7 +172,7 @@ def broker_walk(segments, cfg: StoreConfig, version: int, start_index: int, chec
         step, view = partial(_validating_step, cfg, version, magics, check_crc, chunk), fast.as_u8
     else:
         step, view = partial(_scanning_step, magics, check_crc, chunk), fast.kernel_view
-    i, pos = start_index, 0
+    i, pos = start_index, start_position
     while True:
         seg = segments[i]
         buf = seg.buffer()

@@ -26,6 +26,7 @@ from ..store import Store
 from .batchrecovery import (batch_dispatch_starts, batch_max_physic, batch_queue_state,
                             check_batch_queues, load_batch_queues, recover_batch_queues, truncate_batch_queues)
 from .derived_plan import check_derived, dispatch_starts, queue_repairs
+from .walkalong import WalkAlong, walk_sinks, walks_along
 from .extplan import cut_exts_to_queues, recover_ext
 from .indexplan import index_after_crash, index_past_end, load_index
 from .plan import Action, QueueState, RecoveryPlan, cut_files, store_fingerprint
@@ -40,8 +41,9 @@ class Planner:
     """Builds a RecoveryPlan; one method per broker step."""
 
     def __init__(self, store: Store, version: int, *, keep_valid_after: bool = False, cut_at: int | None = None,
-                 broker_only: bool = False, jobs: int = 1):
+                 broker_only: bool = False, jobs: int = 1, walk_along: bool = True):
         self.cut_at = cut_at
+        self.walk_along_allowed = walk_along  # the broker's walk read off verify's walk when it can (walkalong.py)
         self.jobs = jobs  # processes for the walks of the log (recoveryjobs.py, derived_windows.py)
         self.broker_only = broker_only
         self.store = store
@@ -219,33 +221,22 @@ class Planner:
         plan = self.plan
         self.max_cq = max([qs.max_physic for qs in self.queues.values()] + batch_max_physic(self) + [-1])
         segs = self.cl_segments
-        tally = LogTally()
         start, why = self._start_index(cp, self.max_cq) if segs else (0, "no commitlog files")
-        if not self.broker_only:  # ours: the records before the walk, for the derived files' checks and times
-            lenient_records(segs, start, tally)
-        self.walk_first = len(tally)
-        sink = tally
-        pred = None
-        self.early_prediction = None
-        if not self.plan.last_exit_ok and not self.broker_only:
-            # An abnormal start re-dispatches every record it walks: the consume-queue puts are predicted
-            # in this walk, from the queues as they are now; _dispatch uses it when its range and the
-            # queues turn out the same (else it walks the log again for them).
-            qstate = self._queue_state()
-            pred = DispatchPrediction(qstate, MultiDispatchRule(self.cfg), batch_queue_state(self), self.store.batch_topics())
-            self.early_prediction = (pred, {k: list(v) for k, v in qstate.items()},
-                                     {k: list(v) for k, v in pred.batch_state.items()})
+        stop = None
+        if walks_along(self):  # the broker's walk read off verify's walk of the log (walkalong.py), when it can say
+            along = WalkAlong(self, start)
+            stop = along.run()
+            tally, self.walk_first = along.tally, along.walk_first
+        if stop is None:
+            tally, pred, sink = walk_sinks(self, start)  # (again: nothing of the walk above is kept)
+            self.walk_first = len(tally)
+            if self.jobs > 1 and len(segs) - start > 1 and not self.store.batch_topics():
+                from .recoveryjobs import broker_walk_jobs
 
-            def sink(seg_start, buf, h, tally=tally, pred=pred):
-                tally(seg_start, buf, h)
-                pred(seg_start, buf, h)
-        if self.jobs > 1 and len(segs) - start > 1 and not self.store.batch_topics():
-            from .recoveryjobs import broker_walk_jobs
-
-            stop = broker_walk_jobs(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, tally, pred,
-                                    self.jobs)
-        else:
-            stop = broker_walk(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, sink)
+                stop = broker_walk_jobs(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, tally, pred,
+                                        self.jobs)
+            else:
+                stop = broker_walk(segs, self.cfg, self.version, start, self.cfg.checkCRCOnRecover, sink)
         # Every record walked lies before the stop: the tally describes the recovered log.
         self.tally, self.stop, self.start_index, self.lenient_upto = tally, stop, start, start
         end = stop.offset if segs else 0
@@ -263,8 +254,10 @@ class Planner:
         if stop.kind == fast.STOP_BAD_MAGIC and "v2" in stop.reason:
             plan.notes.append(f"4.9 reads the magic v2 record at {stop.offset} as garbage and truncates the log there; "
                               f"open this store with --broker-version 5")
+        tails = {}  # (file, position) -> any non-zero byte from there on (read once: a 1 GiB tail costs)
+        has_data = lambda seg, pos: tails.setdefault((seg.path, pos), nonzero_after(seg.path, pos))  # noqa: E731
         if segs and stop.kind != fast.STOP_BLANK:
-            self._look_past(stop)
+            self._look_past(stop, has_data(segs[stop.segment_index], stop.position))
         # §13.6 on the commitlog
         for k, seg in enumerate(segs):
             if seg.start > end:
@@ -272,7 +265,7 @@ class Planner:
                 self.move_aside(seg.path, f"commitlog truncation at {end}: the file starts after the recovered end"
                                 + ("" if has else " (pre-allocated, all zeros)"), housekeeping=not has)
             elif seg.start <= end < seg.start + seg.size and stop.kind != fast.STOP_BLANK:
-                if nonzero_after(seg.path, end - seg.start):
+                if has_data(seg, end - seg.start):
                     self.act("zero_tail", seg.path, f"commitlog cut at {end}: bytes after the recovered end zeroed "
                              f"(Java leaves them; stale records could reappear after a later crash)", offset=end - seg.start)
         self.cl_kept = [s for s in segs if s.start <= end]
@@ -311,14 +304,15 @@ class Planner:
         plan.queue_repairs = queue_repairs(self, self.broker_from)
         return plan
 
-    def _look_past(self, stop: WalkStop) -> None:
-        """Valid records after the first bad one: what the broker's cut would throw away."""
+    def _look_past(self, stop: WalkStop, tail_has_data: bool = True) -> None:
+        """Valid records after the first bad one: what the broker's cut would throw away. ``tail_has_data``
+        False: the stop's file is all zeros from the stop on (no record can start there: not searched)."""
         segs = self.cl_segments
         count = 0
         first = last = None
         skipped = []
         k, seg = stop.segment_index, segs[stop.segment_index]
-        p = resync(seg.buffer(), stop.position + 1, seg.size, seg.start, self.version)
+        p = resync(seg.buffer(), stop.position + 1, seg.size, seg.start, self.version) if tail_has_data else None
         if p is None:
             skipped.append((stop.offset, seg.start + seg.size))
         else:
@@ -441,7 +435,8 @@ class Planner:
 
 
 def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after: bool = False,
-                  broker_only: bool = False, with_verify: bool = False, jobs: int = 1) -> RecoveryPlan:
+                  broker_only: bool = False, with_verify: bool = False, jobs: int = 1,
+                  walk_along: bool = True) -> RecoveryPlan:
     """The broker's next start, as a plan (nothing is changed).
 
     ``broker_only``: the broker's own steps only, without our checks of every consume queue and index
@@ -450,12 +445,14 @@ def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after:
     ``with_verify``: verify the store too, in the same walk of the log as the derived-file check; its
     findings are ``plan.verify_findings`` (for ``outcome.assess_plan``), else None.
     ``jobs`` > 1: the walks of the log (the broker's, the derived-file check's, verify's) in that many
-    processes, whole segments each (recoveryjobs.py); the same plan."""
+    processes, whole segments each (recoveryjobs.py); the same plan. ``walk_along=False``: with ``with_verify``,
+    the broker's walk walks on its own even where verify's walk could stand for it (walkalong.py; same plan)."""
     from .startup import startup_cost
 
     v = version or store.config.version
     fingerprint = store_fingerprint(store.root)
-    planner = Planner(store, v, keep_valid_after=keep_valid_after, broker_only=broker_only, jobs=jobs)
+    planner = Planner(store, v, keep_valid_after=keep_valid_after, broker_only=broker_only, jobs=jobs,
+                      walk_along=walk_along)
     planner.verify_along = with_verify and not broker_only
     plan = planner.run()
     plan.verify_findings = getattr(planner, "verify_findings", None)

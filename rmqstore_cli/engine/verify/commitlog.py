@@ -110,11 +110,13 @@ def verify_segments(commitlog: CommitLog, indexes: Iterable[int], *, check_crc: 
 
 
 def iter_windows(commitlog: CommitLog, *, check_crc: bool = True,
-                 progress: Callable[[int], None] | None = None) -> Iterator[SegmentReport]:
-    """Every window report of the log, in log order (numbered as :func:`first_windows`)."""
+                 progress: Callable[[int], None] | None = None, chunk_sink=None) -> Iterator[SegmentReport]:
+    """Every window report of the log, in log order (numbered as :func:`first_windows`); ``chunk_sink``: see
+    :func:`iter_segment_windows`."""
     firsts = first_windows(commitlog)
     for i in range(len(commitlog.segments.segments)):
-        yield from iter_segment_windows(commitlog, i, check_crc=check_crc, progress=progress, first_window=firsts[i])
+        yield from iter_segment_windows(commitlog, i, check_crc=check_crc, progress=progress, first_window=firsts[i],
+                                        chunk_sink=chunk_sink)
 
 
 def window_report(commitlog: CommitLog, w: int, *, check_crc: bool = True) -> SegmentReport:
@@ -208,10 +210,13 @@ class _Columns:
 
 
 def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True, progress=None,
-                         window_bytes: int | None = None, first_window: int | None = None) -> Iterator[SegmentReport]:
+                         window_bytes: int | None = None, first_window: int | None = None,
+                         chunk_sink=None) -> Iterator[SegmentReport]:
     """Walk segment ``i`` once and yield a report per window (:func:`window_starts`; ``window_bytes=0``: one
     report for the whole segment, numbered ``i``), in order, each as soon as the walk has passed its end.
-    Windows are numbered from ``first_window`` (default: the log's numbering, :func:`first_windows`)."""
+    Windows are numbered from ``first_window`` (default: the log's numbering, :func:`first_windows`).
+    ``chunk_sink(i, seg, buf, headers)`` also gets each chunk of valid records as the walk decodes it (another
+    pass reading the same records: recover's recovery walk, repair/fusedwalk.py)."""
     seg = commitlog.segments.segments[i]
     cfg = commitlog.config
     starts = window_starts(seg, commitlog.segments.file_size, window_bytes)
@@ -258,6 +263,8 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
         for chunk in view.scan(start_position=pos, check_crc=check_crc, result=res):
             h = chunk.headers
             phy = chunk.phy
+            if chunk_sink is not None:
+                chunk_sink(i, seg, buf, h)
             tids = interner.intern_chunk(u8, buf, h)
             codes, tags_bad, counts, hashes = dispatch_columns(u8, h, tids, interner, delay_table)
             acc.add({"phy": phy, "size": h.totalSize, "queueId": h.queueId, "queueOffset": h.queueOffset,
