@@ -279,7 +279,12 @@ class _Spilled:
         self.offset, self.size = state
 
     def load(self, fd: int):
-        return _unspill(fd, self.offset, self.size)
+        import pickle
+
+        data = os.pread(fd, self.size, self.offset)
+        if len(data) != self.size:
+            raise RuntimeError("a spilled item was cut short")
+        return pickle.loads(data)
 
 
 def _stop(procs: list) -> None:
@@ -337,94 +342,22 @@ def _stream_worker(items: Callable, segments: range, args: tuple, out, exchange=
     out.join_thread()
 
 
-_ALIGN = 64  # where each out-of-band buffer starts in a spilled item: arrays come back aligned as they left
-
-
 def _spill_segment(made: Iterator, path: str, out) -> None:
+    import pickle
+
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         at = 0
         for item in made:
-            pieces = _spilled_pieces(item)
+            data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
             del item
-            size = sum(len(p) for p in pieces)
-            _write_all(fd, pieces)
-            out.put(_Spilled(at, size))
-            at += size
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            out.put(_Spilled(at, len(data)))
+            at += len(data)
     finally:
         os.close(fd)
-
-
-def _spilled_pieces(item) -> list:
-    """``item`` as the byte pieces of its spilled form: a header (pickle length, buffer count, each buffer's place
-    and length), the pickle (protocol 5), then each out-of-band buffer (the numpy columns: written from where they
-    are, never copied into the pickle), each at a multiple of _ALIGN."""
-    import pickle
-    import struct
-
-    bufs: list = []
-    data = pickle.dumps(item, protocol=5, buffer_callback=bufs.append)
-    raws = []
-    for b in bufs:
-        try:
-            raws.append(b.raw())
-        except BufferError:  # not contiguous: in the pickle after all
-            return _spilled_pieces_inband(item)
-    head_len = 16 + 16 * len(raws)
-    at = head_len + len(data)
-    places, pieces = [], []
-    for r in raws:
-        pad = -at % _ALIGN
-        if pad:
-            pieces.append(bytes(pad))
-        at += pad
-        places += [at, r.nbytes]
-        pieces.append(r)
-        at += r.nbytes
-    head = struct.pack(f"<QQ{len(places)}Q", len(data), len(raws), *places)
-    return [head, data] + pieces
-
-
-def _spilled_pieces_inband(item) -> list:
-    import pickle
-    import struct
-
-    data = pickle.dumps(item, protocol=5)
-    return [struct.pack("<QQ", len(data), 0), data]
-
-
-def _write_all(fd: int, pieces: list) -> None:
-    views = [memoryview(p).cast("B") for p in pieces if len(p)]
-    while views:
-        done = os.writev(fd, views[:1024])
-        while done:
-            if done >= len(views[0]):
-                done -= len(views[0])
-                views.pop(0)
-            else:
-                views[0] = views[0][done:]
-                done = 0
-
-
-def _unspill(fd: int, offset: int, size: int):
-    """A spilled item read back: one read into a buffer of its own, the arrays unpickled as views into it (no second
-    copy; writable, aligned as written)."""
-    import pickle
-    import struct
-
-    import numpy as np
-
-    # numpy's allocation: aligned, so that the arrays that were aligned in the worker are aligned here too
-    buf = np.empty(size + _ALIGN, np.uint8)
-    skew = -buf.ctypes.data % _ALIGN
-    mem = memoryview(buf[skew:skew + size]).cast("B")
-    if os.preadv(fd, [mem], offset) != size:
-        raise RuntimeError("a spilled item was cut short")
-    plen, nbuf = struct.unpack_from("<QQ", mem, 0)
-    places = struct.unpack_from(f"<{2 * nbuf}Q", mem, 16)
-    head_len = 16 + 16 * nbuf
-    buffers = [mem[places[2 * k]:places[2 * k] + places[2 * k + 1]] for k in range(nbuf)]
-    return pickle.loads(mem[head_len:head_len + plen], buffers=buffers)
 
 
 def _next_item(q, proc):
