@@ -15,7 +15,7 @@ import numpy as np
 
 from .dledger import (BLANK_MAGIC, E_BODYLEN, E_INDEX, E_OK, E_POS, E_SIZE, E_TERM, E_TEXT, ENTRY_FIXED_SIZE,  # noqa: F401
                       ENTRY_HEADER_SIZE, ENTRY_MAGIC, ENTRY_OFFSETS)
-from .kernel import _jit
+from .kernel import _content_reason, _decode, _jit
 
 O_MAGIC, O_SIZE, O_INDEX, O_TERM = (ENTRY_OFFSETS[k] for k in ("magic", "size", "index", "term"))
 O_POS, O_CHANNEL, O_CHAIN, O_BODYCRC, O_BODYLEN = (ENTRY_OFFSETS[k] for k in
@@ -94,5 +94,72 @@ def _walk_entries(u8, pos, end, file_start, last_index, last_term, max_entries, 
         pos += size
 
 
+def _walk_messages(u8, pos, end, file_start, last_index, last_term, max_entries, cols, check_crc, prop_mode, c32, c64,
+                   reason):
+    """:func:`_walk_entries` that also decodes and validates the message inside each entry it accepts (at the entry's
+    pos + 48), as ``formats.kernel._decode_at`` then ``_validate`` do, into ``c32``/``c64``/``reason`` (row per entry):
+    one pass over the log instead of a header walk followed by two passes over the messages, so the message's
+    header lines are read while the entry's are in the cache. Returns what :func:`_walk_entries` returns."""
+    c_at, c_size, c_index, c_term, c_pos, c_channel, c_chain, c_bodycrc, c_bodylen, c_magic = cols
+    t0, t1, t2, t3, t4, t5, t6 = c32
+    o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, o12, o13, o14, o15, o16 = c64
+    n = 0
+    while True:
+        if n >= max_entries:
+            return n, pos, K_CHUNK, 0, 0, E_OK
+        if pos + 8 > end:
+            return n, pos, K_EOF, 0, 0, E_OK
+        magic = _be(u8, pos + O_MAGIC, 4)
+        size = _be(u8, pos + O_SIZE, 4)
+        if magic == BLANK:
+            return n, pos, K_BLANK, size, magic, E_OK
+        if magic == 0 and size == 0:
+            return n, pos, K_ZERO, size, magic, E_OK
+        if magic != MAGIC:
+            return n, pos, K_BAD_MAGIC, size, magic, E_OK
+        if pos + HEADER > end:
+            return n, pos, K_EOF, size, magic, E_OK
+        index = _be(u8, pos + O_INDEX, 8)
+        term = _be(u8, pos + O_TERM, 8)
+        at = _be(u8, pos + O_POS, 8)
+        body_len = _be(u8, pos + O_BODYLEN, 4)
+        rule = E_OK
+        if at != file_start + pos:
+            rule = E_POS
+        elif body_len + HEADER != size:
+            rule = E_BODYLEN
+        elif size <= FIXED:
+            rule = E_SIZE
+        elif last_index != -1 and index != last_index + 1:
+            rule = E_INDEX
+        elif term < last_term:
+            rule = E_TERM
+        if rule != E_OK:
+            return n, pos, K_INVALID, size, magic, rule
+        if pos + size > end:
+            return n, pos, K_TORN, size, magic, E_OK
+        c_at[n] = pos
+        c_size[n] = size
+        c_index[n] = index
+        c_term[n] = term
+        c_pos[n] = at
+        c_channel[n] = _be(u8, pos + O_CHANNEL, 4)
+        c_chain[n] = _be(u8, pos + O_CHAIN, 4)
+        c_bodycrc[n] = _be(u8, pos + O_BODYCRC, 4)
+        c_bodylen[n] = body_len
+        c_magic[n] = magic
+        v32, v64, r = _decode(u8, pos + HEADER)
+        r = _content_reason(u8, r, check_crc, prop_mode, v32, v64)
+        t0[n], t1[n], t2[n], t3[n], t4[n], t5[n], t6[n] = v32
+        (o0[n], o1[n], o2[n], o3[n], o4[n], o5[n], o6[n], o7[n], o8[n], o9[n], o10[n], o11[n], o12[n], o13[n],
+         o14[n], o15[n], o16[n]) = v64
+        reason[n] = r
+        last_index = index
+        last_term = term
+        n += 1
+        pos += size
+
+
 _be = _jit(_be)
 walk_entries = _jit(_walk_entries)
+walk_messages = _jit(_walk_messages)

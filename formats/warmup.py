@@ -53,6 +53,9 @@ def warm_up(full: bool = False) -> None:
     entrykernel.warm_up()  # verify's cross-check passes (formats.checkkernel's too)
     # the DLedger entry walk, with the argument types engine/log/dledger.walk_entries passes
     dledgerkernel.walk_entries(u8, 0, len(data), 0, -1, -1, 4, tuple(np.empty(4, np.int64) for _ in dledgerkernel.COLUMNS))
+    dh, d32, d64 = fast.new_headers(4)  # and the walk that decodes each entry's message (DLedgerCommitLog.scan)
+    dledgerkernel.walk_messages(u8, 0, len(data), 0, -1, -1, 4, tuple(np.empty(4, np.int64) for _ in dledgerkernel.COLUMNS),
+                                True, kernel.PROP_IF_PRESENT, d32, d64, dh.reason)
     line = (b'{"topic":"T","bornTimestamp":1,"storeTimestamp":1,"bornHost":{"ip":"a","ipHex":"01020304","port":1},'
             b'"storeHost":{"ip":"a","ipHex":"01020304","port":1},"properties":{"K":"v"},"propertiesRaw":"K\\u0001v",'
             b'"bodyBase64":"AA=="}')  # append --from's batch route (formats.replaykernel, formats.replayencode)

@@ -144,6 +144,7 @@ class EntryChunk:
     segment: Segment
     buf: object
     cols: dict
+    headers: object = None  # the messages inside the entries (fast.Headers), when the walk decoded them
 
     def __len__(self) -> int:
         return len(self.cols["at"])
@@ -187,9 +188,11 @@ def dledger_kernel():
 
 def walk_entries(segments: list, *, start_index: int = 0, start_position: int = 0, last_index: int = -1,
                  last_term: int = -1, result: EntryWalk | None = None, chunk: int = CHUNK_RECORDS,
-                 end_index: int | None = None) -> Iterator[EntryChunk]:
+                 end_index: int | None = None, decode: tuple | None = None) -> Iterator[EntryChunk]:
     """The entries DLedger's recovery accepts, from file ``start_index`` (blank -> next file; any other
-    stop ends the log: ``result.stop``), chunk by chunk."""
+    stop ends the log: ``result.stop``), chunk by chunk. ``decode`` (check_crc, property-CRC policy): each chunk
+    also carries the messages inside its entries, decoded and validated in the same compiled pass
+    (``EntryChunk.headers``, as :meth:`DLedgerCommitLog.messages` would decode them)."""
     k = dledger_kernel()
     result = result if result is not None else EntryWalk()
     result.last_index, result.last_term = last_index, last_term
@@ -204,13 +207,20 @@ def walk_entries(segments: list, *, start_index: int = 0, start_position: int = 
         u8 = fast.kernel_view(buf if seg.size else b"")
         while True:
             cols = tuple(np.empty(chunk, np.int64) for _ in k.COLUMNS)
-            n, pos, kind, size, magic, rule = k.walk_entries(u8, int(pos), int(seg.size), int(seg.start),
-                                                             int(result.last_index), int(result.last_term), chunk, cols)
+            if decode is None:
+                h = None
+                n, pos, kind, size, magic, rule = k.walk_entries(u8, int(pos), int(seg.size), int(seg.start),
+                                                                 int(result.last_index), int(result.last_term), chunk, cols)
+            else:
+                h, c32, c64 = fast.new_headers(chunk)
+                n, pos, kind, size, magic, rule = k.walk_messages(u8, int(pos), int(seg.size), int(seg.start),
+                                                                  int(result.last_index), int(result.last_term), chunk, cols,
+                                                                  bool(decode[0]), int(decode[1]), c32, c64, h.reason)
             if n:
                 c = {name: col[:n] for name, col in zip(k.COLUMNS, cols)}
                 result.entries += n
                 result.last_index, result.last_term = int(c["index"][-1]), int(c["term"][-1])
-                yield EntryChunk(seg, buf, c)
+                yield EntryChunk(seg, buf, c, h.take(n) if h is not None else None)
             if kind != k.K_CHUNK:
                 break
         kind = fast._KINDS[kind]
@@ -294,7 +304,8 @@ class DLedgerCommitLog(CommitLog):
         walk = EntryWalk()
         last_index = self.index_before(start_index, start_position)
         for ec in walk_entries(self.segments.segments, start_index=start_index, start_position=start_position,
-                               last_index=last_index, result=walk, chunk=chunk_records, end_index=end_index):
+                               last_index=last_index, result=walk, chunk=chunk_records, end_index=end_index,
+                               decode=(check_crc, prop_crc)):
             h, bad = self.messages(ec, check_crc, prop_crc, magics)
             if bad < len(h) and not stop_at_invalid:
                 # the broker's reput steps over a message it cannot parse (its size is known from the entry)
@@ -322,10 +333,12 @@ class DLedgerCommitLog(CommitLog):
     def messages(self, ec: EntryChunk, check_crc: bool, prop_crc: int, magics) -> tuple[fast.Headers, int]:
         """The messages of an entry chunk, decoded and validated by the classic kernels; and the first one
         that fails (len when none): the broker's record check, the entry's body being exactly one message."""
-        buf = ec.buf
-        u8 = fast.kernel_view(buf)
-        h = fast.decode_headers(buf, ec.cols["at"] + HEADER, u8)
-        fast.validate(buf, h, check_crc, prop_crc, u8)
+        h = ec.headers
+        if h is None:
+            buf = ec.buf
+            u8 = fast.kernel_view(buf)
+            h = fast.decode_headers(buf, ec.cols["at"] + HEADER, u8)
+            fast.validate(buf, h, check_crc, prop_crc, u8)
         ok = h.reason == fast.R_OK
         h.reason[ok & (h.totalSize != ec.cols["bodyLength"])] = R_SIZE_MISMATCH
         not_msg = h.totalSize < MIN_MESSAGE_SIZE
