@@ -72,8 +72,7 @@ def test_walk_along_plans_like_separate_walks_on_broker_stores(store_copy, name)
     for crash in ("none", "abort", "zeroed", "short"):
         root = store_copy(name, f"{name}-{crash}")
         _crash(root, crash)
-        # (a batch consume queue store under 4.9's rules fails in DispatchPrediction.flush either way: not this test's)
-        for version in (4, 5) if not name.startswith("batchcq") else (5,):
+        for version in (4, 5):
             along, separate = _plans(root, version, answered)
             assert along[0] == separate[0], f"{name} ({crash}, broker {version}): plans differ"
             assert along[1] == separate[1], f"{name} ({crash}, broker {version}): findings differ"

@@ -93,6 +93,8 @@ class DispatchPrediction:
             return
         phy, size, tid, qid, qo = (np.concatenate(c) for c in zip(*self._parts))
         self._parts, self._held = [], 0
+        if not len(phy):  # only empty parts (a chunk none of whose records the rules act on)
+            return
         names = {v: k for k, v in self.topics.items()}
         key = (tid << 32) | (qid & 0xFFFFFFFF)
         order = np.argsort(key, kind="stable")  # per queue, log order kept
