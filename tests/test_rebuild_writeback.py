@@ -1,4 +1,4 @@
-"""rebuild's early write-back (engine/repair/rebuild._Writeback) hands the kernel only bytes already written inside
+"""rebuild's early write-back (engine/repair/rebuild.DispatchWriteback) hands the kernel only bytes already written inside
 the files being written, and changes no byte: the same files as a rebuild that never starts it."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _rebuild(root, monkeypatch, early: bool) -> list:
         return real(fd, start, n, flags)
 
     monkeypatch.setattr(rebuild_mod, "_sync_file_range", (lambda: record) if early else (lambda: None))
-    monkeypatch.setattr(rebuild_mod._Writeback, "WRITEBACK_BYTES", 1)  # after every batch
+    monkeypatch.setattr(rebuild_mod.DispatchWriteback, "WRITEBACK_BYTES", 1)  # after every batch
     with Store.open(str(root)) as st:
         rebuild_mod.rebuild(st, "all")
     return calls

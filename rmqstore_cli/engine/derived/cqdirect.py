@@ -50,7 +50,7 @@ class QueueFiles:
     def __init__(self, root: str, file_size: int, writeback=None):
         self.root = root
         self.file_size = file_size
-        self.writeback = writeback  # sync_file_range (see repair/rebuild._Writeback)
+        self.writeback = writeback  # sync_file_range (see repair/rebuild.DispatchWriteback)
         self._open: dict[str, tuple[int, mmap.mmap]] = {}
         self._paths: dict[tuple[str, int, int], str] = {}
         # the bytes written in each open file since its write-back last started ([lo, hi) in the file), and how many

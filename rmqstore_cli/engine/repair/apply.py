@@ -236,11 +236,11 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
         d = Dispatcher(root, st.config, index_namer=index_namer, repair=True)
     if index_after is not None:
         d.index_continues_after(*index_after)
-    from .rebuild import _Writeback
+    from .rebuild import DispatchWriteback
 
     # the index entries and units written are handed to the kernel's write-back as the dispatch goes on (as rebuild
     # does), so the final flush does not wait for all of a large store's dirty pages at once
-    writeback = _Writeback(d)
+    writeback = DispatchWriteback(d)
     try:
         if parallel:
             from .dispatchjobs import skipped_units

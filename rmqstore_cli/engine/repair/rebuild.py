@@ -122,7 +122,7 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
             d = Dispatcher(tmp, dcfg, index_namer=index_namer, batch_topics=store.batch_topics())
             try:
                 try:
-                    direct_requests(store, d, jobs, _Writeback(d))
+                    direct_requests(store, d, jobs, DispatchWriteback(d))
                     d.flush(checkpoint=False)
                 finally:
                     d.close(flush=False)
@@ -168,7 +168,7 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
 def _dispatch_all(store, d, jobs: int, start: int, topic) -> None:
     """The records of the log (from ``start``; only ``topic``'s units kept) dispatched by ``d``, which writes
     every file: parsed in this process, or with ``jobs`` > 1 in workers (:func:`parallel_requests`)."""
-    writeback = _Writeback(d)
+    writeback = DispatchWriteback(d)
     try:
         def handle(reqs) -> None:
             keep = np.ones(len(reqs), dtype=bool)
@@ -325,7 +325,7 @@ def _requests_and_problems(d, chunk):
     return b, found
 
 
-class _Writeback:
+class DispatchWriteback:
     """Starts writing the rebuilt files to disk while the rebuild goes on: every WRITEBACK_BYTES of log dispatched,
     the bytes that will not change again (queue units, index entries: :meth:`Dispatcher.written_ranges`) are
     handed to the kernel's write-back (sync_file_range, SYNC_FILE_RANGE_WRITE: it starts the writes and returns).
