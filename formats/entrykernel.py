@@ -34,7 +34,7 @@ def _compiled(name: str):
                 g[helper] = getattr(checkkernel, helper)
             g["_link"] = link_kernel()  # the slot-chain rule, one implementation (formats.indexchain)
             g["_prefetch"] = wordops._prefetch
-        fn = _COMPILED[name] = kernel._jit(g[name])
+        fn = _COMPILED[name] = kernel._jit(g[name], refcounts=False)  # makes no array: no reference counting (kernel._jit)
     return fn
 
 

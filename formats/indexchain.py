@@ -23,9 +23,9 @@ def _kernel():
         from .kernel import _jit
 
         # the rule first: the passes (this module's and checkkernel's entry pass) call it compiled
-        _COMPILED["link"] = _jit(_link)
+        _COMPILED["link"] = _jit(_link, refcounts=False)  # they make no array: no reference counting (kernel._jit)
         globals()["_link"] = _COMPILED["link"]
-        _COMPILED["block"] = _jit(_chain_block)
+        _COMPILED["block"] = _jit(_chain_block, refcounts=False)
     return _COMPILED["block"]
 
 

@@ -469,10 +469,11 @@ def _property_crc_of(u8, p, total):
     return _property_crc_ok(u8, p, total)
 
 
-walk_offsets = _jit(_walk_offsets)
-scan_records = _jit(_scan_records)
-decode_at = _jit(_decode_at)
-validate = _jit(_validate)
-body_crc_mask = _jit(_body_crc_mask)
-crc32_of = _jit(_crc32_of)
-property_crc_of = _jit(_property_crc_of)
+# none of them makes an array: compiled without reference counting (see _jit)
+walk_offsets = _jit(_walk_offsets, refcounts=False)
+scan_records = _jit(_scan_records, refcounts=False)
+decode_at = _jit(_decode_at, refcounts=False)
+validate = _jit(_validate, refcounts=False)
+body_crc_mask = _jit(_body_crc_mask, refcounts=False)
+crc32_of = _jit(_crc32_of, refcounts=False)
+property_crc_of = _jit(_property_crc_of, refcounts=False)
