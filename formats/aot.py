@@ -139,17 +139,28 @@ _LAYOUT = ("A", "C", "F", "C")
 _ALIGNED, _WRITEABLE = 0x100, 0x400  # numpy's NPY_ARRAY_ALIGNED, NPY_ARRAY_WRITEABLE
 
 
+def _array_key(dtype, ndim: int, flags: int):
+    if not flags & _ALIGNED or not dtype.isnative:
+        return None
+    return ("array", dtype, ndim, _LAYOUT[flags & 3], not flags & _WRITEABLE)
+
+
+_ARRAY_KEYS: dict = {}  # (dtype, ndim, flags) -> _array_key of them: a handful of combinations per process
+
+
 def type_key(value):
     """numba's type of ``value`` in the form the build records for each exported signature; None for what an
-    exported kernel never takes (the numba route handles it). Called for every argument of every kernel call:
-    kept to plain attribute reads (an array's flags as one int, its dtype object)."""
+    exported kernel never takes (the numba route handles it). Called for every argument of every kernel call
+    (a tuple of 24 column arrays for the commitlog walk): an array's key is looked up by its dtype object,
+    dimensions and flags (as one int) rather than built each time."""
     t = type(value)
     if t is np.ndarray:
-        flags = value.flags.num
-        dtype = value.dtype
-        if not flags & _ALIGNED or not dtype.isnative:
-            return None
-        return ("array", dtype, value.ndim, _LAYOUT[flags & 3], not flags & _WRITEABLE)
+        k = (value.dtype, value.ndim, value.flags.num)
+        try:
+            return _ARRAY_KEYS[k]
+        except KeyError:
+            key = _ARRAY_KEYS[k] = _array_key(*k)
+            return key
     if t is bool or t is np.bool_:
         return "|b1"
     if t is int:
@@ -161,7 +172,7 @@ def type_key(value):
     if isinstance(value, np.generic):
         return value.dtype.str if value.dtype.isnative and value.dtype.kind in "biuf" else None
     if t is tuple:
-        keys = tuple(type_key(v) for v in value)
+        keys = tuple(map(type_key, value))
         return None if None in keys else ("tuple",) + keys
     return None
 

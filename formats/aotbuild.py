@@ -136,15 +136,21 @@ def _sources() -> list[str]:
 def _fresh_flags_per_export() -> None:
     """pycc compiles every export with one Flags object; inlining an ``inline="always"`` helper sets that object's
     ``enable_ssa`` to False (numba's InlineWorker), so the next export that inlines it is typed without SSA and fails
-    (a variable given two global constants). The JIT compiles each function with its own flags: so does this."""
+    (a variable given two global constants). The JIT compiles each function with its own flags: so does this, and a
+    kernel the JIT compiles without reference counting (``formats.kernel._jit(..., refcounts=False)``) is exported so."""
     import numba.pycc.compiler as pycc_compiler
 
     compile_extra = pycc_compiler.compile_extra
     if getattr(compile_extra, "fresh_flags", False):
         return
 
+    from .kernel import NO_REFCOUNTS
+
     def compile_with_own_flags(typingctx, targetctx, func, args, return_type, flags, *rest, **kw):
-        return compile_extra(typingctx, targetctx, func, args, return_type, flags.copy(), *rest, **kw)
+        own = flags.copy()
+        if getattr(func, NO_REFCOUNTS, False):  # as the JIT compiles it (formats.kernel._jit)
+            own.nrt = False
+        return compile_extra(typingctx, targetctx, func, args, return_type, own, *rest, **kw)
 
     compile_with_own_flags.fresh_flags = True
     pycc_compiler.compile_extra = compile_with_own_flags

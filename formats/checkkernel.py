@@ -49,8 +49,8 @@ def _compiled(name: str):
         g = globals()
         if not _COMPILED:
             for helper in _HELPERS:  # the passes call the compiled helpers
-                g[helper] = _jit(g[helper])
-        fn = _COMPILED[name] = _jit(g[name])
+                g[helper] = _jit(g[helper], refcounts=False)
+        fn = _COMPILED[name] = _jit(g[name], refcounts=False)  # makes no array: no reference counting (kernel._jit)
     return fn
 
 

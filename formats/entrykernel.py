@@ -25,7 +25,7 @@ def _compiled(name: str):
     fn = _COMPILED.get(name)
     if fn is None:
         from . import kernel, wordops
-        from .indexchain import link_kernel
+        from .indexchain import link_kernel, slot_kernels
 
         g = globals()
         if not _COMPILED:
@@ -33,13 +33,14 @@ def _compiled(name: str):
             for helper in ("_be64", "_be32", "_window_of", "_find"):
                 g[helper] = getattr(checkkernel, helper)
             g["_link"] = link_kernel()  # the slot-chain rule, one implementation (formats.indexchain)
+            g["_slot_magic"], g["_slot_of"] = slot_kernels()
             g["_prefetch"] = wordops._prefetch
-        fn = _COMPILED[name] = kernel._jit(g[name])
+        fn = _COMPILED[name] = kernel._jit(g[name], refcounts=False)  # makes no array: no reference counting (kernel._jit)
     return fn
 
 
 # Replaced by their compiled forms before the passes compile (see _compiled).
-_be64 = _be32 = _window_of = _find = _link = None
+_be64 = _be32 = _window_of = _find = _link = _slot_magic = _slot_of = None
 
 
 def _prefetch(arr, i):
@@ -71,12 +72,13 @@ def _index_entries(u8, a, b, slots, starts, last, prev_phy, bad_pos, bad_exp, ba
     cur_hi = np.int64(0)
     first_phy = np.int64(0)
     p = np.int64(0)
+    magic = _slot_magic(slots)
     for e in range(a, b):
         x = e * INDEX_ENTRY_SIZE
         if e + AHEAD < b:
             ka = _be32(u8, x + AHEAD * INDEX_ENTRY_SIZE + IX_HASH)
             if ka >= 0:
-                _prefetch(last, ka % slots)
+                _prefetch(last, _slot_of(ka, slots, magic))
         k = _be32(u8, x + IX_HASH)
         p = _be64(u8, x + IX_PHY)
         if e == a:
@@ -92,7 +94,7 @@ def _index_entries(u8, a, b, slots, starts, last, prev_phy, bad_pos, bad_exp, ba
             nneg += 1
         else:
             pv = _be32(u8, x + IX_PREV)
-            want = _link(k, pv, e, slots, last)
+            want = _link(k, pv, e, slots, magic, last)
             if want >= 0:
                 bad_pos[nbad] = e
                 bad_exp[nbad] = want

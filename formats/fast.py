@@ -180,6 +180,8 @@ class Headers:
         return len(self.offsets)
 
     def take(self, n: int) -> "Headers":
+        if n == len(self.offsets):  # a full chunk (the common case): the same views
+            return self
         h = Headers()
         for name in self.__slots__:
             setattr(h, name, getattr(self, name)[:n])

@@ -169,20 +169,32 @@ def _private_cache_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"rmqstore-numba-cache-{os.getuid() if hasattr(os, 'getuid') else 0}")
 
 
-def _jit(fn):
+def _jit(fn, refcounts: bool = True):
     """``njit(cache=True, nogil=True)``; when numba finds no writable cache location (read-only
-    package directory and home), cache into a private temp directory instead of failing."""
+    package directory and home), cache into a private temp directory instead of failing.
+
+    ``refcounts=False``: compiled without numba's runtime (NRT) reference counting, for a kernel that makes no
+    array (it could not: compiling one fails). Helpers inlined into a kernel's loop otherwise take and drop a
+    reference to each array they are handed, an atomic add each, every iteration. The ahead-of-time build reads
+    the same mark (:data:`NO_REFCOUNTS`, set on ``fn``) and compiles that export the same way."""
+    options = {"cache": True, "nogil": True}
+    if not refcounts:
+        options["_nrt"] = False
+        setattr(fn, NO_REFCOUNTS, True)
     try:
-        return numba.njit(cache=True, nogil=True)(fn)
+        return numba.njit(**options)(fn)
     except RuntimeError:
         saved = numba.config.CACHE_DIR, numba.config.CACHE_LOCATOR_CLASSES
         numba.config.CACHE_DIR, numba.config.CACHE_LOCATOR_CLASSES = _private_cache_dir(), "UserProvidedCacheLocator"
         try:
-            return numba.njit(cache=True, nogil=True)(fn)
+            return numba.njit(**options)(fn)
         except RuntimeError:
-            return numba.njit(cache=False, nogil=True)(fn)
+            return numba.njit(**{**options, "cache": False})(fn)
         finally:
             numba.config.CACHE_DIR, numba.config.CACHE_LOCATOR_CLASSES = saved
+
+
+NO_REFCOUNTS = "_rmqstore_no_refcounts"  # attribute of a kernel's Python function: compile it without NRT
 
 
 # --- big-endian reads ---------------------------------------------------------------------------
@@ -457,10 +469,11 @@ def _property_crc_of(u8, p, total):
     return _property_crc_ok(u8, p, total)
 
 
-walk_offsets = _jit(_walk_offsets)
-scan_records = _jit(_scan_records)
-decode_at = _jit(_decode_at)
-validate = _jit(_validate)
-body_crc_mask = _jit(_body_crc_mask)
-crc32_of = _jit(_crc32_of)
-property_crc_of = _jit(_property_crc_of)
+# none of them makes an array: compiled without reference counting (see _jit)
+walk_offsets = _jit(_walk_offsets, refcounts=False)
+scan_records = _jit(_scan_records, refcounts=False)
+decode_at = _jit(_decode_at, refcounts=False)
+validate = _jit(_validate, refcounts=False)
+body_crc_mask = _jit(_body_crc_mask, refcounts=False)
+crc32_of = _jit(_crc32_of, refcounts=False)
+property_crc_of = _jit(_property_crc_of, refcounts=False)

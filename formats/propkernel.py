@@ -18,12 +18,12 @@ import numba
 import numpy as np
 
 from .kernel import _jit
-from .wordops import HIGHS, ONES, _bytes_equal_mask, _load, _low_byte_index, _low_bytes, _prefetch, _same_bytes, _word
+from .wordops import ONES, _byte_masks32, _bytes_equal_mask, _load, _low_bit_index, _low_byte_index, _low_bytes, _prefetch, \
+    _same_bytes, _word
 
 SEPARATOR = 2  # between entries (\x02)
 SPACE = 0x20  # between KEYS tokens
 INT32_MIN = -(1 << 31)
-SEPARATORS = SEPARATOR * ONES  # the byte repeated in each of a word's 8 bytes
 SPACES = SPACE * ONES
 AHEAD = 8  # records whose property lines are prefetched ahead of the one being scanned
 
@@ -70,47 +70,65 @@ def _shortest(pat_off):
     return shortest
 
 
+_separator_masks32 = _byte_masks32(SEPARATOR)  # 32 property bytes at once: their separators and non-ASCII bytes
+
+
+@numba.njit(inline="always")
+def _entry_name(u8, entry, sep, shortest, pat_word, pat_mask, pats, pat_off, first, chain, out_s, out_e, i):
+    """The entry ``u8[entry:sep]``: when it starts with a wanted ``NAME\\x01`` (:func:`_find_props`), its value
+    span into column ``i`` of ``out_s``/``out_e``."""
+    n = sep - entry
+    if n <= shortest:
+        return
+    head = _load(u8, entry, min(n, 8))
+    z = _bytes_equal_mask(head, np.uint64(ONES))
+    k = first[(_low_byte_index(z) + 1 if z else 9) * 256 + np.int64(head & np.uint64(0xFF))]
+    while k >= 0:
+        a = pat_off[k]
+        L = pat_off[k + 1] - a
+        if n > L and (head & pat_mask[k]) == pat_word[k] and (L <= 8 or _same_bytes(u8, entry + 8, pats, a + 8, L - 8)):
+            out_s[k, i] = entry + L
+            out_e[k, i] = sep
+            return
+        k = chain[k]
+
+
 @numba.njit(inline="always")
 def _record_props(u8, s, ln, shortest, pat_word, pat_mask, pats, pat_off, first, chain, out_s, out_e, i):
     """One record's property string ``u8[s:s+ln]`` (``ln`` > 0) scanned as :func:`_find_props` describes, into
-    column ``i`` of ``out_s``/``out_e``; returns whether every byte is < 0x80."""
+    column ``i`` of ``out_s``/``out_e``; returns whether every byte is < 0x80. 32 bytes per step: one vector
+    compare gives every separator of the step and every byte >= 0x80 as bit masks, and the entries are taken
+    separator after separator from the mask (the last 31 bytes of the buffer one by one)."""
     end = s + ln
-    seen = np.uint64(0)  # every byte OR-ed in: a top bit set means a non-ASCII byte
+    size = u8.shape[0]
+    high = np.uint64(0)  # bytes >= 0x80 seen
     entry = s
-    j = s
-    while True:
-        sep = end
-        while j < end:
-            r = end - j
-            if r >= 8:
-                w = _word(u8, j)
-            else:  # the string's last bytes: the ones after it read as zeros
-                w = _load(u8, j, r) & ((np.uint64(1) << np.uint64(8 * r)) - np.uint64(1))
-            seen |= w
-            z = _bytes_equal_mask(w, np.uint64(SEPARATORS))
-            if z:
-                sep = j + _low_byte_index(z)
-                break
-            j += 8
-        n = sep - entry  # entry [entry, sep)
-        if n > shortest:
-            head = _load(u8, entry, min(n, 8))
-            z = _bytes_equal_mask(head, np.uint64(ONES))
-            k = first[(_low_byte_index(z) + 1 if z else 9) * 256 + np.int64(head & np.uint64(0xFF))]
-            while k >= 0:
-                a = pat_off[k]
-                L = pat_off[k + 1] - a
-                if n > L and (head & pat_mask[k]) == pat_word[k] and (
-                        L <= 8 or _same_bytes(u8, entry + 8, pats, a + 8, L - 8)):
-                    out_s[k, i] = entry + L
-                    out_e[k, i] = sep
-                    break
-                k = chain[k]
-        if sep >= end:
-            break
-        entry = sep + 1
-        j = entry
-    return (seen & np.uint64(HIGHS)) == 0
+    pos = s
+    while pos < end:
+        r = end - pos
+        if pos + 32 <= size:
+            m = _separator_masks32(u8, pos)
+        else:
+            m = np.uint64(0)
+            for t in range(min(r, 32)):
+                b = u8[pos + t]
+                if b == SEPARATOR:
+                    m |= np.uint64(1) << np.uint64(t)
+                if b >= 0x80:
+                    m |= np.uint64(1) << np.uint64(32 + t)
+        if r < 32:  # bytes past the string do not count
+            keep = (np.uint64(1) << np.uint64(r)) - np.uint64(1)
+            m &= keep | (keep << np.uint64(32))
+        high |= m >> np.uint64(32)
+        seps = m & np.uint64(0xFFFFFFFF)
+        while seps:
+            sep = pos + _low_bit_index(seps)
+            _entry_name(u8, entry, sep, shortest, pat_word, pat_mask, pats, pat_off, first, chain, out_s, out_e, i)
+            entry = sep + 1
+            seps &= seps - np.uint64(1)
+        pos += 32
+    _entry_name(u8, entry, end, shortest, pat_word, pat_mask, pats, pat_off, first, chain, out_s, out_e, i)
+    return high == 0
 
 
 def _find_props(u8, starts, lengths, pat_word, pat_mask, pats, pat_off, first, chain, out_s, out_e, ascii_ok):
@@ -118,8 +136,8 @@ def _find_props(u8, starts, lengths, pat_word, pat_mask, pats, pat_off, first, c
     (``pats[pat_off[k]:pat_off[k+1]]`` = ``NAME\\x01``, no two alike): the value span of the last matching
     entry into ``out_s[k, i]``/``out_e[k, i]`` (left at -1 when absent); ``ascii_ok[i]`` = no byte >= 0x80.
 
-    Jumps from separator to separator eight bytes at a time (a word's ``\\x02`` bytes found with one
-    subtract-and-mask), OR-ing the words to learn whether any byte is >= 0x80. Each entry's name is
+    Finds the separators 32 bytes at a time (one vector compare gives a step's ``\\x02`` bytes and its bytes
+    >= 0x80 as bit masks; :func:`_record_props`), the entries then separator after separator. Each entry's name is
     compared at the entry's start only: a pattern ends at the name's first ``\\x01``, so only the names
     of that length (1-8; 9 = longer) and that first byte can match (``first[length * 256 + byte]``,
     then ``chain[k]``: -1 ends the list); each is compared by one masked word (``pat_word[k]``: its first
@@ -319,8 +337,10 @@ def _dispatch_props(u8, starts, lengths, tids, topic_prefix, topic_slow, pat_wor
     return t
 
 
-find_props = _jit(_find_props)
-java_hash_spans = _jit(_java_hash_spans)
-key_hashes = _jit(_key_hashes)
-dispatch_props = _jit(_dispatch_props)
-group_spans = _jit(_group_spans)
+# without numba's reference counting (none of them makes an array): the helpers inlined into the per-record loops
+# otherwise take and drop a reference to every array they are handed, an atomic add each (~10 ns per record)
+find_props = _jit(_find_props, refcounts=False)
+java_hash_spans = _jit(_java_hash_spans, refcounts=False)
+key_hashes = _jit(_key_hashes, refcounts=False)
+dispatch_props = _jit(_dispatch_props, refcounts=False)
+group_spans = _jit(_group_spans, refcounts=False)

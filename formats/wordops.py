@@ -47,6 +47,44 @@ def _low_byte_index(typingctx, mask):
 
 
 @numba.extending.intrinsic
+def _low_bit_index(typingctx, mask):
+    """Index (0-63) of the lowest set bit of the uint64 ``mask`` (count of trailing zero bits); ``mask`` is not 0."""
+    sig = types.int64(types.uint64)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        cttz = builder.module.declare_intrinsic("llvm.cttz.i64", fnty=ir.FunctionType(i64, [i64, ir.IntType(1)]))
+        return builder.call(cttz, [args[0], ir.Constant(ir.IntType(1), 1)])
+
+    return sig, codegen
+
+
+def _byte_masks32(byte: int):
+    """Intrinsic ``masks(u8, i)``: the 32 bytes at ``u8[i]`` tested at once (one vector load and two compares,
+    e.g. AVX2's ``vpcmpeqb``/``vpmovmskb``): bit ``t`` of the result is set when byte ``t`` equals ``byte``, bit
+    ``32 + t`` when byte ``t`` is >= 0x80. The caller makes sure ``i + 32 <= len(u8)``."""
+
+    @numba.extending.intrinsic
+    def masks(typingctx, arr, idx):
+        sig = types.uint64(arr, types.intp)
+
+        def codegen(context, builder, signature, args):
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            vec = ir.VectorType(ir.IntType(8), 32)
+            v = builder.load(builder.bitcast(builder.gep(ary.data, [args[1]]), vec.as_pointer()), align=1)
+            equal = builder.icmp_unsigned("==", v, ir.Constant(vec, [byte] * 32))
+            high = builder.icmp_signed("<", v, ir.Constant(vec, [0] * 32))
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            low_half = builder.zext(builder.bitcast(equal, i32), i64)
+            high_half = builder.shl(builder.zext(builder.bitcast(high, i32), i64), ir.Constant(i64, 32))
+            return builder.or_(low_half, high_half)
+
+        return sig, codegen
+
+    return masks
+
+
+@numba.extending.intrinsic
 def _prefetch(typingctx, arr, idx):
     """Hint the CPU to start loading the cache line of ``u8[i]`` (never faults, whatever ``i``)."""
     sig = types.void(arr, types.intp)

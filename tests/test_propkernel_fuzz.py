@@ -174,3 +174,36 @@ def test_java_hash_spans_and_groups_equal_plain_computations():
     # the last span ends at the buffer's end
     tail = np.frombuffer(b"ab" + picks[-1], np.uint8)
     assert propscan.java_hash_spans(tail, np.array([2]), np.array([len(tail)])).tolist() == [_java_hash_bytes(picks[-1])]
+
+
+def test_property_scan_steps_of_32_bytes():
+    """The scan takes 32 bytes per step (a vector compare finds the step's separators and bytes >= 0x80): separators
+    and non-ASCII bytes at every position of a step and on both sides of a step boundary, and bytes just past the
+    string (a separator or a byte >= 0x80 there must not count), from every start alignment, also at the buffer's
+    end (the last 31 bytes are read one by one)."""
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    cases = []
+    for length in (31, 32, 33, 63, 64, 65, 95, 96, 97):
+        for at in sorted({0, 1, 7, 8, 30, 31, 32, 33, length - 2, length - 1} & set(range(length))):
+            body = bytearray(rng.choice(b"abTAGSKEY\x01") for _ in range(length))
+            body[at] = 2
+            cases.append(bytes(body))
+            tagged = bytearray(b"TAGS\x01" + bytes(body[5:])) if length > 6 else bytearray(body)
+            tagged[at] = 0x80 | rng.randrange(128)  # one non-ASCII byte somewhere in the string
+            cases.append(bytes(tagged))
+        cases.append(b"KEYS\x01" + b"k" * (length - 15) + b" k2\x02TAGS\x01tg")  # entries across step boundaries
+        cases.append(b"\x02".join([b"UNIQ_KEY\x01" + b"u" * (length % 40 + 1)] * 3))
+    buf = bytearray()
+    starts, lengths = [], []
+    for c in cases:
+        buf += bytes(rng.randint(0, 40))
+        starts.append(len(buf))
+        lengths.append(len(c))
+        buf += c
+        buf += rng.choice((b"\x02TAGS\x01zz", b"\xff\xfe", b"\x02", b""))  # right after the string: not part of it
+    _check(bytes(buf), starts, lengths)
+    for c in cases:  # the string ends at the buffer's end; 0-40 bytes before it
+        pad = rng.randint(0, 40)
+        _check(b"TAGS\x01p\x02"[:pad] + bytes(max(pad - 7, 0)) + c, [pad], [len(c)])

@@ -271,20 +271,13 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
                      "sysFlag": h.sysFlag, "storeTimestamp": h.storeTimestamp, "topic": tids, "tagsCode": codes,
                      "tagsBad": tags_bad, "keyCount": counts}, hashes)
             rep.data_end = int(phy[-1] + h.totalSize[-1])
-            # Checks the broker does not make (§13.3 "Not checked by Java").
-            for j in np.flatnonzero(h.physicalOffset != phy).tolist():
-                at(int(h.offsets[j]), "CL_PHYOFFSET", ERROR,
-                   f"PHYSICALOFFSET field says {int(h.physicalOffset[j])}, the record is at {int(phy[j])}")
+            # Checks the broker does not make (§13.3 "Not checked by Java"); one pass over the chunk says whether
+            # any record breaks one of them, and only then each rule's records are looked for
             bad_flags = (h.sysFlag & ~known) != 0
             if cfg.version >= 5:
                 bad_flags |= ((h.sysFlag & 0x700) >> 8) >= 4
-            for j in np.flatnonzero(bad_flags).tolist():
-                at(int(h.offsets[j]), "CL_SYSFLAG", WARNING, f"SYSFLAG 0x{int(h.sysFlag[j]) & 0xFFFFFFFF:X} has bits this broker version never sets")
-            for j in np.flatnonzero((h.queueId < 0) | (h.queueOffset < 0)).tolist():
-                at(int(h.offsets[j]), "CL_FIELD_RANGE", WARNING,
-                   f"negative QUEUEID {int(h.queueId[j])} or QUEUEOFFSET {int(h.queueOffset[j])}")
-            for j in np.flatnonzero(h.totalSize > max_size).tolist():
-                at(int(h.offsets[j]), "CL_TOO_LARGE", WARNING, f"TOTALSIZE {int(h.totalSize[j])} exceeds what the broker accepts ({max_size})")
+            if (bad_flags | (h.physicalOffset != phy) | (h.queueId < 0) | (h.queueOffset < 0) | (h.totalSize > max_size)).any():
+                _field_checks(h, phy, bad_flags, max_size, at)
             if k + 1 < nw and int(phy[-1]) >= starts[k + 1]:  # the walk passed the end of one window or more
                 passed = starts[k + 1:int(np.searchsorted(starts, int(phy[-1]), side="right"))]
                 for cols, keys in acc.cut(passed):
@@ -374,6 +367,21 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
     rep.records, rep.bytes = totals
     rep.all_zero = rep.records == 0 and not rep.invalid and _first_nonzero(u8, 0, seg.size) is None
     yield last
+
+
+def _field_checks(h, phy: np.ndarray, bad_flags: np.ndarray, max_size: int, at) -> None:
+    """The fields of a chunk's records the broker does not check (§13.3 "Not checked by Java"), reported by ``at``."""
+    for j in np.flatnonzero(h.physicalOffset != phy).tolist():
+        at(int(h.offsets[j]), "CL_PHYOFFSET", ERROR,
+           f"PHYSICALOFFSET field says {int(h.physicalOffset[j])}, the record is at {int(phy[j])}")
+    for j in np.flatnonzero(bad_flags).tolist():
+        at(int(h.offsets[j]), "CL_SYSFLAG", WARNING, f"SYSFLAG 0x{int(h.sysFlag[j]) & 0xFFFFFFFF:X} has bits this broker version never sets")
+    for j in np.flatnonzero((h.queueId < 0) | (h.queueOffset < 0)).tolist():
+        at(int(h.offsets[j]), "CL_FIELD_RANGE", WARNING,
+           f"negative QUEUEID {int(h.queueId[j])} or QUEUEOFFSET {int(h.queueOffset[j])}")
+    for j in np.flatnonzero(h.totalSize > max_size).tolist():
+        at(int(h.offsets[j]), "CL_TOO_LARGE", WARNING, f"TOTALSIZE {int(h.totalSize[j])} exceeds what the broker accepts ({max_size})")
+
 
 def _resync(buf, u8, p: int, stop, limit: int, commitlog: CommitLog) -> int | None:
     """Where the next record starts after an invalid one (:func:`..log.walk.next_by_size`)."""

@@ -94,6 +94,7 @@ _M_TRIM_THRESHOLD = -1  # glibc mallopt parameters
 _M_TOP_PAD = -2
 HEAP_KEPT = 64 << 20  # freed heap memory glibc keeps (a bound: RssAnon stays flat whatever the store)
 HEAP_PAD = 8 << 20  # extra heap asked for each time it grows
+WINDOW_COLUMNS_ON_HEAP = 32 << 20  # blocks below this come from the heap (glibc's largest mmap threshold)
 _heap_kept = False
 
 
@@ -102,14 +103,19 @@ def keep_freed_heap() -> None:
     chunk allocates ~24 columns of 64 KiB and frees most of them after the chunk; by default glibc returns the
     top of the heap to the system as soon as 128 KiB are free there, so every chunk faulted its columns in again
     and the kernel zeroed them: ~4.5 ms per 64 MiB of 100 B records, a third of the walk kernel's own time
-    (measured 16.8 -> 12.2 ms per segment). A bounded constant (the memory rows stay flat); process-wide and
-    idempotent; a no-op where libc has no mallopt. Setting it keeps glibc's mmap threshold at its 128 KiB
-    default (no dynamic raise), so larger blocks (window columns) are still mapped and unmapped on their own."""
+    (measured 16.8 -> 12.2 ms per segment). The window columns (a few MB each, joined from the chunks once per
+    window) come from the heap too (mmap threshold :data:`WINDOW_COLUMNS_ON_HEAP`): mapped on their own, each
+    window's columns were faulted in and zeroed afresh, ~0.1 s per GiB of 100 B records, 4x the copy itself;
+    on the heap the next window reuses the blocks the last one freed (same sizes). A bounded constant (the
+    memory rows stay flat); process-wide and idempotent; a no-op where libc has no mallopt. Not after
+    :func:`map_large_allocations` (the whole-log formulation's columns must stay mapped)."""
     global _heap_kept
     if _heap_kept:
         return
     _heap_kept = True
     _mallopt((_M_TRIM_THRESHOLD, HEAP_KEPT), (_M_TOP_PAD, HEAP_PAD))
+    if not _mapped_allocations:
+        _mallopt((_M_MMAP_THRESHOLD, WINDOW_COLUMNS_ON_HEAP))
 
 
 def _mallopt(*settings: tuple[int, int]) -> None:
