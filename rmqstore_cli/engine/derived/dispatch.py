@@ -97,6 +97,10 @@ class Dispatcher:
         # the consume-queue folder was empty when this dispatcher began (rebuild -j): a queue's files that exist
         # when its writer opens were made by a worker (.cqdirect), not left by a broker, so they are not recovered
         self.fresh_queues = False
+        # the caller has proven that every consume-queue unit the records would get is already present (a recovery
+        # plan predicting no new unit): the puts would all be skipped, so the queues are neither opened nor read and
+        # each unit is counted as skipped, as the puts would count it (plain queues without ext only: see apply.py)
+        self.queues_complete = False
 
     def index_continues_after(self, phy: int, keys_held: int | None = None) -> None:
         """The index holds every key of the records before ``phy`` and the first ``keys_held`` keys of the
@@ -189,6 +193,9 @@ class Dispatcher:
                                          f"topic {topic!r} cannot be a consume queue directory; not dispatched"))
         if plan.last_row < 0:
             return None
+        if self.queues_complete:
+            stats.cq_skipped += int(plan.starts[-1])
+            return int(b.store_timestamp[plan.last_row])
         ext_on = self.config.enableConsumeQueueExt
         rows, starts, units = plan.rows, plan.starts.tolist(), plan.units
         straight, first_offset = plan.straight.tolist(), plan.first_offset.tolist()
@@ -257,6 +264,9 @@ class Dispatcher:
                 continue
             name, q = lt.names[int(lt.name[g[0]])], int(lt.queue_id[g[0]])
             if unsafe_topic_dir(name):
+                continue
+            if self.queues_complete:
+                stats.cq_skipped += len(g)
                 continue
             rows = lt.row[g]
             cq = self._queues.get((name, q)) or self.queue(name, q)
