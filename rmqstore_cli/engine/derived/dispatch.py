@@ -38,7 +38,7 @@ from .cqwriter import ConsumeQueueExtWriter, ConsumeQueueWriter
 from ..findings import Finding
 from .indexwriter import IndexWriter
 from .dispatchcolumns import TopicInterner, dispatch_columns
-from .cqplan import queue_plan, unsafe_topic_dir
+from .cqplan import queue_plan, taken_rows, unsafe_topic_dir
 from .lmq import LMQ_PROPS, LmqTargets, MultiDispatchRule, chunk_targets
 from .batchcq import batch_topics_at, chunk_batch_fields
 from .bcqwriter import BatchConsumeQueueWriter
@@ -184,13 +184,16 @@ class Dispatcher:
         """CommitLogDispatcherBuildConsumeQueue over a batch, grouped per queue (:mod:`.cqplan`); returns the
         store time of the last record it took (the checkpoint's logicsMsgTimestamp)."""
         stats = self.stats
+        if self.queues_complete and b.cq_plan is None:  # only the rows taken are needed, not their groups and units
+            _, taken, _, unsafe = taken_rows(b)
+            self._report_unsafe(b, unsafe)
+            if not len(taken):
+                return None
+            stats.cq_skipped += len(taken)
+            return int(b.store_timestamp[int(taken[-1])])
         plan = b.cq_plan if b.cq_plan is not None else queue_plan(b)
         names = plan.names
-        for i in plan.unsafe.tolist():
-            stats.unsafe_topics += 1
-            topic = b.topic_names[int(b.topic_ids[i])] if b.topic_ids is not None else b.topic[i]
-            self.problems.append(Finding("DISPATCH_UNSAFE_TOPIC", "error", None, int(b.phy[i]),
-                                         f"topic {topic!r} cannot be a consume queue directory; not dispatched"))
+        self._report_unsafe(b, plan.unsafe)
         if plan.last_row < 0:
             return None
         if self.queues_complete:
@@ -242,6 +245,14 @@ class Dispatcher:
                 else:
                     stats.cq_skipped += 1
         return int(b.store_timestamp[plan.last_row])
+
+    def _report_unsafe(self, b: DispatchBatch, unsafe: np.ndarray) -> None:
+        """DISPATCH_UNSAFE_TOPIC for the rows ``unsafe`` (their topic cannot be a directory: not dispatched)."""
+        for i in unsafe.tolist():
+            self.stats.unsafe_topics += 1
+            topic = b.topic_names[int(b.topic_ids[i])] if b.topic_ids is not None else b.topic[i]
+            self.problems.append(Finding("DISPATCH_UNSAFE_TOPIC", "error", None, int(b.phy[i]),
+                                         f"topic {topic!r} cannot be a consume queue directory; not dispatched"))
 
     def _dispatch_lmq(self, b: DispatchBatch) -> None:
         """multiDispatchLmqQueue: after the records' own units, each record's multi-dispatch units, with its
@@ -307,7 +318,8 @@ class Dispatcher:
                 except TagsCodeError as e:
                     self.problems.append(Finding("DISPATCH_BAD_DELAY", "error", None, int(batch.phy[i]), str(e)))
             batch = batch.take(np.flatnonzero(~tags_bad))
-        batch.cq_plan = queue_plan(batch)
+        if not self.queues_complete:  # no unit is written: the rows taken are counted without grouping them
+            batch.cq_plan = queue_plan(batch)
         return batch
 
     def _batch_columns(self, batch: DispatchBatch, u8, h, tids, names) -> np.ndarray:
