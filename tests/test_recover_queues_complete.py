@@ -121,3 +121,43 @@ def test_skipping_complete_queues_changes_nothing(name, variant, tmp_path, monke
         assert applied["dispatch"]["cqSkipped"] > 0
     if variant == "cut" and seen_f["complete"]:
         assert seen_f["complete"] == [False]  # units missing: the full dispatch
+
+
+@pytest.mark.parametrize("seed", [SEED, SEED + 1, 11])
+def test_dispatcher_counts_complete_queues_as_the_puts_skip_them(tmp_path, seed):
+    """Dispatching again records every queue already holds: the Dispatcher with ``queues_complete`` leaves the same
+    files (checkpoint included) and counts, skipped units and DISPATCH_UNSAFE_TOPIC findings as the full one does
+    (random records over several queues with damaged offsets, transaction types left out and a topic that
+    cannot be a directory: tests/test_cqplan.py's generator)."""
+    import shutil
+
+    from rmqstore_cli.engine.config.storeconfig import StoreConfig
+    from rmqstore_cli.engine.derived.dispatch import DispatchBatch, Dispatcher
+    from tests.conftest import files_of
+    from tests.test_cqplan import _records
+
+    print("seed", seed)
+    rng = random.Random(seed)
+    cfg = StoreConfig(version=5).with_(mappedFileSizeConsumeQueue=20 * rng.choice([3, 40, 400]), messageIndexEnable=False)
+    recs = _records(rng, 400)
+    cuts = sorted(rng.sample(range(1, len(recs)), 3))
+    parts = list(zip([0] + cuts, cuts + [len(recs)]))
+
+    def dispatch(root, complete: bool) -> Dispatcher:
+        d = Dispatcher(str(root), cfg, batch_topics=set(), repair=True)
+        d.queues_complete = complete
+        for a, b in parts:
+            d.dispatch_many(DispatchBatch.from_requests(recs[a:b]))
+        d.close()
+        return d
+
+    first = dispatch(tmp_path / "full", False)
+    assert first.stats.cq_units > 0
+    shutil.copytree(tmp_path / "full", tmp_path / "fast")
+    again = dispatch(tmp_path / "full", False)
+    assert again.stats.cq_units == 0  # every unit is present: what the plan proves before taking this path
+    fast = dispatch(tmp_path / "fast", True)
+    assert files_of(tmp_path / "fast", "") == files_of(tmp_path / "full", "")
+    assert vars(fast.stats) == vars(again.stats)
+    assert fast.stats.cq_skipped > 0 and fast.stats.unsafe_topics > 0
+    assert [f.as_json() for f in fast.problems] == [f.as_json() for f in again.problems]
