@@ -41,8 +41,9 @@ class QueuePlan:
         return len(self.tids)
 
 
-def queue_plan(b) -> QueuePlan:
-    """The :class:`QueuePlan` of a :class:`~.dispatchbatch.DispatchBatch`."""
+def taken_rows(b) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
+    """(topic names, rows a consume queue takes, their topic ids, unsafe rows) of a batch: the records of transaction
+    types NOT and COMMIT whose topic can be a directory, in log order (``unsafe``: the others of those types)."""
     t = b.sysflag & 0xC
     sel = np.flatnonzero((t == TRANSACTION_NOT) | (t == TRANSACTION_COMMIT))
     if b.topic_ids is not None:
@@ -52,14 +53,19 @@ def queue_plan(b) -> QueuePlan:
         names = list(dict.fromkeys(b.topic))
         ids = {name: k for k, name in enumerate(names)}
         tid = np.fromiter(map(ids.__getitem__, b.topic), dtype=np.int64, count=len(b))[sel]
-    p = QueuePlan()
-    p.names = names
-    p.unsafe = np.zeros(0, np.int64)
+    unsafe = np.zeros(0, np.int64)
     bad_ids = [k for k, name in enumerate(names) if unsafe_topic_dir(name)]
     if bad_ids and len(sel):
         bad = np.isin(tid, bad_ids)
-        p.unsafe = sel[bad]
+        unsafe = sel[bad]
         sel, tid = sel[~bad], tid[~bad]
+    return names, sel, tid, unsafe
+
+
+def queue_plan(b) -> QueuePlan:
+    """The :class:`QueuePlan` of a :class:`~.dispatchbatch.DispatchBatch`."""
+    p = QueuePlan()
+    p.names, sel, tid, p.unsafe = taken_rows(b)
     p.last_row = int(sel[-1]) if len(sel) else -1
     qid = b.queue_id[sel]
     key = (tid << 32) | (qid & 0xFFFFFFFF)

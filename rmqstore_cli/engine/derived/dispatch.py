@@ -38,7 +38,7 @@ from .cqwriter import ConsumeQueueExtWriter, ConsumeQueueWriter
 from ..findings import Finding
 from .indexwriter import IndexWriter
 from .dispatchcolumns import TopicInterner, dispatch_columns
-from .cqplan import queue_plan, unsafe_topic_dir
+from .cqplan import queue_plan, taken_rows, unsafe_topic_dir
 from .lmq import LMQ_PROPS, LmqTargets, MultiDispatchRule, chunk_targets
 from .batchcq import batch_topics_at, chunk_batch_fields
 from .bcqwriter import BatchConsumeQueueWriter
@@ -97,6 +97,10 @@ class Dispatcher:
         # the consume-queue folder was empty when this dispatcher began (rebuild -j): a queue's files that exist
         # when its writer opens were made by a worker (.cqdirect), not left by a broker, so they are not recovered
         self.fresh_queues = False
+        # the caller has proven that every consume-queue unit the records would get is already present (a recovery
+        # plan predicting no new unit): the puts would all be skipped, so the queues are neither opened nor read and
+        # each unit is counted as skipped, as the puts would count it (plain queues without ext only: see apply.py)
+        self.queues_complete = False
 
     def index_continues_after(self, phy: int, keys_held: int | None = None) -> None:
         """The index holds every key of the records before ``phy`` and the first ``keys_held`` keys of the
@@ -180,15 +184,21 @@ class Dispatcher:
         """CommitLogDispatcherBuildConsumeQueue over a batch, grouped per queue (:mod:`.cqplan`); returns the
         store time of the last record it took (the checkpoint's logicsMsgTimestamp)."""
         stats = self.stats
+        if self.queues_complete and b.cq_plan is None:  # only the rows taken are needed, not their groups and units
+            _, taken, _, unsafe = taken_rows(b)
+            self._report_unsafe(b, unsafe)
+            if not len(taken):
+                return None
+            stats.cq_skipped += len(taken)
+            return int(b.store_timestamp[int(taken[-1])])
         plan = b.cq_plan if b.cq_plan is not None else queue_plan(b)
         names = plan.names
-        for i in plan.unsafe.tolist():
-            stats.unsafe_topics += 1
-            topic = b.topic_names[int(b.topic_ids[i])] if b.topic_ids is not None else b.topic[i]
-            self.problems.append(Finding("DISPATCH_UNSAFE_TOPIC", "error", None, int(b.phy[i]),
-                                         f"topic {topic!r} cannot be a consume queue directory; not dispatched"))
+        self._report_unsafe(b, plan.unsafe)
         if plan.last_row < 0:
             return None
+        if self.queues_complete:
+            stats.cq_skipped += int(plan.starts[-1])
+            return int(b.store_timestamp[plan.last_row])
         ext_on = self.config.enableConsumeQueueExt
         rows, starts, units = plan.rows, plan.starts.tolist(), plan.units
         straight, first_offset = plan.straight.tolist(), plan.first_offset.tolist()
@@ -236,6 +246,14 @@ class Dispatcher:
                     stats.cq_skipped += 1
         return int(b.store_timestamp[plan.last_row])
 
+    def _report_unsafe(self, b: DispatchBatch, unsafe: np.ndarray) -> None:
+        """DISPATCH_UNSAFE_TOPIC for the rows ``unsafe`` (their topic cannot be a directory: not dispatched)."""
+        for i in unsafe.tolist():
+            self.stats.unsafe_topics += 1
+            topic = b.topic_names[int(b.topic_ids[i])] if b.topic_ids is not None else b.topic[i]
+            self.problems.append(Finding("DISPATCH_UNSAFE_TOPIC", "error", None, int(b.phy[i]),
+                                         f"topic {topic!r} cannot be a consume queue directory; not dispatched"))
+
     def _dispatch_lmq(self, b: DispatchBatch) -> None:
         """multiDispatchLmqQueue: after the records' own units, each record's multi-dispatch units, with its
         plain tagsCode (no ext), by the same put rules; per queue in log order. The broker writes them
@@ -257,6 +275,9 @@ class Dispatcher:
                 continue
             name, q = lt.names[int(lt.name[g[0]])], int(lt.queue_id[g[0]])
             if unsafe_topic_dir(name):
+                continue
+            if self.queues_complete:
+                stats.cq_skipped += len(g)
                 continue
             rows = lt.row[g]
             cq = self._queues.get((name, q)) or self.queue(name, q)
@@ -297,7 +318,8 @@ class Dispatcher:
                 except TagsCodeError as e:
                     self.problems.append(Finding("DISPATCH_BAD_DELAY", "error", None, int(batch.phy[i]), str(e)))
             batch = batch.take(np.flatnonzero(~tags_bad))
-        batch.cq_plan = queue_plan(batch)
+        if not self.queues_complete:  # no unit is written: the rows taken are counted without grouping them
+            batch.cq_plan = queue_plan(batch)
         return batch
 
     def _batch_columns(self, batch: DispatchBatch, u8, h, tids, names) -> np.ndarray:

@@ -124,7 +124,8 @@ def _apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, 
         res.dispatch = run_dispatch(root, config, backup, dispatch.extra["from"], dispatch.extra["to"],
                                     plan.dispatch.get("queuesGaining", {}),
                                     index_namer or reused_names(dispatch.extra.get("indexNames") or []),
-                                    index_after=dispatch.extra.get("indexAfter"), jobs=jobs)
+                                    index_after=dispatch.extra.get("indexAfter"), jobs=jobs,
+                                    queues_complete=plan.dispatch.get("newConsumeQueueUnits") == 0)
         res.steps.append(f"dispatched {res.dispatch['records']} records: {res.dispatch['cqUnits']} consume-queue units, "
                          f"{res.dispatch['indexEntries']} index entries")
     if any(a.kind == "timer" for a in plan.actions):
@@ -184,12 +185,17 @@ def _index_msg_timestamp(root: str) -> int | None:
 
 
 def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gaining: dict, index_namer,
-                 index_after: tuple | None = None, jobs: int = 1) -> dict:
+                 index_after: tuple | None = None, jobs: int = 1, queues_complete: bool = False) -> dict:
     """Re-dispatch [start, end) with the Dispatcher; every file it may change is saved first.
 
     ``jobs`` > 1 and [start, end) beginning in the first segment (a crash's whole-log re-dispatch): forked
     workers parse whole segments into dispatch columns (rebuild -j's path, repair/rebuild.py), the writes stay
-    here, in log order. Both read from the first segment on, going into the next one past a BLANK."""
+    here, in log order. Both read from the first segment on, going into the next one past a BLANK.
+
+    ``queues_complete``: the plan predicted no new consume-queue unit (a crash copy whose queues hold every
+    record), so the serial dispatch writes only index entries and the checkpoint and does not read every queue to
+    skip the units it holds (Dispatcher.queues_complete; not with ext units or batch queues, whose writers it
+    would still open)."""
     from ..derived.dispatch import Dispatcher
     from ..store import Store
 
@@ -234,6 +240,7 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
         d = PruningDispatcher(root, st.config, index_namer=index_namer, repair=True)
     else:
         d = Dispatcher(root, st.config, index_namer=index_namer, repair=True)
+        d.queues_complete = queues_complete and not st.config.enableConsumeQueueExt and not d.batch_topics
     if index_after is not None:
         d.index_continues_after(*index_after)
     from .rebuild import DispatchWriteback
