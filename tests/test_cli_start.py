@@ -287,8 +287,9 @@ import json, os, sys
 out = sys.argv.pop(1)
 real_exit = os._exit
 def leave(code):
-    with open(f"{out}.{os.getpid()}", "w") as f:
+    with open(f"{out}-partial-{os.getpid()}", "w") as f:
         f.write(json.dumps(sorted(sys.modules)))
+    os.rename(f"{out}-partial-{os.getpid()}", f"{out}.{os.getpid()}")  # whole or absent, should the process be killed
     real_exit(code)
 os._exit = leave
 sys.argv[0] = "rmqstore"

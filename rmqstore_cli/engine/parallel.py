@@ -388,6 +388,7 @@ class Background:
     def result(self):
         try:
             got = _next_item(self._queue, self._proc)
+            self._proc.join(timeout=5)  # it has sent its result: let it leave on its own rather than kill it mid-exit
         finally:
             _stop([self._proc])
         if isinstance(got, _WorkerError):
