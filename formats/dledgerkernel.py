@@ -26,6 +26,7 @@ MAGIC, BLANK = ENTRY_MAGIC, BLANK_MAGIC
 
 # Why the walk stopped (formats.fast's STOP_* names, plus an entry that breaks a header rule).
 K_BLANK, K_ZERO, K_EOF, K_BAD_MAGIC, K_BAD_SIZE, K_TORN, K_CHUNK, K_INVALID = range(8)
+K_TAKEN = -1  # _take_entry's answer for an entry that passed the rules (the walk goes on)
 # Entry columns the walk fills, in order (all int64).
 COLUMNS = ("at", "size", "index", "term", "pos", "channel", "chainCrc", "bodyCrc", "bodyLength", "magic")
 
@@ -38,58 +39,66 @@ def _be(u8, i, n):
     return (v << s) >> s
 
 
+def _take_entry(u8, pos, end, file_start, last_index, last_term, cols, n):
+    """The header rules for the entry at ``pos``; an entry that passes them has its header fields stored in row ``n``
+    of ``cols``. Returns (K_TAKEN or the K_* kind that stops the walk, size, magic, E_* rule, index, term)."""
+    if pos + 8 > end:
+        return K_EOF, 0, 0, E_OK, 0, 0
+    magic = _be(u8, pos + O_MAGIC, 4)
+    size = _be(u8, pos + O_SIZE, 4)
+    if magic == BLANK:
+        return K_BLANK, size, magic, E_OK, 0, 0
+    if magic == 0 and size == 0:
+        return K_ZERO, size, magic, E_OK, 0, 0
+    if magic != MAGIC:
+        return K_BAD_MAGIC, size, magic, E_OK, 0, 0
+    if pos + HEADER > end:
+        return K_EOF, size, magic, E_OK, 0, 0
+    index = _be(u8, pos + O_INDEX, 8)
+    term = _be(u8, pos + O_TERM, 8)
+    at = _be(u8, pos + O_POS, 8)
+    body_len = _be(u8, pos + O_BODYLEN, 4)
+    rule = E_OK
+    if at != file_start + pos:
+        rule = E_POS
+    elif body_len + HEADER != size:
+        rule = E_BODYLEN
+    elif size <= FIXED:
+        rule = E_SIZE
+    elif last_index != -1 and index != last_index + 1:
+        rule = E_INDEX
+    elif term < last_term:
+        rule = E_TERM
+    if rule != E_OK:
+        return K_INVALID, size, magic, rule, index, term
+    if pos + size > end:
+        return K_TORN, size, magic, E_OK, index, term
+    c_at, c_size, c_index, c_term, c_pos, c_channel, c_chain, c_bodycrc, c_bodylen, c_magic = cols
+    c_at[n] = pos
+    c_size[n] = size
+    c_index[n] = index
+    c_term[n] = term
+    c_pos[n] = at
+    c_channel[n] = _be(u8, pos + O_CHANNEL, 4)
+    c_chain[n] = _be(u8, pos + O_CHAIN, 4)
+    c_bodycrc[n] = _be(u8, pos + O_BODYCRC, 4)
+    c_bodylen[n] = body_len
+    c_magic[n] = magic
+    return K_TAKEN, size, magic, E_OK, index, term
+
+
 def _walk_entries(u8, pos, end, file_start, last_index, last_term, max_entries, cols):
     """Entries from ``pos`` (relative to the file) to ``end``: their header fields into ``cols``
     (COLUMNS order, capacity >= ``max_entries``). ``last_index``/``last_term`` are the entry before
     (-1: none). Returns (count, stop position, K_* kind, size and magic at the stop, E_* rule)."""
-    c_at, c_size, c_index, c_term, c_pos, c_channel, c_chain, c_bodycrc, c_bodylen, c_magic = cols
     n = 0
     while True:
         if n >= max_entries:
             return n, pos, K_CHUNK, 0, 0, E_OK
-        if pos + 8 > end:
-            return n, pos, K_EOF, 0, 0, E_OK
-        magic = _be(u8, pos + O_MAGIC, 4)
-        size = _be(u8, pos + O_SIZE, 4)
-        if magic == BLANK:
-            return n, pos, K_BLANK, size, magic, E_OK
-        if magic == 0 and size == 0:
-            return n, pos, K_ZERO, size, magic, E_OK
-        if magic != MAGIC:
-            return n, pos, K_BAD_MAGIC, size, magic, E_OK
-        if pos + HEADER > end:
-            return n, pos, K_EOF, size, magic, E_OK
-        index = _be(u8, pos + O_INDEX, 8)
-        term = _be(u8, pos + O_TERM, 8)
-        at = _be(u8, pos + O_POS, 8)
-        body_len = _be(u8, pos + O_BODYLEN, 4)
-        rule = E_OK
-        if at != file_start + pos:
-            rule = E_POS
-        elif body_len + HEADER != size:
-            rule = E_BODYLEN
-        elif size <= FIXED:
-            rule = E_SIZE
-        elif last_index != -1 and index != last_index + 1:
-            rule = E_INDEX
-        elif term < last_term:
-            rule = E_TERM
-        if rule != E_OK:
-            return n, pos, K_INVALID, size, magic, rule
-        if pos + size > end:
-            return n, pos, K_TORN, size, magic, E_OK
-        c_at[n] = pos
-        c_size[n] = size
-        c_index[n] = index
-        c_term[n] = term
-        c_pos[n] = at
-        c_channel[n] = _be(u8, pos + O_CHANNEL, 4)
-        c_chain[n] = _be(u8, pos + O_CHAIN, 4)
-        c_bodycrc[n] = _be(u8, pos + O_BODYCRC, 4)
-        c_bodylen[n] = body_len
-        c_magic[n] = magic
-        last_index = index
-        last_term = term
+        kind, size, magic, rule, last_index, last_term = _take_entry(u8, pos, end, file_start, last_index, last_term,
+                                                                     cols, n)
+        if kind != K_TAKEN:
+            return n, pos, kind, size, magic, rule
         n += 1
         pos += size
 
@@ -100,66 +109,27 @@ def _walk_messages(u8, pos, end, file_start, last_index, last_term, max_entries,
     pos + 48), as ``formats.kernel._decode_at`` then ``_validate`` do, into ``c32``/``c64``/``reason`` (row per entry):
     one pass over the log instead of a header walk followed by two passes over the messages, so the message's
     header lines are read while the entry's are in the cache. Returns what :func:`_walk_entries` returns."""
-    c_at, c_size, c_index, c_term, c_pos, c_channel, c_chain, c_bodycrc, c_bodylen, c_magic = cols
     t0, t1, t2, t3, t4, t5, t6 = c32
     o0, o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, o12, o13, o14, o15, o16 = c64
     n = 0
     while True:
         if n >= max_entries:
             return n, pos, K_CHUNK, 0, 0, E_OK
-        if pos + 8 > end:
-            return n, pos, K_EOF, 0, 0, E_OK
-        magic = _be(u8, pos + O_MAGIC, 4)
-        size = _be(u8, pos + O_SIZE, 4)
-        if magic == BLANK:
-            return n, pos, K_BLANK, size, magic, E_OK
-        if magic == 0 and size == 0:
-            return n, pos, K_ZERO, size, magic, E_OK
-        if magic != MAGIC:
-            return n, pos, K_BAD_MAGIC, size, magic, E_OK
-        if pos + HEADER > end:
-            return n, pos, K_EOF, size, magic, E_OK
-        index = _be(u8, pos + O_INDEX, 8)
-        term = _be(u8, pos + O_TERM, 8)
-        at = _be(u8, pos + O_POS, 8)
-        body_len = _be(u8, pos + O_BODYLEN, 4)
-        rule = E_OK
-        if at != file_start + pos:
-            rule = E_POS
-        elif body_len + HEADER != size:
-            rule = E_BODYLEN
-        elif size <= FIXED:
-            rule = E_SIZE
-        elif last_index != -1 and index != last_index + 1:
-            rule = E_INDEX
-        elif term < last_term:
-            rule = E_TERM
-        if rule != E_OK:
-            return n, pos, K_INVALID, size, magic, rule
-        if pos + size > end:
-            return n, pos, K_TORN, size, magic, E_OK
-        c_at[n] = pos
-        c_size[n] = size
-        c_index[n] = index
-        c_term[n] = term
-        c_pos[n] = at
-        c_channel[n] = _be(u8, pos + O_CHANNEL, 4)
-        c_chain[n] = _be(u8, pos + O_CHAIN, 4)
-        c_bodycrc[n] = _be(u8, pos + O_BODYCRC, 4)
-        c_bodylen[n] = body_len
-        c_magic[n] = magic
+        kind, size, magic, rule, last_index, last_term = _take_entry(u8, pos, end, file_start, last_index, last_term,
+                                                                     cols, n)
+        if kind != K_TAKEN:
+            return n, pos, kind, size, magic, rule
         v32, v64, r = _decode(u8, pos + HEADER)
         r = _content_reason(u8, r, check_crc, prop_mode, v32, v64)
         t0[n], t1[n], t2[n], t3[n], t4[n], t5[n], t6[n] = v32
         (o0[n], o1[n], o2[n], o3[n], o4[n], o5[n], o6[n], o7[n], o8[n], o9[n], o10[n], o11[n], o12[n], o13[n],
          o14[n], o15[n], o16[n]) = v64
         reason[n] = r
-        last_index = index
-        last_term = term
         n += 1
         pos += size
 
 
 _be = _jit(_be)
+_take_entry = _jit(_take_entry)
 walk_entries = _jit(_walk_entries)
 walk_messages = _jit(_walk_messages)

@@ -765,8 +765,8 @@ def index_content(root: Path, slots: int) -> list:
     return out
 
 
-def tree_bytes(root: Path, sub: str) -> dict[str, str]:
-    """{relative path: sha256} of every file under ``root/sub``."""
+def tree_bytes(root: Path, sub: str = "") -> dict[str, str]:
+    """{relative path: sha256} of every file under ``root/sub`` (the whole tree by default)."""
     out = {}
     base = root / sub
     for dirpath, _, filenames in os.walk(base):

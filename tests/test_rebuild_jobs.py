@@ -8,9 +8,9 @@ whatever the worker that read past it made.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
+from pathlib import Path
 import struct
 
 import pytest
@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from rmqstore_cli.app import app
 
 from .conftest import STORES, broker_read, copy_store
+from .fuzzlib import tree_bytes
 from .test_exit_contract import flip_body_byte, seg_size
 
 runner = CliRunner()
@@ -26,23 +27,13 @@ MULTI_SEGMENT = sorted(p.name for p in STORES.iterdir() if (p / "store" / "commi
                        and len(os.listdir(p / "store" / "commitlog")) > 1) if STORES.is_dir() else []
 
 
-def _content(root) -> dict:
-    out = {}
-    for dp, _, fn in os.walk(root):
-        for f in fn:
-            p = os.path.join(dp, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
-    return out
-
-
 def _rebuild(root, jobs: int) -> tuple:
     backup = root.parent / f"{root.name}.bak"
     r = runner.invoke(app, ["rebuild", "all", str(root), "--json", "--yes", "--backup-dir", str(backup), "-j", str(jobs)])
     out = r.stdout.replace(str(backup), "BACKUP").replace(str(root), "ROOT")
-    saved = _content(backup) if backup.exists() else {}
+    saved = tree_bytes(Path(backup)) if backup.exists() else {}
     saved.pop("manifest.jsonl", None)  # names the command's own paths and times
-    return r.exit_code, out, _content(root), saved
+    return r.exit_code, out, tree_bytes(Path(root)), saved
 
 
 def _both(tmp_path, name: str, damage=None) -> None:

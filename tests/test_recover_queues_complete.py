@@ -7,9 +7,9 @@ path must run) and with seeded damage in the queues (the seed is printed)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -19,6 +19,7 @@ from rmqstore_cli.engine.derived import cqwriter
 from rmqstore_cli.engine.repair import apply as apply_mod
 
 from .conftest import STORES, copy_store, json_lines
+from .fuzzlib import tree_bytes
 
 SEED = int(os.environ.get("RMQSTORE_QUEUES_COMPLETE_SEED", random.randrange(1 << 30)))
 STORE_NAMES = ["4.9.3-crash", "4.9.3-clean", "5.3.3-clean", "5.3.3-v2topic", "4.9.3-ext", "lmq-5.3.3"]
@@ -57,16 +58,6 @@ def crash_copy(name: str, dest, variant: str, rng: random.Random):
     return root
 
 
-def digest(root) -> dict:
-    out = {}
-    for dp, _, fn in os.walk(root):
-        for f in fn:
-            p = os.path.join(dp, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
-    return out
-
-
 def recover(root, backup, monkeypatch, force_full: bool):
     seen = {"complete": [], "writers": 0}
     real_run, real_init = apply_mod.run_dispatch, cqwriter.ConsumeQueueWriter.__init__
@@ -86,7 +77,7 @@ def recover(root, backup, monkeypatch, force_full: bool):
         m.setattr(cqwriter.ConsumeQueueWriter, "__init__", init)
         r = runner.invoke(app, ["recover", str(root), "--json", "--backup-dir", str(backup)])
     lines = [{k: v for k, v in o.items() if k != "backup"} for o in json_lines(r.stdout)]
-    return r.exit_code, lines, digest(root), seen
+    return r.exit_code, lines, tree_bytes(Path(root)), seen
 
 
 @pytest.mark.parametrize("variant", ["crash", "cut", "damage"])
@@ -98,12 +89,12 @@ def test_skipping_complete_queues_changes_nothing(name, variant, tmp_path, monke
     # both runs on a copy at the same path (the plan and steps print it), one after the other
     root = tmp_path / "store"
     crash_copy(name, root, variant, random.Random(SEED))
-    before = digest(root)
+    before = tree_bytes(Path(root))
     code_f, out_f, files_f, seen_f = recover(root, tmp_path / "bak", monkeypatch, force_full=False)
     root.rename(tmp_path / "fast")
     (tmp_path / "bak").rename(tmp_path / "bak-fast")
     crash_copy(name, root, variant, random.Random(SEED))
-    assert digest(root) == before
+    assert tree_bytes(Path(root)) == before
     code_r, out_r, files_r, seen_r = recover(root, tmp_path / "bak", monkeypatch, force_full=True)
     assert code_f == code_r
     assert out_f == out_r

@@ -193,15 +193,19 @@ class WindowedCheck:
                 if lied:
                     self.lied = True
                     return None
-                self.count += count
-                if newest is not None:
-                    self.newest = newest if self.newest is None else max(self.newest, newest)
-                self.newest_cq = max(self.newest_cq, newest_cq)
-                for key, parts in tails.items():
-                    self.tails.setdefault(key, []).extend(parts)
+                self.add_segment(count, newest, newest_cq, tails)
         finally:
             stream.close()
         return self.finish()
+
+    def add_segment(self, count: int, newest, newest_cq: int, tails: dict) -> None:
+        """Folds in what one segment's windows added, checked from a fresh start in a worker (segments in log order)."""
+        self.count += count
+        if newest is not None:
+            self.newest = newest if self.newest is None else max(self.newest, newest)
+        self.newest_cq = max(self.newest_cq, newest_cq)
+        for key, parts in tails.items():
+            self.tails.setdefault(key, []).extend(parts)
 
     def finish(self) -> dict | None:
         """The verdicts (``windowed_verdicts``'s answer), or None after a lying unit."""
@@ -247,13 +251,7 @@ class FedByVerify:
             self.bad = True
             return
         self.merged.add(i)
-        c = self.check
-        c.count += count
-        if newest is not None:
-            c.newest = newest if c.newest is None else max(c.newest, newest)
-        c.newest_cq = max(c.newest_cq, newest_cq)
-        for key, parts in tails.items():
-            c.tails.setdefault(key, []).extend(parts)
+        self.check.add_segment(count, newest, newest_cq, tails)
 
     def verdicts(self) -> dict | None:
         """The check's answer, when every segment of the recovered log was fed and nothing needs another walk."""
