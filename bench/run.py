@@ -190,7 +190,7 @@ class Bench:
             return None
         if start is not None:
             try:
-                add_start_cost(row, [run(start() if callable(start) else start).seconds for _ in range(3)],
+                add_start_cost(row, [run(start() if callable(start) else start).seconds for _ in range(CLI_START_RUNS)],
                                records, nbytes)
             except Exception as e:  # noqa: BLE001 -- the main figure stands; the split is reported missing
                 row["start_failed"] = str(e)[:200]

@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import json
 import os
+import random
 import shutil
 import stat
 from functools import lru_cache
@@ -113,3 +114,13 @@ def spark():
     s = build_session("local[2]", "rmqstore-tests", fast_jvm=True, conf={"spark.sql.shuffle.partitions": "2"})
     yield s
     s.stop()
+
+
+def seed_params(drawn: int, *fixed: int, draw=None) -> list:
+    """Parametrize values for seeded tests: ``drawn`` seeds drawn for this run (``draw`` or the system's randomness;
+    the test prints its seed) and the ``fixed`` ones. Their ids do not show the drawn values, so every process of
+    a parallel run (pytest-xdist) collects the same tests."""
+    rng = random.SystemRandom()
+    values = draw if draw is not None else [rng.randrange(2**32) for _ in range(drawn)]
+    return ([pytest.param(v, id=f"drawn{i}") for i, v in enumerate(values)]
+            + [pytest.param(v, id=f"seed{v}") for v in fixed])

@@ -16,7 +16,8 @@ import pytest
 from rmqstore_cli.engine.config.storeconfig import StoreConfig
 from rmqstore_cli.engine.derived.cqwriter import ConsumeQueueWriter
 from rmqstore_cli.engine.derived.dispatch import DispatchBatch, DispatchRequest, Dispatcher
-from tests.conftest import files_of
+
+from .conftest import files_of, seed_params
 
 TOPICS = ["A", "B", "主题", "a/b"]
 
@@ -45,7 +46,7 @@ def _records(rng: random.Random, n: int) -> list[DispatchRequest]:
     return out
 
 
-@pytest.mark.parametrize("seed", [random.SystemRandom().randrange(2**32) for _ in range(3)] + [11])
+@pytest.mark.parametrize("seed", seed_params(3, 11))
 def test_planned_queues_match_unit_by_unit(tmp_path, seed, monkeypatch):
     print("seed", seed)
     rng = random.Random(seed)

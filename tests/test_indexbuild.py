@@ -17,6 +17,8 @@ import pytest
 from rmqstore_cli.formats.indexbuild import put_entries
 from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
+from .conftest import seed_params
+
 
 def _reference(buf: bytearray, slots: int, first: int, hashes, phys, tss, begin_ts: int, first_diff: int) -> int:
     """IndexFile.putKey, key after key, with struct (FORMAT.md §10.4)."""
@@ -41,7 +43,7 @@ def _reference(buf: bytearray, slots: int, first: int, hashes, phys, tss, begin_
     return fresh
 
 
-@pytest.mark.parametrize("seed", [random.SystemRandom().randrange(2**32) for _ in range(3)] + [7])
+@pytest.mark.parametrize("seed", seed_params(3, 7))
 def test_put_entries_matches_put_key(seed):
     print("seed", seed)
     rng = random.Random(seed)

@@ -24,10 +24,11 @@ from rmqstore_cli.engine.derived.consumequeue import CQ_DTYPE
 from rmqstore_cli.engine.derived.cqwriter import ConsumeQueueWriter
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
-from .conftest import copy_store
-from .test_rebuild_jobs import _content, _middle_record, _rebuild, _zeroed_tail
+from .conftest import copy_store, seed_params
+from .fuzzlib import tree_bytes
+from .test_rebuild_jobs import _middle_record, _rebuild, _zeroed_tail
 
-SEEDS = [random.SystemRandom().randrange(2**32) for _ in range(6)] + [1, 2, 3]
+SEEDS = seed_params(6, 1, 2, 3)
 
 
 def _sequence(rng: random.Random, clean: bool) -> list[tuple]:
@@ -162,7 +163,7 @@ def test_log_ending_in_a_middle_segment_is_built_again(tmp_path, monkeypatch):
     assert calls == [2]  # refused, then built with the parent writing
     assert one == two
     assert not [n for n in os.listdir(tmp_path / "j2") if ".rebuild-" in n]  # the scratch folder is gone
-    assert _content(roots[0] / "consumequeue") == _content(roots[1] / "consumequeue")
+    assert tree_bytes(roots[0] / "consumequeue") == tree_bytes(roots[1] / "consumequeue")
 
 
 @pytest.mark.parametrize("change", [lambda qo: -5, lambda qo: 1 << 61, lambda qo: qo - 1, lambda qo: qo + 3],

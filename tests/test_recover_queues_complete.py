@@ -18,7 +18,7 @@ from rmqstore_cli.app import app
 from rmqstore_cli.engine.derived import cqwriter
 from rmqstore_cli.engine.repair import apply as apply_mod
 
-from .conftest import STORES, copy_store, json_lines
+from .conftest import STORES, copy_store, json_lines, seed_params
 from .fuzzlib import tree_bytes
 
 SEED = int(os.environ.get("RMQSTORE_QUEUES_COMPLETE_SEED", random.randrange(1 << 30)))
@@ -114,7 +114,7 @@ def test_skipping_complete_queues_changes_nothing(name, variant, tmp_path, monke
         assert seen_f["complete"] == [False]  # units missing: the full dispatch
 
 
-@pytest.mark.parametrize("seed", [SEED, SEED + 1, 11])
+@pytest.mark.parametrize("seed", seed_params(2, 11, draw=[SEED, SEED + 1]))
 def test_dispatcher_counts_complete_queues_as_the_puts_skip_them(tmp_path, seed):
     """Dispatching again records every queue already holds: the Dispatcher with ``queues_complete`` leaves the same
     files (checkpoint included) and counts, skipped units and DISPATCH_UNSAFE_TOPIC findings as the full one does

@@ -111,6 +111,8 @@ def _records(root) -> list:
 
 def _damage(rng: random.Random, root, kind: str) -> str:
     recs = _records(root)
+    if not recs:  # an earlier damage of the case left no record to walk to
+        return f"{kind}: no record left"
     path, pos, size, body, n = recs[rng.randrange(len(recs))]
     with open(path, "r+b") as f:
         end = f.seek(0, 2)

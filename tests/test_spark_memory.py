@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is an optional extra (pip install -e .[spark])")
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.xdist_group("spark-memory")]  # one worker makes big_stores
 
 SEGMENT = 64 << 20
 SIZES = {"1M": 1_000_000, "3M": 3_000_000}
