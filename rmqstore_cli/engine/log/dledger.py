@@ -283,6 +283,8 @@ class DLedgerCommitLog(CommitLog):
 
     is_dledger = True
     LISTING_STOPS_AT_INVALID = False
+    # verify -j 1: takes the entry chunks of the scans that walk a data file whole (log.dledgerjobs.EntryCapture)
+    entry_capture = None
 
     def __init__(self, directory: str, config: StoreConfig):
         self.config = config
@@ -303,9 +305,15 @@ class DLedgerCommitLog(CommitLog):
         prop_crc = self.prop_crc_policy(check_crc)
         walk = EntryWalk()
         last_index = self.index_before(start_index, start_position)
+        capture = self.entry_capture
+        if capture is not None:
+            capture = capture.start(self.segments.segments, start_index, start_position, last_index, end_index,
+                                    chunk_records)
         for ec in walk_entries(self.segments.segments, start_index=start_index, start_position=start_position,
                                last_index=last_index, result=walk, chunk=chunk_records, end_index=end_index,
                                decode=(check_crc, prop_crc)):
+            if capture is not None:
+                capture.chunk(ec)
             h, bad = self.messages(ec, check_crc, prop_crc, magics)
             if bad < len(h) and not stop_at_invalid:
                 # the broker's reput steps over a message it cannot parse (its size is known from the entry)
@@ -324,6 +332,8 @@ class DLedgerCommitLog(CommitLog):
                                    int(h.totalSize[bad]), int(h.magicCode[bad]))
                 result.entry_stop = None
                 return
+        if capture is not None:
+            capture.done(walk)
         result.blanks.extend(walk.blanks)
         es = walk.stop
         result.stop = Stop(es.offset, es.segment, es.position, es.kind, size=es.size, magic=es.magic, entry_level=True,

@@ -23,7 +23,7 @@ from rmqstore_cli.formats import fast
 
 from ..findings import ERROR, INFO, WARNING, Finding
 from ..log.dledger import EntryWalk, recovery_start_file, resume_by_unit
-from ..log.dledgerjobs import FilePart, LogWalk, walk_log
+from ..log.dledgerjobs import EntryCapture, FilePart, LogWalk, walk_log
 
 HEADER = dl.ENTRY_HEADER_SIZE
 RULE_CODES = {dl.E_POS: "DL_ENTRY_POS", dl.E_BODYLEN: "DL_ENTRY_SIZE", dl.E_SIZE: "DL_ENTRY_SIZE",
@@ -133,9 +133,19 @@ class _UnitCheck:
                                          {"firstStaleUnit": idx}))
 
 
-def check_dledger(store, findings: list, summary: dict, jobs: int = 1) -> None:
+def capture_entries(store) -> EntryCapture:
+    """Make the scans of ``store``'s DLedger log keep each data file's index-unit checks as they walk it whole (the
+    window walk of verify -j 1), for :func:`check_dledger` (``captured``) to use instead of a walk of its own."""
+    cl = store.commitlog
+    captured = EntryCapture(cl.segments.segments, lambda: _UnitCheck(cl.files, []))
+    cl.entry_capture = captured
+    return captured
+
+
+def check_dledger(store, findings: list, summary: dict, jobs: int = 1, captured: EntryCapture | None = None) -> None:
     """The entry-level checks of a DLedger log into ``findings``; what the log holds into ``summary["dledger"]``.
-    With ``jobs`` > 1 workers walk whole data files and check their index units (:mod:`..log.dledgerjobs`)."""
+    With ``jobs`` > 1 workers walk whole data files and check their index units (:mod:`..log.dledgerjobs`);
+    ``captured`` (:func:`capture_entries`): the files an earlier walk went through whole are not walked again."""
     cl = store.commitlog
     files = cl.files
     findings += files.index.problems
@@ -153,7 +163,9 @@ def check_dledger(store, findings: list, summary: dict, jobs: int = 1) -> None:
         return resume_by_unit(cl, walk) if unseen else None
 
     log = LogWalk()
-    for item in walk_log(cl, on_stop, log, jobs=jobs, file_part=_file_units, args=(files,)):
+    if captured is not None:
+        cl.entry_capture = None  # the scans from here on are not the window walk's
+    for item in walk_log(cl, on_stop, log, jobs=jobs, file_part=_file_units, args=(files,), captured=captured):
         if isinstance(item, FilePart):
             units.merge(item.item)
         else:
