@@ -109,9 +109,10 @@ class DLedgerFiles:
             term = None
         return {"currTerm": term, "voteLeader": p.get("voteLeader")}
 
-    def index_units(self, first: int = 0, count: int | None = None) -> np.ndarray:
+    def index_units(self, first: int = 0, count: int | None = None, copy: bool = True) -> np.ndarray:
         """Index units [first, first + count) as a structured array (formats.dledger.INDEX_UNIT_DTYPE); units
-        past the index files are left out."""
+        past the index files are left out. ``copy=False``: units that lie in one index file are a read-only view
+        of its mapping (for a caller that reads them at once and lets them go)."""
         size = dl.INDEX_UNIT_SIZE
         out = []
         want = count
@@ -126,10 +127,13 @@ class DLedgerFiles:
                 n = min(n, want)
             if n <= 0:
                 break
-            out.append(np.frombuffer(seg.buffer(), dtype=dl.INDEX_UNIT_DTYPE, count=n, offset=rel).copy())
+            units = np.frombuffer(seg.buffer(), dtype=dl.INDEX_UNIT_DTYPE, count=n, offset=rel)
+            out.append(units.copy() if copy else units)
             at += n * size
             if want is not None:
                 want -= n
+        if len(out) == 1:
+            return out[0]
         return np.concatenate(out) if out else np.zeros(0, dl.INDEX_UNIT_DTYPE)
 
     def close(self) -> None:

@@ -75,7 +75,7 @@ class _UnitCheck:
     def chunk(self, ec) -> None:
         c = ec.cols
         first, n = int(c["index"][0]), len(ec)
-        units = self.files.index_units(first, n)
+        units = self.files.index_units(first, n, copy=False)  # compared at once: views of the mapped index
         have = len(units)
         if have < n:
             self.missing += n - have
@@ -186,7 +186,7 @@ def check_dledger(store, findings: list, summary: dict, jobs: int = 1, captured:
                                     f"the entries end at {end} ({stop.text()}) but {len(with_data)} later data file(s) hold "
                                     "bytes: DLedger's recovery ends the log there and deletes them", {"endPos": end}))
     units.finish(walk.last_index)
-    _check_state(files, walk, findings, dispatched_index(store))
+    _check_state(files, walk, findings, lambda: dispatched_index(store))
     if "commitlog" in summary:  # where the broker's start ends the log: DLedger's header walk, not a message check
         summary["commitlog"]["recoveryEnd"] = end
     summary["dledger"] = {"selfId": files.self_id, "entries": walk.entries, "firstIndex": first_index,
@@ -249,7 +249,9 @@ def dispatched_index(store) -> int:
     return best
 
 
-def _check_state(files, walk: EntryWalk, findings: list, dispatched: int = -1) -> None:
+def _check_state(files, walk: EntryWalk, findings: list, dispatched=lambda: -1) -> None:
+    """The DLedger checkpoint and currterm against the log. ``dispatched()``: :func:`dispatched_index`, asked for
+    only when the checkpoint's committedIndex is below the log's last entry (it reads every queue's last files)."""
     cp = files.checkpoint()
     path = os.path.join(files.directory, dl.CHECKPOINT_FILE)
     last = walk.last_index
@@ -263,7 +265,7 @@ def _check_state(files, walk: EntryWalk, findings: list, dispatched: int = -1) -
             v = cp.get(key)
             # endIndex is the log's last entry; committedIndex may be below it (a follower's uncommitted tail), but
             # never below the newest entry a consume queue holds (the store dispatches only committed entries)
-            floor = last if key == "endIndex" else min(dispatched, last)
+            floor = last if key == "endIndex" or v is None or v >= last else min(dispatched(), last)
             if v is None:
                 findings.append(Finding("DL_CHECKPOINT_FIELD", WARNING, path, None, f"the DLedger checkpoint has no {key}"))
             elif v > last:
