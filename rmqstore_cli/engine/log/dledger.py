@@ -109,9 +109,10 @@ class DLedgerFiles:
             term = None
         return {"currTerm": term, "voteLeader": p.get("voteLeader")}
 
-    def index_units(self, first: int = 0, count: int | None = None) -> np.ndarray:
+    def index_units(self, first: int = 0, count: int | None = None, copy: bool = True) -> np.ndarray:
         """Index units [first, first + count) as a structured array (formats.dledger.INDEX_UNIT_DTYPE); units
-        past the index files are left out."""
+        past the index files are left out. ``copy=False``: units that lie in one index file are a read-only view
+        of its mapping (for a caller that reads them at once and lets them go)."""
         size = dl.INDEX_UNIT_SIZE
         out = []
         want = count
@@ -126,10 +127,13 @@ class DLedgerFiles:
                 n = min(n, want)
             if n <= 0:
                 break
-            out.append(np.frombuffer(seg.buffer(), dtype=dl.INDEX_UNIT_DTYPE, count=n, offset=rel).copy())
+            units = np.frombuffer(seg.buffer(), dtype=dl.INDEX_UNIT_DTYPE, count=n, offset=rel)
+            out.append(units.copy() if copy else units)
             at += n * size
             if want is not None:
                 want -= n
+        if len(out) == 1:
+            return out[0]
         return np.concatenate(out) if out else np.zeros(0, dl.INDEX_UNIT_DTYPE)
 
     def close(self) -> None:
@@ -283,6 +287,8 @@ class DLedgerCommitLog(CommitLog):
 
     is_dledger = True
     LISTING_STOPS_AT_INVALID = False
+    # verify -j 1: takes the entry chunks of the scans that walk a data file whole (log.dledgerjobs.EntryCapture)
+    entry_capture = None
 
     def __init__(self, directory: str, config: StoreConfig):
         self.config = config
@@ -303,9 +309,15 @@ class DLedgerCommitLog(CommitLog):
         prop_crc = self.prop_crc_policy(check_crc)
         walk = EntryWalk()
         last_index = self.index_before(start_index, start_position)
+        capture = self.entry_capture
+        if capture is not None:
+            capture = capture.start(self.segments.segments, start_index, start_position, last_index, end_index,
+                                    chunk_records)
         for ec in walk_entries(self.segments.segments, start_index=start_index, start_position=start_position,
                                last_index=last_index, result=walk, chunk=chunk_records, end_index=end_index,
                                decode=(check_crc, prop_crc)):
+            if capture is not None:
+                capture.chunk(ec)
             h, bad = self.messages(ec, check_crc, prop_crc, magics)
             if bad < len(h) and not stop_at_invalid:
                 # the broker's reput steps over a message it cannot parse (its size is known from the entry)
@@ -324,6 +336,8 @@ class DLedgerCommitLog(CommitLog):
                                    int(h.totalSize[bad]), int(h.magicCode[bad]))
                 result.entry_stop = None
                 return
+        if capture is not None:
+            capture.done(walk)
         result.blanks.extend(walk.blanks)
         es = walk.stop
         result.stop = Stop(es.offset, es.segment, es.position, es.kind, size=es.size, magic=es.magic, entry_level=True,

@@ -22,6 +22,7 @@ import numpy as np
 
 from rmqstore_cli.formats import fast
 
+from .commitlog import CHUNK_RECORDS
 from .dledger import EntryWalk, dledger_kernel, walk_entries
 
 START = (0, 0, -1, -1)  # (file, position, last index, last term) of a walk from the start of the log
@@ -54,13 +55,18 @@ def _final(stop) -> bool:
 
 
 def walk_log(cl, on_stop: Callable[[EntryWalk], tuple | None], result: LogWalk, *, jobs: int = 1,
-             file_part: Callable | None = None, args: tuple = ()) -> Iterator:
+             file_part: Callable | None = None, args: tuple = (), captured: "EntryCapture | None" = None) -> Iterator:
     """The entries of the log as :class:`~.dledger.EntryChunk` s (walked here) and :class:`FilePart` s (walked by
     a worker: ``file_part(chunks, *args)`` yields picklable items for one file's chunks), in log order.
 
     At a stop that does not end the log (not zeros, not the last blank) ``on_stop(walk)`` says where the walk goes
-    on, a ``(file, position, last index, last term)`` (None: the log ends). ``result`` gets the whole walk."""
+    on, a ``(file, position, last index, last term)`` (None: the log ends). ``result`` gets the whole walk.
+    ``captured``: the per-file items were made along an earlier walk of the files (:class:`EntryCapture`), in
+    place of the workers'."""
     segs = cl.segments.segments
+    if captured is not None:
+        yield from _split(segs, captured, on_stop, result)
+        return
     if jobs <= 1 or file_part is None or len(segs) <= 1:
         yield from _serial(segs, on_stop, result)
         return
@@ -194,3 +200,73 @@ def _file_items(i: int, segs: list, file_part: Callable, args: tuple):
     if walk.stop is not None:
         walk.stop = dataclasses.replace(walk.stop, segment=None)
     yield _FileEnd(walk, first[0] if first else None)
+
+
+class EntryCapture:
+    """The per-file items of :func:`walk_log` (those a worker makes) taken from another walk of the same files: verify
+    -j 1 walks each data file alone from its start (the window walk's ``DLedgerCommitLog.scan``: the entries and the
+    messages inside them in one compiled pass), which is the walk a worker makes of that file, so the entry checks
+    need no walk of their own. ``part()`` makes an object with ``chunk(entry_chunk)`` and ``take()`` (the file's
+    one item). Only a scan that walked one file from its start as if no entry came before, in chunks of the
+    worker's size and to its end, gives a file's items; a file no such scan walked (a scan cut short by a damaged
+    message, a walk resumed inside it) is walked here when its items are asked for. Read as :func:`_split` reads
+    the workers' stream."""
+
+    def __init__(self, segs: list, part: Callable):
+        self.segs = segs
+        self.part = part
+        self.numbers = {id(s): i for i, s in enumerate(segs)}
+        self.made: dict[int, list] = {}
+        self.next = 0  # the file whose items come next
+
+    def start(self, segments: list, start_index: int, start_position: int, last_index: int, end_index: int | None,
+              chunk: int) -> "_FileCapture | None":
+        """Called by a scan before it walks: what takes its entry chunks, or None when they are not a file's items."""
+        last = len(segments) if end_index is None else min(end_index, len(segments))
+        if start_position or last_index != -1 or chunk != CHUNK_RECORDS or last != start_index + 1:
+            return None
+        f = self.numbers.get(id(segments[start_index]))
+        return None if f is None else _FileCapture(self, f)
+
+    def items(self) -> Iterator:
+        """The next file's items, its :class:`_FileEnd` last."""
+        f = self.next
+        made = self.made.pop(f, None)
+        self.next += 1
+        if made is None:
+            made = _file_items(f, self.segs, _parts, (self.part,))
+        yield from made
+
+    def skip_to(self, f: int) -> None:
+        while self.next < f:
+            self.made.pop(self.next, None)
+            self.next += 1
+
+    def close(self) -> None:
+        self.made.clear()
+
+
+class _FileCapture:
+    """One scan's entry chunks, kept as their file's items when the scan reaches the end of the file's entries."""
+
+    def __init__(self, owner: EntryCapture, f: int):
+        self.owner, self.f = owner, f
+        self.part = owner.part()
+        self.first: int | None = None
+
+    def chunk(self, ec) -> None:
+        if self.first is None:
+            self.first = int(ec.cols["index"][0])
+        self.part.chunk(ec)
+
+    def done(self, walk: EntryWalk) -> None:
+        end = dataclasses.replace(walk, blanks=list(walk.blanks))
+        self.owner.made[self.f] = [FilePart(self.f, self.part.take()), _FileEnd(end, self.first)]
+
+
+def _parts(chunks, part: Callable):
+    """:func:`_file_items`'s ``file_part`` for an :class:`EntryCapture` ``part``."""
+    p = part()
+    for ec in chunks:
+        p.chunk(ec)
+    yield p.take()

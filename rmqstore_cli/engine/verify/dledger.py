@@ -23,7 +23,7 @@ from rmqstore_cli.formats import fast
 
 from ..findings import ERROR, INFO, WARNING, Finding
 from ..log.dledger import EntryWalk, recovery_start_file, resume_by_unit
-from ..log.dledgerjobs import FilePart, LogWalk, walk_log
+from ..log.dledgerjobs import EntryCapture, FilePart, LogWalk, walk_log
 
 HEADER = dl.ENTRY_HEADER_SIZE
 RULE_CODES = {dl.E_POS: "DL_ENTRY_POS", dl.E_BODYLEN: "DL_ENTRY_SIZE", dl.E_SIZE: "DL_ENTRY_SIZE",
@@ -75,7 +75,7 @@ class _UnitCheck:
     def chunk(self, ec) -> None:
         c = ec.cols
         first, n = int(c["index"][0]), len(ec)
-        units = self.files.index_units(first, n)
+        units = self.files.index_units(first, n, copy=False)  # compared at once: views of the mapped index
         have = len(units)
         if have < n:
             self.missing += n - have
@@ -133,9 +133,19 @@ class _UnitCheck:
                                          {"firstStaleUnit": idx}))
 
 
-def check_dledger(store, findings: list, summary: dict, jobs: int = 1) -> None:
+def capture_entries(store) -> EntryCapture:
+    """Make the scans of ``store``'s DLedger log keep each data file's index-unit checks as they walk it whole (the
+    window walk of verify -j 1), for :func:`check_dledger` (``captured``) to use instead of a walk of its own."""
+    cl = store.commitlog
+    captured = EntryCapture(cl.segments.segments, lambda: _UnitCheck(cl.files, []))
+    cl.entry_capture = captured
+    return captured
+
+
+def check_dledger(store, findings: list, summary: dict, jobs: int = 1, captured: EntryCapture | None = None) -> None:
     """The entry-level checks of a DLedger log into ``findings``; what the log holds into ``summary["dledger"]``.
-    With ``jobs`` > 1 workers walk whole data files and check their index units (:mod:`..log.dledgerjobs`)."""
+    With ``jobs`` > 1 workers walk whole data files and check their index units (:mod:`..log.dledgerjobs`);
+    ``captured`` (:func:`capture_entries`): the files an earlier walk went through whole are not walked again."""
     cl = store.commitlog
     files = cl.files
     findings += files.index.problems
@@ -153,7 +163,9 @@ def check_dledger(store, findings: list, summary: dict, jobs: int = 1) -> None:
         return resume_by_unit(cl, walk) if unseen else None
 
     log = LogWalk()
-    for item in walk_log(cl, on_stop, log, jobs=jobs, file_part=_file_units, args=(files,)):
+    if captured is not None:
+        cl.entry_capture = None  # the scans from here on are not the window walk's
+    for item in walk_log(cl, on_stop, log, jobs=jobs, file_part=_file_units, args=(files,), captured=captured):
         if isinstance(item, FilePart):
             units.merge(item.item)
         else:
@@ -174,7 +186,7 @@ def check_dledger(store, findings: list, summary: dict, jobs: int = 1) -> None:
                                     f"the entries end at {end} ({stop.text()}) but {len(with_data)} later data file(s) hold "
                                     "bytes: DLedger's recovery ends the log there and deletes them", {"endPos": end}))
     units.finish(walk.last_index)
-    _check_state(files, walk, findings, dispatched_index(store))
+    _check_state(files, walk, findings, lambda: dispatched_index(store))
     if "commitlog" in summary:  # where the broker's start ends the log: DLedger's header walk, not a message check
         summary["commitlog"]["recoveryEnd"] = end
     summary["dledger"] = {"selfId": files.self_id, "entries": walk.entries, "firstIndex": first_index,
@@ -237,7 +249,9 @@ def dispatched_index(store) -> int:
     return best
 
 
-def _check_state(files, walk: EntryWalk, findings: list, dispatched: int = -1) -> None:
+def _check_state(files, walk: EntryWalk, findings: list, dispatched=lambda: -1) -> None:
+    """The DLedger checkpoint and currterm against the log. ``dispatched()``: :func:`dispatched_index`, asked for
+    only when the checkpoint's committedIndex is below the log's last entry (it reads every queue's last files)."""
     cp = files.checkpoint()
     path = os.path.join(files.directory, dl.CHECKPOINT_FILE)
     last = walk.last_index
@@ -251,7 +265,7 @@ def _check_state(files, walk: EntryWalk, findings: list, dispatched: int = -1) -
             v = cp.get(key)
             # endIndex is the log's last entry; committedIndex may be below it (a follower's uncommitted tail), but
             # never below the newest entry a consume queue holds (the store dispatches only committed entries)
-            floor = last if key == "endIndex" else min(dispatched, last)
+            floor = last if key == "endIndex" or v is None or v >= last else min(dispatched(), last)
             if v is None:
                 findings.append(Finding("DL_CHECKPOINT_FIELD", WARNING, path, None, f"the DLedger checkpoint has no {key}"))
             elif v > last:

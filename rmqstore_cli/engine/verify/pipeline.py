@@ -104,12 +104,8 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
             tail = Background(_log_independent_checks, store, False)  # beside the workers: no core idles while it runs
         checks.run_parallel(jobs, progress)
     else:
-        if reports is None and _entries_beside_walk(store):
-            from ..parallel import Background
-
-            # -j 1 on a DLedger log: the entry walk (~a fifth of the time) reads no window result, so a second
-            # core takes it while this process walks the windows
-            tail = Background(_log_independent_checks, store)
+        if reports is None and _entries_along_walk(store):
+            tail = _EntriesAlongWalk(store)
         if reports is None:
             source = iter_windows(cl, check_crc=check_crc, progress=progress)
         else:
@@ -163,12 +159,25 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     return VerifyResult(findings, summary)
 
 
-def _entries_beside_walk(store) -> bool:
-    """Whether a one-process verify checks the DLedger entries in a background process: a DLedger log, and a
-    second core to run it on (on one core the fork would only add its cost)."""
-    from ..parallel import default_jobs
+def _entries_along_walk(store) -> bool:
+    """Whether a one-process verify takes the DLedger entry checks' per-file parts from the window walk: on a DLedger
+    log the window walk's scans walk every data file whole, its entries and the messages inside them in one compiled
+    pass, so the entry checks need no walk of their own (nor a second process to hide one in)."""
+    return getattr(store.commitlog, "is_dledger", False)
 
-    return getattr(store.commitlog, "is_dledger", False) and default_jobs() > 1
+
+class _EntriesAlongWalk:
+    """:func:`_log_independent_checks` with the DLedger entry walk made along the window walk
+    (:func:`.dledger.capture_entries`); :meth:`result`, once the walk is done, runs them."""
+
+    def __init__(self, store):
+        from .dledger import capture_entries
+
+        self.store = store
+        self.captured = capture_entries(store)
+
+    def result(self) -> tuple[list, dict, dict | None]:
+        return _log_independent_checks(self.store, captured=self.captured)
 
 
 def _has_log_independent_checks(store, with_dledger: bool = True) -> bool:
@@ -182,15 +191,16 @@ def _has_log_independent_checks(store, with_dledger: bool = True) -> bool:
         ts.close()
 
 
-def _log_independent_checks(store, with_dledger: bool = True) -> tuple[list, dict, dict | None]:
+def _log_independent_checks(store, with_dledger: bool = True, captured=None) -> tuple[list, dict, dict | None]:
     """The timer store's and the DLedger entries' checks (they read no window result): (findings in the order
-    :func:`_verify_in_windows` adds them, the ``timer`` summary, the DLedger summary parts)."""
+    :func:`_verify_in_windows` adds them, the ``timer`` summary, the DLedger summary parts). ``captured``: see
+    :func:`.dledger.check_dledger`."""
     findings: list = []
     timer = check_timer_store(store, findings)
     dledger = None
     if with_dledger and getattr(store.commitlog, "is_dledger", False):
         part: dict = {"commitlog": {}}
-        check_dledger(store, findings, part)
+        check_dledger(store, findings, part, captured=captured)
         dledger = {"recoveryEnd": part["commitlog"]["recoveryEnd"], "dledger": part["dledger"]}
     return findings, timer, dledger
 
