@@ -170,17 +170,48 @@ def _span_length(u8, starts, lengths, i):
     return min(max(lengths[i], 0), max(u8.shape[0] - starts[i], 0))
 
 
+@numba.njit(inline="always")
+def _group_step(u8, starts, lengths, i, group, firsts, slots, groups, last, last_s, last_ln):
+    """Span i's group into ``group[i]`` (:func:`_group_spans`' rule, one span): (groups so far, span i's group, where
+    its group's first span starts, its length, its Java hash (uint32; 0 when it took the group of the span before it),
+    whether it opened a new group). ``last``/``last_s``/``last_ln``: the same of the span before it (-1, 0, -1 for none)."""
+    s = starts[i]
+    ln = _span_length(u8, starts, lengths, i)
+    if ln == last_ln and _same_bytes(u8, last_s, u8, s, ln):
+        group[i] = last
+        return groups, last, last_s, last_ln, np.uint32(0), False
+    mask = slots.shape[0] - 1
+    h = _java_hash(np.uint32(0), u8, s, s + ln)
+    k = np.int64((np.uint64(h) * np.uint64(0x9E3779B1) + np.uint64(ln)) & np.uint64(mask))
+    new = False
+    while True:
+        g = slots[k]
+        if g < 0:
+            slots[k] = groups
+            firsts[groups] = i
+            group[i] = groups
+            groups += 1
+            new = True
+            break
+        f = firsts[g]
+        if _span_length(u8, starts, lengths, f) == ln and _same_bytes(u8, starts[f], u8, s, ln):
+            group[i] = g
+            break
+        k = (k + 1) & mask
+    last = group[i]
+    return groups, last, starts[firsts[last]], ln, h, new
+
+
 def _group_spans(u8, starts, lengths, group, firsts, slots):
     """Equal byte spans ``u8[starts[i]:starts[i]+lengths[i]]`` (lengths clipped to the buffer) grouped:
     ``group[i]`` is the span's group, numbered in first-occurrence order, ``firsts[g]`` the first span of
     group g; returns the number of groups. A span equal to the one before it (records of one topic come
     in runs) takes its group at once; the others go through one open-addressing table keyed by (Java hash,
     length) whose hits are confirmed byte by byte, so different spans never share a group, whatever their
-    hashes. ``slots``: the table, all -1, a power of two of at least 2n entries (made by the caller: an
-    array made in a kernel makes loading it from the cache import numba's array module, ~30 ms of a
-    command's start)."""
+    hashes (:func:`_group_step`). ``slots``: the table, all -1, a power of two of at least 2n entries (made by
+    the caller: an array made in a kernel makes loading it from the cache import numba's array module, ~30 ms
+    of a command's start)."""
     n = starts.shape[0]
-    mask = slots.shape[0] - 1
     groups = 0
     last = -1
     last_s = 0
@@ -188,29 +219,8 @@ def _group_spans(u8, starts, lengths, group, firsts, slots):
     for i in range(n):
         if i + AHEAD < n:
             _prefetch(u8, starts[i + AHEAD])
-        s = starts[i]
-        ln = _span_length(u8, starts, lengths, i)
-        if ln == last_ln and _same_bytes(u8, last_s, u8, s, ln):
-            group[i] = last
-            continue
-        h = _java_hash(np.uint32(0), u8, s, s + ln)
-        k = np.int64((np.uint64(h) * np.uint64(0x9E3779B1) + np.uint64(ln)) & np.uint64(mask))
-        while True:
-            g = slots[k]
-            if g < 0:
-                slots[k] = groups
-                firsts[groups] = i
-                group[i] = groups
-                groups += 1
-                break
-            f = firsts[g]
-            if _span_length(u8, starts, lengths, f) == ln and _same_bytes(u8, starts[f], u8, s, ln):
-                group[i] = g
-                break
-            k = (k + 1) & mask
-        last = group[i]
-        last_s = starts[firsts[last]]
-        last_ln = ln
+        groups, last, last_s, last_ln, _, _ = _group_step(u8, starts, lengths, i, group, firsts, slots, groups, last, last_s,
+                                                           last_ln)
     return groups
 
 
@@ -297,23 +307,49 @@ def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
 ROW_TAGS, ROW_KEYS, ROW_UNIQ_KEY = 0, 1, 2
 
 
-def _dispatch_props(u8, starts, lengths, tids, topic_prefix, topic_slow, pat_word, pat_mask, pats, pat_off, first,
-                    chain, vs, ve, codes, slow, counts, out):
-    """What dispatch computes from the properties, one record per step (the property string is scanned and
-    hashed while it is in cache): :func:`_find_props` for the wanted names (``vs``/``ve``: one column of
-    scratch, a row per name, TAGS, KEYS and UNIQ_KEY in the rows ROW_*); then, unless the record has a
-    non-ASCII property byte or its topic (``tids[i]``) has ``topic_slow`` (both: ``slow[i]``, left for the
-    one-at-a-time rules), its tagsCode (the Java hash of TAGS as an int32, 0 without TAGS) into ``codes[i]``
-    and its index key hashes (:func:`_key_hashes`, ``topic_prefix`` per topic) appended to ``out``, how many
-    into ``counts[i]``. Returns how many hashes were written, or -1 when ``out`` has no room for them all."""
+@numba.njit(inline="always")
+def _all_ascii(u8, s, n):
+    """Every byte of ``u8[s:s+n]`` is < 0x80."""
+    for j in range(s, s + n):
+        if u8[j] >= 0x80:
+            return False
+    return True
+
+
+def _dispatch_props(u8, starts, lengths, tstarts, tlengths, slow_topic, pat_word, pat_mask, pats, pat_off, first, chain, vs,
+                    ve, group, firsts, slots, group_hash, group_prefix, group_slow, codes, slow, counts, out):
+    """What dispatch computes from a record's topic and properties, one record per step (the topic and the property
+    string, side by side in the record, are read while in cache). The topic ``u8[tstarts[i]:+tlengths[i]]`` is
+    grouped (:func:`_group_step`: ``group``, ``firsts``, ``slots`` as :func:`_group_spans` takes them); a new group
+    gets its topic's Java hash (``group_hash``), the hash of ``topic#`` (``group_prefix``) and whether its records take
+    the one-at-a-time rules (``group_slow``: a topic byte >= 0x80, or the topic is ``slow_topic``'s bytes). Then
+    :func:`_find_props` for the wanted names (``vs``/``ve``: one column of scratch, a row per name, TAGS, KEYS and
+    UNIQ_KEY in the rows ROW_*); then, unless the record has a non-ASCII property byte or its topic's group is slow
+    (both: ``slow[i]``, left for the one-at-a-time rules), its tagsCode (the Java hash of TAGS as an int32, 0 without
+    TAGS) into ``codes[i]`` and its index key hashes (:func:`_key_hashes`, from its topic's ``group_prefix``) appended
+    to ``out``, how many into ``counts[i]``. Returns (how many hashes were written, or -1 when ``out`` has no room for
+    them all; the number of groups)."""
     shortest = _shortest(pat_off)
     rows = vs.shape[0]
     count = starts.shape[0]
     t = 0
+    groups = 0
+    last = -1
+    last_s = 0
+    last_ln = -1
     for i in range(count):
         if i + AHEAD < count:
             _prefetch(u8, starts[i + AHEAD])
             _prefetch(u8, starts[i + AHEAD] + 64)
+        groups, last, last_s, last_ln, th, new = _group_step(u8, tstarts, tlengths, i, group, firsts, slots, groups, last,
+                                                             last_s, last_ln)
+        g = last
+        if new:
+            ts = tstarts[i]
+            tl = last_ln
+            group_hash[g] = th
+            group_prefix[g] = np.uint32((np.uint64(th) * np.uint64(31) + np.uint64(35)) & np.uint64(0xFFFFFFFF))  # "#"
+            group_slow[g] = not _all_ascii(u8, ts, tl) or (tl == slow_topic.shape[0] and _same_bytes(u8, ts, slow_topic, 0, tl))
         for k in range(rows):
             vs[k, 0] = -1
             ve[k, 0] = -1
@@ -322,19 +358,18 @@ def _dispatch_props(u8, starts, lengths, tids, topic_prefix, topic_slow, pat_wor
         ascii_ok = True
         if ln > 0:
             ascii_ok = _record_props(u8, s, ln, shortest, pat_word, pat_mask, pats, pat_off, first, chain, vs, ve, 0)
-        tid = tids[i]
-        if not ascii_ok or topic_slow[tid]:
+        if not ascii_ok or group_slow[g]:
             slow[i] = True
             continue
         if vs[ROW_TAGS, 0] >= 0:
             codes[i] = np.int64(np.int32(_java_hash(np.uint32(0), u8, vs[ROW_TAGS, 0], ve[ROW_TAGS, 0])))
-        u = _record_key_hashes(u8, np.uint32(topic_prefix[tid]), vs[ROW_UNIQ_KEY, 0], ve[ROW_UNIQ_KEY, 0],
+        u = _record_key_hashes(u8, group_prefix[g], vs[ROW_UNIQ_KEY, 0], ve[ROW_UNIQ_KEY, 0],
                                vs[ROW_KEYS, 0], ve[ROW_KEYS, 0], out, t)
         if u < 0:
-            return -1
+            return -1, groups
         counts[i] = u - t
         t = u
-    return t
+    return t, groups
 
 
 # without numba's reference counting (none of them makes an array): the helpers inlined into the per-record loops

@@ -95,34 +95,62 @@ def key_hashes(u8: np.ndarray, use: np.ndarray, prefix: np.ndarray, pv: PropValu
     return counts, out[:got]
 
 
-def dispatch_hashes(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray, tids: np.ndarray, topic_prefix: np.ndarray,
-                    topic_slow: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`scan`, the TAGS hash and :func:`key_hashes` in one compiled pass over each property string:
-    (tagsCode int64, slow bool, keyCount int16 per record, keyHash int32 of every key in record order).
-    ``tids``: each record's topic, indexing ``topic_prefix`` (uint32 Java hash of ``topic#``) and
-    ``topic_slow``; a record whose properties hold a non-ASCII byte or whose topic is slow is left to the
-    one-at-a-time rules (``slow``; tagsCode and keyCount 0, no hashes)."""
+SLOW_TOPIC = np.frombuffer(b"SCHEDULE_TOPIC_XXXX", np.uint8)  # its records take the one-at-a-time rules (tags_code)
+
+
+@dataclass
+class Dispatched:
+    """:func:`dispatch_hashes`' result: the records' topics grouped, and what dispatch computes from the properties."""
+
+    group: np.ndarray  # int32 per record: its topic's group, numbered in first-occurrence order
+    firsts: np.ndarray  # int64 per group: its first record
+    group_hash: np.ndarray  # uint32 per group: the Java hash of its topic's bytes
+    codes: np.ndarray  # int64 per record: tagsCode (0 for slow records)
+    slow: np.ndarray  # bool per record: left to the one-at-a-time rules
+    counts: np.ndarray  # int16 per record: its index key hashes
+    key_hashes: np.ndarray  # int32: every key hash, in record order
+
+
+def _scratch_slots(n: int) -> np.ndarray:
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    return np.full(size, -1, np.int64)  # the grouping's hash table (made here: see propkernel._group_spans)
+
+
+def dispatch_hashes(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray, topic_starts: np.ndarray,
+                    topic_lengths: np.ndarray) -> Dispatched:
+    """:func:`group_spans` of the topics, :func:`scan`, the TAGS hash and :func:`key_hashes` in one compiled pass over
+    each record's topic and property string. A record whose properties hold a non-ASCII byte, or whose topic does
+    (its ``topic#`` hash over bytes would not be Java's) or is SCHEDULE_TOPIC_XXXX (its tagsCode is the delivery
+    time), is left to the one-at-a-time rules (``slow``; tagsCode and keyCount 0, no hashes)."""
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     n = len(starts)
     codes = np.zeros(n, dtype=np.int64)
     slow = np.zeros(n, dtype=bool)
     counts = np.zeros(n, dtype=np.int16)
+    group = np.empty(n, dtype=np.int32)
+    firsts = np.empty(n, dtype=np.int64)
+    group_hash = np.empty(n, dtype=np.uint32)
     out = np.empty(3 * n + 16, dtype=np.int32)  # room for most chunks (a UNIQ_KEY and two KEYS tokens a record)
     if not n:
-        return codes, slow, counts, out[:0]
+        return Dispatched(group, firsts, group_hash, codes, slow, counts, out[:0])
     pats, off, words, masks, first, chain = _patterns(WANTED)
     vs = np.empty((len(WANTED), 1), np.int64)
     ve = np.empty((len(WANTED), 1), np.int64)
-    args = (_view(u8), starts, lengths, np.ascontiguousarray(tids, dtype=np.int32),
-            np.ascontiguousarray(topic_prefix, dtype=np.uint32), np.ascontiguousarray(topic_slow, dtype=bool),
-            words, masks, pats, off, first, chain, vs, ve, codes, slow, counts)
-    got = _kernels().dispatch_props(*args, out)
+    group_prefix = np.empty(n, dtype=np.uint32)
+    group_slow = np.empty(n, dtype=bool)
+    args = (_view(u8), starts, lengths, np.ascontiguousarray(topic_starts, dtype=np.int64),
+            np.ascontiguousarray(topic_lengths, dtype=np.int64), SLOW_TOPIC, words, masks, pats, off, first, chain, vs, ve,
+            group, firsts)
+    rest = (group_hash, group_prefix, group_slow, codes, slow, counts)
+    got, groups = _kernels().dispatch_props(*args, _scratch_slots(n), *rest, out)
     if got < 0:  # more keys than that: room for every one (a key is at least a byte, and a space or its entry's name)
         out = np.empty(n + (int(np.maximum(lengths, 0).sum()) + n) // 2 + 16, np.int32)
         slow[:] = False
-        got = _kernels().dispatch_props(*args, out)
-    return codes, slow, counts, out[:got]
+        got, groups = _kernels().dispatch_props(*args, _scratch_slots(n), *rest, out)
+    return Dispatched(group, firsts[:groups], group_hash[:groups], codes, slow, counts, out[:got])
 
 
 def java_hash_spans(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -142,9 +170,5 @@ def group_spans(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tupl
     n = len(starts)
     group = np.empty(n, dtype=np.int32)
     firsts = np.empty(n, dtype=np.int64)
-    size = 16
-    while size < 2 * n:
-        size *= 2
-    slots = np.full(size, -1, np.int64)  # the kernel's hash table
-    count = _kernels().group_spans(_view(u8), starts, lengths, group, firsts, slots) if n else 0
+    count = _kernels().group_spans(_view(u8), starts, lengths, group, firsts, _scratch_slots(n)) if n else 0
     return group, firsts[:count]

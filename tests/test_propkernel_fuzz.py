@@ -15,7 +15,7 @@ import random
 import numpy as np
 
 from rmqstore_cli.formats import propscan
-from rmqstore_cli.formats.hashing import index_key_hash, java_hash
+from rmqstore_cli.formats.hashing import index_key_hash
 
 NAMES = propscan.WANTED + ("KEYSX", "K", "CLUSTER", "LONG_NAME_X")
 
@@ -93,18 +93,40 @@ def _check(buf: bytes, starts: list, lengths: list, topic: str = "TopicF") -> No
     counts, kh = propscan.key_hashes(u8, use, prefix, pv)
     assert counts.tolist() == want_counts
     assert kh.tolist() == want_keys
-    # the one-pass form (scan, TAGS hash and key hashes together): record i of topic i % 3, topic 1 slow
-    topics = [topic, "SlowTopic", "T\u00e9"]
-    tids = np.arange(len(starts), dtype=np.int32) % 3
-    slow_topic = np.array([False, True, False])
-    topic_prefix = np.array([java_hash(f"{t}#") & 0xFFFFFFFF for t in topics], np.uint32)
-    codes, slow, counts, kh = propscan.dispatch_hashes(u8, np.asarray(starts, np.int64), np.asarray(lengths, np.int64), tids,
-                                                       topic_prefix, slow_topic)
+    # the one-pass form (topic grouping, scan, TAGS hash and key hashes together): record i of topic i % 4 (of
+    # ASCII, non-ASCII and SCHEDULE_TOPIC_XXXX topics), each topic's bytes written again at its records
+    _check_one_pass(buf, starts, lengths, [topic, "SCHEDULE_TOPIC_XXXX", "T\u00e9", "SCHEDULE_TOPIC_XXX"])
+
+
+def _check_one_pass(buf: bytes, starts: list, lengths: list, topics: list) -> None:
+    """propscan.dispatch_hashes against a plain computation: topics grouped by their bytes in first-occurrence order
+    (group hash: Java hash of the bytes), records whose properties or topic hold a non-ASCII byte or whose topic is
+    SCHEDULE_TOPIC_XXXX left slow, the others' TAGS hash and ``topic#key`` index key hashes."""
+    raw_topics = [t.encode("utf-8") for t in topics]
+    blob = bytearray()  # the topics, before the property strings (which may end at the buffer's very end)
+    tstarts, tlens = [], []
+    for i in range(len(starts)):
+        t = raw_topics[(i * 7 // 3) % len(raw_topics)]  # runs of one topic, and changes
+        tstarts.append(len(blob))
+        tlens.append(len(t))
+        blob += t
+    tbuf = bytes(blob) + buf
+    starts = [s + len(blob) for s in starts]
+    buf = tbuf
+    u8 = np.frombuffer(tbuf, np.uint8)
+    d = propscan.dispatch_hashes(u8, np.asarray(starts, np.int64), np.asarray(lengths, np.int64),
+                                 np.asarray(tstarts, np.int64), np.asarray(tlens, np.int64))
+    seen: dict = {}
+    want_group = [seen.setdefault(tbuf[s:s + n], len(seen)) for s, n in zip(tstarts, tlens)]
+    assert d.group.tolist() == want_group
+    assert [tbuf[tstarts[f]:tstarts[f] + tlens[f]] for f in d.firsts.tolist()] == list(seen)
+    assert d.group_hash.tolist() == [_java_hash_bytes(t) for t in seen]
     want_slow, want_codes, want_counts, want_keys = [], [], [], []
     for i, (s, n) in enumerate(zip(starts, lengths)):
         raw = buf[s:s + max(n, 0)]
+        t = tbuf[tstarts[i]:tstarts[i] + tlens[i]]
         want = _spans(raw, s, NAMES)
-        is_slow = not all(b < 0x80 for b in raw) or bool(slow_topic[tids[i]])
+        is_slow = not all(b < 0x80 for b in raw) or not all(b < 0x80 for b in t) or t == b"SCHEDULE_TOPIC_XXXX"
         want_slow.append(is_slow)
         ts, te = want["TAGS"]
         code = _java_hash_bytes(buf[ts:te]) if ts >= 0 and not is_slow else 0
@@ -114,13 +136,33 @@ def _check(buf: bytes, starts: list, lengths: list, topic: str = "TopicF") -> No
             us, ue = want["UNIQ_KEY"]
             keys += [buf[us:ue]] if us >= 0 else []
             ks, ke = want["KEYS"]
-            keys += [t for t in buf[ks:ke].split(b" ") if t] if ks >= 0 else []
+            keys += [k for k in buf[ks:ke].split(b" ") if k] if ks >= 0 else []
         want_counts.append(len(keys))
-        want_keys += [index_key_hash(topics[tids[i]] + "#" + k.decode("ascii")) for k in keys]
-    assert slow.tolist() == want_slow
-    assert codes.tolist() == want_codes
-    assert counts.tolist() == want_counts
-    assert kh.tolist() == want_keys
+        want_keys += [index_key_hash(t.decode("ascii") + "#" + k.decode("ascii")) for k in keys]
+    assert d.slow.tolist() == want_slow
+    assert d.codes.tolist() == want_codes
+    assert d.counts.tolist() == want_counts
+    assert d.key_hashes.tolist() == want_keys
+
+
+def test_one_pass_groups_many_topics():
+    """The one-pass form over many topics (more than the grouping table's first probe finds: collisions and long
+    probe runs), topics that are prefixes of one another, empty ones and ones that differ only in their last byte."""
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    topics = ["", "A", "Aa", "BB", "TopicTest", "TopicTesu", "SCHEDULE_TOPIC_XXXX", "%RETRY%group", "caf\u00e9", "x" * 70]
+    topics += ["".join(rng.choice("abcXYZ_%-0189") for _ in range(rng.randint(1, 30))) for _ in range(200)]
+    picks = [rng.choice(topics) for _ in range(3000)]
+    props = [rng.choice([b"", b"TAGS\x01t", b"KEYS\x01a b\x02UNIQ_KEY\x01u", b"TAGS\x01\xe9"]) for _ in picks]
+    buf = bytearray()
+    starts, lengths = [], []
+    for p in props:
+        buf += bytes(rng.randint(0, 3))
+        starts.append(len(buf))
+        lengths.append(len(p))
+        buf += p
+    _check_one_pass(bytes(buf), starts, lengths, picks)
 
 
 def test_property_kernels_equal_a_plain_parse():

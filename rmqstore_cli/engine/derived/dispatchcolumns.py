@@ -31,13 +31,17 @@ class TopicInterner:
             return np.zeros(0, np.int32)
         group, firsts = propscan.group_spans(u8, ts, tl)  # equal topic bytes, compared byte for byte
         fs, fl = ts[firsts], tl[firsts]
-        # new topics get their ids in (hash, length) order, as before the grouping was compiled
-        key = (propscan.java_hash_spans(u8, fs, fs + fl).astype(np.int64) << 16) ^ fl
-        out = np.empty(len(firsts), dtype=np.int32)
+        return self.group_ids(u8, fs, fl, propscan.java_hash_spans(u8, fs, fs + fl))[group]
+
+    def group_ids(self, u8: np.ndarray, fs: np.ndarray, fl: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+        """The ids of a chunk's topic groups (each group's first topic at ``u8[fs:fs+fl]``, its Java hash over bytes
+        ``hashes``); new topics get their ids in (hash, length) order, as before the grouping was compiled."""
+        key = (hashes.astype(np.int64) << 16) ^ fl
+        out = np.empty(len(fs), dtype=np.int32)
         for g in np.argsort(key, kind="stable").tolist():
             s, ln = int(fs[g]), int(fl[g])
             out[g] = self._id(bytes(u8[s:s + ln]))
-        return out[group]
+        return out
 
     def _id(self, raw: bytes) -> int:
         i = self.ids.get(raw)
@@ -69,6 +73,23 @@ def topic_ids(buf, h, registry: dict[str, int], u8: np.ndarray | None = None) ->
     return local[group]
 
 
+def dispatch_chunk(u8: np.ndarray, h, interner: TopicInterner, delay_table: dict):
+    """(topic ids, tagsCode, tagsBad, keyCount, keyHashes) of a chunk's records: :meth:`TopicInterner.intern_chunk`
+    and :func:`dispatch_columns` in one compiled pass over each record's topic and properties
+    (:func:`formats.propscan.dispatch_hashes`), the same columns."""
+    n = len(h)
+    if not n:
+        return (np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int16),
+                np.zeros(0, np.int32))
+    d = propscan.dispatch_hashes(u8, h.propsStart, h.propsLength, h.topicStart, h.topicLength)
+    fs = h.topicStart[d.firsts]
+    tids = interner.group_ids(u8, fs, np.maximum(h.topicLength[d.firsts], 0), d.group_hash)[d.group]
+    tags_bad = np.zeros(n, dtype=bool)
+    codes, counts, kh = _one_at_a_time(u8, h, tids, interner, delay_table, d.slow, d.codes, tags_bad, d.counts,
+                                       d.key_hashes, {})
+    return tids, codes, tags_bad, counts, kh
+
+
 def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterner, delay_table: dict, details: bool = False,
                      extra_names: tuple = ()):
     """(tagsCode int64, tagsBad bool, keyCount int16, keyHashes int32) for the chunk's records.
@@ -78,31 +99,37 @@ def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterne
     kept), ``keyCount`` how many belong to each record, in record order. With ``details``, also the
     property spans (:class:`formats.propscan.PropValues`) and the decoded properties of the records
     that took the one-at-a-time rules ({record: properties}); ``extra_names`` are located in the same pass
-    (e.g. the multi-dispatch properties, so that lmq.chunk_targets need not scan again).
+    (e.g. the multi-dispatch properties, so that lmq.chunk_targets need not scan again). Without ``details``,
+    :func:`dispatch_chunk` gives the same columns (and the topic ids) in one pass.
     """
+    if not details:
+        _, codes, tags_bad, counts, kh = dispatch_chunk(u8, h, interner, delay_table)
+        return codes, tags_bad, counts, kh
     n = len(h)
     tags_bad = np.zeros(n, dtype=bool)
-    if details:
-        pv = propscan.scan(u8, h.propsStart, h.propsLength, names=propscan.WANTED + tuple(extra_names))
-        sched = np.asarray(interner.schedule, dtype=bool)[tids] if n else np.zeros(0, bool)
-        slow = ~pv.ascii | sched
-        codes = np.zeros(n, dtype=np.int64)
-        ts, te = pv.start["TAGS"], pv.end["TAGS"]
-        has_tags = (ts >= 0) & ~slow
-        if has_tags.any():
-            codes[has_tags] = propscan.java_hash_spans(u8, ts[has_tags], te[has_tags]).view(np.int32)
-        # Keys: UNIQ_KEY, then every non-empty space-separated token of KEYS (compiled kernel).
-        prefix = np.asarray(interner.prefix, dtype=np.uint32)[tids] if n else np.zeros(0, np.uint32)
-        counts, kh = propscan.key_hashes(u8, ~slow, prefix, pv)
-    else:  # the same, the spans kept only while each record's hashes are made (one compiled pass)
-        codes, slow, counts, kh = propscan.dispatch_hashes(u8, h.propsStart, h.propsLength, tids,
-                                                           np.asarray(interner.prefix, dtype=np.uint32),
-                                                           np.asarray(interner.schedule, dtype=bool))
-    # The rest, one at a time.
-    slow_idx = np.flatnonzero(slow)
+    pv = propscan.scan(u8, h.propsStart, h.propsLength, names=propscan.WANTED + tuple(extra_names))
+    sched = np.asarray(interner.schedule, dtype=bool)[tids] if n else np.zeros(0, bool)
+    slow = ~pv.ascii | sched
+    codes = np.zeros(n, dtype=np.int64)
+    ts, te = pv.start["TAGS"], pv.end["TAGS"]
+    has_tags = (ts >= 0) & ~slow
+    if has_tags.any():
+        codes[has_tags] = propscan.java_hash_spans(u8, ts[has_tags], te[has_tags]).view(np.int32)
+    # Keys: UNIQ_KEY, then every non-empty space-separated token of KEYS (compiled kernel).
+    prefix = np.asarray(interner.prefix, dtype=np.uint32)[tids] if n else np.zeros(0, np.uint32)
+    counts, kh = propscan.key_hashes(u8, ~slow, prefix, pv)
     slow_props: dict = {}
+    codes, counts, kh = _one_at_a_time(u8, h, tids, interner, delay_table, slow, codes, tags_bad, counts, kh, slow_props)
+    return codes, tags_bad, counts, kh, pv, slow_props
+
+
+def _one_at_a_time(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterner, delay_table: dict, slow: np.ndarray,
+                   codes: np.ndarray, tags_bad: np.ndarray, counts: np.ndarray, kh: np.ndarray, slow_props: dict):
+    """The ``slow`` records' tagsCode, tagsBad and key hashes by the one-at-a-time rules, into the compiled pass's
+    columns (``slow_props`` gets their decoded properties): (codes, counts, key hashes)."""
+    slow_idx = np.flatnonzero(slow)
     if not len(slow_idx):
-        return (codes, tags_bad, counts, kh, pv, slow_props) if details else (codes, tags_bad, counts, kh)
+        return codes, counts, kh
     topics = list(interner.ids)
     starts = np.cumsum(counts.astype(np.int64)) - counts  # where each record's hashes start in kh
     at, extra = [], []
@@ -120,4 +147,4 @@ def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterne
         counts[i] = len(keys)
     if extra:  # the slow records have no hashes in kh yet: insert theirs at their place (equal positions keep order)
         kh = np.insert(kh, np.asarray(at, np.int64), np.asarray(extra, np.int64).astype(np.int32))
-    return (codes, tags_bad, counts, kh, pv, slow_props) if details else (codes, tags_bad, counts, kh)
+    return codes, counts, kh

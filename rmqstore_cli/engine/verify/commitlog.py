@@ -23,7 +23,7 @@ from ..findings import Finding
 from ..log.walk import next_by_size
 from ..log.dledger import recovery_start_file, resume_by_unit
 from .dledger import message_stop
-from ..derived.dispatchcolumns import TopicInterner, dispatch_columns
+from ..derived.dispatchcolumns import TopicInterner, dispatch_chunk
 from .records import _COL_TYPES, _COLS, ERROR, WARNING
 
 REASON_CODES = {
@@ -265,8 +265,7 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
             phy = chunk.phy
             if chunk_sink is not None:
                 chunk_sink(i, seg, buf, h)
-            tids = interner.intern_chunk(u8, buf, h)
-            codes, tags_bad, counts, hashes = dispatch_columns(u8, h, tids, interner, delay_table)
+            tids, codes, tags_bad, counts, hashes = dispatch_chunk(u8, h, interner, delay_table)
             acc.add({"phy": phy, "size": h.totalSize, "queueId": h.queueId, "queueOffset": h.queueOffset,
                      "sysFlag": h.sysFlag, "storeTimestamp": h.storeTimestamp, "topic": tids, "tagsCode": codes,
                      "tagsBad": tags_bad, "keyCount": counts}, hashes)
