@@ -16,6 +16,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from .tags import SCHEDULE_TOPIC
+
 WANTED = ("TAGS", "KEYS", "UNIQ_KEY", "DELAY")
 
 
@@ -95,7 +97,7 @@ def key_hashes(u8: np.ndarray, use: np.ndarray, prefix: np.ndarray, pv: PropValu
     return counts, out[:got]
 
 
-SLOW_TOPIC = np.frombuffer(b"SCHEDULE_TOPIC_XXXX", np.uint8)  # its records take the one-at-a-time rules (tags_code)
+SLOW_TOPIC = np.frombuffer(SCHEDULE_TOPIC.encode(), np.uint8)  # its records take the one-at-a-time rules (tags_code)
 
 
 @dataclass
