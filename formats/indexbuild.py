@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import aot
 from .records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
 INT_MAX = (1 << 31) - 1
@@ -19,7 +20,14 @@ _COMPILED = None
 
 
 def _kernel():
-    """Compiled on first use (importing numba must not slow the start of commands that never write an index)."""
+    """The pass, on first use: the ahead-of-time extension's when built and current, else compiled by numba then
+    (importing numba must not slow the start of commands that never write an index)."""
+    return _compiled("_put_entries")
+
+
+@aot.first(__name__)  # the ahead-of-time extension's kernel when built and current (formats/aot.py)
+def _compiled(name: str):
+    """numba's compiled pass (the prefetch intrinsic put in place first)."""
     global _COMPILED, _prefetch
     if _COMPILED is None:
         from .kernel import _jit

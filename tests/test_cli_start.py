@@ -320,3 +320,21 @@ def test_with_the_ahead_of_time_kernels_dledger_verify_imports_no_numba(tmp_path
     for mods in runs:
         assert not [m for m in mods if m.split(".")[0] in ("numba", "llvmlite")]
         assert not {"dledgerkernel", "kernel", "propkernel", "wordops", "numbastart"} & _under(mods, "rmqstore_cli.formats")
+
+
+def test_with_the_ahead_of_time_kernels_an_index_rebuild_imports_no_numba(tmp_path):
+    """rebuild index on a copy of a broker-written store writes its index entries (formats.indexbuild) through the
+    extension: the run imports neither numba nor llvmlite, and the rebuilt files verify clean."""
+    from rmqstore_cli.formats import aot
+
+    from .conftest import copy_store
+
+    if not aot.loaded():
+        pytest.skip("the AOT kernel extension is not built or not current (python -m rmqstore_cli.formats.aotbuild)")
+    root = copy_store("4.9.3-clean", tmp_path / "store")
+    argv = ["rebuild", "index", str(root), "--backup-dir", str(tmp_path / "bk")]
+    mods, p = imported(tmp_path, argv, aot=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "rmqstore_cli.formats.indexbuild" in mods and AOT_EXTENSION in mods  # the probe sees the index written
+    assert not [m for m in mods if m.split(".")[0] in ("numba", "llvmlite")]
+    assert not {"kernel", "wordops", "numbastart"} & _under(mods, "rmqstore_cli.formats")
