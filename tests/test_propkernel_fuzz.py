@@ -65,6 +65,19 @@ def _random_props(rng: random.Random) -> bytes:
     return raw
 
 
+def _packed(strings: list, before, after=lambda: b"") -> tuple[bytes, list, list]:
+    """(buffer, starts, lengths): each string in one buffer, ``before()`` bytes ahead of it and ``after()`` past it."""
+    buf = bytearray()
+    starts, lengths = [], []
+    for c in strings:
+        buf += before()
+        starts.append(len(buf))
+        lengths.append(len(c))
+        buf += c
+        buf += after()
+    return bytes(buf), starts, lengths
+
+
 def _check(buf: bytes, starts: list, lengths: list, topic: str = "TopicF") -> None:
     u8 = np.frombuffer(buf, np.uint8)
     pv = propscan.scan(u8, np.asarray(starts, np.int64), np.asarray(lengths, np.int64), names=NAMES)
@@ -155,14 +168,7 @@ def test_one_pass_groups_many_topics():
     topics += ["".join(rng.choice("abcXYZ_%-0189") for _ in range(rng.randint(1, 30))) for _ in range(200)]
     picks = [rng.choice(topics) for _ in range(3000)]
     props = [rng.choice([b"", b"TAGS\x01t", b"KEYS\x01a b\x02UNIQ_KEY\x01u", b"TAGS\x01\xe9"]) for _ in picks]
-    buf = bytearray()
-    starts, lengths = [], []
-    for p in props:
-        buf += bytes(rng.randint(0, 3))
-        starts.append(len(buf))
-        lengths.append(len(p))
-        buf += p
-    _check_one_pass(bytes(buf), starts, lengths, picks)
+    _check_one_pass(*_packed(props, lambda: bytes(rng.randint(0, 3))), picks)
 
 
 def test_property_kernels_equal_a_plain_parse():
@@ -176,14 +182,7 @@ def test_property_kernels_equal_a_plain_parse():
             b"KEYS\x01" + b" ".join(b"k%d" % i for i in range(60))]  # more keys than key_hashes' first room
     cases = edge + [_random_props(rng) for _ in range(3000)]
     # one buffer, each string after 0-9 bytes of other data (every alignment of the 8-byte steps)
-    buf = bytearray()
-    starts, lengths = [], []
-    for c in cases:
-        buf += bytes(rng.choice(b"\x01\x02 TAGS\xff") for _ in range(rng.randint(0, 9)))
-        starts.append(len(buf))
-        lengths.append(len(c))
-        buf += c
-    _check(bytes(buf), starts, lengths)
+    _check(*_packed(cases, lambda: bytes(rng.choice(b"\x01\x02 TAGS\xff") for _ in range(rng.randint(0, 9)))))
     # strings that end exactly where their buffer ends (no byte may be read past it), some said to be
     # longer than what is left (read as the bytes that are there)
     for c in edge + cases[len(edge):len(edge) + 300]:
@@ -237,15 +236,9 @@ def test_property_scan_steps_of_32_bytes():
             cases.append(bytes(tagged))
         cases.append(b"KEYS\x01" + b"k" * (length - 15) + b" k2\x02TAGS\x01tg")  # entries across step boundaries
         cases.append(b"\x02".join([b"UNIQ_KEY\x01" + b"u" * (length % 40 + 1)] * 3))
-    buf = bytearray()
-    starts, lengths = [], []
-    for c in cases:
-        buf += bytes(rng.randint(0, 40))
-        starts.append(len(buf))
-        lengths.append(len(c))
-        buf += c
-        buf += rng.choice((b"\x02TAGS\x01zz", b"\xff\xfe", b"\x02", b""))  # right after the string: not part of it
-    _check(bytes(buf), starts, lengths)
+    # right after each string, bytes that are not part of it
+    tails = (b"\x02TAGS\x01zz", b"\xff\xfe", b"\x02", b"")
+    _check(*_packed(cases, lambda: bytes(rng.randint(0, 40)), lambda: rng.choice(tails)))
     for c in cases:  # the string ends at the buffer's end; 0-40 bytes before it
         pad = rng.randint(0, 40)
         _check(b"TAGS\x01p\x02"[:pad] + bytes(max(pad - 7, 0)) + c, [pad], [len(c)])
