@@ -6,7 +6,9 @@ record per loop step.
 names dispatch wants (``TAGS``, ``KEYS``, ``UNIQ_KEY``, ``DELAY``) that is "the last entry that
 starts with ``NAME\\x01`` and has a non-empty value". The hashes are Java's ``String.hashCode``
 over bytes, which equals the UTF-16 one for ASCII; callers send records with any non-ASCII
-property byte to the one-at-a-time rules (:mod:`formats.properties`), and the kernels say which.
+property byte to the one-at-a-time rules (:mod:`formats.properties`), and the kernels say which. The
+one-pass dispatch kernel also hashes well-formed UTF-8 over its UTF-16 code units (``_java_hash_utf8``),
+so only malformed property strings, non-ASCII topics and SCHEDULE_TOPIC_XXXX go one at a time there.
 
 Imported only through :mod:`formats.propscan` (lazily, like :mod:`formats.kernel`); compiled once
 per environment and cached.
@@ -307,6 +309,107 @@ def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
 ROW_TAGS, ROW_KEYS, ROW_UNIQ_KEY = 0, 1, 2
 
 
+@numba.njit(inline="never")
+def _utf8_units(u8, j, e):
+    """The code point of the well-formed UTF-8 sequence at ``u8[j:e]`` (its lead byte >= 0x80) and its length; a
+    length of 0 when it is not one (truncated, a bad continuation byte, an overlong form, a surrogate, past
+    U+10FFFF): Java's decoder would put U+FFFD there, which only the one-at-a-time rules reproduce."""
+    b0 = np.int64(u8[j])
+    if b0 < 0xC2 or b0 > 0xF4:
+        return np.int64(0), 0
+    n = 2 if b0 < 0xE0 else 3 if b0 < 0xF0 else 4
+    if j + n > e:
+        return np.int64(0), 0
+    b1 = np.int64(u8[j + 1])
+    lo, hi = 0x80, 0xBF
+    if b0 == 0xE0:
+        lo = 0xA0  # overlong
+    elif b0 == 0xED:
+        hi = 0x9F  # UTF-16 surrogates
+    elif b0 == 0xF0:
+        lo = 0x90  # overlong
+    elif b0 == 0xF4:
+        hi = 0x8F  # past U+10FFFF
+    if b1 < lo or b1 > hi:
+        return np.int64(0), 0
+    if n == 2:
+        return ((b0 & 0x1F) << 6) | (b1 & 0x3F), 2
+    b2 = np.int64(u8[j + 2])
+    if b2 < 0x80 or b2 > 0xBF:
+        return np.int64(0), 0
+    if n == 3:
+        return ((b0 & 0x0F) << 12) | ((b1 & 0x3F) << 6) | (b2 & 0x3F), 3
+    b3 = np.int64(u8[j + 3])
+    if b3 < 0x80 or b3 > 0xBF:
+        return np.int64(0), 0
+    return ((b0 & 0x07) << 18) | ((b1 & 0x3F) << 12) | ((b2 & 0x3F) << 6) | (b3 & 0x3F), 4
+
+
+@numba.njit(inline="never")
+def _valid_utf8(u8, s, e):
+    """Every byte of ``u8[s:e]`` belongs to a well-formed UTF-8 sequence (:func:`_utf8_units`)."""
+    j = s
+    while j < e:
+        if u8[j] < 0x80:
+            j += 1
+            continue
+        _, n = _utf8_units(u8, j, e)
+        if n == 0:
+            return False
+        j += n
+    return True
+
+
+@numba.njit(inline="never")
+def _java_hash_utf8(h, u8, s, e, stop):
+    """Java ``String.hashCode`` continued from ``h`` over the UTF-16 code units of the well-formed UTF-8 bytes
+    ``u8[s:e]`` (:func:`_valid_utf8`), up to the first byte ``stop`` (-1: none; a byte < 0x80 is never inside a
+    sequence), and where it stopped. A code point past U+FFFF is two units (its surrogate pair), as in Java."""
+    x = np.uint64(h)
+    j = s
+    while j < e:
+        b = np.int64(u8[j])
+        if b < 0x80:
+            if b == stop:
+                break
+            x = x * np.uint64(31) + np.uint64(b)
+            j += 1
+            continue
+        cp, n = _utf8_units(u8, j, e)
+        if cp >= 0x10000:
+            c = cp - 0x10000
+            x = x * np.uint64(31) + np.uint64(0xD800 + (c >> 10))
+            x = x * np.uint64(31) + np.uint64(0xDC00 + (c & 0x3FF))
+        else:
+            x = x * np.uint64(31) + np.uint64(cp)
+        j += max(n, 1)
+    return np.uint32(x & np.uint64(0xFFFFFFFF)), j
+
+
+@numba.njit(inline="never")
+def _record_key_hashes_utf8(u8, prefix, uniq_s, uniq_e, keys_s, keys_e, out, t):
+    """:func:`_record_key_hashes` over well-formed UTF-8 values (:func:`_java_hash_utf8`)."""
+    if uniq_s >= 0:
+        if t >= out.shape[0]:
+            return -1
+        out[t] = _key_hash_of(_java_hash_utf8(prefix, u8, uniq_s, uniq_e, -1)[0])
+        t += 1
+    if keys_s >= 0:
+        j = keys_s
+        e = keys_e
+        while j < e:
+            while j < e and u8[j] == SPACE:
+                j += 1
+            if j >= e:
+                break
+            if t >= out.shape[0]:
+                return -1
+            h, j = _java_hash_utf8(prefix, u8, j, e, SPACE)
+            out[t] = _key_hash_of(h)
+            t += 1
+    return t
+
+
 @numba.njit(inline="always")
 def _all_ascii(u8, s, n):
     """Every byte of ``u8[s:s+n]`` is < 0x80."""
@@ -324,9 +427,9 @@ def _dispatch_props(u8, starts, lengths, tstarts, tlengths, slow_topic, pat_word
     gets its topic's Java hash (``group_hash``), the hash of ``topic#`` (``group_prefix``) and whether its records take
     the one-at-a-time rules (``group_slow``: a topic byte >= 0x80, or the topic is ``slow_topic``'s bytes). Then
     :func:`_find_props` for the wanted names (``vs``/``ve``: one column of scratch, a row per name, TAGS, KEYS and
-    UNIQ_KEY in the rows ROW_*); then, unless the record has a non-ASCII property byte or its topic's group is slow
-    (both: ``slow[i]``, left for the one-at-a-time rules), its tagsCode (the Java hash of TAGS as an int32, 0 without
-    TAGS) into ``codes[i]`` and its index key hashes (:func:`_key_hashes`, from its topic's ``group_prefix``) appended
+    UNIQ_KEY in the rows ROW_*); then, unless the record's property string is not well-formed UTF-8 or its topic's
+    group is slow (both: ``slow[i]``, left for the one-at-a-time rules), its tagsCode (the Java hash of TAGS as an
+    int32, over the UTF-16 code units of a non-ASCII value; 0 without TAGS) into ``codes[i]`` and its index key hashes (:func:`_key_hashes`, from its topic's ``group_prefix``) appended
     to ``out``, how many into ``counts[i]``. Returns (how many hashes were written, or -1 when ``out`` has no room for
     them all; the number of groups)."""
     shortest = _shortest(pat_off)
@@ -358,13 +461,19 @@ def _dispatch_props(u8, starts, lengths, tstarts, tlengths, slow_topic, pat_word
         ascii_ok = True
         if ln > 0:
             ascii_ok = _record_props(u8, s, ln, shortest, pat_word, pat_mask, pats, pat_off, first, chain, vs, ve, 0)
-        if not ascii_ok or group_slow[g]:
+        if group_slow[g] or not (ascii_ok or _valid_utf8(u8, s, s + ln)):
             slow[i] = True
             continue
-        if vs[ROW_TAGS, 0] >= 0:
-            codes[i] = np.int64(np.int32(_java_hash(np.uint32(0), u8, vs[ROW_TAGS, 0], ve[ROW_TAGS, 0])))
-        u = _record_key_hashes(u8, group_prefix[g], vs[ROW_UNIQ_KEY, 0], ve[ROW_UNIQ_KEY, 0],
-                               vs[ROW_KEYS, 0], ve[ROW_KEYS, 0], out, t)
+        if ascii_ok:
+            if vs[ROW_TAGS, 0] >= 0:
+                codes[i] = np.int64(np.int32(_java_hash(np.uint32(0), u8, vs[ROW_TAGS, 0], ve[ROW_TAGS, 0])))
+            u = _record_key_hashes(u8, group_prefix[g], vs[ROW_UNIQ_KEY, 0], ve[ROW_UNIQ_KEY, 0],
+                                   vs[ROW_KEYS, 0], ve[ROW_KEYS, 0], out, t)
+        else:  # non-ASCII, well-formed: hashed over its UTF-16 code units, as Java decodes it
+            if vs[ROW_TAGS, 0] >= 0:
+                codes[i] = np.int64(np.int32(_java_hash_utf8(np.uint32(0), u8, vs[ROW_TAGS, 0], ve[ROW_TAGS, 0], -1)[0]))
+            u = _record_key_hashes_utf8(u8, group_prefix[g], vs[ROW_UNIQ_KEY, 0], ve[ROW_UNIQ_KEY, 0],
+                                        vs[ROW_KEYS, 0], ve[ROW_KEYS, 0], out, t)
         if u < 0:
             return -1, groups
         counts[i] = u - t

@@ -123,7 +123,8 @@ def _scratch_slots(n: int) -> np.ndarray:
 def dispatch_hashes(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray, topic_starts: np.ndarray,
                     topic_lengths: np.ndarray) -> Dispatched:
     """:func:`group_spans` of the topics, :func:`scan`, the TAGS hash and :func:`key_hashes` in one compiled pass over
-    each record's topic and property string. A record whose properties hold a non-ASCII byte, or whose topic does
+    each record's topic and property string (non-ASCII property strings hashed over their UTF-16 code units when they
+    are well-formed UTF-8). A record whose properties are not well-formed UTF-8, or whose topic holds a non-ASCII byte
     (its ``topic#`` hash over bytes would not be Java's) or is SCHEDULE_TOPIC_XXXX (its tagsCode is the delivery
     time), is left to the one-at-a-time rules (``slow``; tagsCode and keyCount 0, no hashes)."""
     starts = np.ascontiguousarray(starts, dtype=np.int64)

@@ -34,6 +34,29 @@ def _spans(raw: bytes, base: int, names) -> dict:
     return out
 
 
+# well-formed UTF-8 of 2-, 3- and 4-byte sequences (a code point past U+FFFF is a surrogate pair in Java's hash)
+UTF8_VALUES = [v.encode() for v in ("\u952e\u503c \u6d4b\u8bd5", "\U0001f600k", "a\u00e9 \u4e2d", "\u00ff\u0100\u07ff\u0800\uffff",
+                                    "\U00010000 \U0010ffff", "\u8ba2\u5355-42 \u652f\u4ed8")]
+# not well-formed: truncated, a surrogate, overlong forms, past U+10FFFF, a stray continuation byte
+MALFORMED_UTF8 = [b"\xe4\xb8", b"k\xed\xa0\x80", b"\xc0\x80", b"\xe0\x80\x80", b"\xf4\x90\x80\x80", b"a\x80b", b"\xf0\x9f\x98"]
+
+
+def _well_formed(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")  # strict: Python refuses exactly what Java's decoder replaces with U+FFFD
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _java_hash_text(text: str, h: int = 0) -> int:
+    """Java's String.hashCode over UTF-16 code units (plain arithmetic; unsigned)."""
+    units = text.encode("utf-16-be")
+    for k in range(0, len(units), 2):
+        h = (31 * h + (units[k] << 8 | units[k + 1])) & 0xFFFFFFFF
+    return h
+
+
 def _java_hash_bytes(data: bytes, h: int = 0) -> int:
     for b in data:
         h = (31 * h + b) & 0xFFFFFFFF
@@ -45,6 +68,7 @@ def _random_props(rng: random.Random) -> bytes:
              b"LONG_NAME_", b"X", b""]
     values = [b"", b"a", b"TagA", b"k1 k2", b"  k3   k4 ", b" ", b"\x01", b"a\x01b", b"\xc3\xa9t\xc3\xa9", b"\xff",
               b"0A0000070C3B1B6D3B2E000000000001", b"x" * 7, b"y" * 8, b"z" * 9, b"w" * 15, b"v" * 16, b"u" * 17]
+    values += UTF8_VALUES + MALFORMED_UTF8
     pieces = []
     for _ in range(rng.randint(0, 7)):
         roll = rng.random()
@@ -139,10 +163,10 @@ def _check_one_pass(buf: bytes, starts: list, lengths: list, topics: list) -> No
         raw = buf[s:s + max(n, 0)]
         t = tbuf[tstarts[i]:tstarts[i] + tlens[i]]
         want = _spans(raw, s, NAMES)
-        is_slow = not all(b < 0x80 for b in raw) or not all(b < 0x80 for b in t) or t == b"SCHEDULE_TOPIC_XXXX"
+        is_slow = not _well_formed(raw) or not all(b < 0x80 for b in t) or t == b"SCHEDULE_TOPIC_XXXX"
         want_slow.append(is_slow)
         ts, te = want["TAGS"]
-        code = _java_hash_bytes(buf[ts:te]) if ts >= 0 and not is_slow else 0
+        code = _java_hash_text(buf[ts:te].decode()) if ts >= 0 and not is_slow else 0
         want_codes.append(code - (1 << 32) if code >= 1 << 31 else code)
         keys = []
         if not is_slow:
@@ -151,11 +175,36 @@ def _check_one_pass(buf: bytes, starts: list, lengths: list, topics: list) -> No
             ks, ke = want["KEYS"]
             keys += [k for k in buf[ks:ke].split(b" ") if k] if ks >= 0 else []
         want_counts.append(len(keys))
-        want_keys += [index_key_hash(t.decode("ascii") + "#" + k.decode("ascii")) for k in keys]
+        want_keys += [_key_hash(_java_hash_text(t.decode("ascii") + "#" + k.decode())) for k in keys]
     assert d.slow.tolist() == want_slow
     assert d.codes.tolist() == want_codes
     assert d.counts.tolist() == want_counts
     assert d.key_hashes.tolist() == want_keys
+
+
+def _key_hash(h: int) -> int:
+    """§10.3's keyHash of an unsigned 32-bit hash: abs of the int32, Integer.MIN_VALUE -> 0."""
+    v = h - (1 << 32) if h >= 1 << 31 else h
+    return 0 if v == -(1 << 31) else abs(v)
+
+
+def test_one_pass_hashes_well_formed_utf8_as_java_does():
+    """Non-ASCII property values that are well-formed UTF-8 (Chinese keys and tags, a character past U+FFFF) are
+    hashed in the one pass over their UTF-16 code units; malformed ones are left to the one-at-a-time rules."""
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    pieces = UTF8_VALUES + MALFORMED_UTF8 + [b"k1", b"TagA"]
+    props = []
+    for _ in range(2000):
+        entries = [rng.choice([b"TAGS", b"KEYS", b"UNIQ_KEY", b"OTHER"]) + b"\x01" + b" ".join(
+            rng.choice(pieces) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(1, 4))]
+        props.append(b"\x02".join(entries))
+    _check_one_pass(*_packed(props, lambda: bytes(rng.randint(0, 3))), ["TopicTest", "%RETRY%g"])
+    d = propscan.dispatch_hashes(np.frombuffer("KEYS\x01\u952e1 \u952e2\x02TAGS\u00e9".encode(), np.uint8),
+                                 np.array([0]), np.array([len("KEYS\x01\u952e1 \u952e2\x02TAGS\u00e9".encode())]),
+                                 np.array([0]), np.array([0]))
+    assert not d.slow[0] and d.counts.tolist() == [2]  # a plain check that the fast path took it
 
 
 def test_one_pass_groups_many_topics():
