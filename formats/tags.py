@@ -27,6 +27,21 @@ class TagsCodeError(ValueError):
     """A DELAY property that does not parse as an int: the broker rejects the whole record."""
 
 
+_INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def java_parse_int(text: str) -> int | None:
+    """Java's ``Integer.parseInt(text)`` (radix 10), None where it throws: an optional sign, then at least one
+    digit, nothing else (no blanks, no underscores, unlike Python's ``int``); a digit is any Unicode decimal digit
+    of one UTF-16 unit (``Character.digit`` per ``char``: a digit past U+FFFF is two units and no digit); the value
+    must fit in an int."""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not digits or not all(c.isdecimal() and ord(c) < 0x10000 for c in digits):
+        return None
+    value = int(text)
+    return value if _INT_MIN <= value <= _INT_MAX else None
+
+
 def tags_code(topic: str, props: dict | None, store_timestamp: int, delay_table: dict[int, int] = DEFAULT_DELAY_TABLE) -> int:
     code = 0
     if props:
@@ -36,10 +51,9 @@ def tags_code(topic: str, props: dict | None, store_timestamp: int, delay_table:
         if topic == SCHEDULE_TOPIC:
             delay = props.get("DELAY")
             if delay is not None:
-                try:
-                    level = int(delay)
-                except ValueError as e:
-                    raise TagsCodeError(f"DELAY {delay!r} is not a number") from e
+                level = java_parse_int(delay)  # CommitLog.checkMessageAndReturnSize: Integer.parseInt
+                if level is None:
+                    raise TagsCodeError(f"DELAY {delay!r} is not a number")
                 level = min(level, len(delay_table))
                 if level > 0:
                     code = store_timestamp + delay_table.get(level, 1000)

@@ -12,7 +12,7 @@ from rmqstore_cli.formats.hashing import crc31, crc_property_digits, index_key_h
 from rmqstore_cli.formats.message import decode_message, encode_message
 from rmqstore_cli.formats.msgid import decode_offset_msgid, decode_uniq_key, encode_offset_msgid, host_to_str, parse_host
 from rmqstore_cli.formats.properties import parse_properties, serialize_properties
-from rmqstore_cli.formats.tags import tags_code
+from rmqstore_cli.formats.tags import DEFAULT_DELAY_TABLE, TagsCodeError, java_parse_int, tags_code
 
 from .conftest import STORE_NAMES, broker_read, shared_store
 
@@ -163,6 +163,27 @@ def test_delay_tags_code_vector():
 
 
 # --- one declaration per record: fast paths equal construct ----------------------------
+
+@pytest.mark.parametrize("text, level", [
+    ("3", 3), ("+3", 3), ("-1", None), ("0", None), ("007", 7), ("\u0663", 3),  # Arabic-Indic three: Character.digit
+    ("2147483647", 18), ("-2147483648", None),  # int's range: capped at the table's last level, or no override
+    (" 3", "bad"), ("3 ", "bad"), ("1_0", "bad"), ("", "bad"), ("+", "bad"), ("-", "bad"), ("3.0", "bad"),
+    ("2147483648", "bad"), ("-2147483649", "bad"), ("\U0001d7d1", "bad"),  # a digit past U+FFFF: two chars, no digit
+])
+def test_delay_parses_as_integer_parseint(text, level):
+    """CommitLog.checkMessageAndReturnSize reads DELAY with Integer.parseInt: what it throws on (blanks, underscores,
+    out of int's range; all of which Python's int() takes or widens) makes the record undispatchable; the rest is the
+    delay level, capped at the table's last one, an override only when > 0."""
+    ts = 1_700_000_000_000
+    if level == "bad":
+        assert java_parse_int(text) is None
+        with pytest.raises(TagsCodeError):
+            tags_code("SCHEDULE_TOPIC_XXXX", {"DELAY": text}, ts)
+        return
+    assert java_parse_int(text) == int(text)
+    want = 0 if level is None else ts + DEFAULT_DELAY_TABLE[level]
+    assert tags_code("SCHEDULE_TOPIC_XXXX", {"DELAY": text}, ts) == want
+
 
 def test_fast_dtypes_derived_from_declarations():
     assert fast.PREFIX_SIZE == sum(c.sizeof() for _, c in records.MESSAGE_PREFIX_FIELDS) == 48

@@ -30,7 +30,7 @@ from rmqstore_cli.formats.records import (CRC32_RESERVED_LEN, MAGIC_V1, MAGIC_V2
                              SYSFLAG_INNER_BATCH, SYSFLAG_NEED_UNWRAP, SYSFLAG_STOREHOST_V6, SYSFLAG_TRANSACTION_MASK,
                              TRANSACTION_COMMIT, TRANSACTION_NOT, TRANSACTION_PREPARED, TRANSACTION_ROLLBACK,
                              message_total_size)
-from rmqstore_cli.formats.tags import SCHEDULE_TOPIC
+from rmqstore_cli.formats.tags import SCHEDULE_TOPIC, java_parse_int
 
 from ..config.storeconfig import StoreConfig
 from ..errors import UsageError
@@ -298,11 +298,8 @@ class MessageBuilder:
             raise InputError(f"properties are {plen} bytes; at most {MAX_PROPERTIES_LENGTH} allowed")
         if props_map is None:
             props_map = parse_properties(props_str)
-        if topic == SCHEDULE_TOPIC and "DELAY" in props_map:
-            try:
-                int(props_map["DELAY"])
-            except ValueError:
-                raise InputError(f"DELAY {props_map['DELAY']!r} is not a number") from None
+        if topic == SCHEDULE_TOPIC and "DELAY" in props_map and java_parse_int(props_map["DELAY"]) is None:
+            raise InputError(f"DELAY {props_map['DELAY']!r} is not a number")  # the broker's dispatch would reject it
         total = message_total_size(sysflag, magic, len(body), len(topic_b), plen)
         cfg = self.config
         if self.version < 5 and total > cfg.maxMessageSize:
