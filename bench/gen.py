@@ -42,6 +42,11 @@ BORN_HOST = "10.0.0.7:51234"
 STORE_HOST = "10.0.0.1:10911"
 BODY_SIZES = {"100B": 100, "1KiB": 1024, "4KiB": 4096}
 BROKER_SEGMENT_SIZE = 1 << 30  # the broker's default mappedFileSizeCommitLog
+# The text of the keys and tags: ASCII ("key000000000042", "TagA"), or Chinese, as many brokers' producers write them
+# ("订单000000000042 支付", "标签A": well-formed UTF-8, hashed over UTF-16 code units). The stores named here hold
+# the 100 B store's messages with the other text.
+TEXTS = {"ascii": ("key", "", "Tag"), "zh": ("\u8ba2\u5355", " \u652f\u4ed8", "\u6807\u7b7e")}
+TEXT_STORES = {"100B-zh": (100, "zh")}
 # The memory rows: (body size, commitlog bytes, segment size). The same layout as the
 # 100 B store but in the broker's 1 GiB segments: 1 GiB (one segment, ~3.6 M records) and four
 # times that (4 segments, ~14.5 M messages, two index files): memory must grow with neither the
@@ -89,13 +94,14 @@ def _body(i: int, size: int) -> bytes:
     return ((b"%012d " % i) + _FILLER[start : start + size])[:size]
 
 
-def _json(i: int, size: int, key: str | None = None, uniq: str | None = None) -> dict:
-    """The ``dump commitlog --json``-style object of message ``i`` (the replay input)."""
+def _json(i: int, size: int, key: str | None = None, uniq: str | None = None, text: str = "ascii") -> dict:
+    """The ``dump commitlog --json``-style object of message ``i`` (the replay input; ``text``: see TEXTS)."""
     topic, qid, _, st = _fields(i)
-    tag = "TagA" if topic == TOPICS[0] else "TagB"
+    head, tail, tag_text = TEXTS[text]
+    tag = tag_text + ("A" if topic == TOPICS[0] else "B")
     return {"topic": topic.decode(), "queueId": qid, "bornTimestamp": st - 1, "storeTimestamp": st,
             "bornHost": BORN_HOST, "storeHost": STORE_HOST,
-            "properties": {"KEYS": key or f"key{i:0{KEY_DIGITS}d}",
+            "properties": {"KEYS": (key or f"{head}{i:0{KEY_DIGITS}d}") + tail,
                            "UNIQ_KEY": uniq or f"{UNIQ_PREFIX}{i:0{KEY_DIGITS}X}",
                            "TAGS": tag, "CLUSTER": "DefaultCluster"},
             "bodyHex": _body(i, size).hex()}
@@ -104,12 +110,15 @@ def _json(i: int, size: int, key: str | None = None, uniq: str | None = None) ->
 class _Messages:
     """Message ``i`` of a store, derived from one ``from_json`` template per topic."""
 
-    def __init__(self, builder: MessageBuilder, size: int):
+    def __init__(self, builder: MessageBuilder, size: int, text: str = "ascii"):
         self.size = size
         self.builder = builder
+        self.text = text
         self.tpl = {}
+        head = TEXTS[text][0]
         for t in range(len(TOPICS)):
-            m = builder.from_json(_json(t * QUEUES, size, "key" + _KEY_MARK.decode(), UNIQ_PREFIX + _UNIQ_MARK.decode()))
+            m = builder.from_json(_json(t * QUEUES, size, head + _KEY_MARK.decode(), UNIQ_PREFIX + _UNIQ_MARK.decode(),
+                                        text))
             assert m.props_b.count(_KEY_MARK) == 1 and m.props_b.count(_UNIQ_MARK) == 1
             self.tpl[TOPICS[t]] = m
 
@@ -119,7 +128,8 @@ class _Messages:
         key = b"%012d" % i
         uniq = b"%012X" % i
         pm = dict(t.props_map)
-        pm["KEYS"] = "key" + key.decode()
+        head, tail, _ = TEXTS[self.text]
+        pm["KEYS"] = head + key.decode() + tail
         pm["UNIQ_KEY"] = UNIQ_PREFIX + uniq.decode()
         return OutMessage(t.topic, t.topic_b, qid, t.flag, t.sysflag, st - 1, t.born_host, t.store_host,
                           t.reconsume_times, t.prepared_offset, _body(i, self.size),
@@ -127,15 +137,15 @@ class _Messages:
                           t.total_size)
 
     def check(self, i: int) -> None:
-        assert self(i) == self.builder.from_json(_json(i, self.size)), f"derived message {i} drifted from from_json"
+        assert self(i) == self.builder.from_json(_json(i, self.size, text=self.text)), f"derived message {i} drifted"
 
 
-def generate(root: str, body_size: int, total: int = TOTAL_SIZE, seg_size: int = SEGMENT_SIZE) -> dict:
+def generate(root: str, body_size: int, total: int = TOTAL_SIZE, seg_size: int = SEGMENT_SIZE, text: str = "ascii") -> dict:
     """Write a clean store at ``root`` (built in ``root.tmp``, then swapped in); returns a summary."""
     tmp = root + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     cfg = config().with_(mappedFileSizeCommitLog=seg_size)
-    msgs = _Messages(MessageBuilder(cfg), body_size)
+    msgs = _Messages(MessageBuilder(cfg), body_size, text)
     size = msgs(0).total_size
     per_seg = (seg_size - 8) // size  # the Appender ends a segment with a BLANK once TOTALSIZE + 8 does not fit
     nseg = total // seg_size

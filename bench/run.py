@@ -71,6 +71,9 @@ def store(name: str) -> dict:
         from bench.production import PRODUCTION_LAYOUT
 
         layouts = {**gen.MEMORY_STORES_LAYOUT, **PRODUCTION_LAYOUT}
+        if name in gen.TEXT_STORES:
+            body, text = gen.TEXT_STORES[name]
+            return gen.generate(path, body, text=text)
         body, total, seg = layouts.get(name, (gen.BODY_SIZES.get(name), gen.TOTAL_SIZE, gen.SEGMENT_SIZE))
         return gen.generate(path, body, total, seg)
 
@@ -437,7 +440,8 @@ def main() -> None:
     compile_sources()
     started = time.perf_counter()
     b = Bench(args.repeat)
-    names = list(gen.BODY_SIZES) + (list(gen.MEMORY_STORES_LAYOUT) if want("memory") else [])
+    names = (list(gen.BODY_SIZES) + (list(gen.MEMORY_STORES_LAYOUT) if want("memory") else [])
+             + (list(gen.TEXT_STORES) if want("verify") else []))
     # the cli-start row runs on the fixture store: it alone generates no store
     infos = {n: store(n) for n in names} if (not only or only - {"cli-start"}) else {}
     k1 = infos.get("1KiB")
@@ -465,7 +469,9 @@ def main() -> None:
             b.measure("commitlog scan (walk+CRC)", n, info, [py, "-m", "bench.scan", info["root"]], info["records"], info["bytes"])
     if want("verify"):
         if has_command("verify"):
-            for n in gen.BODY_SIZES:  # the 1 GiB stores (the 4 GiB one is for the memory rows)
+            # the 1 GiB stores (the 4 GiB one is for the memory rows), and the 100 B one's messages with Chinese keys
+            # and tags (information: no target of its own)
+            for n in (*gen.BODY_SIZES, *gen.TEXT_STORES):
                 info = infos[n]
                 warm(info["root"])
                 b.measure("verify", n, info, RMQ + ["verify", info["root"], "--json"], info["records"], info["bytes"],

@@ -7,8 +7,9 @@ names dispatch wants (``TAGS``, ``KEYS``, ``UNIQ_KEY``, ``DELAY``) that is "the 
 starts with ``NAME\\x01`` and has a non-empty value". The hashes are Java's ``String.hashCode``
 over bytes, which equals the UTF-16 one for ASCII; callers send records with any non-ASCII
 property byte to the one-at-a-time rules (:mod:`formats.properties`), and the kernels say which. The
-one-pass dispatch kernel also hashes well-formed UTF-8 over its UTF-16 code units (``_java_hash_utf8``),
-so only malformed property strings, non-ASCII topics and SCHEDULE_TOPIC_XXXX go one at a time there.
+one-pass dispatch kernel also hashes well-formed UTF-8 over its UTF-16 code units (``_java_hash_utf8``) and
+computes a delay-level record's tagsCode from a plain DELAY, so only malformed property strings, non-ASCII
+topics and DELAY values that are not plain ints go one at a time there.
 
 Imported only through :mod:`formats.propscan` (lazily, like :mod:`formats.kernel`); compiled once
 per environment and cached.
@@ -282,11 +283,12 @@ def _record_key_hashes(u8, prefix, uniq_s, uniq_e, keys_s, keys_e, out, t):
     return t
 
 
-def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
+def _key_hashes(u8, use, ascii_ok, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
     """Index key hashes of ``topic#key`` for the records with ``use[i]``: UNIQ_KEY first, then every
     non-empty space-separated token of KEYS, in order (duplicates kept); ``prefix[i]`` is the uint32
-    hash of ``topic#``. Writes ``counts[i]`` and appends to ``out``; returns how many were written, or -1
-    when ``out`` has no room for them all."""
+    hash of ``topic#``. A record without ``ascii_ok[i]`` is hashed over the UTF-16 code units of its values
+    (they must be well-formed UTF-8: :func:`_utf8_tags`). Writes ``counts[i]`` and appends to ``out``; returns
+    how many were written, or -1 when ``out`` has no room for them all."""
     t = 0
     count = use.shape[0]
     for i in range(count):
@@ -297,7 +299,10 @@ def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
                 _prefetch(u8, keys_s[i + AHEAD])
         if not use[i]:
             continue
-        u = _record_key_hashes(u8, np.uint32(prefix[i]), uniq_s[i], uniq_e[i], keys_s[i], keys_e[i], out, t)
+        if ascii_ok[i]:
+            u = _record_key_hashes(u8, np.uint32(prefix[i]), uniq_s[i], uniq_e[i], keys_s[i], keys_e[i], out, t)
+        else:
+            u = _record_key_hashes_utf8(u8, np.uint32(prefix[i]), uniq_s[i], uniq_e[i], keys_s[i], keys_e[i], out, t)
         if u < 0:
             return -1
         counts[i] = u - t
@@ -305,8 +310,74 @@ def _key_hashes(u8, use, prefix, uniq_s, uniq_e, keys_s, keys_e, counts, out):
     return t
 
 
+def _utf8_tags(u8, rows, starts, lengths, tags_s, tags_e, ok, codes):
+    """For each record ``rows[k]`` (property string ``u8[starts[r]:starts[r]+lengths[r]]`` with a non-ASCII byte):
+    ``ok[k]`` = the string is well-formed UTF-8, and then its tagsCode (the Java hash of TAGS' value over its UTF-16
+    code units, as an int32; left as is without TAGS) into ``codes[r]``."""
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        s = starts[r]
+        e = s + min(lengths[r], u8.shape[0] - s)
+        ok[k] = _valid_utf8(u8, s, e)
+        if ok[k] and tags_s[r] >= 0:
+            codes[r] = np.int64(np.int32(_java_hash_utf8(np.uint32(0), u8, tags_s[r], tags_e[r], -1)[0]))
+
+
 # the rows of the wanted names in :func:`_dispatch_props`' scratch (formats.propscan.WANTED's order)
-ROW_TAGS, ROW_KEYS, ROW_UNIQ_KEY = 0, 1, 2
+ROW_TAGS, ROW_KEYS, ROW_UNIQ_KEY, ROW_DELAY = 0, 1, 2, 3
+NOT_PLAIN = -(1 << 40)  # _delay_level: not a plain decimal int (the one-at-a-time rules decide)
+
+
+@numba.njit(inline="always")
+def _delay_level(u8, s, e):
+    """The DELAY value ``u8[s:e]`` as Integer.parseInt reads it when it is a plain one (an optional sign, then 1-10
+    ASCII digits, inside int's range); NOT_PLAIN for anything else (no digits, other characters, Unicode digits,
+    overflow), which the one-at-a-time rules then parse or reject."""
+    j = s
+    neg = False
+    if j < e and (u8[j] == 0x2D or u8[j] == 0x2B):  # '-', '+'
+        neg = u8[j] == 0x2D
+        j += 1
+    if j >= e or e - j > 10:
+        return np.int64(NOT_PLAIN)
+    v = np.int64(0)
+    while j < e:
+        d = np.int64(u8[j]) - 0x30
+        if d < 0 or d > 9:
+            return np.int64(NOT_PLAIN)
+        v = v * 10 + d
+        j += 1
+    if neg:
+        v = -v
+    if v < -(1 << 31) or v > (1 << 31) - 1:
+        return np.int64(NOT_PLAIN)
+    return v
+
+
+@numba.njit(inline="always")
+def _delay_code(code, level, store_ts, delay_ms):
+    """tagsCode of a SCHEDULE_TOPIC_XXXX record with DELAY ``level`` (FORMAT.md §5.2): capped at the table's last
+    level (``delay_ms[1:]``, levels from 1), the delivery time when > 0, else ``code`` (its TAGS hash)."""
+    top = delay_ms.shape[0] - 1
+    if level > top:
+        level = top
+    if level > 0:
+        return store_ts + delay_ms[level]
+    return code
+
+
+def _delay_codes(u8, rows, delay_s, delay_e, store_ts, delay_ms, codes, ok):
+    """For each SCHEDULE_TOPIC_XXXX record ``rows[k]``: ``ok[k]`` = its DELAY is absent or a plain int
+    (:func:`_delay_level`), and then its tagsCode (:func:`_delay_code` over the TAGS hash already in ``codes``)."""
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        if delay_s[r] < 0:
+            ok[k] = True
+            continue
+        level = _delay_level(u8, delay_s[r], delay_e[r])
+        ok[k] = level != NOT_PLAIN
+        if ok[k]:
+            codes[r] = _delay_code(codes[r], level, store_ts[r], delay_ms)
 
 
 @numba.njit(inline="never")
@@ -419,19 +490,22 @@ def _all_ascii(u8, s, n):
     return True
 
 
-def _dispatch_props(u8, starts, lengths, tstarts, tlengths, slow_topic, pat_word, pat_mask, pats, pat_off, first, chain, vs,
-                    ve, group, firsts, slots, group_hash, group_prefix, group_slow, codes, slow, counts, out):
+def _dispatch_props(u8, starts, lengths, tstarts, tlengths, sched_topic, pat_word, pat_mask, pats, pat_off, first, chain, vs,
+                    ve, group, firsts, slots, group_hash, group_prefix, group_slow, group_sched, store_ts, delay_ms, codes,
+                    slow, counts, out):
     """What dispatch computes from a record's topic and properties, one record per step (the topic and the property
     string, side by side in the record, are read while in cache). The topic ``u8[tstarts[i]:+tlengths[i]]`` is
     grouped (:func:`_group_step`: ``group``, ``firsts``, ``slots`` as :func:`_group_spans` takes them); a new group
-    gets its topic's Java hash (``group_hash``), the hash of ``topic#`` (``group_prefix``) and whether its records take
-    the one-at-a-time rules (``group_slow``: a topic byte >= 0x80, or the topic is ``slow_topic``'s bytes). Then
-    :func:`_find_props` for the wanted names (``vs``/``ve``: one column of scratch, a row per name, TAGS, KEYS and
-    UNIQ_KEY in the rows ROW_*); then, unless the record's property string is not well-formed UTF-8 or its topic's
-    group is slow (both: ``slow[i]``, left for the one-at-a-time rules), its tagsCode (the Java hash of TAGS as an
-    int32, over the UTF-16 code units of a non-ASCII value; 0 without TAGS) into ``codes[i]`` and its index key hashes (:func:`_key_hashes`, from its topic's ``group_prefix``) appended
-    to ``out``, how many into ``counts[i]``. Returns (how many hashes were written, or -1 when ``out`` has no room for
-    them all; the number of groups)."""
+    gets its topic's Java hash (``group_hash``), the hash of ``topic#`` (``group_prefix``), whether its records take
+    the one-at-a-time rules (``group_slow``: a topic byte >= 0x80) and whether it is the delay-level topic
+    (``group_sched``: ``sched_topic``'s bytes). Then :func:`_find_props` for the wanted names (``vs``/``ve``: one column
+    of scratch, a row per name, in the rows ROW_*); then, unless the record's property string is not well-formed
+    UTF-8, its topic's group is slow, or it is a delay-level record whose DELAY is not a plain int (:func:`_delay_level`)
+    (all: ``slow[i]``, left for the one-at-a-time rules): its tagsCode into ``codes[i]`` (the Java hash of TAGS as an
+    int32, over the UTF-16 code units of a non-ASCII value, 0 without TAGS; a delay-level record's delivery time from
+    ``store_ts[i]`` and ``delay_ms``, :func:`_delay_code`) and its index key hashes (:func:`_key_hashes`, from its
+    topic's ``group_prefix``) appended to ``out``, how many into ``counts[i]``. Returns (how many hashes were written, or
+    -1 when ``out`` has no room for them all; the number of groups)."""
     shortest = _shortest(pat_off)
     rows = vs.shape[0]
     count = starts.shape[0]
@@ -452,7 +526,8 @@ def _dispatch_props(u8, starts, lengths, tstarts, tlengths, slow_topic, pat_word
             tl = last_ln
             group_hash[g] = th
             group_prefix[g] = np.uint32((np.uint64(th) * np.uint64(31) + np.uint64(35)) & np.uint64(0xFFFFFFFF))  # "#"
-            group_slow[g] = not _all_ascii(u8, ts, tl) or (tl == slow_topic.shape[0] and _same_bytes(u8, ts, slow_topic, 0, tl))
+            group_slow[g] = not _all_ascii(u8, ts, tl)
+            group_sched[g] = tl == sched_topic.shape[0] and _same_bytes(u8, ts, sched_topic, 0, tl)
         for k in range(rows):
             vs[k, 0] = -1
             ve[k, 0] = -1
@@ -464,6 +539,13 @@ def _dispatch_props(u8, starts, lengths, tstarts, tlengths, slow_topic, pat_word
         if group_slow[g] or not (ascii_ok or _valid_utf8(u8, s, s + ln)):
             slow[i] = True
             continue
+        level = np.int64(0)  # a delay-level record (SCHEDULE_TOPIC_XXXX with DELAY): its tagsCode is its delivery time
+        sched = group_sched[g] and vs[ROW_DELAY, 0] >= 0
+        if sched:
+            level = _delay_level(u8, vs[ROW_DELAY, 0], ve[ROW_DELAY, 0])
+            if level == NOT_PLAIN:
+                slow[i] = True
+                continue
         if ascii_ok:
             if vs[ROW_TAGS, 0] >= 0:
                 codes[i] = np.int64(np.int32(_java_hash(np.uint32(0), u8, vs[ROW_TAGS, 0], ve[ROW_TAGS, 0])))
@@ -474,6 +556,8 @@ def _dispatch_props(u8, starts, lengths, tstarts, tlengths, slow_topic, pat_word
                 codes[i] = np.int64(np.int32(_java_hash_utf8(np.uint32(0), u8, vs[ROW_TAGS, 0], ve[ROW_TAGS, 0], -1)[0]))
             u = _record_key_hashes_utf8(u8, group_prefix[g], vs[ROW_UNIQ_KEY, 0], ve[ROW_UNIQ_KEY, 0],
                                         vs[ROW_KEYS, 0], ve[ROW_KEYS, 0], out, t)
+        if sched:
+            codes[i] = _delay_code(codes[i], level, store_ts[i], delay_ms)
         if u < 0:
             return -1, groups
         counts[i] = u - t
@@ -486,5 +570,7 @@ def _dispatch_props(u8, starts, lengths, tstarts, tlengths, slow_topic, pat_word
 find_props = _jit(_find_props, refcounts=False)
 java_hash_spans = _jit(_java_hash_spans, refcounts=False)
 key_hashes = _jit(_key_hashes, refcounts=False)
+utf8_tags = _jit(_utf8_tags, refcounts=False)
 dispatch_props = _jit(_dispatch_props, refcounts=False)
+delay_codes = _jit(_delay_codes, refcounts=False)
 group_spans = _jit(_group_spans, refcounts=False)

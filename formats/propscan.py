@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .tags import SCHEDULE_TOPIC
+from .tags import DEFAULT_DELAY_TABLE, SCHEDULE_TOPIC
 
 WANTED = ("TAGS", "KEYS", "UNIQ_KEY", "DELAY")
 
@@ -81,7 +81,9 @@ def _view(u8) -> np.ndarray:
 def key_hashes(u8: np.ndarray, use: np.ndarray, prefix: np.ndarray, pv: PropValues) -> tuple[np.ndarray, np.ndarray]:
     """(keyCount int16 per record, keyHash int32 of every key in record order) for the records with
     ``use``: UNIQ_KEY first, then each non-empty space-separated KEYS token, hashed as ``topic#key``
-    (``prefix``: uint32 Java hash of ``topic#`` per record) and turned into index key hashes."""
+    (``prefix``: uint32 Java hash of ``topic#`` per record) and turned into index key hashes. A record whose
+    properties hold a non-ASCII byte is hashed over UTF-16 code units: ``use`` it only when they are well-formed
+    UTF-8 (:func:`utf8_tags`)."""
     n = len(use)
     us, ue, ks, ke = pv.start["UNIQ_KEY"], pv.end["UNIQ_KEY"], pv.start["KEYS"], pv.end["KEYS"]
     use = np.ascontiguousarray(use, dtype=bool)
@@ -90,14 +92,28 @@ def key_hashes(u8: np.ndarray, use: np.ndarray, prefix: np.ndarray, pv: PropValu
     counts = np.zeros(n, dtype=np.int16)
     if not n:
         return counts, out[:0]
-    got = _kernels().key_hashes(_view(u8), use, prefix, us, ue, ks, ke, counts, out)
+    ascii_ok = np.ascontiguousarray(pv.ascii, dtype=bool)
+    got = _kernels().key_hashes(_view(u8), use, ascii_ok, prefix, us, ue, ks, ke, counts, out)
     if got < 0:  # more keys than that: room for every one
         out = np.empty(int(np.count_nonzero(use & (us >= 0))) + int(((ke - ks + 1) // 2)[use & (ks >= 0)].sum()), np.int32)
-        got = _kernels().key_hashes(_view(u8), use, prefix, us, ue, ks, ke, counts, out)
+        got = _kernels().key_hashes(_view(u8), use, ascii_ok, prefix, us, ue, ks, ke, counts, out)
     return counts, out[:got]
 
 
-SLOW_TOPIC = np.frombuffer(SCHEDULE_TOPIC.encode(), np.uint8)  # its records take the one-at-a-time rules (tags_code)
+def utf8_tags(u8: np.ndarray, rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray, pv: PropValues,
+              codes: np.ndarray) -> np.ndarray:
+    """For the records ``rows`` (property strings with a non-ASCII byte): whether each one's property string is
+    well-formed UTF-8 (bool per row), and for those the tagsCode of their TAGS value (the Java hash over its UTF-16
+    code units) written into ``codes`` (int64 per record; left as is without TAGS)."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    ok = np.zeros(len(rows), dtype=bool)
+    if len(rows):
+        _kernels().utf8_tags(_view(u8), rows, np.ascontiguousarray(starts, dtype=np.int64),
+                             np.ascontiguousarray(lengths, dtype=np.int64), pv.start["TAGS"], pv.end["TAGS"], ok, codes)
+    return ok
+
+
+SCHEDULE_BYTES = np.frombuffer(SCHEDULE_TOPIC.encode(), np.uint8)  # the delay-level topic: tagsCode = delivery time
 
 
 @dataclass
@@ -120,13 +136,27 @@ def _scratch_slots(n: int) -> np.ndarray:
     return np.full(size, -1, np.int64)  # the grouping's hash table (made here: see propkernel._group_spans)
 
 
+def delay_millis(delay_table: dict) -> np.ndarray:
+    """The delay table ({level: ms}, levels 1..N) as the kernels take it: int64, index = level, entry 0 unused."""
+    out = np.zeros(len(delay_table) + 1, np.int64)
+    for level, ms in delay_table.items():
+        out[level] = ms
+    return out
+
+
+_DEFAULT_DELAYS = delay_millis(DEFAULT_DELAY_TABLE)
+
+
 def dispatch_hashes(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray, topic_starts: np.ndarray,
-                    topic_lengths: np.ndarray) -> Dispatched:
+                    topic_lengths: np.ndarray, store_ts: np.ndarray | None = None,
+                    delays: np.ndarray = _DEFAULT_DELAYS) -> Dispatched:
     """:func:`group_spans` of the topics, :func:`scan`, the TAGS hash and :func:`key_hashes` in one compiled pass over
     each record's topic and property string (non-ASCII property strings hashed over their UTF-16 code units when they
     are well-formed UTF-8). A record whose properties are not well-formed UTF-8, or whose topic holds a non-ASCII byte
-    (its ``topic#`` hash over bytes would not be Java's) or is SCHEDULE_TOPIC_XXXX (its tagsCode is the delivery
-    time), is left to the one-at-a-time rules (``slow``; tagsCode and keyCount 0, no hashes)."""
+    (its ``topic#`` hash over bytes would not be Java's), or is a SCHEDULE_TOPIC_XXXX record whose DELAY is not a plain
+    int, is left to the one-at-a-time rules (``slow``; tagsCode and keyCount 0, no hashes). A SCHEDULE_TOPIC_XXXX
+    record with a plain DELAY gets its delivery time (``store_ts``: the records' store times, zeros when None;
+    ``delays``: :func:`delay_millis` of the store's delay table)."""
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     n = len(starts)
@@ -144,16 +174,34 @@ def dispatch_hashes(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray, top
     ve = np.empty((len(WANTED), 1), np.int64)
     group_prefix = np.empty(n, dtype=np.uint32)
     group_slow = np.empty(n, dtype=bool)
+    group_sched = np.empty(n, dtype=bool)
+    store_ts = np.zeros(n, np.int64) if store_ts is None else np.ascontiguousarray(store_ts, dtype=np.int64)
     args = (_view(u8), starts, lengths, np.ascontiguousarray(topic_starts, dtype=np.int64),
-            np.ascontiguousarray(topic_lengths, dtype=np.int64), SLOW_TOPIC, words, masks, pats, off, first, chain, vs, ve,
+            np.ascontiguousarray(topic_lengths, dtype=np.int64), SCHEDULE_BYTES, words, masks, pats, off, first, chain, vs, ve,
             group, firsts)
-    rest = (group_hash, group_prefix, group_slow, codes, slow, counts)
+    rest = (group_hash, group_prefix, group_slow, group_sched, store_ts, np.ascontiguousarray(delays, dtype=np.int64),
+            codes, slow, counts)
     got, groups = _kernels().dispatch_props(*args, _scratch_slots(n), *rest, out)
     if got < 0:  # more keys than that: room for every one (a key is at least a byte, and a space or its entry's name)
         out = np.empty(n + (int(np.maximum(lengths, 0).sum()) + n) // 2 + 16, np.int32)
         slow[:] = False
+        codes[:] = 0
         got, groups = _kernels().dispatch_props(*args, _scratch_slots(n), *rest, out)
     return Dispatched(group, firsts[:groups], group_hash[:groups], codes, slow, counts, out[:got])
+
+
+def delay_codes(u8: np.ndarray, rows: np.ndarray, pv: PropValues, store_ts: np.ndarray, delays: np.ndarray,
+                codes: np.ndarray) -> np.ndarray:
+    """For the SCHEDULE_TOPIC_XXXX records ``rows``: whether each one's DELAY is absent or a plain int (bool per row;
+    the others are left to the one-at-a-time rules), and for those with one, their delivery time written into
+    ``codes`` over the TAGS hash there (FORMAT.md §5.2; ``delays``: :func:`delay_millis`)."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    ok = np.zeros(len(rows), dtype=bool)
+    if len(rows):
+        _kernels().delay_codes(_view(u8), rows, pv.start["DELAY"], pv.end["DELAY"],
+                               np.ascontiguousarray(store_ts, dtype=np.int64), np.ascontiguousarray(delays, dtype=np.int64),
+                               codes, ok)
+    return ok
 
 
 def java_hash_spans(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

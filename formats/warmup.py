@@ -42,7 +42,10 @@ def warm_up(full: bool = False) -> None:
     kernel.crc32_of(u8, 0, 16)
     pv = propscan.scan(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
     propscan.key_hashes(u8, np.ones(1, bool), np.zeros(1, np.uint32), pv)
+    propscan.utf8_tags(u8, np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64), pv, np.zeros(1, np.int64))
     propscan.dispatch_hashes(u8, np.zeros(1, np.int64), np.ones(1, np.int64), np.zeros(1, np.int64), np.ones(1, np.int64))
+    propscan.delay_codes(u8, np.zeros(1, np.int64), pv, np.zeros(1, np.int64), propscan.delay_millis({1: 1000}),
+                         np.zeros(1, np.int64))
     propscan.java_hash_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
     propscan.group_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
     indexchain.chain_block(np.ones(1, np.int32), np.zeros(1, np.int32), 1, 4, np.zeros(4, np.int32))

@@ -175,6 +175,25 @@ def test_memory_stores_use_the_brokers_1gib_segments(tmp_path):
     assert all(os.path.getsize(tmp_path / "s" / "commitlog" / n) == 64 << 10 for n in names)
 
 
+def test_the_chinese_text_store_holds_the_same_messages_with_chinese_keys_and_tags(tmp_path):
+    """The "zh" text (gen.TEXTS) changes only the keys' and tags' text: the store verifies clean (its index holds the
+    keys' UTF-16 hashes, which verify recomputes in its compiled pass) and a key's message is found by it."""
+    from rmqstore_cli.engine.store import Store
+    from rmqstore_cli.engine.verify.pipeline import verify_store
+
+    info = gen.generate(str(tmp_path / "zh"), 100, total=128 << 10, seg_size=64 << 10, text="zh")
+    root = str(tmp_path / "zh")
+    with Store.open(root) as st:
+        assert [f.code for f in verify_store(st).findings if f.severity in ("error", "warning")] == []
+    key = "\u8ba2\u5355%012d" % 5
+    q = subprocess.run([PY, "-m", "rmqstore_cli", "index", "query", root, "--topic", gen._fields(5)[0].decode(),
+                        "--key", key, "--json"], capture_output=True, text=True, cwd=REPO)
+    assert q.returncode == 0, q.stderr
+    found = [json.loads(line) for line in q.stdout.splitlines() if line.strip()]
+    assert [r["keys"] for r in found] == [key + " \u652f\u4ed8"], q.stdout[:500]
+    assert info["records"] > 0
+
+
 def test_fixed_start_target_is_judged_by_the_slowest_of_the_four_commands():
     start = {"version_s": 0.07, "dump_limit1_s": 0.30, "verify_s": 0.34, "recover_dry_s": 0.35, "rebuild_dry_s": 0.33}
     row = lambda c: next(r for r in targets.evaluate([], [], c) if r["target"].startswith("start <= 0.35 s"))  # noqa: E731

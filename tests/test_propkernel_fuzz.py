@@ -15,7 +15,6 @@ import random
 import numpy as np
 
 from rmqstore_cli.formats import propscan
-from rmqstore_cli.formats.hashing import index_key_hash
 
 NAMES = propscan.WANTED + ("KEYSX", "K", "CLUSTER", "LONG_NAME_X")
 
@@ -113,7 +112,7 @@ def _check(buf: bytes, starts: list, lengths: list, topic: str = "TopicF") -> No
         got = {k: (int(pv.start[k][i]), int(pv.end[k][i])) for k in NAMES}
         assert got == want, (raw, got, want)
         assert bool(pv.ascii[i]) == all(b < 0x80 for b in raw), raw
-        use[i] = pv.ascii[i] and i % 5 != 2  # some records left to the one-at-a-time rules
+        use[i] = _well_formed(raw) and i % 5 != 2  # some records left to the one-at-a-time rules
         if not use[i]:
             want_counts.append(0)
             continue
@@ -125,11 +124,21 @@ def _check(buf: bytes, starts: list, lengths: list, topic: str = "TopicF") -> No
         if ks >= 0:
             keys += [t for t in buf[ks:ke].split(b" ") if t]
         want_counts.append(len(keys))
-        want_keys += [index_key_hash(topic + "#" + k.decode("ascii")) for k in keys]
+        want_keys += [_key_hash(_java_hash_text(topic + "#" + k.decode())) for k in keys]
     prefix = np.full(len(starts), _java_hash_bytes(f"{topic}#".encode()), np.uint32)
     counts, kh = propscan.key_hashes(u8, use, prefix, pv)
     assert counts.tolist() == want_counts
     assert kh.tolist() == want_keys
+    # the well-formedness and TAGS hash of the non-ASCII ones (the re-dispatch's form of the one pass below)
+    wide = np.flatnonzero(~pv.ascii)
+    codes = np.full(len(starts), 7, np.int64)
+    ok = propscan.utf8_tags(u8, wide, np.asarray(starts, np.int64), np.asarray(lengths, np.int64), pv, codes)
+    for k, i in enumerate(wide.tolist()):
+        raw = buf[starts[i]:starts[i] + max(lengths[i], 0)]
+        assert bool(ok[k]) == _well_formed(raw), raw
+        ts, te = pv.start["TAGS"][i], pv.end["TAGS"][i]
+        want_code = 7 if not ok[k] or ts < 0 else _java_hash_text(buf[ts:te].decode())
+        assert int(codes[i]) == (want_code - (1 << 32) if want_code >= 1 << 31 else want_code), raw
     # the one-pass form (topic grouping, scan, TAGS hash and key hashes together): record i of topic i % 4 (of
     # ASCII, non-ASCII and SCHEDULE_TOPIC_XXXX topics), each topic's bytes written again at its records
     _check_one_pass(buf, starts, lengths, [topic, "SCHEDULE_TOPIC_XXXX", "T\u00e9", "SCHEDULE_TOPIC_XXX"])
@@ -151,8 +160,10 @@ def _check_one_pass(buf: bytes, starts: list, lengths: list, topics: list) -> No
     starts = [s + len(blob) for s in starts]
     buf = tbuf
     u8 = np.frombuffer(tbuf, np.uint8)
+    store_ts = [1_700_000_000_000 + 7 * i for i in range(len(starts))]
     d = propscan.dispatch_hashes(u8, np.asarray(starts, np.int64), np.asarray(lengths, np.int64),
-                                 np.asarray(tstarts, np.int64), np.asarray(tlens, np.int64))
+                                 np.asarray(tstarts, np.int64), np.asarray(tlens, np.int64), np.asarray(store_ts, np.int64),
+                                 propscan.delay_millis(DELAYS))
     seen: dict = {}
     want_group = [seen.setdefault(tbuf[s:s + n], len(seen)) for s, n in zip(tstarts, tlens)]
     assert d.group.tolist() == want_group
@@ -163,11 +174,17 @@ def _check_one_pass(buf: bytes, starts: list, lengths: list, topics: list) -> No
         raw = buf[s:s + max(n, 0)]
         t = tbuf[tstarts[i]:tstarts[i] + tlens[i]]
         want = _spans(raw, s, NAMES)
-        is_slow = not _well_formed(raw) or not all(b < 0x80 for b in t) or t == b"SCHEDULE_TOPIC_XXXX"
+        ds, de = want["DELAY"]
+        level = _plain_int(buf[ds:de]) if ds >= 0 else 0
+        sched = t == b"SCHEDULE_TOPIC_XXXX" and ds >= 0
+        is_slow = not _well_formed(raw) or not all(b < 0x80 for b in t) or (sched and level is None)
         want_slow.append(is_slow)
         ts, te = want["TAGS"]
         code = _java_hash_text(buf[ts:te].decode()) if ts >= 0 and not is_slow else 0
-        want_codes.append(code - (1 << 32) if code >= 1 << 31 else code)
+        code = code - (1 << 32) if code >= 1 << 31 else code
+        if sched and not is_slow and min(level, len(DELAYS)) > 0:  # FORMAT.md §5.2: the delivery time
+            code = store_ts[i] + DELAYS[min(level, len(DELAYS))]
+        want_codes.append(code)
         keys = []
         if not is_slow:
             us, ue = want["UNIQ_KEY"]
@@ -180,6 +197,37 @@ def _check_one_pass(buf: bytes, starts: list, lengths: list, topics: list) -> No
     assert d.codes.tolist() == want_codes
     assert d.counts.tolist() == want_counts
     assert d.key_hashes.tolist() == want_keys
+
+
+DELAYS = {1: 1000, 2: 5000, 3: 60_000, 4: 7_200_000}  # a short delay table: levels past it are capped
+
+
+def _plain_int(raw: bytes) -> int | None:
+    """A DELAY value the one pass takes itself: an optional sign and 1-10 ASCII digits inside int's range (None:
+    left to the one-at-a-time rules, whatever Integer.parseInt makes of it)."""
+    digits = raw[1:] if raw[:1] in (b"+", b"-") else raw
+    if not 1 <= len(digits) <= 10 or not all(0x30 <= b <= 0x39 for b in digits):
+        return None
+    v = int(raw)
+    return v if -(1 << 31) <= v < 1 << 31 else None
+
+
+def test_one_pass_computes_delay_level_tags_codes():
+    """SCHEDULE_TOPIC_XXXX records: a plain DELAY gives the delivery time (capped at the table's last level; none at
+    0 or below: the TAGS hash), anything else goes to the one-at-a-time rules; other topics ignore DELAY."""
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    delays = [b"1", b"3", b"4", b"5", b"99", b"+2", b"-1", b"0", b"00", b"2147483647", b"-2147483648", b"2147483648",
+              b"0000000003", b"00000000003", b" 3", b"3 ", b"3a", b"", b"+", b"-", "\u0663".encode(), b"1_0", b"9" * 12]
+    props = []
+    for _ in range(3000):
+        entries = []
+        for _ in range(rng.randint(0, 3)):
+            entries.append(rng.choice([b"DELAY\x01" + rng.choice(delays), b"TAGS\x01" + rng.choice([b"TagA", b"x"]),
+                                       b"KEYS\x01k1 k2", b"DELAYX\x015", b"DELA\x017"]))
+        props.append(b"\x02".join(entries))
+    _check_one_pass(*_packed(props, lambda: bytes(rng.randint(0, 3))), ["SCHEDULE_TOPIC_XXXX", "TopicT", "SCHEDULE_TOPIC_XXXY"])
 
 
 def _key_hash(h: int) -> int:

@@ -108,11 +108,13 @@ def test_hash_spans_equal_java_hash():
 
 def test_key_hashes_equal_the_decoded_keys():
     """UNIQ_KEY first, then the non-empty space-separated KEYS tokens, as the index writer hashes them
-    from the decoded property map (random ASCII property strings, edge cases included)."""
+    from the decoded property map (random property strings, some with Chinese characters, an é or a character past
+    U+FFFF, edge cases included)."""
     seed = 11
     print(f"seed {seed}")
     rng = random.Random(seed)
     pieces = [b"KEYS\x01", b"UNIQ_KEY\x01", b"TAGS\x01", b"\x02", b"\x01", b" ", b"  ", b"k1", b"key-2", b"u", b"#", b"x y"]
+    pieces += ["\u8ba2\u5355".encode(), "\u00e9".encode(), "\U0001f600".encode()]  # well-formed UTF-8: hashed over UTF-16 units
     cases = [b"KEYS\x01 a  b ", b"UNIQ_KEY\x01u1\x02KEYS\x01k", b"KEYS\x01", b"KEYS\x01   ", b"UNIQ_KEY\x01\x02KEYS\x01k"]
     cases += [b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 10))) for _ in range(3000)]
     buf = bytearray()

@@ -73,6 +73,18 @@ def topic_ids(buf, h, registry: dict[str, int], u8: np.ndarray | None = None) ->
     return local[group]
 
 
+_DELAYS: dict = {}  # id of a delay table -> (the table, its kernel form)
+
+
+def _delays(delay_table: dict) -> np.ndarray:
+    """:func:`formats.propscan.delay_millis` of the store's delay table, made once per table (read-only, see
+    formats.tags.parse_delay_levels)."""
+    got = _DELAYS.get(id(delay_table))
+    if got is None or got[0] is not delay_table:
+        got = _DELAYS[id(delay_table)] = (delay_table, propscan.delay_millis(delay_table))
+    return got[1]
+
+
 def dispatch_chunk(u8: np.ndarray, h, interner: TopicInterner, delay_table: dict):
     """(topic ids, tagsCode, tagsBad, keyCount, keyHashes) of a chunk's records: :meth:`TopicInterner.intern_chunk`
     and :func:`dispatch_columns` in one compiled pass over each record's topic and properties
@@ -81,7 +93,8 @@ def dispatch_chunk(u8: np.ndarray, h, interner: TopicInterner, delay_table: dict
     if not n:
         return (np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int16),
                 np.zeros(0, np.int32))
-    d = propscan.dispatch_hashes(u8, h.propsStart, h.propsLength, h.topicStart, h.topicLength)
+    d = propscan.dispatch_hashes(u8, h.propsStart, h.propsLength, h.topicStart, h.topicLength, h.storeTimestamp,
+                                 _delays(delay_table))
     fs = h.topicStart[d.firsts]
     tids = interner.group_ids(u8, fs, np.maximum(h.topicLength[d.firsts], 0), d.group_hash)[d.group]
     tags_bad = np.zeros(n, dtype=bool)
@@ -109,12 +122,19 @@ def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterne
     tags_bad = np.zeros(n, dtype=bool)
     pv = propscan.scan(u8, h.propsStart, h.propsLength, names=propscan.WANTED + tuple(extra_names))
     sched = np.asarray(interner.schedule, dtype=bool)[tids] if n else np.zeros(0, bool)
-    slow = ~pv.ascii | sched
     codes = np.zeros(n, dtype=np.int64)
+    slow = np.zeros(n, dtype=bool)
+    wide = np.flatnonzero(~pv.ascii)  # non-ASCII: hashed over UTF-16 code units when well-formed UTF-8
+    if len(wide):
+        slow[wide[~propscan.utf8_tags(u8, wide, h.propsStart, h.propsLength, pv, codes)]] = True
     ts, te = pv.start["TAGS"], pv.end["TAGS"]
-    has_tags = (ts >= 0) & ~slow
+    has_tags = (ts >= 0) & ~slow & pv.ascii
     if has_tags.any():
         codes[has_tags] = propscan.java_hash_spans(u8, ts[has_tags], te[has_tags]).view(np.int32)
+    delayed = np.flatnonzero(sched & ~slow)  # delay-level records: tagsCode = delivery time for a plain DELAY
+    if len(delayed):
+        slow[delayed[~propscan.delay_codes(u8, delayed, pv, h.storeTimestamp, _delays(delay_table), codes)]] = True
+    codes[slow] = 0  # the one-at-a-time rules set these
     # Keys: UNIQ_KEY, then every non-empty space-separated token of KEYS (compiled kernel).
     prefix = np.asarray(interner.prefix, dtype=np.uint32)[tids] if n else np.zeros(0, np.uint32)
     counts, kh = propscan.key_hashes(u8, ~slow, prefix, pv)
