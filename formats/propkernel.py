@@ -324,7 +324,7 @@ def _utf8_tags(u8, rows, starts, lengths, tags_s, tags_e, ok, codes):
 
 
 # the rows of the wanted names in :func:`_dispatch_props`' scratch (formats.propscan.WANTED's order)
-ROW_TAGS, ROW_KEYS, ROW_UNIQ_KEY, ROW_DELAY = 0, 1, 2, 3
+ROW_TAGS, ROW_KEYS, ROW_UNIQ_KEY, ROW_DELAY, ROW_MULTI, ROW_MULTI_OFFSET = 0, 1, 2, 3, 4, 5
 NOT_PLAIN = -(1 << 40)  # _delay_level: not a plain decimal int (the one-at-a-time rules decide)
 
 
@@ -492,7 +492,7 @@ def _all_ascii(u8, s, n):
 
 def _dispatch_props(u8, starts, lengths, tstarts, tlengths, sched_topic, pat_word, pat_mask, pats, pat_off, first, chain, vs,
                     ve, group, firsts, slots, group_hash, group_prefix, group_slow, group_sched, store_ts, delay_ms, codes,
-                    slow, counts, out):
+                    slow, multi, counts, out):
     """What dispatch computes from a record's topic and properties, one record per step (the topic and the property
     string, side by side in the record, are read while in cache). The topic ``u8[tstarts[i]:+tlengths[i]]`` is
     grouped (:func:`_group_step`: ``group``, ``firsts``, ``slots`` as :func:`_group_spans` takes them); a new group
@@ -504,8 +504,9 @@ def _dispatch_props(u8, starts, lengths, tstarts, tlengths, sched_topic, pat_wor
     (all: ``slow[i]``, left for the one-at-a-time rules): its tagsCode into ``codes[i]`` (the Java hash of TAGS as an
     int32, over the UTF-16 code units of a non-ASCII value, 0 without TAGS; a delay-level record's delivery time from
     ``store_ts[i]`` and ``delay_ms``, :func:`_delay_code`) and its index key hashes (:func:`_key_hashes`, from its
-    topic's ``group_prefix``) appended to ``out``, how many into ``counts[i]``. Returns (how many hashes were written, or
-    -1 when ``out`` has no room for them all; the number of groups)."""
+    topic's ``group_prefix``) appended to ``out``, how many into ``counts[i]``; ``multi[i]``: the record carries both
+    multi-dispatch properties (rows ROW_MULTI, ROW_MULTI_OFFSET), slow or not. Returns (how many hashes were written,
+    or -1 when ``out`` has no room for them all; the number of groups)."""
     shortest = _shortest(pat_off)
     rows = vs.shape[0]
     count = starts.shape[0]
@@ -536,6 +537,7 @@ def _dispatch_props(u8, starts, lengths, tstarts, tlengths, sched_topic, pat_wor
         ascii_ok = True
         if ln > 0:
             ascii_ok = _record_props(u8, s, ln, shortest, pat_word, pat_mask, pats, pat_off, first, chain, vs, ve, 0)
+        multi[i] = vs[ROW_MULTI, 0] >= 0 and vs[ROW_MULTI_OFFSET, 0] >= 0
         if group_slow[g] or not (ascii_ok or _valid_utf8(u8, s, s + ln)):
             slow[i] = True
             continue

@@ -19,6 +19,9 @@ import numpy as np
 from .tags import DEFAULT_DELAY_TABLE, SCHEDULE_TOPIC
 
 WANTED = ("TAGS", "KEYS", "UNIQ_KEY", "DELAY")
+# the multi-dispatch (LMQ) properties: a record carrying both gets units in the queues they name (engine/derived/lmq.py)
+MULTI_DISPATCH_PROPS = ("INNER_MULTI_DISPATCH", "INNER_MULTI_QUEUE_OFFSET")
+ONE_PASS = WANTED + MULTI_DISPATCH_PROPS  # the names dispatch_hashes locates (formats.propkernel's ROW_*)
 
 
 @dataclass
@@ -127,6 +130,7 @@ class Dispatched:
     slow: np.ndarray  # bool per record: left to the one-at-a-time rules
     counts: np.ndarray  # int16 per record: its index key hashes
     key_hashes: np.ndarray  # int32: every key hash, in record order
+    multi: np.ndarray  # bool per record: it carries both MULTI_DISPATCH_PROPS (slow or not)
 
 
 def _scratch_slots(n: int) -> np.ndarray:
@@ -168,10 +172,11 @@ def dispatch_hashes(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray, top
     group_hash = np.empty(n, dtype=np.uint32)
     out = np.empty(3 * n + 16, dtype=np.int32)  # room for most chunks (a UNIQ_KEY and two KEYS tokens a record)
     if not n:
-        return Dispatched(group, firsts, group_hash, codes, slow, counts, out[:0])
-    pats, off, words, masks, first, chain = _patterns(WANTED)
-    vs = np.empty((len(WANTED), 1), np.int64)
-    ve = np.empty((len(WANTED), 1), np.int64)
+        return Dispatched(group, firsts, group_hash, codes, slow, counts, out[:0], slow.copy())
+    pats, off, words, masks, first, chain = _patterns(ONE_PASS)
+    vs = np.empty((len(ONE_PASS), 1), np.int64)
+    ve = np.empty((len(ONE_PASS), 1), np.int64)
+    multi = np.zeros(n, dtype=bool)
     group_prefix = np.empty(n, dtype=np.uint32)
     group_slow = np.empty(n, dtype=bool)
     group_sched = np.empty(n, dtype=bool)
@@ -180,14 +185,14 @@ def dispatch_hashes(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray, top
             np.ascontiguousarray(topic_lengths, dtype=np.int64), SCHEDULE_BYTES, words, masks, pats, off, first, chain, vs, ve,
             group, firsts)
     rest = (group_hash, group_prefix, group_slow, group_sched, store_ts, np.ascontiguousarray(delays, dtype=np.int64),
-            codes, slow, counts)
+            codes, slow, multi, counts)
     got, groups = _kernels().dispatch_props(*args, _scratch_slots(n), *rest, out)
     if got < 0:  # more keys than that: room for every one (a key is at least a byte, and a space or its entry's name)
         out = np.empty(n + (int(np.maximum(lengths, 0).sum()) + n) // 2 + 16, np.int32)
         slow[:] = False
         codes[:] = 0
         got, groups = _kernels().dispatch_props(*args, _scratch_slots(n), *rest, out)
-    return Dispatched(group, firsts[:groups], group_hash[:groups], codes, slow, counts, out[:got])
+    return Dispatched(group, firsts[:groups], group_hash[:groups], codes, slow, counts, out[:got], multi)
 
 
 def delay_codes(u8: np.ndarray, rows: np.ndarray, pv: PropValues, store_ts: np.ndarray, delays: np.ndarray,

@@ -140,12 +140,13 @@ def test_scanned_batches_hash_keys_as_the_string_path(name, tmp_path):
     assert keys > 0
 
 
-@pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean", "5.3.3-v2topic", "timer-5.3.3"])
+@pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean", "5.3.3-v2topic", "timer-5.3.3", "lmq-5.3.3"])
 def test_compiled_dispatch_columns_equal_the_one_at_a_time_rules(name):
     """Both compiled forms of dispatch's columns (verify's one pass, and the re-dispatch's scan with its spans) give
     every record of the broker's commitlog the tagsCode and index key hashes of the one-at-a-time rules: properties
-    decoded and parsed, tags_code, index_key_hash of ``topic#key``. These stores hold Chinese keys and tags and
-    delay-level (SCHEDULE_TOPIC_XXXX) records, which the kernels compute themselves."""
+    decoded and parsed, tags_code, index_key_hash of ``topic#key``; and the one pass flags the records carrying both
+    multi-dispatch properties. These stores hold Chinese keys and tags, delay-level (SCHEDULE_TOPIC_XXXX) records,
+    which the kernels compute themselves, and multi-dispatch (LMQ) records."""
     from rmqstore_cli.engine.derived.dispatchcolumns import TopicInterner, dispatch_chunk, dispatch_columns
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.formats import fast
@@ -161,11 +162,11 @@ def test_compiled_dispatch_columns_equal_the_one_at_a_time_rules(name):
         for chunk in st.commitlog.scan(check_crc=False):
             h, u8 = chunk.headers, fast.kernel_view(chunk.buf)
             one = TopicInterner()
-            tids, codes, bad, counts, kh = dispatch_chunk(u8, h, one, delays)
+            tids, codes, bad, counts, kh, multi = dispatch_chunk(u8, h, one, delays)
             two = TopicInterner()
             tids2 = two.intern_chunk(u8, chunk.buf, h)
             codes2, bad2, counts2, kh2 = dispatch_columns(u8, h, tids2, two, delays, details=True)[:4]
-            want_codes, want_bad, want_counts, want_kh = [], [], [], []
+            want_codes, want_bad, want_counts, want_kh, want_multi = [], [], [], [], []
             for i in range(len(h)):
                 ps, pl = int(h.propsStart[i]), int(h.propsLength[i])
                 raw = bytes(u8[ps:ps + pl])
@@ -182,13 +183,15 @@ def test_compiled_dispatch_columns_equal_the_one_at_a_time_rules(name):
                 keys = ([props["UNIQ_KEY"]] if props.get("UNIQ_KEY") else []) + [k for k in props.get("KEYS", "").split(" ") if k]
                 want_counts.append(len(keys))
                 want_kh += [index_key_hash(f"{topic}#{k}") for k in keys]
+                want_multi.append(bool(props.get("INNER_MULTI_DISPATCH")) and bool(props.get("INNER_MULTI_QUEUE_OFFSET")))
+            assert multi.tolist() == want_multi
             for got_codes, got_bad, got_counts, got_kh in ((codes, bad, counts, kh), (codes2, bad2, counts2, kh2)):
                 assert got_bad.tolist() == want_bad
                 assert [c for c, b in zip(got_codes.tolist(), want_bad) if not b] == [c for c, b in zip(want_codes, want_bad) if not b]
                 assert got_counts.tolist() == want_counts
                 assert got_kh.tolist() == want_kh
     print(seen)
-    assert name == "timer-5.3.3" or seen["wide"] > 0
+    assert name in ("timer-5.3.3", "lmq-5.3.3") or seen["wide"] > 0
 
 
 def test_a_delay_that_is_no_number_is_not_dispatched(tmp_path):

@@ -16,7 +16,7 @@ import numpy as np
 
 from rmqstore_cli.formats import propscan
 
-NAMES = propscan.WANTED + ("KEYSX", "K", "CLUSTER", "LONG_NAME_X")
+NAMES = propscan.WANTED + propscan.MULTI_DISPATCH_PROPS + ("KEYSX", "K", "CLUSTER", "LONG_NAME_X")
 
 
 def _spans(raw: bytes, base: int, names) -> dict:
@@ -64,7 +64,7 @@ def _java_hash_bytes(data: bytes, h: int = 0) -> int:
 
 def _random_props(rng: random.Random) -> bytes:
     names = [b"TAGS", b"KEYS", b"KEYSX", b"KEY", b"UNIQ_KEY", b"UNIQ_KE", b"DELAY", b"K", b"CLUSTER", b"LONG_NAME_X",
-             b"LONG_NAME_", b"X", b""]
+             b"LONG_NAME_", b"X", b"", b"INNER_MULTI_DISPATCH", b"INNER_MULTI_QUEUE_OFFSET", b"INNER_MULTI_DISPATCHX"]
     values = [b"", b"a", b"TagA", b"k1 k2", b"  k3   k4 ", b" ", b"\x01", b"a\x01b", b"\xc3\xa9t\xc3\xa9", b"\xff",
               b"0A0000070C3B1B6D3B2E000000000001", b"x" * 7, b"y" * 8, b"z" * 9, b"w" * 15, b"v" * 16, b"u" * 17]
     values += UTF8_VALUES + MALFORMED_UTF8
@@ -169,11 +169,13 @@ def _check_one_pass(buf: bytes, starts: list, lengths: list, topics: list) -> No
     assert d.group.tolist() == want_group
     assert [tbuf[tstarts[f]:tstarts[f] + tlens[f]] for f in d.firsts.tolist()] == list(seen)
     assert d.group_hash.tolist() == [_java_hash_bytes(t) for t in seen]
-    want_slow, want_codes, want_counts, want_keys = [], [], [], []
+    want_slow, want_codes, want_counts, want_keys, want_multi = [], [], [], [], []
     for i, (s, n) in enumerate(zip(starts, lengths)):
         raw = buf[s:s + max(n, 0)]
         t = tbuf[tstarts[i]:tstarts[i] + tlens[i]]
         want = _spans(raw, s, NAMES)
+        multi = _spans(raw, s, propscan.MULTI_DISPATCH_PROPS)
+        want_multi.append(all(a >= 0 for a, _ in multi.values()))
         ds, de = want["DELAY"]
         level = _plain_int(buf[ds:de]) if ds >= 0 else 0
         sched = t == b"SCHEDULE_TOPIC_XXXX" and ds >= 0
@@ -194,6 +196,7 @@ def _check_one_pass(buf: bytes, starts: list, lengths: list, topics: list) -> No
         want_counts.append(len(keys))
         want_keys += [_key_hash(_java_hash_text(t.decode("ascii") + "#" + k.decode())) for k in keys]
     assert d.slow.tolist() == want_slow
+    assert d.multi.tolist() == want_multi
     assert d.codes.tolist() == want_codes
     assert d.counts.tolist() == want_counts
     assert d.key_hashes.tolist() == want_keys

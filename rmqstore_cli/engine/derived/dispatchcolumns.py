@@ -86,13 +86,14 @@ def _delays(delay_table: dict) -> np.ndarray:
 
 
 def dispatch_chunk(u8: np.ndarray, h, interner: TopicInterner, delay_table: dict):
-    """(topic ids, tagsCode, tagsBad, keyCount, keyHashes) of a chunk's records: :meth:`TopicInterner.intern_chunk`
+    """(topic ids, tagsCode, tagsBad, keyCount, keyHashes, multi) of a chunk's records: :meth:`TopicInterner.intern_chunk`
     and :func:`dispatch_columns` in one compiled pass over each record's topic and properties
-    (:func:`formats.propscan.dispatch_hashes`), the same columns."""
+    (:func:`formats.propscan.dispatch_hashes`), the same columns; ``multi``: the records carrying both multi-dispatch
+    properties (only those can have LMQ units, :func:`.lmq.chunk_targets`)."""
     n = len(h)
     if not n:
         return (np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int16),
-                np.zeros(0, np.int32))
+                np.zeros(0, np.int32), np.zeros(0, bool))
     d = propscan.dispatch_hashes(u8, h.propsStart, h.propsLength, h.topicStart, h.topicLength, h.storeTimestamp,
                                  _delays(delay_table))
     fs = h.topicStart[d.firsts]
@@ -100,7 +101,7 @@ def dispatch_chunk(u8: np.ndarray, h, interner: TopicInterner, delay_table: dict
     tags_bad = np.zeros(n, dtype=bool)
     codes, counts, kh = _one_at_a_time(u8, h, tids, interner, delay_table, d.slow, d.codes, tags_bad, d.counts,
                                        d.key_hashes, {})
-    return tids, codes, tags_bad, counts, kh
+    return tids, codes, tags_bad, counts, kh, d.multi
 
 
 def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterner, delay_table: dict, details: bool = False,
@@ -116,7 +117,7 @@ def dispatch_columns(u8: np.ndarray, h, tids: np.ndarray, interner: TopicInterne
     :func:`dispatch_chunk` gives the same columns (and the topic ids) in one pass.
     """
     if not details:
-        _, codes, tags_bad, counts, kh = dispatch_chunk(u8, h, interner, delay_table)
+        _, codes, tags_bad, counts, kh, _ = dispatch_chunk(u8, h, interner, delay_table)
         return codes, tags_bad, counts, kh
     n = len(h)
     tags_bad = np.zeros(n, dtype=bool)

@@ -67,10 +67,13 @@ class _LiveRecords:
         # state then gets -2^62 (every record kept)
         self.keys = np.zeros(0, np.int64)
         self.maxp = np.zeros(0, np.int64)
+        self._interner = None  # verify's topic interner of the segment being walked, and its ids' registry ids
+        self._remap = np.zeros(0, np.int64)
 
-    def __call__(self, seg_start: int, buf, h) -> None:
+    def __call__(self, seg_start: int, buf, h, topics=None) -> None:
+        """``topics``: what verify's walk found for the chunk (verify.commitlog.ChunkTopics), or None."""
         pred = self.pred
-        tid = topic_ids(buf, h, pred.topics)
+        tid = self._topic_ids(buf, h, topics)
         key = (tid << 32) | (h.queueId.astype(np.int64) & 0xFFFFFFFF)
         at = np.searchsorted(self.keys, key)
         if not (at < len(self.keys)).all() or not (self.keys[np.minimum(at, len(self.keys) - 1)] == key).all():
@@ -78,7 +81,7 @@ class _LiveRecords:
             at = np.searchsorted(self.keys, key)
         keep = cq_dispatched(h.sysFlag)
         live = keep & (h.offsets + seg_start + h.totalSize > self.maxp[at])
-        if live.all() or self._multi_dispatched(buf, h, keep, tid):
+        if live.all() or self._multi_dispatched(buf, h, keep, tid, topics):
             pred(seg_start, buf, h)
             return
         sub = h.select(live)
@@ -97,10 +100,29 @@ class _LiveRecords:
         order = np.argsort(keys, kind="stable")
         self.keys, self.maxp = keys[order], np.concatenate([self.maxp, np.asarray(maxp, np.int64)])[order]
 
-    def _multi_dispatched(self, buf, h, keep, tid) -> bool:
+    def _topic_ids(self, buf, h, topics) -> np.ndarray:
+        """The records' topics as ids in the prediction's registry: from verify's topic ids when its walk gives them
+        and every one of its topics is registered already (new topics get their ids from ``topic_ids``, in its
+        order), else grouped here."""
+        registry = self.pred.topics
+        if topics is not None:
+            interner = topics.interner
+            if self._interner is not interner:
+                self._interner, self._remap = interner, np.zeros(0, np.int64)
+            if len(self._remap) < len(interner.ids):
+                names = interner.topics()
+                if all(n in registry for n in names):
+                    self._remap = np.asarray([registry[n] for n in names], np.int64)
+            if len(self._remap) == len(interner.ids):
+                return self._remap[topics.tids]
+        return topic_ids(buf, h, registry)
+
+    def _multi_dispatched(self, buf, h, keep, tid, topics=None) -> bool:
         rule = self.pred.multi_dispatch
         if rule is None or not rule.enabled:
             return False
+        if topics is not None and not topics.multi[keep].any():
+            return False  # no record carries both multi-dispatch properties: no LMQ unit (lmq.chunk_targets)
         if not keep.all():
             h, tid = h.select(keep), tid[keep]
         names = {v: n for n, v in self.pred.topics.items()}
@@ -187,8 +209,9 @@ class WalkAlong:
                 check.report(rep)
             yield rep
 
-    def _chunk(self, i: int, seg, buf, h) -> None:
-        """A chunk of valid records of segment ``i``, as verify's walk decodes it (before the segment's reports)."""
+    def _chunk(self, i: int, seg, buf, h, topics=None) -> None:
+        """A chunk of valid records of segment ``i``, as verify's walk decodes it (before the segment's reports), with
+        what its property pass found (``topics``: verify.commitlog.ChunkTopics)."""
         if not self.ok:
             return
         if seg is not self.segs[i]:
@@ -214,7 +237,7 @@ class WalkAlong:
         else:
             self.tally(seg.start, buf, h)
             if self.live is not None:
-                self.live(seg.start, buf, h)
+                self.live(seg.start, buf, h, topics)
         self.last_end[i] = int(h.offsets[-1]) + int(h.totalSize[-1])
 
     def _segment_end(self, rep) -> None:

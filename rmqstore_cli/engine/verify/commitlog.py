@@ -170,6 +170,17 @@ def _verify_range(r: range, commitlog: CommitLog, check_crc: bool) -> list[Segme
     return verify_segments(commitlog, r, check_crc=check_crc)
 
 
+@dataclass
+class ChunkTopics:
+    """What verify's property pass found for a chunk, handed to a chunk sink: each record's topic id in ``interner``
+    (the segment's :class:`~..derived.dispatchcolumns.TopicInterner`: its ``ids``, topic bytes -> id, grow as the walk
+    goes on) and whether it carries both multi-dispatch properties (``multi``)."""
+
+    tids: np.ndarray
+    interner: object
+    multi: np.ndarray
+
+
 class _Columns:
     """Record columns accumulated chunk by chunk during a segment's walk, cut into windows by offset."""
 
@@ -215,8 +226,9 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
     """Walk segment ``i`` once and yield a report per window (:func:`window_starts`; ``window_bytes=0``: one
     report for the whole segment, numbered ``i``), in order, each as soon as the walk has passed its end.
     Windows are numbered from ``first_window`` (default: the log's numbering, :func:`first_windows`).
-    ``chunk_sink(i, seg, buf, headers)`` also gets each chunk of valid records as the walk decodes it (another
-    pass reading the same records: recover's recovery walk, repair/fusedwalk.py)."""
+    ``chunk_sink(i, seg, buf, headers, topics)`` also gets each chunk of valid records as the walk decodes it (another
+    pass reading the same records: recover's recovery walk, repair/walkalong.py), with what the walk's property pass
+    found (:class:`ChunkTopics`)."""
     seg = commitlog.segments.segments[i]
     cfg = commitlog.config
     starts = window_starts(seg, commitlog.segments.file_size, window_bytes)
@@ -263,9 +275,9 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
         for chunk in view.scan(start_position=pos, check_crc=check_crc, result=res):
             h = chunk.headers
             phy = chunk.phy
+            tids, codes, tags_bad, counts, hashes, multi = dispatch_chunk(u8, h, interner, delay_table)
             if chunk_sink is not None:
-                chunk_sink(i, seg, buf, h)
-            tids, codes, tags_bad, counts, hashes = dispatch_chunk(u8, h, interner, delay_table)
+                chunk_sink(i, seg, buf, h, ChunkTopics(tids, interner, multi))
             acc.add({"phy": phy, "size": h.totalSize, "queueId": h.queueId, "queueOffset": h.queueOffset,
                      "sysFlag": h.sysFlag, "storeTimestamp": h.storeTimestamp, "topic": tids, "tagsCode": codes,
                      "tagsBad": tags_bad, "keyCount": counts}, hashes)
@@ -282,7 +294,7 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
                 for cols, keys in acc.cut(passed):
                     yield window(cols, keys)
                 del cols, keys
-            del chunk, h, phy, tids, codes, tags_bad, counts, hashes
+            del chunk, h, phy, tids, codes, tags_bad, counts, hashes, multi
         stop = res.stop
         rep.blanks += 1 if stop.kind == fast.STOP_BLANK else 0
         p = stop.position
