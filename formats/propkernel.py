@@ -4,12 +4,12 @@ record per loop step.
 ``MessageDecoder.string2messageProperties`` (FORMAT.md §3.2) splits the property string at
 ``\\x02``, each entry at its first ``\\x01``, and a later entry overwrites an earlier one; for the
 names dispatch wants (``TAGS``, ``KEYS``, ``UNIQ_KEY``, ``DELAY``) that is "the last entry that
-starts with ``NAME\\x01`` and has a non-empty value". The hashes are Java's ``String.hashCode``
-over bytes, which equals the UTF-16 one for ASCII; callers send records with any non-ASCII
-property byte to the one-at-a-time rules (:mod:`formats.properties`), and the kernels say which. The
-one-pass dispatch kernel also hashes well-formed UTF-8 over its UTF-16 code units (``_java_hash_utf8``) and
-computes a delay-level record's tagsCode from a plain DELAY, so only malformed property strings, non-ASCII
-topics and DELAY values that are not plain ints go one at a time there.
+starts with ``NAME\\x01`` and has a non-empty value". The hashes are Java's ``String.hashCode``:
+over bytes, eight a step, for ASCII (where it equals the UTF-16 one), and over the UTF-16 code units
+of well-formed UTF-8 otherwise (``_java_hash_utf8``, a byte a step). The kernels say which records
+are left to the one-at-a-time rules (:mod:`formats.properties`): a property string that is not
+well-formed UTF-8 (Java's decoder puts U+FFFD there), a non-ASCII topic, and a delay-level record whose
+DELAY is not a plain int.
 
 Imported only through :mod:`formats.propscan` (lazily, like :mod:`formats.kernel`); compiled once
 per environment and cached.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from .javatext import NOT_PLAIN, _delay_code, _delay_level, _java_hash_utf8, _valid_utf8
 from .kernel import _jit
 from .wordops import ONES, _byte_masks32, _bytes_equal_mask, _load, _low_bit_index, _low_byte_index, _low_bytes, _prefetch, \
     _same_bytes, _word
@@ -325,45 +326,9 @@ def _utf8_tags(u8, rows, starts, lengths, tags_s, tags_e, ok, codes):
 
 # the rows of the wanted names in :func:`_dispatch_props`' scratch (formats.propscan.WANTED's order)
 ROW_TAGS, ROW_KEYS, ROW_UNIQ_KEY, ROW_DELAY, ROW_MULTI, ROW_MULTI_OFFSET = 0, 1, 2, 3, 4, 5
-NOT_PLAIN = -(1 << 40)  # _delay_level: not a plain decimal int (the one-at-a-time rules decide)
 
 
-@numba.njit(inline="always")
-def _delay_level(u8, s, e):
-    """The DELAY value ``u8[s:e]`` as Integer.parseInt reads it when it is a plain one (an optional sign, then 1-10
-    ASCII digits, inside int's range); NOT_PLAIN for anything else (no digits, other characters, Unicode digits,
-    overflow), which the one-at-a-time rules then parse or reject."""
-    j = s
-    neg = False
-    if j < e and (u8[j] == 0x2D or u8[j] == 0x2B):  # '-', '+'
-        neg = u8[j] == 0x2D
-        j += 1
-    if j >= e or e - j > 10:
-        return np.int64(NOT_PLAIN)
-    v = np.int64(0)
-    while j < e:
-        d = np.int64(u8[j]) - 0x30
-        if d < 0 or d > 9:
-            return np.int64(NOT_PLAIN)
-        v = v * 10 + d
-        j += 1
-    if neg:
-        v = -v
-    if v < -(1 << 31) or v > (1 << 31) - 1:
-        return np.int64(NOT_PLAIN)
-    return v
 
-
-@numba.njit(inline="always")
-def _delay_code(code, level, store_ts, delay_ms):
-    """tagsCode of a SCHEDULE_TOPIC_XXXX record with DELAY ``level`` (FORMAT.md §5.2): capped at the table's last
-    level (``delay_ms[1:]``, levels from 1), the delivery time when > 0, else ``code`` (its TAGS hash)."""
-    top = delay_ms.shape[0] - 1
-    if level > top:
-        level = top
-    if level > 0:
-        return store_ts + delay_ms[level]
-    return code
 
 
 def _delay_codes(u8, rows, delay_s, delay_e, store_ts, delay_ms, codes, ok):
@@ -378,83 +343,6 @@ def _delay_codes(u8, rows, delay_s, delay_e, store_ts, delay_ms, codes, ok):
         ok[k] = level != NOT_PLAIN
         if ok[k]:
             codes[r] = _delay_code(codes[r], level, store_ts[r], delay_ms)
-
-
-@numba.njit(inline="never")
-def _utf8_units(u8, j, e):
-    """The code point of the well-formed UTF-8 sequence at ``u8[j:e]`` (its lead byte >= 0x80) and its length; a
-    length of 0 when it is not one (truncated, a bad continuation byte, an overlong form, a surrogate, past
-    U+10FFFF): Java's decoder would put U+FFFD there, which only the one-at-a-time rules reproduce."""
-    b0 = np.int64(u8[j])
-    if b0 < 0xC2 or b0 > 0xF4:
-        return np.int64(0), 0
-    n = 2 if b0 < 0xE0 else 3 if b0 < 0xF0 else 4
-    if j + n > e:
-        return np.int64(0), 0
-    b1 = np.int64(u8[j + 1])
-    lo, hi = 0x80, 0xBF
-    if b0 == 0xE0:
-        lo = 0xA0  # overlong
-    elif b0 == 0xED:
-        hi = 0x9F  # UTF-16 surrogates
-    elif b0 == 0xF0:
-        lo = 0x90  # overlong
-    elif b0 == 0xF4:
-        hi = 0x8F  # past U+10FFFF
-    if b1 < lo or b1 > hi:
-        return np.int64(0), 0
-    if n == 2:
-        return ((b0 & 0x1F) << 6) | (b1 & 0x3F), 2
-    b2 = np.int64(u8[j + 2])
-    if b2 < 0x80 or b2 > 0xBF:
-        return np.int64(0), 0
-    if n == 3:
-        return ((b0 & 0x0F) << 12) | ((b1 & 0x3F) << 6) | (b2 & 0x3F), 3
-    b3 = np.int64(u8[j + 3])
-    if b3 < 0x80 or b3 > 0xBF:
-        return np.int64(0), 0
-    return ((b0 & 0x07) << 18) | ((b1 & 0x3F) << 12) | ((b2 & 0x3F) << 6) | (b3 & 0x3F), 4
-
-
-@numba.njit(inline="never")
-def _valid_utf8(u8, s, e):
-    """Every byte of ``u8[s:e]`` belongs to a well-formed UTF-8 sequence (:func:`_utf8_units`)."""
-    j = s
-    while j < e:
-        if u8[j] < 0x80:
-            j += 1
-            continue
-        _, n = _utf8_units(u8, j, e)
-        if n == 0:
-            return False
-        j += n
-    return True
-
-
-@numba.njit(inline="never")
-def _java_hash_utf8(h, u8, s, e, stop):
-    """Java ``String.hashCode`` continued from ``h`` over the UTF-16 code units of the well-formed UTF-8 bytes
-    ``u8[s:e]`` (:func:`_valid_utf8`), up to the first byte ``stop`` (-1: none; a byte < 0x80 is never inside a
-    sequence), and where it stopped. A code point past U+FFFF is two units (its surrogate pair), as in Java."""
-    x = np.uint64(h)
-    j = s
-    while j < e:
-        b = np.int64(u8[j])
-        if b < 0x80:
-            if b == stop:
-                break
-            x = x * np.uint64(31) + np.uint64(b)
-            j += 1
-            continue
-        cp, n = _utf8_units(u8, j, e)
-        if cp >= 0x10000:
-            c = cp - 0x10000
-            x = x * np.uint64(31) + np.uint64(0xD800 + (c >> 10))
-            x = x * np.uint64(31) + np.uint64(0xDC00 + (c & 0x3FF))
-        else:
-            x = x * np.uint64(31) + np.uint64(cp)
-        j += max(n, 1)
-    return np.uint32(x & np.uint64(0xFFFFFFFF)), j
 
 
 @numba.njit(inline="never")

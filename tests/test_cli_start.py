@@ -111,7 +111,7 @@ def test_with_the_ahead_of_time_kernels_a_start_imports_no_numba(tmp_path, case)
     assert p.returncode == 0, p.stderr[-2000:]
     assert AOT_EXTENSION in mods  # the probe sees a real run, with the extension's kernels
     assert not [m for m in mods if m.split(".")[0] in ("numba", "llvmlite")]
-    assert not {"kernel", "propkernel", "jsonkernel", "wordops", "numbastart"} & _under(mods, "rmqstore_cli.formats")
+    assert not {"kernel", "propkernel", "javatext", "jsonkernel", "wordops", "numbastart"} & _under(mods, "rmqstore_cli.formats")
     assert _under(mods, "rmqstore_cli.formats") & KERNEL_MODULES <= kernels
 
 
@@ -319,7 +319,7 @@ def test_with_the_ahead_of_time_kernels_dledger_verify_imports_no_numba(tmp_path
     assert any("rmqstore_cli.engine.verify.dledger" in mods for mods in runs)  # ...and the DLedger checks
     for mods in runs:
         assert not [m for m in mods if m.split(".")[0] in ("numba", "llvmlite")]
-        assert not {"dledgerkernel", "kernel", "propkernel", "wordops", "numbastart"} & _under(mods, "rmqstore_cli.formats")
+        assert not {"dledgerkernel", "kernel", "propkernel", "javatext", "wordops", "numbastart"} & _under(mods, "rmqstore_cli.formats")
 
 
 def test_with_the_ahead_of_time_kernels_an_index_rebuild_imports_no_numba(tmp_path):
