@@ -259,14 +259,19 @@ def _hash_token(h, u8, j, e):
 
 
 @numba.njit(inline="always")
-def _record_key_hashes(u8, prefix, uniq_s, uniq_e, keys_s, keys_e, out, t):
+def _record_key_hashes(u8, prefix, uniq_s, uniq_e, keys_s, keys_e, out, t, utf8):
     """One record's index key hashes (UNIQ_KEY's value ``u8[uniq_s:uniq_e]`` first, then each non-empty
     space-separated token of KEYS' ``u8[keys_s:keys_e]``; a start of -1: absent) written from ``out[t]`` on;
-    returns where the next record's hashes start, or -1 when ``out`` has no room for them."""
+    returns where the next record's hashes start, or -1 when ``out`` has no room for them. ASCII values are hashed
+    8 bytes a step; with ``utf8``, well-formed UTF-8 values over their UTF-16 code units (:func:`_java_hash_utf8`)."""
     if uniq_s >= 0:
         if t >= out.shape[0]:
             return -1
-        out[t] = _key_hash_of(_java_hash(prefix, u8, uniq_s, uniq_e))
+        if utf8:
+            h0 = _java_hash_utf8(prefix, u8, uniq_s, uniq_e, -1)[0]
+        else:
+            h0 = _java_hash(prefix, u8, uniq_s, uniq_e)
+        out[t] = _key_hash_of(h0)
         t += 1
     if keys_s >= 0:
         j = keys_s
@@ -278,7 +283,10 @@ def _record_key_hashes(u8, prefix, uniq_s, uniq_e, keys_s, keys_e, out, t):
                 break
             if t >= out.shape[0]:
                 return -1
-            h, j = _hash_token(prefix, u8, j, e)
+            if utf8:
+                h, j = _java_hash_utf8(prefix, u8, j, e, SPACE)
+            else:
+                h, j = _hash_token(prefix, u8, j, e)
             out[t] = _key_hash_of(h)
             t += 1
     return t
@@ -300,10 +308,8 @@ def _key_hashes(u8, use, ascii_ok, prefix, uniq_s, uniq_e, keys_s, keys_e, count
                 _prefetch(u8, keys_s[i + AHEAD])
         if not use[i]:
             continue
-        if ascii_ok[i]:
-            u = _record_key_hashes(u8, np.uint32(prefix[i]), uniq_s[i], uniq_e[i], keys_s[i], keys_e[i], out, t)
-        else:
-            u = _record_key_hashes_utf8(u8, np.uint32(prefix[i]), uniq_s[i], uniq_e[i], keys_s[i], keys_e[i], out, t)
+        u = _record_key_hashes(u8, np.uint32(prefix[i]), uniq_s[i], uniq_e[i], keys_s[i], keys_e[i], out, t,
+                               not ascii_ok[i])
         if u < 0:
             return -1
         counts[i] = u - t
@@ -343,30 +349,6 @@ def _delay_codes(u8, rows, delay_s, delay_e, store_ts, delay_ms, codes, ok):
         ok[k] = level != NOT_PLAIN
         if ok[k]:
             codes[r] = _delay_code(codes[r], level, store_ts[r], delay_ms)
-
-
-@numba.njit(inline="never")
-def _record_key_hashes_utf8(u8, prefix, uniq_s, uniq_e, keys_s, keys_e, out, t):
-    """:func:`_record_key_hashes` over well-formed UTF-8 values (:func:`_java_hash_utf8`)."""
-    if uniq_s >= 0:
-        if t >= out.shape[0]:
-            return -1
-        out[t] = _key_hash_of(_java_hash_utf8(prefix, u8, uniq_s, uniq_e, -1)[0])
-        t += 1
-    if keys_s >= 0:
-        j = keys_s
-        e = keys_e
-        while j < e:
-            while j < e and u8[j] == SPACE:
-                j += 1
-            if j >= e:
-                break
-            if t >= out.shape[0]:
-                return -1
-            h, j = _java_hash_utf8(prefix, u8, j, e, SPACE)
-            out[t] = _key_hash_of(h)
-            t += 1
-    return t
 
 
 @numba.njit(inline="always")
@@ -440,12 +422,12 @@ def _dispatch_props(u8, starts, lengths, tstarts, tlengths, sched_topic, pat_wor
             if vs[ROW_TAGS, 0] >= 0:
                 codes[i] = np.int64(np.int32(_java_hash(np.uint32(0), u8, vs[ROW_TAGS, 0], ve[ROW_TAGS, 0])))
             u = _record_key_hashes(u8, group_prefix[g], vs[ROW_UNIQ_KEY, 0], ve[ROW_UNIQ_KEY, 0],
-                                   vs[ROW_KEYS, 0], ve[ROW_KEYS, 0], out, t)
+                                   vs[ROW_KEYS, 0], ve[ROW_KEYS, 0], out, t, False)
         else:  # non-ASCII, well-formed: hashed over its UTF-16 code units, as Java decodes it
             if vs[ROW_TAGS, 0] >= 0:
                 codes[i] = np.int64(np.int32(_java_hash_utf8(np.uint32(0), u8, vs[ROW_TAGS, 0], ve[ROW_TAGS, 0], -1)[0]))
-            u = _record_key_hashes_utf8(u8, group_prefix[g], vs[ROW_UNIQ_KEY, 0], ve[ROW_UNIQ_KEY, 0],
-                                        vs[ROW_KEYS, 0], ve[ROW_KEYS, 0], out, t)
+            u = _record_key_hashes(u8, group_prefix[g], vs[ROW_UNIQ_KEY, 0], ve[ROW_UNIQ_KEY, 0],
+                                   vs[ROW_KEYS, 0], ve[ROW_KEYS, 0], out, t, True)
         if sched:
             codes[i] = _delay_code(codes[i], level, store_ts[i], delay_ms)
         if u < 0:
