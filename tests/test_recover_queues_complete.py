@@ -1,7 +1,8 @@
 """recover's re-dispatch when the plan proves no consume-queue unit is missing (apply.run_dispatch's
 ``queues_complete``: the queues are not opened and their units are counted as skipped) leaves every file, the
 printed plan and steps, the JSON ``applied`` line (cqSkipped included) and the exit code exactly as the full
-re-dispatch (every queue read and every unit put and skipped) does: on broker-written stores turned into crash
+re-dispatch (every queue read and every unit put and skipped) does, in one process and with ``-j 2`` (whose
+workers then make no queue plan): on broker-written stores turned into crash
 copies (abort present, checkpoint zeroed), with some queues' last files cut short (units ARE missing: the full
 path must run) and with seeded damage in the queues (the seed is printed)."""
 
@@ -58,7 +59,7 @@ def crash_copy(name: str, dest, variant: str, rng: random.Random):
     return root
 
 
-def recover(root, backup, monkeypatch, force_full: bool):
+def recover(root, backup, monkeypatch, force_full: bool, jobs: int = 1):
     seen = {"complete": [], "writers": 0}
     real_run, real_init = apply_mod.run_dispatch, cqwriter.ConsumeQueueWriter.__init__
 
@@ -75,14 +76,15 @@ def recover(root, backup, monkeypatch, force_full: bool):
     with monkeypatch.context() as m:
         m.setattr(apply_mod, "run_dispatch", run_dispatch)
         m.setattr(cqwriter.ConsumeQueueWriter, "__init__", init)
-        r = runner.invoke(app, ["recover", str(root), "--json", "--backup-dir", str(backup)])
+        r = runner.invoke(app, ["recover", str(root), "--json", "--backup-dir", str(backup), "-j", str(jobs)])
     lines = [{k: v for k, v in o.items() if k != "backup"} for o in json_lines(r.stdout)]
     return r.exit_code, lines, tree_bytes(Path(root)), seen
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
 @pytest.mark.parametrize("variant", ["crash", "cut", "damage"])
 @pytest.mark.parametrize("name", STORE_NAMES)
-def test_skipping_complete_queues_changes_nothing(name, variant, tmp_path, monkeypatch):
+def test_skipping_complete_queues_changes_nothing(name, variant, jobs, tmp_path, monkeypatch):
     if not (STORES / name / "store").is_dir():
         pytest.fail(f"broker-written store {name} missing under {STORES}")
     print(f"seed {SEED} (RMQSTORE_QUEUES_COMPLETE_SEED)")
@@ -90,12 +92,12 @@ def test_skipping_complete_queues_changes_nothing(name, variant, tmp_path, monke
     root = tmp_path / "store"
     crash_copy(name, root, variant, random.Random(SEED))
     before = tree_bytes(Path(root))
-    code_f, out_f, files_f, seen_f = recover(root, tmp_path / "bak", monkeypatch, force_full=False)
+    code_f, out_f, files_f, seen_f = recover(root, tmp_path / "bak", monkeypatch, force_full=False, jobs=jobs)
     root.rename(tmp_path / "fast")
     (tmp_path / "bak").rename(tmp_path / "bak-fast")
     crash_copy(name, root, variant, random.Random(SEED))
     assert tree_bytes(Path(root)) == before
-    code_r, out_r, files_r, seen_r = recover(root, tmp_path / "bak", monkeypatch, force_full=True)
+    code_r, out_r, files_r, seen_r = recover(root, tmp_path / "bak", monkeypatch, force_full=True, jobs=jobs)
     assert code_f == code_r
     assert out_f == out_r
     assert files_f == files_r

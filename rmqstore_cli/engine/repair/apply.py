@@ -195,7 +195,8 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
     ``queues_complete``: the plan predicted no new consume-queue unit (a crash copy whose queues hold every
     record), so the serial dispatch writes only index entries and the checkpoint and does not read every queue to
     skip the units it holds (Dispatcher.queues_complete; not with ext units or batch queues, whose writers it
-    would still open)."""
+    would still open). With ``jobs`` > 1 the workers then make no queue plan (no grouping, pruning or sending of
+    units that are all skipped)."""
     from ..derived.dispatch import Dispatcher
     from ..store import Store
 
@@ -240,7 +241,8 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
         d = PruningDispatcher(root, st.config, index_namer=index_namer, repair=True)
     else:
         d = Dispatcher(root, st.config, index_namer=index_namer, repair=True)
-        d.queues_complete = queues_complete and not st.config.enableConsumeQueueExt and not d.batch_topics
+    # set before any worker is forked: they then make no queue plan at all (nothing to group, prune or send)
+    d.queues_complete = queues_complete and not st.config.enableConsumeQueueExt and not d.batch_topics
     if index_after is not None:
         d.index_continues_after(*index_after)
     from .rebuild import DispatchWriteback
@@ -253,7 +255,8 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
             from .dispatchjobs import skipped_units
             from .rebuild import parallel_requests
 
-            d.prepare_pruning(start, end)  # the workers leave out the units the queues hold (dispatchjobs.py)
+            if not d.queues_complete:
+                d.prepare_pruning(start, end)  # the workers leave out the units the queues hold (dispatchjobs.py)
 
             def handle(batch):
                 d.queues_known()
