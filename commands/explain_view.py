@@ -152,12 +152,12 @@ def startup_lines(cost: dict) -> list[str]:
     return lines
 
 
-def print_next_start(out: Output, root: str, version: int, before: dict | None) -> None:
+def print_next_start(out: Output, root: str, version: int, before: dict | None, jobs: int = 1) -> None:
     """After an applied repair: what the broker's next start reads now, beside what it would have read."""
     from rmqstore_cli.engine.repair.next_start import next_start_after_repair
 
     try:
-        after = next_start_after_repair(root, version)
+        after = next_start_after_repair(root, version, jobs=jobs)
     except Exception as e:  # noqa: BLE001 - the repair is done; this is information only
         stderr.print(f"rmqstore: could not cost the next start: {e}", markup=False, highlight=False)
         return

@@ -166,7 +166,7 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
     if not plan.commitlog.get("dledger"):
         from .explain_view import print_next_start
 
-        print_next_start(out, root, plan.version, plan.startup_cost)  # what the broker's next start reads now
+        print_next_start(out, root, plan.version, plan.startup_cost, jobs)  # what the broker's next start reads now
     return code
 
 

@@ -8,9 +8,10 @@ from .recovery import plan_recovery
 from .startup import startup_cost
 
 
-def next_start_after_repair(root: str, version: int, rate_mbps: float | None = None) -> dict:
-    """Open the repaired store afresh and cost the broker's next start on it."""
+def next_start_after_repair(root: str, version: int, rate_mbps: float | None = None, jobs: int = 1) -> dict:
+    """Open the repaired store afresh and cost the broker's next start on it; ``jobs`` > 1: the broker's walk (the
+    last files of a normal start, CRC checked) by that many processes (recoveryjobs.py), the same cost."""
     st = Store.open(root, overrides={"version": version})
     with st:
-        plan = plan_recovery(st, version, broker_only=True)  # what the broker reads: its own steps suffice
+        plan = plan_recovery(st, version, broker_only=True, jobs=jobs)  # what the broker reads: its own steps suffice
         return plan.startup_cost if rate_mbps is None else startup_cost(st, plan, rate_mbps)
