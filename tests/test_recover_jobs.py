@@ -47,7 +47,7 @@ def used(monkeypatch):
     # small chunks and hand-overs: a worker pauses its walk and resumes it many times in each segment
     monkeypatch.setattr(recoveryjobs, "CHUNK", 7)
     monkeypatch.setattr(recoveryjobs, "HAND_OVER", 10)
-    seen = {"walk": 0, "derived": 0, "dispatch": 0, "fed": 0, "pruned": 0}
+    seen = {"walk": 0, "derived": 0, "dispatch": 0, "fed": 0, "pruned": 0, "along": 0}
 
     real_walk = recoveryjobs.broker_walk_jobs
     real_check = derived_windows.WindowedCheck.run_parallel
@@ -72,6 +72,26 @@ def used(monkeypatch):
         return got
 
     monkeypatch.setattr(derived_windows.FedByVerify, "verdicts", fed)
+    from rmqstore_cli.engine.repair import walkalongjobs
+
+    real_along, real_holds = walkalongjobs.WalkAlongJobs.run, walkalongjobs.WalkAlongJobs.check_holds
+
+    def along(self):
+        stop = real_along(self)
+        if stop is not None:  # the broker's walk read off verify's workers' walk (walkalongjobs.py)
+            seen["walk"] += 1
+            seen["along"] += 1
+        return stop
+
+    def holds(self):
+        got = real_holds(self)
+        if got:  # the derived check answered from the same walk
+            seen["fed"] += 1
+            seen["derived"] += 1
+        return got
+
+    monkeypatch.setattr(walkalongjobs.WalkAlongJobs, "run", along)
+    monkeypatch.setattr(walkalongjobs.WalkAlongJobs, "check_holds", holds)
     from rmqstore_cli.engine.repair import dispatchjobs
 
     real_skipped = dispatchjobs.skipped_units

@@ -13,7 +13,7 @@ import struct
 
 import pytest
 
-from rmqstore_cli.engine.repair import recovery, walkalong
+from rmqstore_cli.engine.repair import recovery, walkalong, walkalongjobs
 from rmqstore_cli.engine.repair.recovery import plan_recovery
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.formats.records import MAGIC_BLANK
@@ -25,9 +25,11 @@ PLANNED = [n for n in STORE_NAMES + ["batchcq-5.3.3", "lmq-5.3.3", "timer-5.3.3"
            if (STORES / n / "store" / "commitlog").is_dir()]
 
 
-def _plans(root, version: int, answered: list | None = None) -> tuple:
-    """(plan and verify findings walked along, the same with the separate walks)."""
-    real = walkalong.WalkAlong.run
+def _plans(root, version: int, answered: list | None = None, jobs: int = 1) -> tuple:
+    """(plan and verify findings walked along, the same with the separate walks); ``jobs`` > 1: both with ``-j``
+    (walkalongjobs.py against recoveryjobs.py's walk and verify -j feeding the derived check)."""
+    cls = walkalongjobs.WalkAlongJobs if jobs > 1 else walkalong.WalkAlong
+    real = cls.run
 
     def run(self):
         stop = real(self)
@@ -38,11 +40,11 @@ def _plans(root, version: int, answered: list | None = None) -> tuple:
     out = []
     with Store.open(str(root), overrides={"version": version}) as st:
         for along in (True, False):
-            walkalong.WalkAlong.run = run
+            cls.run = run
             try:
-                plan = plan_recovery(st, version, with_verify=True, walk_along=along)
+                plan = plan_recovery(st, version, with_verify=True, walk_along=along, jobs=jobs)
             finally:
-                walkalong.WalkAlong.run = real
+                cls.run = real
             out.append((plan.as_json(), [f.as_json() for f in plan.verify_findings]))
     return out[0], out[1]
 
@@ -66,18 +68,22 @@ def _crash(root, how: str) -> None:
                     f.write(bytes(size - size // 40 * 20))
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
 @pytest.mark.parametrize("name", PLANNED)
-def test_walk_along_plans_like_separate_walks_on_broker_stores(store_copy, name):
+def test_walk_along_plans_like_separate_walks_on_broker_stores(store_copy, name, jobs):
     answered = []
     for crash in ("none", "abort", "zeroed", "short"):
         root = store_copy(name, f"{name}-{crash}")
         _crash(root, crash)
         for version in (4, 5):
-            along, separate = _plans(root, version, answered)
+            along, separate = _plans(root, version, answered, jobs)
             assert along[0] == separate[0], f"{name} ({crash}, broker {version}): plans differ"
             assert along[1] == separate[1], f"{name} ({crash}, broker {version}): findings differ"
     # the walk along stands for the broker's walk somewhere on every store but a batch one (its dispatch prediction
     # needs the records' bytes per batch: the separate walk); never on 5.x stores whose magic v2 records end 4.9's walk
+    if jobs > 1 and len(os.listdir(STORES / name / "store" / "commitlog")) < 2:
+        assert not any(answered), (name, answered)  # -j walks whole segments: one segment, one process
+        return
     assert any(answered) != name.startswith("batchcq"), (name, answered)
 
 
@@ -99,6 +105,29 @@ def test_walk_along_reads_the_crash_copy_once(store_copy, monkeypatch):
         assert plan.commitlog["stopKind"] in ("zero", "blank"), plan.commitlog
         assert plan.commitlog["walkedRecords"] > 0
         assert not separate and not again, (name, separate, again)
+
+
+def test_walk_along_jobs_reads_the_crash_copy_once(store_copy, monkeypatch):
+    """The same with ``-j 2``: verify's workers walk the log once for verify, the broker's walk and the derived
+    check (no walk of recoveryjobs.py's, no windowed_verdicts walk), and the plan is the one-process plan."""
+    from rmqstore_cli.engine.repair import derived_plan, recoveryjobs
+
+    separate, again = [], []
+    real_walk, real_again = recoveryjobs.broker_walk_jobs, derived_plan.windowed_verdicts
+    monkeypatch.setattr(recoveryjobs, "broker_walk_jobs", lambda *a, **k: separate.append(a[3]) or real_walk(*a, **k))
+    monkeypatch.setattr(derived_plan, "windowed_verdicts", lambda p: again.append(1) or real_again(p))
+    for name in ("4.9.3-clean", "5.3.3-clean"):
+        root = store_copy(name)
+        _crash(root, "zeroed")
+        version = 4 if name.startswith("4") else 5
+        with Store.open(str(root)) as st:
+            plan = plan_recovery(st, version, with_verify=True, jobs=2)
+            one = plan_recovery(st, version, with_verify=True)
+        assert plan.commitlog["stopKind"] in ("zero", "blank"), plan.commitlog
+        assert plan.commitlog["walkedRecords"] > 0
+        assert not separate and not again, (name, separate, again)
+        assert plan.as_json() == one.as_json()
+        assert [f.as_json() for f in plan.verify_findings] == [f.as_json() for f in one.verify_findings]
 
 
 def _records(root) -> list:
@@ -143,7 +172,8 @@ def _damage(rng: random.Random, root, kind: str) -> str:
 KINDS = ("crc", "torn", "zeros", "blank", "magic", "size")
 
 
-def test_walk_along_plans_like_separate_walks_on_seeded_damage(store_copy):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_walk_along_plans_like_separate_walks_on_seeded_damage(store_copy, jobs):
     print("seed", SEED)
     rng = random.Random(SEED)
     answered = []
@@ -154,7 +184,7 @@ def test_walk_along_plans_like_separate_walks_on_seeded_damage(store_copy):
         crash = rng.choice(["none", "abort", "zeroed", "short"])
         _crash(root, crash)
         for version in (4, 5):
-            along, separate = _plans(root, version, answered)
+            along, separate = _plans(root, version, answered, jobs)
             where = f"seed {SEED} case {i}: {name}, {'; '.join(what)}, crash {crash}, broker {version}"
             assert along[0] == separate[0], f"{where}: plans differ"
             assert along[1] == separate[1], f"{where}: findings differ"

@@ -82,6 +82,11 @@ def _verify_along(planner) -> dict | None:
     from .derived_windows import WindowedCheck
 
     store = planner.store
+    along = getattr(planner, "walk_along", None)
+    if along is not None:  # verify ran in the broker's walk of the log (walkalong.py, walkalongjobs.py), feeding the check
+        if not planner.cl_kept:
+            return None
+        return along.check.finish() if along.check_holds() else windowed_verdicts(planner)
     if planner.jobs > 1:
         # -j: verify's workers also run the derived check on each segment they walk (one walk for both, as below)
         from ..verify.pipeline import verify_store_jobs
@@ -94,11 +99,6 @@ def _verify_along(planner) -> dict | None:
             return None
         found = fed.verdicts() if fed is not None else None
         return found if found is not None else windowed_verdicts(planner)
-    along = getattr(planner, "walk_along", None)
-    if along is not None:  # verify ran in the broker's walk of the log (walkalong.py), feeding the check
-        if not planner.cl_kept:
-            return None
-        return along.check.finish() if along.check_holds() else windowed_verdicts(planner)
     check = WindowedCheck.start(planner) if planner.cl_kept else None
 
     def reports():

@@ -26,7 +26,7 @@ from ..store import Store
 from .batchrecovery import (batch_dispatch_starts, batch_max_physic, batch_queue_state,
                             check_batch_queues, load_batch_queues, recover_batch_queues, truncate_batch_queues)
 from .derived_plan import check_derived, dispatch_starts, queue_repairs
-from .walkalong import WalkAlong, walk_sinks, walks_along
+from .walkalong import WalkAlong, walk_sinks, walks_along, walks_along_jobs
 from .extplan import cut_exts_to_queues, recover_ext
 from .indexplan import index_after_crash, index_past_end, load_index
 from .plan import Action, QueueState, RecoveryPlan, cut_files, store_fingerprint
@@ -223,8 +223,14 @@ class Planner:
         segs = self.cl_segments
         start, why = self._start_index(cp, self.max_cq) if segs else (0, "no commitlog files")
         stop = None
+        along = None
         if walks_along(self):  # the broker's walk read off verify's walk of the log (walkalong.py), when it can say
             along = WalkAlong(self, start)
+        elif walks_along_jobs(self):  # the same off verify -j's walk (walkalongjobs.py)
+            from .walkalongjobs import WalkAlongJobs
+
+            along = WalkAlongJobs(self, start)
+        if along is not None:
             stop = along.run()
             tally, self.walk_first = along.tally, along.walk_first
         if stop is None:

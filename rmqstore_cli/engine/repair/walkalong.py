@@ -130,13 +130,25 @@ class _LiveRecords:
 
 
 def walks_along(planner) -> bool:
-    """Whether the plan's walks can be one (see the module doc); else the planner walks as before."""
+    """Whether the plan's walks can be one in this process (see the module doc); else the planner walks as before."""
+    return planner.jobs <= 1 and _can_walk_along(planner)
+
+
+def walks_along_jobs(planner) -> bool:
+    """Whether the plan's walks can be one ``-j`` walk (walkalongjobs.py: verify's workers run the window checks)."""
+    from ..verify.pipeline import parallel_checks
+
+    return (planner.jobs > 1 and len(planner.cl_segments) > 1 and parallel_checks(planner.store, planner.jobs)
+            and _can_walk_along(planner))
+
+
+def _can_walk_along(planner) -> bool:
     st, cfg = planner.store, planner.cfg
     if not planner.walk_along_allowed:
         return False
     segs = planner.cl_segments
     cl = st.commitlog.segments
-    return (getattr(planner, "verify_along", False) and not planner.broker_only and planner.jobs <= 1
+    return (getattr(planner, "verify_along", False) and not planner.broker_only
             and planner.cut_at is None and bool(segs) and not getattr(st, "is_dledger", False)
             and st.rocksdb is None and not cl.problems
             and len(segs) == len(cl.segments) and all(a is b for a, b in zip(segs, cl.segments))

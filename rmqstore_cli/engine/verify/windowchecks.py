@@ -71,8 +71,9 @@ class WindowChecks:
 
         ``extra`` (with ``jobs`` > 1): more work for the workers in the same walk, so the log is not walked again
         for it: in a worker ``extra.window(rep)`` gets each window report before the checks consume its columns
-        (it must not consume them) and ``extra.segment_result(i)`` (picklable) ends segment ``i``; this process
-        gets those in log order as ``extra.merge(i, result)``."""
+        (it must not consume them), ``extra.chunk`` (if it has one) each chunk of valid records as the walk decodes
+        them (iter_segment_windows' ``chunk_sink``), and ``extra.segment_result(i)`` (picklable) ends segment ``i``;
+        this process gets those in log order as ``extra.merge(i, result)``."""
         self.extra = extra
         cl = self.cl = store.commitlog
         self.store, self.check_crc, self.findings = store, check_crc, findings
@@ -275,7 +276,8 @@ _WALK_AHEAD = 3  # windows a worker walks before it waits for the shared file ch
 
 def _segment_checks(i: int, checks: WindowChecks, firsts: list):
     pending: list = []  # windows walked while the shared file checks were on their way
-    for rep in iter_segment_windows(checks.cl, i, check_crc=checks.check_crc, first_window=firsts[i]):
+    for rep in iter_segment_windows(checks.cl, i, check_crc=checks.check_crc, first_window=firsts[i],
+                                    chunk_sink=getattr(checks.extra, "chunk", None)):
         if checks.extra is not None:
             checks.extra.window(rep)
         if not checks.enter_worker(wait=len(pending) >= _WALK_AHEAD):
