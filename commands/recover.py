@@ -178,6 +178,10 @@ def _plan_again(replan, out: Output, command: str, root: str, backup, json_: boo
     st, plan = replan()
     try:
         print_plan(out, plan, f"{command} {root} (planned again)")
+        if plan.data_loss or not plan.actions:
+            from rmqstore_cli.engine.repair.dispatchspill import discard
+
+            discard(plan)  # not applied
         if plan.data_loss and not plan.keep_valid_after:
             stderr.print("rmqstore: not applied: the plan loses data (see DATA LOSS above); run `rmqstore salvage` "
                          "first, or pass --keep-valid-after", markup=False)
@@ -303,7 +307,7 @@ def recover(
         from rmqstore_cli.engine.repair.recovery import plan_recovery
 
         plan = plan_recovery(st, geometry.broker_version, keep_valid_after=not stop_at_first_error, with_verify=True,
-                             jobs=jobs)
+                             jobs=jobs, spill_dispatch=not dry_run)
         assess(st, plan, jobs)
         return st, plan
 
@@ -311,6 +315,16 @@ def recover(
     out = Output(json_)
     guard_lock(st, force, yes)
     st, plan = make_plan(st)
+    try:
+        _print_and_apply(st, plan, out, dry_run, stop_at_first_error, backup_dir, force, json_, jobs, make_plan)
+    finally:
+        from rmqstore_cli.engine.repair.dispatchspill import discard
+
+        discard(plan)  # the re-dispatch's columns the plan's walk kept (removed by the apply when it read them)
+
+
+def _print_and_apply(st, plan, out, dry_run: bool, stop_at_first_error: bool, backup_dir, force: bool, json_: bool,
+                     jobs: int, make_plan) -> None:
     print_plan(out, plan, f"recover {st.root}")
     if not st.is_dledger:
         from .offsets_cmd import plan_impact, print_consumer_impact

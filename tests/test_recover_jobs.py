@@ -47,7 +47,7 @@ def used(monkeypatch):
     # small chunks and hand-overs: a worker pauses its walk and resumes it many times in each segment
     monkeypatch.setattr(recoveryjobs, "CHUNK", 7)
     monkeypatch.setattr(recoveryjobs, "HAND_OVER", 10)
-    seen = {"walk": 0, "derived": 0, "dispatch": 0, "fed": 0, "pruned": 0, "along": 0}
+    seen = {"walk": 0, "derived": 0, "dispatch": 0, "fed": 0, "pruned": 0, "along": 0, "spilled": 0}
 
     real_walk = recoveryjobs.broker_walk_jobs
     real_check = derived_windows.WindowedCheck.run_parallel
@@ -90,6 +90,16 @@ def used(monkeypatch):
             seen["derived"] += 1
         return got
 
+    from rmqstore_cli.engine.repair import dispatchspill
+
+    real_batches = dispatchspill.DispatchSpill.batches
+
+    def batches(self, seg_start):
+        seen["dispatch"] += 1  # the re-dispatch read the columns verify's workers kept (no walk of its own)
+        seen["spilled"] += 1
+        return real_batches(self, seg_start)
+
+    monkeypatch.setattr(dispatchspill.DispatchSpill, "batches", batches)
     monkeypatch.setattr(walkalongjobs.WalkAlongJobs, "run", along)
     monkeypatch.setattr(walkalongjobs.WalkAlongJobs, "check_holds", holds)
     from rmqstore_cli.engine.repair import dispatchjobs

@@ -125,7 +125,8 @@ def _apply_plan(plan: RecoveryPlan, store_root: str, config, backup: Backup, *, 
                                     plan.dispatch.get("queuesGaining", {}),
                                     index_namer or reused_names(dispatch.extra.get("indexNames") or []),
                                     index_after=dispatch.extra.get("indexAfter"), jobs=jobs,
-                                    queues_complete=plan.dispatch.get("newConsumeQueueUnits") == 0)
+                                    queues_complete=plan.dispatch.get("newConsumeQueueUnits") == 0,
+                                    spill=getattr(plan, "dispatch_spill", None))
         res.steps.append(f"dispatched {res.dispatch['records']} records: {res.dispatch['cqUnits']} consume-queue units, "
                          f"{res.dispatch['indexEntries']} index entries")
     if any(a.kind == "timer" for a in plan.actions):
@@ -185,7 +186,7 @@ def _index_msg_timestamp(root: str) -> int | None:
 
 
 def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gaining: dict, index_namer,
-                 index_after: tuple | None = None, jobs: int = 1, queues_complete: bool = False) -> dict:
+                 index_after: tuple | None = None, jobs: int = 1, queues_complete: bool = False, spill=None) -> dict:
     """Re-dispatch [start, end) with the Dispatcher; every file it may change is saved first.
 
     ``jobs`` > 1 and [start, end) beginning in the first segment (a crash's whole-log re-dispatch): forked
@@ -196,7 +197,10 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
     record), so the serial dispatch writes only index entries and the checkpoint and does not read every queue to
     skip the units it holds (Dispatcher.queues_complete; not with ext units or batch queues, whose writers it
     would still open). With ``jobs`` > 1 the workers then make no queue plan (no grouping, pruning or sending of
-    units that are all skipped)."""
+    units that are all skipped).
+
+    ``spill``: the records' dispatch columns the plan's walk kept (dispatchspill.DispatchSpill); when they cover
+    the dispatched segments the re-dispatch reads them instead of walking the log again (same batches, same files)."""
     from ..derived.dispatch import Dispatcher
     from ..store import Store
 
@@ -234,7 +238,10 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
     for k, s in enumerate(segs):
         if s.start <= start:
             start_index = k
-    parallel = jobs > 1 and start_index == 0 and len(segs) > 1
+    spilled = (spill is not None and not st.batch_topics() and not st.config.enableConsumeQueueExt
+               and st.config.maxIndexNum >= 2 and _same_delays(spill.delay_table, st.config.delay_table)
+               and spill.covers([s.start for s in segs[start_index:] if s.start < end]))
+    parallel = not spilled and jobs > 1 and start_index == 0 and len(segs) > 1
     if parallel:
         from .dispatchjobs import PruningDispatcher
 
@@ -268,6 +275,14 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
             # the records' strings travel only for the one-key-at-a-time index writer (as rebuild -j sends them):
             # the bulk dispatch reads the workers' topic ids and index key hashes
             parallel_requests(st, d, jobs, handle, strings=d.config.maxIndexNum < 2)
+        elif spilled:
+            for seg in segs[start_index:]:
+                if seg.start >= end:
+                    break
+                for batch in spill.batches(seg.start):
+                    batch = _inside(batch, start, end)
+                    d.dispatch_many(batch)
+                    writeback.after(batch)
         else:
             for chunk in st.commitlog.scan(start_index=start_index, check_crc=False):
                 batch = _inside(d.requests_from_chunk(chunk), start, end)
@@ -279,10 +294,16 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
     finally:
         d.close(flush=False)
         st.close()
+        if spill is not None:
+            spill.remove()
     s = d.stats
     backup.mark("dispatch-end", records=s.records, cqUnits=s.cq_units, indexEntries=s.index_entries)
     return {"records": s.records, "cqUnits": s.cq_units, "cqSkipped": s.cq_skipped, "extUnits": s.ext_units,
             "indexEntries": s.index_entries, "problems": [p.as_json() for p in d.problems]}
+
+
+def _same_delays(a, b) -> bool:
+    return a is not None and a == b
 
 
 def _inside(batch, start: int, end: int):

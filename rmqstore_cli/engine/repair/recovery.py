@@ -442,7 +442,7 @@ class Planner:
 
 def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after: bool = False,
                   broker_only: bool = False, with_verify: bool = False, jobs: int = 1,
-                  walk_along: bool = True) -> RecoveryPlan:
+                  walk_along: bool = True, spill_dispatch: bool = False) -> RecoveryPlan:
     """The broker's next start, as a plan (nothing is changed).
 
     ``broker_only``: the broker's own steps only, without our checks of every consume queue and index
@@ -452,7 +452,10 @@ def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after:
     findings are ``plan.verify_findings`` (for ``outcome.assess_plan``), else None.
     ``jobs`` > 1: the walks of the log (the broker's, the derived-file check's, verify's) in that many
     processes, whole segments each (recoveryjobs.py); the same plan. ``walk_along=False``: with ``with_verify``,
-    the broker's walk walks on its own even where verify's walk could stand for it (walkalong.py; same plan)."""
+    the broker's walk walks on its own even where verify's walk could stand for it (walkalong.py; same plan).
+    ``spill_dispatch`` (the plan is going to be applied): the walk along also keeps the records' dispatch columns
+    on disk for the apply's re-dispatch (dispatchspill.py), as ``plan.dispatch_spill`` when they stand for its
+    scan, else None."""
     from .startup import startup_cost
 
     v = version or store.config.version
@@ -460,7 +463,24 @@ def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after:
     planner = Planner(store, v, keep_valid_after=keep_valid_after, broker_only=broker_only, jobs=jobs,
                       walk_along=walk_along)
     planner.verify_along = with_verify and not broker_only
-    plan = planner.run()
+    spill = None
+    if spill_dispatch and planner.verify_along and store.abort_exists:  # a crash: the walked records are re-dispatched
+        from .dispatchspill import DispatchSpill
+
+        spill = DispatchSpill.create(store.root, sum(s.size for s in store.commitlog.segments.segments))
+        if spill is not None:
+            spill.delay_table = store.commitlog.config.delay_table  # what verify's tagsCode of delay records used
+    planner.dispatch_spill = spill
+    try:
+        plan = planner.run()
+    except BaseException:
+        if spill is not None:
+            spill.remove()
+        raise
+    if spill is not None and not spill.usable:
+        spill.remove()
+        spill = None
+    plan.dispatch_spill = spill
     plan.verify_findings = getattr(planner, "verify_findings", None)
     plan.fingerprint = fingerprint
     plan.startup_cost = startup_cost(store, plan)

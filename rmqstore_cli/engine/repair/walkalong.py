@@ -185,6 +185,7 @@ class WalkAlong:
         self.snapshot = None
         self.stop: WalkStop | None = None
         self.after_stop = False  # verify's walk found records after the broker's stop
+        self.spill = getattr(planner, "dispatch_spill", None)  # the records' dispatch columns kept for the apply
 
     def run(self) -> WalkStop | None:
         """Walk (verify's findings go to ``planner.verify_findings``); the broker's stop, or None when the reports do
@@ -201,6 +202,7 @@ class WalkAlong:
         planner.walk_along = self
         if self.ok and self.stop_seg is not None:
             self.stop = self._broker_stop()
+        self._spill_done(True)
         if self.stop is not None:
             if not self.lenient_ok:  # the records before the walk read again as lenient_records reads them
                 self.before = LogTally()
@@ -209,6 +211,14 @@ class WalkAlong:
             self.before.merge(self.tally)
             self.tally = self.before
         return self.stop
+
+    def _spill_done(self, whole: bool) -> None:
+        """The dispatch columns kept stand for the re-dispatch's scan when the broker's walk was read off verify's
+        (its records are verify's up to the stop) and verify rejected no record before the walk's start file (the
+        re-dispatch's scan reads without CRC; dispatchspill.py)."""
+        if self.spill is not None:
+            self.spill.finish()
+            self.spill.usable = whole and self.stop is not None and self.lenient_ok
 
     def _reports(self):
         from ..verify.commitlog import iter_windows
@@ -224,6 +234,8 @@ class WalkAlong:
     def _chunk(self, i: int, seg, buf, h, topics=None) -> None:
         """A chunk of valid records of segment ``i``, as verify's walk decodes it (before the segment's reports), with
         what its property pass found (``topics``: verify.commitlog.ChunkTopics)."""
+        if self.spill is not None:
+            self.spill.add(seg, h, topics)
         if not self.ok:
             return
         if seg is not self.segs[i]:

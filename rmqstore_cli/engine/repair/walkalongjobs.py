@@ -63,6 +63,8 @@ class _Along:
 
     def _chunk(self, i: int, seg, buf, h, topics=None) -> None:
         w, p = self.walk, self._part(i)
+        if w.spill is not None:
+            w.spill.add(seg, h, topics)
         p.records += len(h)
         if p.gap or p.bad:
             return
@@ -97,15 +99,20 @@ class _Along:
             p.inputs = self._coll.take()
         self._parts.pop(i, None)
         self._coll = None
-        return (self.fed.segment_result(i) if self.fed is not None else None, p)
+        w = self.walk
+        spilled = w.spill.finish_segment(w.segs[i].start) if w.spill is not None else None
+        return (self.fed.segment_result(i) if self.fed is not None else None, p, spilled)
 
     # -- here --
 
     def merge(self, i: int, part) -> None:
-        fed_part, p = part
+        fed_part, p, spilled = part
         if self.fed is not None:
             self.fed.merge(i, fed_part)
-        self.walk.merge(i, p)
+        w = self.walk
+        if spilled is not None and w.spill is not None:
+            w.spill.parts[w.segs[i].start] = spilled
+        w.merge(i, p)
 
 
 class WalkAlongJobs(WalkAlong):
@@ -134,6 +141,7 @@ class WalkAlongJobs(WalkAlong):
             self.ok = False
         if self.ok and self.stop_seg is not None:
             self.stop = self._broker_stop()
+        self._spill_done(self.merged == len(self.segs))
         if self.stop is not None:
             if not self.lenient_ok:  # the records before the walk read again as lenient_records reads them
                 self.before = LogTally()

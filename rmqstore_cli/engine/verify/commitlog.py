@@ -174,11 +174,17 @@ def _verify_range(r: range, commitlog: CommitLog, check_crc: bool) -> list[Segme
 class ChunkTopics:
     """What verify's property pass found for a chunk, handed to a chunk sink: each record's topic id in ``interner``
     (the segment's :class:`~..derived.dispatchcolumns.TopicInterner`: its ``ids``, topic bytes -> id, grow as the walk
-    goes on) and whether it carries both multi-dispatch properties (``multi``)."""
+    goes on) and whether it carries both multi-dispatch properties (``multi``); and the rest of the record's dispatch
+    columns: tagsCode (``codes``), whether Java cannot compute it (``tags_bad``), index keys per record (``counts``)
+    and their hashes (``hashes``, in record order)."""
 
     tids: np.ndarray
     interner: object
     multi: np.ndarray
+    codes: np.ndarray | None = None
+    tags_bad: np.ndarray | None = None
+    counts: np.ndarray | None = None
+    hashes: np.ndarray | None = None
 
 
 class _Columns:
@@ -277,7 +283,7 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
             phy = chunk.phy
             tids, codes, tags_bad, counts, hashes, multi = dispatch_chunk(u8, h, interner, delay_table)
             if chunk_sink is not None:
-                chunk_sink(i, seg, buf, h, ChunkTopics(tids, interner, multi))
+                chunk_sink(i, seg, buf, h, ChunkTopics(tids, interner, multi, codes, tags_bad, counts, hashes))
             acc.add({"phy": phy, "size": h.totalSize, "queueId": h.queueId, "queueOffset": h.queueOffset,
                      "sysFlag": h.sysFlag, "storeTimestamp": h.storeTimestamp, "topic": tids, "tagsCode": codes,
                      "tagsBad": tags_bad, "keyCount": counts}, hashes)

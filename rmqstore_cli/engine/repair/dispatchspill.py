@@ -1,0 +1,147 @@
+"""recover's re-dispatch fed from the planning walk's columns, not from a walk of its own.
+
+The plan's walk (verify's walk of the log, with the broker's walk read off it: walkalong.py, walkalongjobs.py)
+already computes, for every record, what the re-dispatch's scan computes again after the apply: offsets, sizes,
+queue ids and offsets, flags, store times, topic ids, tagsCode and the index key hashes, by the same compiled
+property pass (``dispatch_columns`` and verify's one-pass kernel are tested equal to the one-at-a-time rules).
+When the plan is going to be applied, the walk also writes those columns, segment by segment, into files
+(:class:`DispatchSpill`: on disk, so memory stays flat whatever the log's size), and the apply reads them back
+instead of walking the log again (apply.run_dispatch).
+
+The columns stand for the re-dispatch's own scan when the records the walk read are the records the scan reads
+in the dispatched range: the walk along answered (verify's records are the broker's up to its stop) and verify
+rejected no record before the walk's start file (the scan reads without CRC). A segment whose records need more
+than the columns (a tagsCode Java cannot compute, multi-dispatch units) is marked unusable; so is a segment
+the walk did not finish. Then the re-dispatch walks as before: the same files either way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import shutil
+
+import numpy as np
+
+from ..derived.dispatchbatch import DispatchBatch
+
+_FIELDS = ("phy", "size", "queueId", "queueOffset", "sysFlag", "storeTimestamp", "topic", "tagsCode", "keyCount")
+
+
+class _SegmentFile:
+    """One segment's columns being written (in this process or a ``-j`` worker)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.f = open(path, "wb")
+        self.ok = True
+        self.interner = None
+
+    def add(self, seg_start: int, h, topics) -> None:
+        if not self.ok:
+            return
+        if topics is None or topics.codes is None or topics.tags_bad.any() or topics.multi.any():
+            self.ok = False  # needs what the columns do not hold: the re-dispatch reads this segment itself
+            return
+        self.interner = topics.interner
+        cols = (h.offsets + seg_start, h.totalSize, h.queueId, h.queueOffset, h.sysFlag, h.storeTimestamp,
+                topics.tids, topics.codes, topics.counts, topics.hashes)
+        pickle.dump(tuple(np.ascontiguousarray(c) for c in cols), self.f, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def close(self) -> tuple:
+        """(ok, topic names of the segment's ids)"""
+        self.f.close()
+        names = list(self.interner.topics()) if self.interner is not None else []
+        return self.ok, names
+
+
+class DispatchSpill:
+    """The dispatch columns of the walked records, one file per commitlog segment (keyed by the segment's start
+    offset) in a scratch folder removed when the process exits (or by :meth:`remove`)."""
+
+    def __init__(self, directory: str):
+        self.dir = directory
+        self.parts: dict = {}  # segment start -> (ok, names)
+        self._open: dict = {}  # segment start -> _SegmentFile being written here
+        self.usable = False  # set by the planner: the walk's records are the re-dispatch's
+        self.delay_table = None  # the delay levels the walk's tagsCode used (the re-dispatch's must be the same)
+        atexit.register(self.remove)
+
+    @classmethod
+    def create(cls, near: str, log_bytes: int) -> "DispatchSpill | None":
+        """A spill in a new folder on a disk with room for the columns (~60 bytes a record, bounded here by a
+        tenth of the log's bytes), tried in the temporary folder, then beside ``near``; None when neither has it."""
+        from ..parallel import spill_dir
+
+        d = spill_dir(1, max(1, log_bytes // 20), near)
+        return cls(d) if d else None
+
+    def path(self, seg_start: int) -> str:
+        return os.path.join(self.dir, f"{seg_start:020d}")
+
+    # -- writing: the walk's chunk sink, in this process or a worker --
+
+    def add(self, seg, h, topics) -> None:
+        f = self._open.get(seg.start)
+        if f is None:
+            for start in list(self._open):  # the walk went on to another segment: the one before is whole
+                self.parts[start] = self._open.pop(start).close()
+            f = self._open[seg.start] = _SegmentFile(self.path(seg.start))
+        f.add(seg.start, h, topics)
+
+    def finish_segment(self, seg_start: int):
+        """The part of a segment walked (in a worker: sent to the main process), or None if it had no record."""
+        f = self._open.pop(seg_start, None)
+        return f.close() if f is not None else None
+
+    def finish(self) -> None:
+        for start in list(self._open):
+            self.parts[start] = self._open.pop(start).close()
+
+    # -- reading: the apply's re-dispatch --
+
+    def covers(self, seg_starts: list) -> bool:
+        """Whether every segment of ``seg_starts`` (the dispatched ones) is here whole and usable; a segment
+        without a file had no record."""
+        if not self.usable:
+            return False
+        for s in seg_starts:
+            part = self.parts.get(s)
+            if part is None:
+                if os.path.exists(self.path(s)):
+                    return False  # written but not finished
+                continue
+            if not part[0]:
+                return False
+        return True
+
+    def batches(self, seg_start: int):
+        """The segment's records as DispatchBatches, chunk by chunk, in log order."""
+        part = self.parts.get(seg_start)
+        if part is None:
+            return
+        names = part[1]
+        with open(self.path(seg_start), "rb") as f:
+            while True:
+                try:
+                    phy, size, qid, qo, flag, ts, tids, codes, counts, hashes = pickle.load(f)
+                except EOFError:
+                    return
+                n = len(phy)
+                yield DispatchBatch(phy, size, None, qid, qo, flag, ts, codes, None, None, topic_ids=tids,
+                                    topic_names=names, key_count=counts, key_hashes=hashes, strings=None,
+                                    rows=np.arange(n, dtype=np.int64), lmq=None)
+
+    def remove(self) -> None:
+        for f in self._open.values():
+            f.f.close()
+        self._open, self.parts, self.usable = {}, {}, False
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def discard(plan) -> None:
+    """Remove the columns a plan kept (a plan that is not applied, or planned again)."""
+    spill = getattr(plan, "dispatch_spill", None)
+    if spill is not None:
+        spill.remove()

@@ -1,0 +1,101 @@
+"""recover's re-dispatch read from the dispatch columns the plan's walk kept (repair/dispatchspill.py) leaves the
+same files, output and exit code as the re-dispatch that walks the log itself: in one process and with ``-j 2``,
+on broker-written stores turned into crash copies (abort present, checkpoint zeroed: the whole log is
+re-dispatched), with consume queues cut short (units written again), with queue bytes flipped, and with seeded
+damage of the log (a bad body CRC, a torn record: the walk along may not answer, then the columns are not
+used). The seed is printed; RMQSTORE_SPILL_SEED repeats it."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rmqstore_cli.app import app
+from rmqstore_cli.engine.repair import dispatchspill
+
+from .conftest import STORES, json_lines
+from .fuzzlib import tree_bytes
+from .test_recover_queues_complete import crash_copy
+from .test_recover_walk_along import _damage
+
+SEED = int(os.environ.get("RMQSTORE_SPILL_SEED", random.randrange(1 << 30)))
+STORE_NAMES = ["4.9.3-crash", "4.9.3-clean", "5.3.3-clean", "5.3.3-v2topic", "lmq-5.3.3", "4.9.3-ext"]
+runner = CliRunner()
+
+
+def _recover(root, backup, monkeypatch, spill: bool, jobs: int):
+    used = []
+    real_batches = dispatchspill.DispatchSpill.batches
+
+    def batches(self, seg_start):
+        used.append(seg_start)
+        return real_batches(self, seg_start)
+
+    with monkeypatch.context() as m:
+        if spill:
+            m.setattr(dispatchspill.DispatchSpill, "batches", batches)
+        else:
+            m.setattr(dispatchspill.DispatchSpill, "create", classmethod(lambda cls, *a: None))
+        r = runner.invoke(app, ["recover", str(root), "--json", "--backup-dir", str(backup), "-j", str(jobs)])
+    lines = [{k: v for k, v in o.items() if k != "backup"} for o in json_lines(r.stdout)]
+    return r.exit_code, lines, tree_bytes(Path(root)), used
+
+
+def _case(name, root, variant: str, rng: random.Random) -> str:
+    if variant in ("crash", "cut", "damage"):
+        crash_copy(name, root, variant, rng)
+        return variant
+    crash_copy(name, root, "crash", rng)
+    return _damage(rng, root, variant)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("variant", ["crash", "cut", "damage", "crc", "torn"])
+@pytest.mark.parametrize("name", STORE_NAMES)
+def test_dispatch_from_the_walks_columns_changes_nothing(name, variant, jobs, tmp_path, monkeypatch):
+    if not (STORES / name / "store").is_dir():
+        pytest.fail(f"broker-written store {name} missing under {STORES}")
+    print(f"seed {SEED} (RMQSTORE_SPILL_SEED)")
+    root = tmp_path / "store"  # both runs on a copy at the same path: the plan and steps print it
+    what = _case(name, root, variant, random.Random(SEED))
+    before = tree_bytes(Path(root))
+    code_s, out_s, files_s, used = _recover(root, tmp_path / "bak", monkeypatch, True, jobs)
+    root.rename(tmp_path / "spilled")
+    if (tmp_path / "bak").exists():  # not when the plan was not applied (a torn record: data loss)
+        (tmp_path / "bak").rename(tmp_path / "bak-spilled")
+    _case(name, root, variant, random.Random(SEED))
+    assert tree_bytes(Path(root)) == before
+    code_w, out_w, files_w, _ = _recover(root, tmp_path / "bak", monkeypatch, False, jobs)
+    where = f"seed {SEED}: {name}, {what}, -j {jobs}"
+    assert code_s == code_w, where
+    assert out_s == out_w, where
+    assert files_s == files_w, where
+    if variant in ("crash", "cut") and name in ("4.9.3-clean", "5.3.3-clean", "4.9.3-crash"):
+        assert used, f"{where}: the re-dispatch walked the log although the plan's walk kept its columns"
+    if name == "4.9.3-ext":
+        assert not used, where  # ext units: the dispatcher's own walk
+
+
+def test_spill_folder_is_removed(tmp_path, monkeypatch):
+    """The columns' folder is gone once recover returns, whether the apply read it or not."""
+    made = []
+    real_create = dispatchspill.DispatchSpill.create.__func__
+
+    def create(cls, near, log_bytes):
+        s = real_create(cls, near, log_bytes)
+        if s is not None:
+            made.append(s.dir)
+        return s
+
+    monkeypatch.setattr(dispatchspill.DispatchSpill, "create", classmethod(create))
+    for k, variant in enumerate(("crash", "torn")):
+        root = tmp_path / f"store{k}"
+        _case("4.9.3-clean", root, variant, random.Random(SEED))
+        r = runner.invoke(app, ["recover", str(root), "--json", "--backup-dir", str(tmp_path / f"bak{k}")])
+        assert r.exit_code in (0, 1, 2), r.stdout  # 2: a torn record, the plan loses data and is not applied
+    assert made, "no spill was made for a crash copy"
+    assert not [d for d in made if os.path.exists(d)], made
