@@ -87,47 +87,31 @@ def test_walk_along_plans_like_separate_walks_on_broker_stores(store_copy, name,
     assert any(answered) != name.startswith("batchcq"), (name, answered)
 
 
-def test_walk_along_reads_the_crash_copy_once(store_copy, monkeypatch):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_walk_along_reads_the_crash_copy_once(store_copy, monkeypatch, jobs):
     """A crash (abort, zeroed checkpoint) of an undamaged store: the broker's walk is read off verify's walk (no
-    walk of the log of its own: ``recovery.broker_walk`` is not called) and the derived check answers in it."""
-    from rmqstore_cli.engine.repair import derived_plan
-
-    separate, again = [], []
-    real_walk, real_again = recovery.broker_walk, derived_plan.windowed_verdicts
-    monkeypatch.setattr(recovery, "broker_walk", lambda *a, **k: separate.append(a[3]) or real_walk(*a, **k))
-    monkeypatch.setattr(derived_plan, "windowed_verdicts", lambda p: again.append(1) or real_again(p))
-    for name in ("4.9.3-clean", "5.3.3-clean"):
-        root = store_copy(name)
-        _crash(root, "zeroed")
-        version = 4 if name.startswith("4") else 5
-        with Store.open(str(root)) as st:
-            plan = plan_recovery(st, version, with_verify=True)
-        assert plan.commitlog["stopKind"] in ("zero", "blank"), plan.commitlog
-        assert plan.commitlog["walkedRecords"] > 0
-        assert not separate and not again, (name, separate, again)
-
-
-def test_walk_along_jobs_reads_the_crash_copy_once(store_copy, monkeypatch):
-    """The same with ``-j 2``: verify's workers walk the log once for verify, the broker's walk and the derived
-    check (no walk of recoveryjobs.py's, no windowed_verdicts walk), and the plan is the one-process plan."""
+    walk of the log of its own: neither ``recovery.broker_walk`` nor, with ``-j 2``, recoveryjobs.py's walk is
+    called) and the derived check answers in it; with ``-j 2`` the plan is the one-process plan."""
     from rmqstore_cli.engine.repair import derived_plan, recoveryjobs
 
     separate, again = [], []
-    real_walk, real_again = recoveryjobs.broker_walk_jobs, derived_plan.windowed_verdicts
-    monkeypatch.setattr(recoveryjobs, "broker_walk_jobs", lambda *a, **k: separate.append(a[3]) or real_walk(*a, **k))
+    real_walk, real_jobs, real_again = recovery.broker_walk, recoveryjobs.broker_walk_jobs, derived_plan.windowed_verdicts
+    monkeypatch.setattr(recovery, "broker_walk", lambda *a, **k: separate.append(a[3]) or real_walk(*a, **k))
+    monkeypatch.setattr(recoveryjobs, "broker_walk_jobs", lambda *a, **k: separate.append(a[3]) or real_jobs(*a, **k))
     monkeypatch.setattr(derived_plan, "windowed_verdicts", lambda p: again.append(1) or real_again(p))
     for name in ("4.9.3-clean", "5.3.3-clean"):
         root = store_copy(name)
         _crash(root, "zeroed")
         version = 4 if name.startswith("4") else 5
         with Store.open(str(root)) as st:
-            plan = plan_recovery(st, version, with_verify=True, jobs=2)
-            one = plan_recovery(st, version, with_verify=True)
+            plan = plan_recovery(st, version, with_verify=True, jobs=jobs)
+            assert not separate and not again, (name, separate, again)
+            if jobs > 1:
+                one = plan_recovery(st, version, with_verify=True)
+                assert plan.as_json() == one.as_json()
+                assert [f.as_json() for f in plan.verify_findings] == [f.as_json() for f in one.verify_findings]
         assert plan.commitlog["stopKind"] in ("zero", "blank"), plan.commitlog
         assert plan.commitlog["walkedRecords"] > 0
-        assert not separate and not again, (name, separate, again)
-        assert plan.as_json() == one.as_json()
-        assert [f.as_json() for f in plan.verify_findings] == [f.as_json() for f in one.verify_findings]
 
 
 def _records(root) -> list:

@@ -200,9 +200,14 @@ class WalkAlong:
         self.snapshot = queue_snapshot(planner)
         planner.verify_findings = verify_store(planner.store, reports=self._reports()).findings
         planner.walk_along = self
+        return self._finish(True)
+
+    def _finish(self, whole: bool) -> WalkStop | None:
+        """After verify's walk: the broker's stop confirmed by its own walk, the kept columns judged (``whole``: every
+        segment was read along), the tally joined to the records before the walk."""
         if self.ok and self.stop_seg is not None:
             self.stop = self._broker_stop()
-        self._spill_done(True)
+        self._spill_done(whole)
         if self.stop is not None:
             if not self.lenient_ok:  # the records before the walk read again as lenient_records reads them
                 self.before = LogTally()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from rmqstore_cli.formats.records import MAGIC_V1
 
-from ..log.walk import LogTally, lenient_records
+from ..log.walk import LogTally
 from .recoveryjobs import _PredictionInputs, _feed
 from .walkalong import WalkAlong, _units_before, queue_snapshot
 
@@ -139,17 +139,7 @@ class WalkAlongJobs(WalkAlong):
         planner.walk_along = self
         if self.merged != len(self.segs):  # verify's workers did not run the window checks (or not on every segment)
             self.ok = False
-        if self.ok and self.stop_seg is not None:
-            self.stop = self._broker_stop()
-        self._spill_done(self.merged == len(self.segs))
-        if self.stop is not None:
-            if not self.lenient_ok:  # the records before the walk read again as lenient_records reads them
-                self.before = LogTally()
-                lenient_records(self.segs, self.start, self.before)
-            self.walk_first = len(self.before)
-            self.before.merge(self.tally)
-            self.tally = self.before
-        return self.stop
+        return self._finish(self.merged == len(self.segs))
 
     def merge(self, i: int, p: _SegmentPart) -> None:
         """Segment ``i``'s part, in log order: WalkAlong's per-chunk and segment-end rules at segment grain."""
