@@ -99,3 +99,28 @@ def test_spill_folder_is_removed(tmp_path, monkeypatch):
         assert r.exit_code in (0, 1, 2), r.stdout  # 2: a torn record, the plan loses data and is not applied
     assert made, "no spill was made for a crash copy"
     assert not [d for d in made if os.path.exists(d)], made
+
+
+def test_a_killed_recovers_folder_is_removed_by_the_next(tmp_path, monkeypatch):
+    """SIGKILL runs no exit handler: the columns' folder of a killed recover stays until the next recover's
+    DispatchSpill.create removes it (its process is gone); a folder of a live process is left alone."""
+    import subprocess
+    import sys
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{dispatchspill.PREFIX}{gone.pid}-abc"
+    live = tmp_path / f"{dispatchspill.PREFIX}{os.getppid()}-def"  # pytest's parent: alive
+    other = tmp_path / ".rmqstore-spill-xyz"  # not a columns folder
+    for d in (dead, live, other):
+        d.mkdir()
+        (d / "00000000000000000000").write_bytes(b"x")
+    s = dispatchspill.DispatchSpill.create(str(tmp_path / "store"), 1 << 20)
+    try:
+        assert s is not None and os.path.basename(s.dir).startswith(f"{dispatchspill.PREFIX}{os.getpid()}-")
+        assert not dead.exists()
+        assert live.exists() and other.exists()
+    finally:
+        s.remove()

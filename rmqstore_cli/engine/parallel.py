@@ -147,7 +147,7 @@ def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[i
     return gen
 
 
-def spill_dir(workers: int, segment_bytes: int, near: str | None = None) -> str | None:
+def spill_dir(workers: int, segment_bytes: int, near: str | None = None, prefix: str = ".rmqstore-spill-") -> str | None:
     """A new directory for ``stream_segments(spill=...)``, on a disk with room for what ``workers`` may spill at
     once (each up to two segments' files in flight: at most ``2 * segment_bytes`` each, a bound the items of a
     segment stay under), tried in the system's temporary folder and then beside ``near``; None when neither has
@@ -163,7 +163,7 @@ def spill_dir(workers: int, segment_bytes: int, near: str | None = None) -> str 
             st = os.statvfs(place)
             if st.f_bavail * st.f_frsize < need:
                 continue
-            return tempfile.mkdtemp(prefix=".rmqstore-spill-", dir=place)
+            return tempfile.mkdtemp(prefix=prefix, dir=place)
         except OSError:
             continue
     return None

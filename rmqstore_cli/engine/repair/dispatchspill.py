@@ -26,8 +26,7 @@ import numpy as np
 
 from ..derived.dispatchbatch import DispatchBatch
 
-_FIELDS = ("phy", "size", "queueId", "queueOffset", "sysFlag", "storeTimestamp", "topic", "tagsCode", "keyCount")
-
+PREFIX = ".rmqstore-columns-"  # then the process id, "-" and a random part
 
 class _SegmentFile:
     """One segment's columns being written (in this process or a ``-j`` worker)."""
@@ -71,10 +70,16 @@ class DispatchSpill:
     @classmethod
     def create(cls, near: str, log_bytes: int) -> "DispatchSpill | None":
         """A spill in a new folder on a disk with room for the columns (~60 bytes a record, bounded here by a
-        tenth of the log's bytes), tried in the temporary folder, then beside ``near``; None when neither has it."""
+        tenth of the log's bytes), tried in the temporary folder, then beside ``near``; None when neither has it.
+        The folder is named after this process: the folders of a recover that was killed (no exit handler ran)
+        are removed here, where their process no longer exists."""
+        import tempfile
+
         from ..parallel import spill_dir
 
-        d = spill_dir(1, max(1, log_bytes // 20), near)
+        for place in (tempfile.gettempdir(), near):
+            _remove_orphans(place)
+        d = spill_dir(1, max(1, log_bytes // 20), near, prefix=f"{PREFIX}{os.getpid()}-")
         return cls(d) if d else None
 
     def path(self, seg_start: int) -> str:
@@ -145,3 +150,30 @@ def discard(plan) -> None:
     spill = getattr(plan, "dispatch_spill", None)
     if spill is not None:
         spill.remove()
+
+
+def _remove_orphans(place: str | None) -> None:
+    """Remove the column folders in ``place`` whose process is gone (a killed recover's)."""
+    if not place:
+        return
+    try:
+        names = os.listdir(place)
+    except OSError:
+        return
+    for n in names:
+        if not n.startswith(PREFIX):
+            continue
+        pid = n[len(PREFIX):].partition("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        shutil.rmtree(os.path.join(place, n), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, someone else's
+        return True
+    return True
