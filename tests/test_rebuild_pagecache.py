@@ -108,3 +108,90 @@ def test_queue_files_start_writeback_of_whole_written_pages(tmp_path):
     files.close()
     data = open(tmp_path / "consumequeue" / "T" / "0" / "00000000000000000000", "rb").read()
     assert data[:3 * page + 100] == b"\1" * (3 * page + 100) and data[3 * page + 100:] == bytes(len(data) - 3 * page - 100)
+
+
+def _resident(addr: int, size: int) -> list[bool]:
+    """mincore(2): which pages of [addr, addr + size) are in memory."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    pages = -(-size // mmap.PAGESIZE)
+    vec = ctypes.create_string_buffer(pages)
+    assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+    return [bool(b & 1) for b in vec.raw]
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["advice-taken", "kernel-refuses"])
+def test_populate_ahead_faults_in_the_next_window_and_changes_no_byte(refused, tmp_path, monkeypatch):
+    """writeback.PopulateAhead (recover -j's index writes): after a write of the first pages, the thread has faulted
+    in the window after them; no byte of the file changes; a kernel that refuses the advice leaves the pages alone."""
+    import numpy as np
+
+    page = mmap.PAGESIZE
+    monkeypatch.setattr(writeback, "_populate", [True])
+    path = tmp_path / "f"
+    with open(path, "wb") as f:
+        f.truncate(64 * page)  # sparse, as a fresh index file
+        f.seek(40 * page)
+        f.write(b"\x7f" * page)  # a page with bytes in it: kept as they are
+    fd = os.open(path, os.O_RDWR)
+    mm = mmap.mmap(fd, 64 * page)
+    u8 = np.frombuffer(mm, np.uint8)
+    assert not any(_resident(u8.ctypes.data, 32 * page)[8:])
+    ahead = writeback.PopulateAhead(u8.ctypes.data, len(mm), window=32 * page)
+    if refused:
+        ahead._madvise = lambda addr, n, advice: -1
+    ahead.before_write(0, 16 * page)  # the writer is about to write pages 0-15: the thread takes 16-47
+    ahead.stop()
+    resident = _resident(u8.ctypes.data, 64 * page)
+    if refused:
+        assert writeback._populate == [False] and not any(resident[16:40])
+    else:
+        assert all(resident[:48]) and ahead.asked == 48 * page
+    data = bytes(mm)
+    assert data[:40 * page] == bytes(40 * page) and data[40 * page:41 * page] == b"\x7f" * page
+    assert data[41 * page:] == bytes(23 * page)
+    del u8
+    mm.close()
+    os.close(fd)
+
+
+def test_recover_j_writes_the_index_with_the_thread_ahead(tmp_path, monkeypatch):
+    """recover -j 2 re-dispatching from the plan's columns writes the index with the thread ahead (every batch asks
+    it: POPULATE_MIN 1); its files, output and exit code are -j 1's, which writes with no thread."""
+    import random
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from rmqstore_cli.app import app
+    from rmqstore_cli.engine.derived import indexwriter
+
+    from .conftest import json_lines
+    from .fuzzlib import tree_bytes
+    from .test_recover_queues_complete import crash_copy
+
+    started = []
+    real_init = writeback.PopulateAhead.__init__
+
+    def init(self, *args, **kwargs):
+        started.append(args)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(writeback.PopulateAhead, "__init__", init)
+    monkeypatch.setattr(writeback, "POPULATE_MIN", 1)
+    monkeypatch.setattr(writeback, "_populate", [True])
+    assert indexwriter.PopulateAhead is writeback.PopulateAhead
+    root, results = tmp_path / "store", {}
+    for jobs in (1, 2):
+        crash_copy("5.3.3-clean", root, "crash", random.Random(0))  # at the same path: the plan prints it
+        started.clear()
+        r = CliRunner().invoke(app, ["recover", str(root), "--json", "--backup-dir", str(tmp_path / f"bak{jobs}"),
+                                     "-j", str(jobs)])
+        lines = [{k: v for k, v in o.items() if k != "backup"} for o in json_lines(r.stdout)]
+        results[jobs] = (r.exit_code, lines, tree_bytes(Path(root)), len(started))
+        root.rename(tmp_path / f"done{jobs}")
+    assert results[1][3] == 0, "-j 1 wrote the index with a thread"
+    assert results[2][3] > 0, "-j 2 wrote the index without the thread ahead"
+    assert results[1][:3] == results[2][:3]

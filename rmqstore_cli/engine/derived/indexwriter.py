@@ -33,7 +33,7 @@ from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, IN
 from ..config.storeconfig import StoreConfig
 from .index import HEADER_STRUCT
 from ..log.mappedfile import WritableSegment, fsync_dir, makedirs
-from ..log.writeback import populate_write
+from ..log.writeback import PopulateAhead, populate_write
 
 INT_MAX = (1 << 31) - 1
 _I32 = struct.Struct(">i")
@@ -132,6 +132,7 @@ class _OpenIndex:
         self.index_count = disk_count if disk_count > 0 else 1
         self.slot_table = np.frombuffer(self.seg.mm, dtype=">i4", count=slots, offset=INDEX_HEADER_SIZE)
         self.u8 = np.frombuffer(self.seg.mm, dtype=np.uint8)  # what the compiled put_many writes through
+        self.ahead: PopulateAhead | None = None
 
     @property
     def full(self) -> bool:
@@ -189,16 +190,27 @@ class _OpenIndex:
             first_diff = self._diff(int(tss[0]))
             self.begin_phy, self.begin_ts = int(phys[0]), int(tss[0])
         self.seg.touch(self.entry_base + c * INDEX_ENTRY_SIZE, k * INDEX_ENTRY_SIZE)
-        populate_write(self.seg.mm, self.entry_base + c * INDEX_ENTRY_SIZE, k * INDEX_ENTRY_SIZE)
+        if self.ahead is not None:
+            self.ahead.before_write(self.entry_base + c * INDEX_ENTRY_SIZE, k * INDEX_ENTRY_SIZE)
+        else:
+            populate_write(self.seg.mm, self.entry_base + c * INDEX_ENTRY_SIZE, k * INDEX_ENTRY_SIZE)
         self.slot_count += put_entries(self.u8, self.slots, c, hashes, phys, tss, self.begin_ts, first_diff)
         self.seg.dirty = True
         self.index_count = c + k
         self.end_phy, self.end_ts = int(phys[-1]), int(tss[-1])
 
+    def populate_ahead(self) -> None:
+        """Fault in the entries' pages by a thread ahead of the writes (writeback.PopulateAhead)."""
+        if self.ahead is None and self.seg.mm is not None:
+            self.ahead = PopulateAhead(self.u8.ctypes.data, len(self.seg.mm))
+
     def close(self, flush: bool) -> None:
         if self.seg.mm is None:
             return  # closed already (a failed switch to a new file leaves the old one as current)
         self.write_header()
+        if self.ahead is not None:
+            self.ahead.stop()
+            self.ahead = None
         self.slot_table = self.u8 = None
         self.seg.close(flush=flush)
 
@@ -223,11 +235,19 @@ class IndexWriter:
         self._last_name = ""
         self._left_behind: list[str] = []
         self._prefix_hash: dict[str, int] = {}
+        self.populate_ahead = False  # a core is free while this process writes: use_idle_core()
         names = self._names()
         if names:
             self._last_name = names[-1]
             self.cur = _OpenIndex(os.path.join(self.directory, names[-1]), self.slots, self.entries, create=False,
                                   journal=journal)
+
+    def use_idle_core(self) -> None:
+        """Another core is idle while this process writes the index (``recover -j``'s re-dispatch from the plan's
+        columns): a thread faults the entries' pages in ahead of the compiled pass. The same bytes."""
+        self.populate_ahead = True
+        if self.cur is not None:
+            self.cur.populate_ahead()
 
     def _names(self) -> list[str]:
         try:
@@ -262,6 +282,8 @@ class IndexWriter:
         if end_ts > 0:
             f.begin_ts = f.end_ts = end_ts
         f.write_header()
+        if self.populate_ahead:
+            f.populate_ahead()
         self._last_name = name
         self.created.append(f.path)
         self.cur = f

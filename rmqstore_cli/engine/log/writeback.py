@@ -84,3 +84,62 @@ def populate_write(mm, start: int, n: int) -> None:
         mm.madvise(getattr(mmap, "MADV_POPULATE_WRITE", _MADV_POPULATE_WRITE), lo, min(start + n, len(mm)) - lo)
     except (OSError, ValueError, AttributeError):
         _populate[0] = False
+
+
+class PopulateAhead:
+    """``populate_write`` run by a thread ahead of the writes, on a core the command leaves idle (``recover -j``'s
+    re-dispatch from the plan's columns: no worker runs then). The writer asks for each range it is about to write
+    (:meth:`before_write`); the thread has usually faulted it in already and goes on with the next ``window``
+    bytes while the writer's compiled pass runs. Timing never changes the bytes: a page the thread has not reached
+    is faulted in by the write itself, and the advice does not change a byte of the file (pages past the last
+    write, up to ``window`` bytes, are faulted in and so written back unchanged).
+
+    The thread calls libc's ``madvise`` through ctypes, which lets go of the interpreter lock (``mmap.madvise``
+    holds it). :meth:`stop` before the mapping is closed."""
+
+    def __init__(self, address: int, size: int, window: int = 16 << 20):
+        import ctypes
+        import queue
+        import threading
+
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+        fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        fn.restype = ctypes.c_int
+        self._madvise = fn
+        self.address, self.size, self.window = address, size, window
+        self.asked = 0  # the thread has been asked for [.., asked)
+        self._todo: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="rmqstore-populate", daemon=True)
+        self._thread.start()
+
+    def before_write(self, start: int, n: int) -> None:
+        """[start, start + n) is written next: the part the thread was not asked for is populated here, and the
+        thread is asked for the next window past it."""
+        end = min(start + n, self.size)
+        if end > self.asked:
+            populate_from = max(start, self.asked)
+            self._advise(populate_from, end - populate_from)
+            self.asked = end
+        ahead = min(self.size, end + self.window)
+        if ahead > self.asked and ahead - self.asked >= self.window // 2:
+            self._todo.put((self.asked, ahead))
+            self.asked = ahead
+
+    def _advise(self, start: int, n: int) -> None:
+        if n < POPULATE_MIN or not _populate[0]:
+            return
+        lo = start // _PAGE * _PAGE
+        if self._madvise(self.address + lo, start + n - lo, _MADV_POPULATE_WRITE) != 0:
+            _populate[0] = False  # an older kernel: the writes fault their pages in themselves
+
+    def _run(self) -> None:
+        while True:
+            job = self._todo.get()
+            if job is None:
+                return
+            self._advise(job[0], job[1] - job[0])
+
+    def stop(self) -> None:
+        """Wait for the thread to finish what it was asked (the mapping must stay until then)."""
+        self._todo.put(None)
+        self._thread.join()

@@ -276,6 +276,8 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
             # the bulk dispatch reads the workers' topic ids and index key hashes
             parallel_requests(st, d, jobs, handle, strings=d.config.maxIndexNum < 2)
         elif spilled:
+            if jobs > 1 and d.index is not None:
+                d.index.use_idle_core()  # no worker runs now: a thread faults the index pages in ahead of the writes
             for seg in segs[start_index:]:
                 if seg.start >= end:
                     break
