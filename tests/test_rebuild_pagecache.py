@@ -195,3 +195,32 @@ def test_recover_j_writes_the_index_with_the_thread_ahead(tmp_path, monkeypatch)
     assert results[1][3] == 0, "-j 1 wrote the index with a thread"
     assert results[2][3] > 0, "-j 2 wrote the index without the thread ahead"
     assert results[1][:3] == results[2][:3]
+
+
+def test_index_writes_go_on_without_the_thread_where_libc_has_no_madvise(tmp_path, monkeypatch):
+    """No madvise in libc (another platform): recover -j 2 writes the same files, with no thread and no error."""
+    import random
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from rmqstore_cli.app import app
+
+    from .fuzzlib import tree_bytes
+    from .test_recover_queues_complete import crash_copy
+
+    def no_madvise(self, *args, **kwargs):
+        raise AttributeError("madvise")
+
+    root, trees = tmp_path / "store", []
+    for refuse in (False, True):
+        crash_copy("4.9.3-clean", root, "crash", random.Random(0))
+        with monkeypatch.context() as m:
+            if refuse:
+                m.setattr(writeback.PopulateAhead, "__init__", no_madvise)
+            r = CliRunner().invoke(app, ["recover", str(root), "--backup-dir", str(tmp_path / f"bak{refuse}"),
+                                         "-j", "2"])
+        assert r.exit_code == 0, r.output
+        trees.append(tree_bytes(Path(root)))
+        root.rename(tmp_path / f"done{refuse}")
+    assert trees[0] == trees[1]

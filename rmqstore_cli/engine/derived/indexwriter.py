@@ -202,7 +202,10 @@ class _OpenIndex:
     def populate_ahead(self) -> None:
         """Fault in the entries' pages by a thread ahead of the writes (writeback.PopulateAhead)."""
         if self.ahead is None and self.seg.mm is not None:
-            self.ahead = PopulateAhead(self.u8.ctypes.data, len(self.seg.mm))
+            try:
+                self.ahead = PopulateAhead(self.u8.ctypes.data, len(self.seg.mm))
+            except (OSError, AttributeError):  # no libc madvise here: the writes fault their pages in themselves
+                self.ahead = None
 
     def close(self, flush: bool) -> None:
         if self.seg.mm is None:

@@ -137,7 +137,10 @@ class PopulateAhead:
             job = self._todo.get()
             if job is None:
                 return
-            self._advise(job[0], job[1] - job[0])
+            try:
+                self._advise(job[0], job[1] - job[0])
+            except Exception:  # noqa: BLE001 - an aid only: the writes fault their pages in themselves
+                _populate[0] = False
 
     def stop(self) -> None:
         """Wait for the thread to finish what it was asked (the mapping must stay until then)."""
