@@ -22,21 +22,6 @@ STORE_NAMES = ["4.9.3-clean", "4.9.3-crash", "4.9.3-ext", "5.3.3-clean", "5.3.3-
 CLEAN_STORES = ["4.9.3-clean", "4.9.3-ext", "5.3.3-clean", "5.3.3-v2topic"]
 
 
-def pytest_collection_modifyitems(config, items):
-    """The long tests (``@pytest.mark.slow(seconds=N)``, N as measured in CI) run first, the longest first: with one
-    test process per core (``-n auto``) they then start at once, side by side, and the many short tests fill in
-    after them, instead of one long test finishing the run alone on an otherwise idle machine. The order of the
-    other tests is unchanged."""
-
-    items.sort(key=run_order)  # stable
-
-
-def run_order(item) -> int:
-    """The sort key of the order above: minus a long test's seconds, 0 for the others."""
-    mark = item.get_closest_marker("slow")
-    return -int(mark.kwargs.get("seconds", 1)) if mark is not None else 0
-
-
 def json_lines(text: str) -> list[dict]:
     """The JSON objects of a command's ``--json`` output (lines starting with ``{``)."""
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]

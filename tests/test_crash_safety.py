@@ -202,7 +202,6 @@ def drain_stderr(proc: subprocess.Popen):
     return result
 
 
-@pytest.mark.slow(seconds=45)  # started first: conftest.py
 def test_kill_during_append(crash_env):
     base, script = crash_env
     original = [(o, s, m) for o, s, m in fuzzlib.model(NAME).clmsg]

@@ -309,7 +309,6 @@ def contract_case(tmp_path, label: str, name: str, damaged, dmg, fuzzlib) -> lis
     return failures
 
 
-@pytest.mark.slow(seconds=170)  # started first: conftest.py
 def test_fuzz_damage_follows_the_contract(tmp_path):
     """Seeded damage to copies of the broker stores, for both broker versions: the dry-run and the applied
     recover keep the contract. First one case of every fuzz class (damage kind x operation of tests/fuzzlib.py)

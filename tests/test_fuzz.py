@@ -279,7 +279,6 @@ def _remove_fast_tmp():
         shutil.rmtree(_cleanup.pop(), ignore_errors=True)
 
 
-@pytest.mark.slow(seconds=370)  # started first: conftest.py
 def test_fuzz_read_commands(tmp_path_factory):
     available = registered_commands()
     templates = {}
@@ -507,7 +506,6 @@ def _equal_derived(root: Path, orig: Path, slots: int) -> list[str]:
     return probs
 
 
-@pytest.mark.slow(seconds=30)  # started first: conftest.py
 def test_fuzz_recover_invariant(tmp_path_factory):
     """Every derived-file damage class on both broker versions: after recover (on a copy) verify finds
     nothing in consume queues, ext, index or checkpoint, and those files equal the undamaged store's."""

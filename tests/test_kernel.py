@@ -492,7 +492,6 @@ print(json.dumps({"lean": kernel.LEAN_CACHED_LOADS, "hits": sum(sum(x.cache_hits
 """
 
 
-@pytest.mark.slow(seconds=85)  # started first: conftest.py
 def test_cached_kernels_load_without_the_full_refresh_and_give_the_same_records(tmp_path):
     """Kernels loaded from the cache skip numba's full target refresh (LEAN_CACHED_LOADS: the registries
     are not imported) and give the same output as when they were compiled in the same process."""

@@ -53,7 +53,6 @@ def _both(root: str, version: int, monkeypatch, passes: list | None = None) -> t
             (two.as_json(), [f.as_json() for f in found]), how)
 
 
-@pytest.mark.slow(seconds=85)  # started first: conftest.py
 def test_one_walk_plans_and_verifies_like_two(tmp_path, monkeypatch):
     """Seeded damage (derived-file lies, commitlog/queue/index damage) and crashes, whole-segment and tiny
     windows: the same plan and the same verify findings; some cases answered by the one walk alone."""

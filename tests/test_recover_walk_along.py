@@ -157,7 +157,6 @@ KINDS = ("crc", "torn", "zeros", "blank", "magic", "size")
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-@pytest.mark.slow(seconds=30)  # started first: conftest.py
 def test_walk_along_plans_like_separate_walks_on_seeded_damage(store_copy, jobs):
     print("seed", SEED)
     rng = random.Random(SEED)

@@ -432,7 +432,6 @@ def test_spark_verify_every_shared_store_in_one_job(spark):
     assert res["exitCode"] == max(0, *(1 if r["severity"] in ("error", "warning") else 0 for r in res["findings"]))
 
 
-@pytest.mark.slow(seconds=60)  # started first: conftest.py
 def test_spark_verify_equals_verify_on_fuzz_cases(spark, tmp_path):
     """A sample of the fuzz suite's damaged stores (4.9.3 and 5.3.3), verified in one job, equal `verify` on each."""
     import random

@@ -208,7 +208,6 @@ def test_export_refuses_bad_writer_options_before_starting_spark(tmp_path, args,
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.slow(seconds=35)  # started first: conftest.py
 def test_unwalked_segments_report_the_same_tails_as_planned_ranges(spark, store_copy):
     """Segments no larger than a task are planned without a driver walk: their damaged tails (unknown
     magic, a record cut by the end of the file) come out as the finding rows of walked, cut ranges."""

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is an optional extra (pip install -e .[spark])")
-pytestmark = [pytest.mark.spark, pytest.mark.slow(seconds=520), pytest.mark.xdist_group("spark-memory")]  # one worker makes big_stores
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.xdist_group("spark-memory")]  # one worker makes big_stores
 
 SEGMENT = 64 << 20
 # three times the records: a driver that kept ~15 bytes a record would exceed the margin below (+20 MB)

@@ -85,7 +85,6 @@ def _findings_both_ways(root) -> tuple[list, bool]:
 
 
 @pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean"])
-@pytest.mark.slow(seconds=35)  # started first: conftest.py
 def test_index_runs_per_window_equal_whole_log(tmp_path, monkeypatch, name):
     print(f"seed {SEED} (RMQSTORE_IDXRUN_SEED)")
     rng = random.Random(SEED)

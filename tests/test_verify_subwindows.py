@@ -228,7 +228,6 @@ def test_undispatched_memory_does_not_grow_with_many_windows(tmp_path, monkeypat
     check(tmp_path, small_bench_store, larger_bench_store)
 
 
-@pytest.mark.slow(seconds=55)  # started first: conftest.py
 def test_verify_memory_is_flat_with_thousands_of_small_windows(small_bench_store, larger_bench_store, monkeypatch):
     """4 KiB windows (a 4 TB log has ~65k windows of 64 MiB): what a queue carries from window to window is a
     sample of its files' window numbers, not a row per window a file points into (that grew ~1.4 MB here)."""
