@@ -14,22 +14,30 @@ def one_i64() -> np.ndarray:
     return np.ones(1, np.int64)
 
 
-def warm_up(full: bool = False) -> None:
+def warm_up(full: bool = False, part: int | None = None) -> None:
     """Compile (or load from the cache) every kernel once, with the argument types the callers use.
 
     With the ahead-of-time kernels in use (formats/aot.py) nothing is loaded here unless ``full``: the routed
     kernels came with the extension, and importing numba before a ``-j`` fork (~0.15 s, and numba's kernels
     loaded besides) would be a fixed cost the workers do not need; a worker that calls a kernel only numba has
-    imports it then. The set-up and the extension's build warm everything (``full``)."""
+    imports it then. The set-up and the extension's build warm everything (``full``).
+
+    ``part`` (0 or 1): only that half of the kernels (the reads' walk, properties and cross-checks; the writers and
+    the other formats' walks), so that the set-up compiles the two halves in two processes at once."""
     from . import aot
 
     if not full and aot.loaded():
         return
     if full:
         aot.use_numba()  # this process warms numba's kernels: its routes give those, not the extension's
-    from . import entrykernel, fast, indexbuild, indexchain, jsonl, kernel, propscan, replayencode, replaykernel
+    if part in (None, 0):
+        _warm_reads()
+    if part in (None, 1):
+        _warm_writes()
 
-    dledgerkernel = aot.kernels("dledgerkernel")  # routed: the extension's build exports what is compiled here
+
+def _warm_reads() -> None:
+    from . import entrykernel, fast, indexchain, kernel, propscan
 
     data = bytes(256)
     u8 = fast.kernel_view(data)
@@ -49,15 +57,27 @@ def warm_up(full: bool = False) -> None:
     propscan.java_hash_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
     propscan.group_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
     indexchain.chain_block(np.ones(1, np.int32), np.zeros(1, np.int32), 1, 4, np.zeros(4, np.int32))
+    entrykernel.warm_up()  # verify's cross-check passes (formats.checkkernel's too)
+
+
+def _warm_writes() -> None:
+    from . import aot, fast, indexbuild, jsonl, replayencode, replaykernel
+
+    dledgerkernel = aot.kernels("dledgerkernel")  # routed: the extension's build exports what is compiled here
+
+    data = bytes(256)
+    u8 = fast.kernel_view(data)
+    h = fast.new_headers(1)[0]
+    from .kernel import PROP_IF_PRESENT
+
     # rebuild's index writer: one entry into a scratch file of 4 slots and 2 entries
     indexbuild.put_entries(np.zeros(40 + 4 * 4 + 2 * 20, np.uint8), 4, 1, np.ones(1, np.int64), one_i64(), one_i64(), 0)
     jsonl.kernel_lines(data, h.take(0), 0, "none")  # dump --json's writer (formats.jsonkernel)
-    entrykernel.warm_up()  # verify's cross-check passes (formats.checkkernel's too)
     # the DLedger entry walk, with the argument types engine/log/dledger.walk_entries passes
     dledgerkernel.walk_entries(u8, 0, len(data), 0, -1, -1, 4, tuple(np.empty(4, np.int64) for _ in dledgerkernel.COLUMNS))
     dh, d32, d64 = fast.new_headers(4)  # and the walk that decodes each entry's message (DLedgerCommitLog.scan)
     dledgerkernel.walk_messages(u8, 0, len(data), 0, -1, -1, 4, tuple(np.empty(4, np.int64) for _ in dledgerkernel.COLUMNS),
-                                True, kernel.PROP_IF_PRESENT, d32, d64, dh.reason)
+                                True, PROP_IF_PRESENT, d32, d64, dh.reason)
     line = (b'{"topic":"T","bornTimestamp":1,"storeTimestamp":1,"bornHost":{"ip":"a","ipHex":"01020304","port":1},'
             b'"storeHost":{"ip":"a","ipHex":"01020304","port":1},"properties":{"K":"v"},"propertiesRaw":"K\\u0001v",'
             b'"bodyBase64":"AA=="}')  # append --from's batch route (formats.replaykernel, formats.replayencode)
@@ -71,7 +91,11 @@ def warm_up(full: bool = False) -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
     from . import kernel
 
-    warm_up(full=True)
-    print(f"rmqstore kernels ready (CRC32: {kernel.CRC_IMPLEMENTATION}; cache: {kernel.scan_records.stats.cache_path})")
+    half = int(sys.argv[sys.argv.index("--part") + 1]) if "--part" in sys.argv else None  # the set-up: 0 and 1 at once
+    warm_up(full=True, part=half)
+    if half != 1:
+        print(f"rmqstore kernels ready (CRC32: {kernel.CRC_IMPLEMENTATION}; cache: {kernel.scan_records.stats.cache_path})")

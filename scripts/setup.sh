@@ -10,7 +10,12 @@ fi
 .venv/bin/python -c "import rmqstore_cli.app, rmqstore_cli.formats, rmqstore_cli.commands"
 # Compile the numba read kernels once now (cached per environment) rather than in the first command; this also
 # caches numba's runtime (NRT) machine code beside them, which every record-reading start would compile (formats/numbastart.py).
-.venv/bin/python -m rmqstore_cli.formats.warmup
+# The kernels in two halves, compiled by two processes at once (~2.7 min in one on a slow 2-core host; numba's
+# cache files are written atomically, so a helper both halves compile is simply written twice).
+.venv/bin/python -m rmqstore_cli.formats.warmup --part 1 &
+warm_writers=$!
+.venv/bin/python -m rmqstore_cli.formats.warmup --part 0
+wait "$warm_writers"
 # Then compile the same kernels ahead of time into a C extension (formats/aotbuild.py, numba's pycc; ~1 min of CPU):
 # a start that finds it current imports no numba (~0.15 s less per command, docs/start.md). Without it (no C
 # compiler, a failed build) everything runs as before through numba; RMQSTORE_AOT=0 skips building it.
