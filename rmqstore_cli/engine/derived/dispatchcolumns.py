@@ -73,6 +73,32 @@ def topic_ids(buf, h, registry: dict[str, int], u8: np.ndarray | None = None) ->
     return local[group]
 
 
+class VerifyTopicIds:
+    """Records' topics as ids of a registry {name: id}, read off verify's walk where it gives them
+    (verify.commitlog.ChunkTopics: the segment's :class:`TopicInterner` ids) instead of grouping the topics again.
+
+    Verify's ids are mapped only once every topic its interner holds is in the registry, so no new registry id is
+    made here: new topics get theirs from :func:`topic_ids`, in its order, exactly as without verify's ids."""
+
+    def __init__(self):
+        self._interner = None
+        self._remap = np.zeros(0, np.int64)
+
+    def __call__(self, buf, h, registry: dict, topics=None, keep: np.ndarray | None = None) -> np.ndarray:
+        """``h``: the records (verify's chunk, or its rows ``keep``, a bool mask, when given)."""
+        if topics is not None:
+            interner = topics.interner
+            if self._interner is not interner:
+                self._interner, self._remap = interner, np.zeros(0, np.int64)
+            if len(self._remap) < len(interner.ids):
+                names = interner.topics()
+                if all(n in registry for n in names):
+                    self._remap = np.asarray([registry[n] for n in names], np.int64)
+            if len(self._remap) == len(interner.ids):
+                return self._remap[topics.tids if keep is None else topics.tids[keep]]
+        return topic_ids(buf, h, registry)
+
+
 _DELAYS: dict = {}  # id of a delay table -> (the table, its kernel form)
 
 

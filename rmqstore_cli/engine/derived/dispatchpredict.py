@@ -15,7 +15,7 @@ import numpy as np
 from rmqstore_cli.formats import fast
 
 from ..log.walk import cq_dispatched
-from .dispatchcolumns import topic_ids
+from .dispatchcolumns import VerifyTopicIds
 from .batchcq import chunk_batch_fields
 from .lmq import chunk_targets
 
@@ -37,14 +37,18 @@ class DispatchPrediction:
         self.new_units: dict = {}
         self._parts: list = []
         self._held = 0
+        self._verify_ids = VerifyTopicIds()
 
-    def __call__(self, seg_start: int, buf, h: fast.Headers) -> None:
+    def __call__(self, seg_start: int, buf, h: fast.Headers, topics=None) -> None:
+        """``topics``: what verify's walk found for the chunk (verify.commitlog.ChunkTopics), or None: its topic ids
+        and multi-dispatch flags spare the grouping of the topics and the property scan for LMQ targets."""
         self.count += len(h)
         keep = cq_dispatched(h.sysFlag)
         if not keep.any():
             return
-        h = h.select(keep) if not keep.all() else h
-        tid = topic_ids(buf, h, self.topics)
+        whole = keep.all()
+        h = h.select(keep) if not whole else h
+        tid = self._verify_ids(buf, h, self.topics, topics, None if whole else keep)
         phy = h.offsets + seg_start
         if self.batch_topics:
             ids = [v for k, v in self.topics.items() if k in self.batch_topics]
@@ -57,7 +61,8 @@ class DispatchPrediction:
                 self.add(phy, h.totalSize, tid, h.queueId, h.queueOffset)
         else:
             self.add(phy, h.totalSize, tid, h.queueId, h.queueOffset)
-        if self.multi_dispatch is not None and self.multi_dispatch.enabled:
+        if (self.multi_dispatch is not None and self.multi_dispatch.enabled
+                and (topics is None or topics.multi[keep].any())):  # none carries both properties: no LMQ unit
             names = {v: k for k, v in self.topics.items()}
             lt = chunk_targets(self.multi_dispatch, fast.kernel_view(buf), h, lambda i: names[int(tid[i])])
             if len(lt):  # multi-dispatch units (§14.3): queues of their own, so after the records' units is right

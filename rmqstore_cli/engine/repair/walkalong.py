@@ -21,7 +21,7 @@ import numpy as np
 from rmqstore_cli.formats import fast
 from rmqstore_cli.formats.records import MAGIC_V1
 
-from ..derived.dispatchcolumns import topic_ids
+from ..derived.dispatchcolumns import VerifyTopicIds
 from ..derived.dispatchpredict import DispatchPrediction
 from ..derived.lmq import MultiDispatchRule, chunk_targets
 from ..log.walk import LogTally, WalkStop, broker_walk, cq_dispatched, lenient_records
@@ -67,8 +67,7 @@ class _LiveRecords:
         # state then gets -2^62 (every record kept)
         self.keys = np.zeros(0, np.int64)
         self.maxp = np.zeros(0, np.int64)
-        self._interner = None  # verify's topic interner of the segment being walked, and its ids' registry ids
-        self._remap = np.zeros(0, np.int64)
+        self._verify_ids = VerifyTopicIds()
 
     def __call__(self, seg_start: int, buf, h, topics=None) -> None:
         """``topics``: what verify's walk found for the chunk (verify.commitlog.ChunkTopics), or None."""
@@ -82,7 +81,7 @@ class _LiveRecords:
         keep = cq_dispatched(h.sysFlag)
         live = keep & (h.offsets + seg_start + h.totalSize > self.maxp[at])
         if live.all() or self._multi_dispatched(buf, h, keep, tid, topics):
-            pred(seg_start, buf, h)
+            pred(seg_start, buf, h, topics)
             return
         sub = h.select(live)
         pred.count += len(h) - len(sub)
@@ -101,21 +100,8 @@ class _LiveRecords:
         self.keys, self.maxp = keys[order], np.concatenate([self.maxp, np.asarray(maxp, np.int64)])[order]
 
     def _topic_ids(self, buf, h, topics) -> np.ndarray:
-        """The records' topics as ids in the prediction's registry: from verify's topic ids when its walk gives them
-        and every one of its topics is registered already (new topics get their ids from ``topic_ids``, in its
-        order), else grouped here."""
-        registry = self.pred.topics
-        if topics is not None:
-            interner = topics.interner
-            if self._interner is not interner:
-                self._interner, self._remap = interner, np.zeros(0, np.int64)
-            if len(self._remap) < len(interner.ids):
-                names = interner.topics()
-                if all(n in registry for n in names):
-                    self._remap = np.asarray([registry[n] for n in names], np.int64)
-            if len(self._remap) == len(interner.ids):
-                return self._remap[topics.tids]
-        return topic_ids(buf, h, registry)
+        """The records' topics as ids in the prediction's registry (dispatchcolumns.VerifyTopicIds)."""
+        return self._verify_ids(buf, h, self.pred.topics, topics)
 
     def _multi_dispatched(self, buf, h, keep, tid, topics=None) -> bool:
         rule = self.pred.multi_dispatch

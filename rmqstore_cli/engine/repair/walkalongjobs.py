@@ -79,7 +79,7 @@ class _Along:
             return
         p.tally(seg.start, buf, h)
         if self._coll is not None:
-            self._coll(seg.start, buf, h)
+            self._coll(seg.start, buf, h, topics)
             if self._coll.held > MAX_HELD:
                 p.bad = True
                 return
