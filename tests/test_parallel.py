@@ -209,3 +209,38 @@ def test_balanced_segments_go_to_the_worker_that_is_free(tmp_path):
     assert [i for i, _ in got] == [0, 1, 2, 3]
     pids = dict(got)
     assert pids[2] != pids[0]  # taken by the other worker while the first was still in segment 0
+
+
+class _Shared:
+    """An exchange (stream_segments' ``exchange``): each worker's part is its number; every worker gets the list."""
+
+    def part(self, k: int, workers: int):
+        return k
+
+    def combine(self, parts: list):
+        self.parts = parts
+        return ("all", tuple(parts))
+
+    def accept_later(self, receive) -> None:
+        self._receive, self._got = receive, None
+
+    def shared(self):
+        if self._got is None:
+            self._got = self._receive(True)  # sent once to each worker
+        return self._got
+
+
+def _slow_first_shared(i: int, folder: str, shared: _Shared):
+    for got in _slow_first(i, folder):
+        yield got + (shared.shared(),)
+
+
+def test_balanced_segments_with_an_exchange(tmp_path):
+    """With an exchange too, a worker that is free takes the next segment; every worker gets the combined parts."""
+    shared = _Shared()
+    got = list(stream_segments(_slow_first_shared, 4, 2, str(tmp_path), shared, exchange=shared, balance=True))
+    assert shared.parts == [0, 1]
+    assert [i for i, _, _ in got] == [0, 1, 2, 3]
+    assert all(s == ("all", (0, 1)) for _, _, s in got)
+    pids = {i: pid for i, pid, _ in got}
+    assert pids[2] != pids[0]  # taken by the other worker while the first was still in segment 0

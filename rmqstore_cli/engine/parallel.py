@@ -109,9 +109,11 @@ def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[i
     each runs up to SPILL_AHEAD items ahead, their bytes in the page cache, not in any process's memory; a
     segment's file is removed once its items are taken.
 
-    ``balance`` (without ``exchange``): instead of k, k+jobs, ..., a worker that is through its segment takes the
-    next segment nobody has taken yet, so that a worker whose segments went faster does not wait idle while
-    the other walks its last one alone. For ``items`` that keep nothing from one segment to the next."""
+    ``balance``: instead of k, k+jobs, ..., a worker that is through its segment takes the next segment nobody has
+    taken yet, so that a worker whose segments went faster (or whose core ran faster: on a shared host two vCPUs
+    differ by a quarter from minute to minute) does not wait idle while the other walks its last ones alone. For
+    ``items`` that keep nothing from one segment to the next. With an ``exchange`` a worker sends its part first,
+    then takes segments."""
     if jobs <= 1 or n <= 1:
         if exchange is not None:
             raise ValueError("an exchange needs at least two workers")
@@ -121,7 +123,7 @@ def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[i
     queues = [ctx.Queue(maxsize=SPILL_AHEAD if spill else AHEAD) for _ in range(workers)]
     inboxes = [ctx.Queue(maxsize=1) for _ in range(workers)] if exchange is not None else [None] * workers
     owners = None
-    if balance and exchange is None:
+    if balance:
         owners = _Owners(ctx, n)
     procs = [ctx.Process(target=_stream_worker, args=(items, owners.taker(k) if owners else range(k, n, workers), args,
                                                       queues[k], exchange, k, workers, inboxes[k], spill), daemon=True)

@@ -266,7 +266,7 @@ class WindowChecks:
         # with a plan, the workers first build the per-file checks, a share each, and all get all of them
         results = stream_segments(_segment_checks, len(segs), jobs, self, first_windows(self.cl),
                                   done=(lambda i: progress(segs[i].size)) if progress else None,
-                                  exchange=self if self.plan is not None else None)
+                                  exchange=self if self.plan is not None else None, balance=True)
         for res in results:
             self.merge(res)
 
