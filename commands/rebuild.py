@@ -27,7 +27,9 @@ def rebuild(
     yes: bool = YesOpt,
     json_: bool = JsonOpt,
     geometry: Geometry = None,
-    jobs: int = typer.Option(1, "-j", "--jobs", min=1, help="Processes parsing the commitlog (segments split among them; writes stay in order), for the rebuild and the verify after it."),
+    jobs: int = typer.Option(1, "-j", "--jobs", min=0, help="Processes (0: one per core) parsing the commitlog, whole "
+                             "segments each; the index entries are written by this process, in log order. Also for the "
+                             "verify after it. Same files and output as -j 1."),
 ):
     """Rebuild consume queues / ext / index from the commitlog with the broker's dispatch rules.
 
@@ -44,7 +46,10 @@ def rebuild(
 
         raise typer.Exit(rebuild_timer(st, out, dry_run=dry_run, backup_dir=backup_dir, force=force, yes=yes, json_=json_))
     guard_lock(st, force, yes)
+    from rmqstore_cli.engine.parallel import default_jobs
     from rmqstore_cli.engine.repair.outcome import assess_rebuild
+
+    jobs = jobs or default_jobs()
     from rmqstore_cli.engine.repair.rebuild import PARTS, rebuilt_parts
 
     parts = rebuilt_parts(st, what) if what in PARTS else []

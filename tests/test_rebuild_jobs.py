@@ -98,3 +98,24 @@ def test_jobs_rebuild_equals_one_process_on_seeded_damage(name, kind, tmp_path):
     print("seed", seed)
     rec = _middle_record(name, random.Random(seed))
     _both(tmp_path, name, kind(name, rec))
+
+
+def test_jobs_zero_means_one_process_per_core(tmp_path, monkeypatch):
+    """``-j 0``: as many processes as the machine has cores (here made three), the same files and output as -j 1."""
+    from rmqstore_cli.engine import parallel
+    from rmqstore_cli.engine.repair import rebuild as engine
+
+    asked = []
+    real = engine.rebuild
+
+    def rebuild(*a, **k):
+        asked.append(k.get("jobs"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(parallel, "default_jobs", lambda: 3)
+    monkeypatch.setattr(engine, "rebuild", rebuild)
+    one = _rebuild(copy_store("5.3.3-clean", tmp_path / "j1" / "store"), 1)
+    every = _rebuild(copy_store("5.3.3-clean", tmp_path / "j0" / "store"), 0)
+    assert asked == [1, 3]
+    assert one[0] == every[0] == 0, every[1][-2000:]
+    assert one[1:] == every[1:]
