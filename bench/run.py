@@ -89,18 +89,20 @@ def dledger_store(name: str, info: dict) -> dict:
 
 
 DLEDGER_ROW = "verify (DLedger)"
+DLEDGER_BESIDE = "verify (classic, beside DLedger)"
 
 
 def dledger_rows(b: "Bench", name: str, info: dict) -> None:
-    """``verify`` on the DLedger store of the same messages as ``name``, beside ``verify`` on the classic one (run
-    here too unless this run has it). Both rates count the same bytes, the classic records' (the entry headers
+    """``verify`` on the DLedger store of the same messages as ``name``, and ``verify`` on the classic one, the two
+    in turns (Bench.measure_side_by_side). Both rates count the same bytes, the classic records' (the entry headers
     are the DLedger log's own overhead), so their ratio is the inverse ratio of the wall times."""
     d = dledger_store(name, info)
-    if not any(r["workload"] == "verify" and r["store"] == name for r in b.results):
-        warm(info["root"])
-        b.measure("verify", name, info, RMQ + ["verify", info["root"], "--json"], info["records"], info["bytes"])
+    warm(info["root"])
     warm(d["root"])
-    b.measure(DLEDGER_ROW, name, info, RMQ + ["verify", d["root"], "--json"], info["records"], info["bytes"])
+    b.measure_side_by_side([dict(name=DLEDGER_BESIDE, store_name=name, cmd_for=RMQ + ["verify", info["root"], "--json"],
+                                 records=info["records"], nbytes=info["bytes"]),
+                            dict(name=DLEDGER_ROW, store_name=name, cmd_for=RMQ + ["verify", d["root"], "--json"],
+                                 records=info["records"], nbytes=info["bytes"])])
 
 
 def _drop_stale_caches() -> None:
@@ -185,36 +187,71 @@ class Bench:
         """``start``: the same command on the tiny fixture store (a list, or a callable that prepares and
         returns one). Its median is the command's fixed cost (interpreter, imports, numba, opening a store),
         shown beside the figure with the rate net of it: information on where the time goes, not a target."""
-        try:
-            row = self._measure(name, store_name, cmd_for, records, nbytes, prepare, cleanup)
-        except Exception as e:  # a failing command is reported, never hidden or estimated
-            self.results.append({"workload": name, "store": store_name, "failed": str(e)[:300]})
-            print(f"# {name} {store_name}: FAILED {e}", file=sys.stderr)
-            return None
-        if start is not None:
-            try:
-                add_start_cost(row, [run(start() if callable(start) else start).seconds for _ in range(CLI_START_RUNS)],
-                               records, nbytes)
-            except Exception as e:  # noqa: BLE001 -- the main figure stands; the split is reported missing
-                row["start_failed"] = str(e)[:200]
-            print(f"# {name} {store_name}: fixed start {row.get('start_seconds')} s, net of it "
-                  f"{row.get('net_MB_s')} MB/s {row.get('net_msg_s')} msg/s", file=sys.stderr)
-        return row
+        return self.measure_side_by_side([dict(name=name, store_name=store_name, cmd_for=cmd_for, records=records,
+                                               nbytes=nbytes, prepare=prepare, cleanup=cleanup, start=start)])[0]
 
-    def _measure(self, name, store_name, cmd_for, records, nbytes, prepare, cleanup):
-        times, anon, maxrss, worker, workers = [], 0, 0, 0, 0
+    def measure_side_by_side(self, variants: list[dict], budget: float = SLOW_BUDGET) -> list:
+        """Rows measured in turns: run 1 of each variant, then run 2 of each, ..., and their fixed starts the same
+        way. For the rows a ratio target compares (-j 2 against -j 1, DLedger against classic): the speed of this
+        shared host drifts by up to 2x over minutes, and rows measured one after the other would compare two
+        hosts. Each variant has :meth:`measure`'s arguments (``name``, ``store_name``, ``cmd_for``, ``records``,
+        ``nbytes``, ``prepare``, ``cleanup``, ``start``); ``budget``: seconds of timed runs a round may take and
+        still be repeated. Returns the rows (None for a variant that failed, reported as failed)."""
+        times: list[list] = [[] for _ in variants]
+        peaks = [[0, 0, 0, 0] for _ in variants]  # anon, maxrss, worker, workers
+        failed: list = [None] * len(variants)
         for k in range(self.repeat):
-            cmd = prepare() if prepare else cmd_for
-            try:
-                c = run(cmd)
-            finally:
-                if cleanup:
-                    cleanup()
-            times.append(c.seconds)
-            anon, maxrss = max(anon, c.rss_anon_peak), max(maxrss, c.ru_maxrss)
-            worker, workers = max(worker, c.worker_rss_anon_peak), max(workers, c.workers_seen)
-            if c.seconds * (self.repeat - k - 1) > SLOW_BUDGET:  # keep the whole run under 20 minutes
+            took = 0.0
+            for i, v in enumerate(variants):
+                if failed[i] is not None:
+                    continue
+                try:
+                    cmd = v["prepare"]() if v.get("prepare") else v["cmd_for"]
+                    try:
+                        c = run(cmd)
+                    finally:
+                        if v.get("cleanup"):
+                            v["cleanup"]()
+                except Exception as e:  # a failing command is reported, never hidden or estimated
+                    failed[i] = e
+                    continue
+                times[i].append(c.seconds)
+                took += c.seconds
+                pk = peaks[i]
+                pk[:] = [max(pk[0], c.rss_anon_peak), max(pk[1], c.ru_maxrss), max(pk[2], c.worker_rss_anon_peak),
+                         max(pk[3], c.workers_seen)]
+            if took * (self.repeat - k - 1) > budget * len(variants):  # keep the whole run under 20 minutes
                 break
+        rows = []
+        for v, t, pk, e in zip(variants, times, peaks, failed):
+            if e is not None or not t:
+                self.results.append({"workload": v["name"], "store": v["store_name"], "failed": str(e)[:300]})
+                print(f"# {v['name']} {v['store_name']}: FAILED {e}", file=sys.stderr)
+                rows.append(None)
+                continue
+            rows.append(self._row(v["name"], v["store_name"], t, pk, v["records"], v["nbytes"]))
+        starts = [[] for _ in variants]
+        for _ in range(CLI_START_RUNS):
+            for i, v in enumerate(variants):
+                if rows[i] is None or v.get("start") is None or rows[i].get("start_failed"):
+                    continue
+                try:
+                    st = v["start"]
+                    starts[i].append(run(st() if callable(st) else st).seconds)
+                except Exception as e:  # noqa: BLE001 -- the main figure stands; the split is reported missing
+                    rows[i]["start_failed"] = str(e)[:200]
+        for i, v in enumerate(variants):
+            row = rows[i]
+            if row is None or v.get("start") is None:
+                continue
+            if starts[i] and not row.get("start_failed"):
+                add_start_cost(row, starts[i], v["records"], v["nbytes"])
+            print(f"# {v['name']} {v['store_name']}: fixed start {row.get('start_seconds')} s, net of it "
+                  f"{row.get('net_MB_s')} MB/s {row.get('net_msg_s')} msg/s", file=sys.stderr)
+        return rows
+
+    def _row(self, name, store_name, times, peaks, records, nbytes) -> dict:
+        anon, maxrss, worker, workers = peaks
         med = statistics.median(times)
         row = {"workload": name, "store": store_name, "seconds": round(med, 3), "runs": [round(t, 3) for t in times],
                "MB_s": round(nbytes / med / MB, 1), "msg_s": round(records / med),

@@ -253,6 +253,10 @@ def test_production_rows_run_their_commands_on_the_demo_store(tmp_path, monkeypa
     ran = []
 
     class Recorder(run.Bench):
+        def measure_side_by_side(self, variants, budget=run.SLOW_BUDGET):
+            return [self.measure(v["name"], v["store_name"], None, v["cmd_for"], v["records"], v["nbytes"],
+                                 v.get("prepare"), v.get("cleanup"), v.get("start")) for v in variants]
+
         def measure(self, name, store_name, info, cmd_for, records, nbytes, prepare=None, cleanup=None, start=None):
             if name.startswith("spark"):
                 ran.append((name, prepare()))
@@ -277,3 +281,37 @@ def test_production_rows_run_their_commands_on_the_demo_store(tmp_path, monkeypa
             assert cmd[-2:] == ["-j", "2"], (name, cmd)
     assert any(n.startswith("spark export") for n, _ in ran)
     assert not os.path.exists(os.path.join(run.WORK, "recover-8g")) and not os.path.exists(os.path.join(run.WORK, "rebuild-8g"))
+
+
+def test_rows_measured_side_by_side_take_turns(monkeypatch):
+    """The rows a ratio compares run in turns (A, B, A, B, ...), their fixed starts too; each row's figure is the
+    median of its own runs, and a round that would take too long is not repeated."""
+    calls = []
+    seconds = {"a": [3.0, 1.0, 2.0], "b": [6.0, 4.0, 5.0], "a-start": [0.5] * 9, "b-start": [1.0] * 9}
+
+    class Child:
+        def __init__(self, s):
+            self.seconds, self.rss_anon_peak, self.ru_maxrss, self.worker_rss_anon_peak, self.workers_seen = s, 1, 1, 0, 0
+
+    def fake_run(cmd):
+        calls.append(cmd[0])
+        return Child(seconds[cmd[0]].pop(0))
+
+    monkeypatch.setattr(run, "run", fake_run)
+    b = run.Bench(3)
+    a_row, b_row = b.measure_side_by_side([
+        dict(name="A", store_name="s", cmd_for=["a"], records=100, nbytes=int(10e6), start=["a-start"]),
+        dict(name="B", store_name="s", cmd_for=None, prepare=lambda: ["b"], records=100, nbytes=int(10e6),
+             start=lambda: ["b-start"])], budget=100)
+    assert calls == ["a", "b"] * 3 + ["a-start", "b-start"] * run.CLI_START_RUNS
+    assert (a_row["seconds"], a_row["runs"], b_row["seconds"], b_row["runs"]) == (2.0, [3.0, 1.0, 2.0], 5.0, [6.0, 4.0, 5.0])
+    assert (a_row["MB_s"], a_row["start_seconds"], a_row["net_MB_s"]) == (5.0, 0.5, round(10 / 1.5, 1))
+    assert (b_row["start_seconds"], b_row["net_MB_s"]) == (1.0, 2.5)
+    assert [r["workload"] for r in b.results] == ["A", "B"]
+
+    calls.clear()
+    seconds.update(a=[30.0, 1.0], b=[30.0, 1.0])
+    b = run.Bench(3)
+    b.measure_side_by_side([dict(name="A", store_name="s", cmd_for=["a"], records=1, nbytes=1),
+                            dict(name="B", store_name="s", cmd_for=["b"], records=1, nbytes=1)], budget=20)
+    assert calls == ["a", "b"]  # 60 s a round, two more rounds: over 2 x 20 s, not repeated

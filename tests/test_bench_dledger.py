@@ -50,10 +50,12 @@ def test_dledger_store_verifies_clean_and_holds_the_classic_messages(tmp_path, s
 
 
 @pytest.mark.parametrize("dledger_mb_s,ok", [(79.0, False), (81.0, True)])
-def test_the_row_is_judged_against_the_classic_verify(dledger_mb_s, ok):
+def test_the_row_is_judged_against_the_classic_verify_measured_beside_it(dledger_mb_s, ok):
     from bench import run, targets
 
-    results = [{"workload": "verify", "store": "1KiB", "MB_s": 100.0, "msg_s": 1},
+    # the classic verify measured earlier in the run (another minute of this host) is not the reference
+    results = [{"workload": "verify", "store": "1KiB", "MB_s": 50.0, "msg_s": 1},
+               {"workload": run.DLEDGER_BESIDE, "store": "1KiB", "MB_s": 100.0, "msg_s": 1},
                {"workload": run.DLEDGER_ROW, "store": "1KiB", "MB_s": dledger_mb_s, "msg_s": 1}]
     [row] = [r for r in targets.evaluate(results) if "DLedger" in r["target"]]
     assert row["measured"] == round(dledger_mb_s / 100.0, 2) and row["pass"] is ok
