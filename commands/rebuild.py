@@ -48,10 +48,9 @@ def rebuild(
     guard_lock(st, force, yes)
     from rmqstore_cli.engine.parallel import default_jobs
     from rmqstore_cli.engine.repair.outcome import assess_rebuild
-
-    jobs = jobs or default_jobs()
     from rmqstore_cli.engine.repair.rebuild import PARTS, rebuilt_parts
 
+    jobs = jobs or default_jobs()
     parts = rebuilt_parts(st, what) if what in PARTS else []
     if dry_run:
         verdict = assess_rebuild(st, parts, topic)
