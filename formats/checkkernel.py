@@ -13,7 +13,7 @@ those rules to every reference in numpy: tests compare the two.
 The passes read the consume-queue and index files' own bytes (big-endian, as Java's ByteBuffer wrote them),
 so no decoded column of a file is made: :func:`queue_file_valid` reads a queue file once before the walk (where
 its valid units end, fillers, the windows its units point into, samples to find a window's run of units),
-:func:`queue_window` a window's units; the index entries' passes are :mod:`.entrykernel`'s, with the helpers
+:func:`queue_runs` a window's units (every queue's runs in one call); the index entries' passes are :mod:`.entrykernel`'s, with the helpers
 here. Constants are literals or arguments: numba freezes globals into the cached machine code.
 """
 
@@ -118,72 +118,112 @@ def _find(rphy, x, hint):
     return -1
 
 
-def _queue_window(u8, first, stop, qbase, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags, rtags_bad, topic_id,
-                  qid, ext_on, max_addr, marks, not_found, flagged, flagged_rec, state):
-    """Units ``first .. stop-1`` of one consume-queue file (``u8``: its bytes, 20 per unit; unit ``i`` has
-    queue offset ``qbase + i``) pointing into ``[ws, we]`` (``we`` inclusive: see :func:`_last_offset`). Sets ``marks`` of the records found; ``state`` =
-    [not found, flagged, highest queue offset that found its record (-1), end of the furthest record found
-    (-1)] (counts are set, the rest raised)."""
+# A run of consume-queue units handed to :func:`_queue_runs`: one row of int64 per run
+RUN_BYTE, RUN_UNITS, RUN_FIRST, RUN_QBASE, RUN_TOPIC, RUN_QID, RUN_FLAGS = range(7)
+RUN_FIELDS = 7
+RUN_EXT, RUN_OTHERS = 1, 2  # RUN_FLAGS bits: the queue has an ext file; its finds go to ``others`` (an LMQ queue)
+
+
+def _queue_runs(u8, runs, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags, rtags_bad, max_addr, marks, others,
+                not_found, flagged, found, counts):
+    """Runs of consume-queue units pointing into ``[ws, we]`` (``we`` inclusive: see :func:`_last_offset`). Run ``k``
+    (``runs[k]``, fields ``RUN_*``) is ``RUN_UNITS`` units (20 bytes each, big-endian) at byte ``RUN_BYTE`` of
+    ``u8``, units ``RUN_FIRST ..`` of one queue file whose unit ``i`` has queue offset ``RUN_QBASE + i``. Sets
+    ``marks`` (``others`` for an LMQ queue's runs) of the records found. ``not_found`` gets (run, unit) of the units
+    that found no record, ``flagged`` (run, unit, record) of those whose record differs in some field;
+    ``found[k]`` = (highest queue offset that found its record, end of the furthest record found), -1 for none;
+    ``counts`` = [not found, flagged]. One call takes every queue reaching a window: a broker's thousands of
+    queues hold a few units each per window, and a call apiece cost more than their units."""
     nnf = 0
     nfl = 0
-    hint = 0
-    step = 0
     nrec = len(rphy)
-    for i in range(first, stop):
-        u = i * CQ_UNIT_SIZE
-        p = _be64(u8, u + CQ_PHY)
-        if p < ws or p > we:
-            continue
-        size = _be32(u8, u + CQ_SIZE)
-        tags = _be64(u8, u + CQ_TAGS)
-        if _is_filler(p, size, tags):
-            continue
-        g = hint + step  # a queue's units mostly point a steady number of records apart (producers take turns)
-        r = g if 0 <= g < nrec and rphy[g] == p else _find(rphy, p, hint)
-        if r < 0:
-            not_found[nnf] = i
-            nnf += 1
-            continue
-        step = r - hint
-        hint = r
-        marks[r] = True
-        q = qbase + i
-        if q > state[2]:
-            state[2] = q
-        end = p + rsize[r]
-        if end > state[3]:
-            state[3] = end
-        tran = rsys[r] & TRAN_MASK
-        bad = (rsize[r] != size or rtopic[r] != topic_id or rqid[r] != qid or rqoff[r] != q
-               or (tran != TRANSACTION_NOT and tran != TRANSACTION_COMMIT))
-        if not bad and not rtags_bad[r]:
-            if ext_on and tags <= max_addr:
-                bad = True  # the tagsCode is an ext address: the ext unit is read in Python
-            elif tags != rtags[r]:
-                bad = True
-        if bad:
-            flagged[nfl] = i
-            flagged_rec[nfl] = r
-            nfl += 1
-    state[0] = nnf
-    state[1] = nfl
+    for k in range(runs.shape[0]):
+        off = runs[k, RUN_BYTE]
+        first = runs[k, RUN_FIRST]
+        qbase = runs[k, RUN_QBASE]
+        topic_id = runs[k, RUN_TOPIC]
+        qid = runs[k, RUN_QID]
+        ext_on = (runs[k, RUN_FLAGS] & RUN_EXT) != 0
+        to_others = (runs[k, RUN_FLAGS] & RUN_OTHERS) != 0
+        last_q = np.int64(-1)
+        far = np.int64(-1)
+        hint = 0
+        step = 0
+        for j in range(runs[k, RUN_UNITS]):
+            u = off + j * CQ_UNIT_SIZE
+            p = _be64(u8, u + CQ_PHY)
+            if p < ws or p > we:
+                continue
+            size = _be32(u8, u + CQ_SIZE)
+            tags = _be64(u8, u + CQ_TAGS)
+            if _is_filler(p, size, tags):
+                continue
+            i = first + j
+            g = hint + step  # a queue's units mostly point a steady number of records apart (producers take turns)
+            r = g if 0 <= g < nrec and rphy[g] == p else _find(rphy, p, hint)
+            if r < 0:
+                not_found[0, nnf] = k
+                not_found[1, nnf] = i
+                nnf += 1
+                continue
+            step = r - hint
+            hint = r
+            if to_others:
+                others[r] = True
+            else:
+                marks[r] = True
+            q = qbase + i
+            if q > last_q:
+                last_q = q
+            end = p + rsize[r]
+            if end > far:
+                far = end
+            tran = rsys[r] & TRAN_MASK
+            bad = (rsize[r] != size or rtopic[r] != topic_id or rqid[r] != qid or rqoff[r] != q
+                   or (tran != TRANSACTION_NOT and tran != TRANSACTION_COMMIT))
+            if not bad and not rtags_bad[r]:
+                if ext_on and tags <= max_addr:
+                    bad = True  # the tagsCode is an ext address: the ext unit is read in Python
+                elif tags != rtags[r]:
+                    bad = True
+            if bad:
+                flagged[0, nfl] = k
+                flagged[1, nfl] = i
+                flagged[2, nfl] = r
+                nfl += 1
+        found[k, 0] = last_q
+        found[k, 1] = far
+    counts[0] = nnf
+    counts[1] = nfl
+
+
+def queue_runs(u8, runs: np.ndarray, ws: int, we: int, recs, max_addr: int, marks, others) -> tuple:
+    """:func:`_queue_runs` over ``runs`` (int64, ``RUN_FIELDS`` per row) of ``u8``: (not found as (run, unit) rows,
+    flagged as (run, unit, record) rows, ``found`` (one (highest queue offset, furthest end) row per run))."""
+    n = int(runs[:, RUN_UNITS].sum()) if len(runs) else 0
+    # int32: runs, unit positions (a file's units) and records (a window's) are all below 2**31
+    not_found = np.empty((2, n), np.int32)
+    flagged = np.empty((3, n), np.int32)
+    found = np.empty((len(runs), 2), np.int64)
+    counts = np.zeros(2, np.int64)
+    c = recs.c
+    _compiled("_queue_runs")(u8, runs, np.int64(ws), _last_offset(we), recs.phy, c["size"], c["topic"], c["queueId"],
+                             c["queueOffset"], c["sysFlag"], c["tagsCode"], c["tagsBad"], np.int64(max_addr), marks, others,
+                             not_found, flagged, found, counts)
+    # copies: the few units reported, not the room made for every unit of the runs
+    return not_found[:, :counts[0]].copy(), flagged[:, :counts[1]].copy(), found
 
 
 def queue_window(u8, first: int, stop: int, qbase: int, ws: int, we: int, recs, topic_id: int, qid: int, ext_on: bool,
                  max_addr: int, marks) -> tuple:
-    """(file positions of the units that found no record, of the flagged units, the flagged units' records,
-    highest queue offset found or -1, end of the furthest record found or -1)."""
-    n = max(stop - first, 0)
-    not_found = np.empty(n, np.int64)
-    flagged = np.empty(n, np.int64)
-    flagged_rec = np.empty(n, np.int64)
-    state = np.array([0, 0, -1, -1], np.int64)
-    c = recs.c
-    _compiled("_queue_window")(u8, np.int64(first), np.int64(stop), np.int64(qbase), np.int64(ws), _last_offset(we), recs.phy,
-                               c["size"], c["topic"], c["queueId"], c["queueOffset"], c["sysFlag"], c["tagsCode"], c["tagsBad"],
-                               np.int64(topic_id), np.int64(qid), bool(ext_on), np.int64(max_addr), marks, not_found, flagged,
-                               flagged_rec, state)
-    return (not_found[:state[0]], flagged[:state[1]], flagged_rec[:state[1]], int(state[2]), int(state[3]))
+    """Units ``first .. stop-1`` of one consume-queue file (``u8``: its bytes; unit ``i`` has queue offset
+    ``qbase + i``) against the window's records, the one-run case of :func:`queue_runs`: (file positions of the
+    units that found no record, of the flagged units, the flagged units' records, highest queue offset found or -1,
+    end of the furthest record found or -1)."""
+    runs = np.array([[first * CQ_UNIT_SIZE, max(stop - first, 0), first, qbase, topic_id, qid, RUN_EXT if ext_on else 0]],
+                    np.int64)
+    nf, fl, found = queue_runs(u8, runs, ws, we, recs, max_addr, marks, marks)
+    return nf[1], fl[1], fl[2], int(found[0, 0]), int(found[0, 1])
 
 
 def _last_offset(we: int) -> np.int64:

@@ -29,7 +29,7 @@ def _compiled(name: str):
 
         g = globals()
         if not _COMPILED:
-            checkkernel._compiled("_queue_window")  # compiles checkkernel's helpers (replaced in its globals)
+            checkkernel._compiled("_queue_runs")  # compiles checkkernel's helpers (replaced in its globals)
             for helper in ("_be64", "_be32", "_window_of", "_find"):
                 g[helper] = getattr(checkkernel, helper)
             g["_link"] = link_kernel()  # the slot-chain rule, one implementation (formats.indexchain)

@@ -84,6 +84,8 @@ def test_small_windows_verify_equals_whole_log_verify(tmp_path, monkeypatch, nam
         monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", window)
         # a queue file's runs found from samples of every 1st, 3rd or 1024th unit's window
         monkeypatch.setattr(verify_windows, "_SAMPLE_STEP", (1, 3, 1024)[case % 3])
+        # every queue's run in a call of its own, long and short runs mixed, or every run in one batch
+        monkeypatch.setattr(verify_windows, "BATCH_UNITS", (1, 2, 8192)[case // 2])
         root = copy_store(name, tmp_path / f"{name}-{case}")
         if case:
             reached.add(_damage_near_boundary(root, rng, window))

@@ -18,6 +18,7 @@ from rmqstore_cli.formats.records import BCQ_UNIT_FIELDS, BCQ_UNIT_SIZE, fields_
 
 from ..log.segments import SegmentQueue
 from .consumequeue import list_queues
+from ..arrays import distinct
 
 BCQ_DIR = "batchconsumequeue"
 BCQ_DTYPE = fields_dtype(BCQ_UNIT_FIELDS)
@@ -167,7 +168,7 @@ def record_batch_fields(store, recs, rows: np.ndarray) -> tuple[np.ndarray, np.n
     bad = np.zeros(len(rows), bool)
     segs = store.commitlog.segments.segments
     seg_of = recs.seg[rows]
-    for k in np.unique(seg_of).tolist():
+    for k in distinct(seg_of).tolist():
         at = np.flatnonzero(seg_of == k)
         seg = segs[k]
         buf = seg.buffer()

@@ -25,6 +25,7 @@ from rmqstore_cli.formats import propscan
 from rmqstore_cli.formats.message import decode_utf8
 from rmqstore_cli.formats.properties import parse_properties
 from rmqstore_cli.formats.tags import SCHEDULE_TOPIC
+from ..arrays import distinct
 
 LMQ_PREFIX = "%LMQ%"
 RETRY_PREFIX = "%RETRY%"
@@ -183,8 +184,8 @@ def record_targets(store, recs, rule: MultiDispatchRule | None = None, only: np.
         return LmqTargets.empty()
     segs = store.commitlog.segments.segments
     per_record = []
-    pick = np.arange(len(recs), dtype=np.int64) if only is None else np.unique(np.asarray(only, np.int64))
-    for k in np.unique(recs.seg[pick]).tolist():
+    pick = np.arange(len(recs), dtype=np.int64) if only is None else distinct(np.asarray(only, np.int64))
+    for k in distinct(recs.seg[pick]).tolist():
         rows = pick[recs.seg[pick] == k]
         seg = segs[k]
         buf = seg.buffer()

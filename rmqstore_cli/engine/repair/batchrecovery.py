@@ -21,6 +21,7 @@ from rmqstore_cli.formats.records import BCQ_UNIT_SIZE, TRANSACTION_COMMIT, TRAN
 
 from ..derived.batchcq import BCQ_DTYPE, BatchConsumeQueue, record_batch_fields, valid_units
 from .plan import cut_files
+from ..arrays import distinct_rows
 
 
 @dataclass
@@ -148,8 +149,8 @@ def check_batch_queues(planner) -> None:
     if len(recs):
         tran = c["sysFlag"] & 0xC
         disp = np.flatnonzero((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT))
-        for tid, q in np.unique(np.stack([c["topic"][disp].astype(np.int64), c["queueId"][disp].astype(np.int64)], 1),
-                                axis=0).tolist():
+        for tid, q in distinct_rows(np.stack([c["topic"][disp].astype(np.int64),
+                                                   c["queueId"][disp].astype(np.int64)], 1)).tolist():
             if recs.topics[tid] in batch_topics:
                 keys.add((recs.topics[tid], int(q)))
     for key in sorted(keys):

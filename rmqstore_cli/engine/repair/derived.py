@@ -19,6 +19,7 @@ import numpy as np
 
 from rmqstore_cli.formats.extaddr import MAX_ADDR, undecorate
 from rmqstore_cli.formats.records import CQ_FILLER, TRANSACTION_COMMIT, TRANSACTION_NOT
+from ..arrays import distinct_rows
 
 
 @dataclass
@@ -125,7 +126,7 @@ class RecordTable:
         lt = self.lmq()
         if not len(lt):
             return set()
-        pairs = np.unique(np.stack([lt.name, lt.queue_id], 1), axis=0)
+        pairs = distinct_rows(np.stack([lt.name, lt.queue_id], 1))
         return {(lt.names[int(n)], int(q)) for n, q in pairs.tolist()}
 
     def queue_entries(self, topic: str, qid: int) -> tuple[np.ndarray, np.ndarray]:

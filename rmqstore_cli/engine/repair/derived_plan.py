@@ -19,6 +19,7 @@ from .derived import QueueVerdict, check_queue, record_table
 from .derived_windows import windowed_verdicts
 from .extplan import cut_ext
 from .indexplan import check_index
+from ..arrays import distinct_rows
 
 _REWRITTEN = "belong to rewritten consume-queue units; they are written again by the re-dispatch"
 
@@ -136,7 +137,7 @@ def _check_queues(planner) -> None:
     if len(recs):
         tran = c["sysFlag"] & 0xC
         disp = np.flatnonzero((tran == 0) | (tran == 8))
-        pairs = np.unique(np.stack([c["topic"][disp].astype(np.int64), c["queueId"][disp].astype(np.int64)], 1), axis=0)
+        pairs = distinct_rows(np.stack([c["topic"][disp].astype(np.int64), c["queueId"][disp].astype(np.int64)], 1))
         for tid, q in pairs.tolist():
             keys.add((recs.topics[tid], int(q)))
         keys |= table.lmq_queues()

@@ -18,6 +18,7 @@ from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_CO
 from ..derived.lmq import MultiDispatchRule, record_targets
 from .derived import QueueVerdict, RecordTable, in_file_order, record_table, table_of_reports, tail_redispatch
 from ..verify.commitlog import first_windows, iter_segment_windows, window_starts
+from ..arrays import distinct
 
 
 class LazyRecordTable:
@@ -168,12 +169,15 @@ class WindowedCheck:
             lt = record_targets(self.planner.store, t, self.multi_dispatch)
             if len(lt):
                 named = _collect_lmq_tails(t, disp, lt, self.queues, self.tails)
+        groups = []  # (queue, position of the first unit, units, first real unit) of each file's units in the window
+        for key, (qs, files, first_real, touched) in self.queues.items():
+            for (first, units), slices in zip(files, touched):
+                if k in slices:
+                    a, b = slices[k]
+                    if b > a:
+                        groups.append((key, first + a, units[a:b], first_real))
         try:
-            for key, (qs, files, first_real, touched) in self.queues.items():
-                for (first, units), slices in zip(files, touched):
-                    if k in slices:
-                        a, b = slices[k]
-                        _check_units(t, key, first + a, units[a:b], first_real, lo, hi, named.get(key))
+            _check_units(t, groups, lo, hi, named)
         except _Lie:
             self.lied = True
             return False
@@ -277,7 +281,7 @@ def windows_hit(real: np.ndarray, bounds: np.ndarray, limits: np.ndarray, wbound
     w = np.searchsorted(bounds, real, side="right") - 1
     if not ((w >= 0) & (real < limits[np.maximum(w, 0)])).all():
         return None
-    return np.unique(np.searchsorted(wbounds, real, side="right") - 1).tolist()
+    return distinct(np.searchsorted(wbounds, real, side="right") - 1).tolist()
 
 
 def _window_bounds(cl, segs: list) -> np.ndarray:
@@ -329,16 +333,27 @@ def _window_slices(phy: np.ndarray, first: int, first_real, wbounds: np.ndarray,
     return {k: (int(a), int(b)) for k, a, b in zip(windows, lo.tolist(), hi.tolist())}
 
 
-def _check_units(t, key, first: int, units: np.ndarray, first_real, lo: int, hi: int, named: set | None = None) -> None:
+def _check_units(t, groups: list, lo: int, hi: int, named: dict) -> None:
     """derived.check_queue's unit tests (record at phyOffset; size, topic, queue, QUEUEOFFSET, transaction
-    type, tagsCode) on the real units of one file that point into [lo, hi); raises _Lie on the first miss.
-    ``named``: (record, queue offset) of the multi-dispatch units the window's records give this queue."""
+    type, tagsCode) on the real units that point into [lo, hi) of every file in ``groups`` ((queue, position of
+    the first unit, units, position of the queue's first real unit or None)); raises _Lie on the first miss.
+    ``named``: queue -> (record, queue offset) of the multi-dispatch units the window's records give it. All the
+    window's units are tested at once: a broker's thousands of queues hold a few units each per window."""
+    if not groups:
+        return
+    n = len(groups)
+    lens = np.fromiter((len(g[2]) for g in groups), np.int64, n)
+    units = np.concatenate([g[2] for g in groups]) if n > 1 else groups[0][2]
+    which = np.repeat(np.arange(n), lens)  # the file of each unit
+    starts = np.cumsum(lens) - lens
+    firsts = np.fromiter((g[1] for g in groups), np.int64, n)
+    first_real = np.fromiter((np.iinfo(np.int64).max if g[3] is None else g[3] for g in groups), np.int64, n)
     phy = units["phyOffset"].astype(np.int64)
-    pos = first + np.arange(len(phy), dtype=np.int64)
-    sel = np.flatnonzero((pos >= first_real) & (phy >= lo) & (phy < hi))
+    pos = firsts[which] + np.arange(len(phy), dtype=np.int64) - starts[which]
+    sel = np.flatnonzero((pos >= first_real[which]) & (phy >= lo) & (phy < hi))
     if not len(sel):
         return
-    phy, pos = phy[sel], pos[sel]
+    which, phy, pos = which[sel], phy[sel], pos[sel]
     size = units["size"][sel].astype(np.int64)
     tags = units["tagsCode"][sel].astype(np.int64)
     idx, found = t.lookup(phy)
@@ -346,9 +361,13 @@ def _check_units(t, key, first: int, units: np.ndarray, first_real, lo: int, hi:
         raise _Lie
     c = t.c
     tran = c["sysFlag"][idx] & 0xC
-    own = (c["topic"][idx] == t.topic_ids.get(key[0], -2)) & (c["queueId"][idx] == key[1]) & (c["queueOffset"][idx] == pos)
+    topic = np.fromiter((t.topic_ids.get(g[0][0], -2) for g in groups), np.int64, n)
+    qid = np.fromiter((g[0][1] for g in groups), np.int64, n)
+    own = (c["topic"][idx] == topic[which]) & (c["queueId"][idx] == qid[which]) & (c["queueOffset"][idx] == pos)
     if named:
-        own |= np.fromiter(((i, p) in named for i, p in zip(idx.tolist(), pos.tolist())), dtype=bool, count=len(idx))
+        for j in np.flatnonzero(~own).tolist():
+            units_named = named.get(groups[which[j]][0])
+            own[j] = units_named is not None and (int(idx[j]), int(pos[j])) in units_named
     ok = ((c["size"][idx] == size) & own & ((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT))
           & (c["tagsBad"][idx] | (c["tagsCode"][idx] == tags)))
     if not ok.all():
@@ -364,12 +383,15 @@ def _collect_tails(t, disp: np.ndarray, queues: dict, tails: dict) -> None:
         return
     tid, qid, qo = c["topic"][rows].astype(np.int64), c["queueId"][rows].astype(np.int64), c["queueOffset"][rows]
     pair = (tid << 32) | (qid & 0xFFFFFFFF)
-    for p in np.unique(pair).tolist():
-        m = pair == p
-        key = (t.topics[p >> 32], int(qid[np.argmax(m)]))
+    order = np.argsort(pair, kind="stable")  # each queue's records together, in log order
+    grouped = pair[order]
+    cut = (np.flatnonzero(grouped[1:] != grouped[:-1]) + 1).tolist()
+    for a, b in zip([0] + cut, cut + [len(order)]):
+        g = order[a:b]
+        key = (t.topics[int(grouped[a]) >> 32], int(qid[g[0]]))
         if key in queues:
-            m &= qo >= queues[key][0].max_offset
-        r = rows[m]
+            g = g[qo[g] >= queues[key][0].max_offset]
+        r = rows[g]
         lst = tails.setdefault(key, [])
         if len(r):
             lst.append((t.phy[r], c["size"][r].astype(np.int64), c["queueOffset"][r].astype(np.int64)))

@@ -97,17 +97,23 @@ def queue_file_units(seg, file_size: int) -> np.ndarray:
     return np.frombuffer(seg.buffer(), dtype=CQ_DTYPE, count=n)
 
 
-UNIT_BLOCK = 1 << 16  # consume-queue units tested at a time by first_unit (1.3 MB of a file)
+UNIT_BLOCK = 1 << 16  # consume-queue units tested at a time by first_unit at most (1.3 MB of a file)
+FIRST_BLOCK = 256  # ... and in its first block, doubled from block to block
 
 
 def first_unit(units: np.ndarray, test) -> int:
     """Index of the first unit for which ``test(block)`` (a boolean array per block of units) holds, or
     ``len(units)``: block by block, so a file whose answer comes early is not read to its end (past the data
-    the broker wrote, a queue file is a hole every page of which a whole-file test would map)."""
-    for a in range(0, len(units), UNIT_BLOCK):
-        hit = np.flatnonzero(test(units[a:a + UNIT_BLOCK]))
+    the broker wrote, a queue file is a hole every page of which a whole-file test would map). The blocks grow
+    from FIRST_BLOCK units: a broker with thousands of queues has as many queue files whose answer (where the
+    units end) comes in their first few KB."""
+    a, block = 0, FIRST_BLOCK
+    while a < len(units):
+        hit = np.flatnonzero(test(units[a:a + block]))
         if len(hit):
             return a + int(hit[0])
+        a += block
+        block = min(block * 2, UNIT_BLOCK)
     return len(units)
 
 

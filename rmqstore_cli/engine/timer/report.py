@@ -10,6 +10,7 @@ from rmqstore_cli.formats.timer import TIMER_UNIT_SIZE, magic_text
 
 from .files import slot_json
 from .store import MSG_OK, MSG_STATE_TEXT, TimerStore
+from ..arrays import distinct
 
 CHAIN_LIMIT = 100_000  # positions listed per slot chain (a damaged chain can loop)
 MINUTE, HOUR, DAY = 60_000, 3_600_000, 86_400_000
@@ -215,7 +216,7 @@ def _pending_columns(ts: TimerStore, names: dict, stop_at: int | None = None, ch
         if not len(sel):
             continue
         h = np.where(m.has_topic[sel], m.topic_hash[sel], u.realTopicHash[sel]).astype(np.int64)
-        for k in np.unique(h).tolist():
+        for k in distinct(h).tolist():
             if k not in names:
                 i = sel[np.flatnonzero(h == k)[0]]
                 t = m.text(ts.store, int(i), "REAL_TOPIC")

@@ -22,6 +22,7 @@ from rmqstore_cli.formats.timer import MAGIC_DELETE, MAGIC_ROLL, TIMER_TOPIC, WH
 
 from ..errors import UsageError
 from .files import TimerCheckpoint, TimerLog, TimerLogWalk, TimerMetrics, TimerWheel, UnitChunk
+from ..arrays import distinct
 
 PROPS = ("REAL_TOPIC", "REAL_QID", "TIMER_OUT_MS", "UNIQ_KEY", "KEYS", "TIMER_ROLL_TIMES")
 _TOPIC_BYTES = np.frombuffer(TIMER_TOPIC.encode(), np.uint8)
@@ -73,7 +74,7 @@ def resolve_messages(store, offset_py: np.ndarray, size_py: np.ndarray) -> Messa
         return MessageColumns(state, thash, has_topic, tout, qoff, segi, spans)
     starts = np.array([s.start for s in segs], np.int64)
     which = np.searchsorted(starts, offset_py, side="right") - 1
-    for si in np.unique(which[which >= 0]).tolist():
+    for si in distinct(which[which >= 0]).tolist():
         seg = segs[si]
         sel = np.flatnonzero((which == si) & (offset_py < seg.start + seg.size))
         if not len(sel):
@@ -277,7 +278,7 @@ class TimerStore:
 
         out = np.zeros(len(m.seg), np.int64)
         starts, ends = m.spans[name]
-        for si in np.unique(m.seg[(m.seg >= 0) & (starts >= 0)]).tolist():
+        for si in distinct(m.seg[(m.seg >= 0) & (starts >= 0)]).tolist():
             at = np.flatnonzero((m.seg == si) & (starts >= 0))
             u8 = kernel_view(self.store.commitlog.segments.segments[si].buffer())
             got = np.empty(len(at), np.int64)
@@ -302,7 +303,7 @@ class TimerStore:
             return np.zeros(0, np.int64)
         olds, news = op[hit], key_last[at[hit]]
         same = self._texts(olds, "UNIQ_KEY") == self._texts(news, "UNIQ_KEY")
-        return np.unique(olds[same])
+        return distinct(olds[same])
 
     def _texts(self, positions: np.ndarray, name: str) -> np.ndarray:
         units = [self.timerlog.read_unit(int(p)) for p in positions.tolist()]

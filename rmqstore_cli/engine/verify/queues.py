@@ -10,6 +10,7 @@ from rmqstore_cli.formats.extaddr import MAX_ADDR, undecorate
 from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
 from ..derived.lmq import is_lmq, record_targets
+from ..log.mappedfile import data_extents
 from ..findings import Finding
 from .records import ERROR, INFO, WARNING, _Agg, _cq_loc, _Records, _RefClassifier
 
@@ -287,14 +288,27 @@ def _check_cq_holes(cq, end_offset: int, agg: _Agg, group) -> None:
         arr = cq.file_units(seg)
         first = max(0, (end_pos - seg.start) // CQ_UNIT_SIZE)
         rest = arr[first:].view(np.uint8)  # a unit's three fields are all its 20 bytes: non-zero field = non-zero byte
-        if np.count_nonzero(rest):
-            pos = (first + int(np.flatnonzero(rest)[0]) // CQ_UNIT_SIZE) * CQ_UNIT_SIZE
+        at = _first_non_zero(seg.path, rest, first * CQ_UNIT_SIZE)
+        if at is not None:
+            pos = (first + at // CQ_UNIT_SIZE) * CQ_UNIT_SIZE
             # located at the break (the first invalid unit), where the damage is, not at the stranded units
             end_seg = cq.segments.find(end_pos) or seg
             agg.add(group, "CQ_HOLE", ERROR, end_seg.path, end_pos - end_seg.start, f"units after the end of the queue at offset "
                     f"{end_offset} (next non-zero unit at {seg.name}+{pos}): the broker "
                     "treats the queue as ending at the first invalid unit and cannot reach them", topic=group[0], queueId=group[1])
             return
+
+
+def _first_non_zero(path: str, rest: np.ndarray, base: int) -> int | None:
+    """Index in ``rest`` (the file's bytes from ``base`` on) of its first non-zero byte, or None. Only the file's
+    data extents are read: past its last unit a queue file is a hole or reserved blocks (the broker's sparse
+    pre-allocation, our ``posix_fallocate``), which read as zeros. A broker with thousands of queues has as many
+    ~6 MB files; reading each one's zeros cost ~1 ms of CPU and its page faults."""
+    for lo, hi in data_extents(path, base, base + len(rest)):
+        part = rest[lo - base:hi - base]
+        if np.count_nonzero(part):
+            return lo - base + int(np.flatnonzero(part)[0])
+    return None
 
 
 def _check_ext_refs(ext, cq, ext_refs, recs: _Records, agg: _Agg, group) -> None:

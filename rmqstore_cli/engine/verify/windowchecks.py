@@ -29,7 +29,7 @@ from .indexcoverage import IndexCoverage
 from .lmq import LmqDispatchCheck, after_furthest_unit
 from .records import ERROR, WARNING, _Agg, _Records
 from .rocksdbqueues import CheckpointDispatch, RocksQueueWindows
-from .windows import IndexWindows, QueueWindows, Windows
+from .windows import IndexWindows, QueueWindows, Windows, check_queues
 
 
 @dataclass
@@ -163,11 +163,7 @@ class WindowChecks:
             check_delay_properties(recs, self.findings)
         marks = np.zeros(len(recs), dtype=bool)
         others = np.zeros(len(recs), dtype=bool)  # found by LMQ units: the records' own units are checked apart
-        found_end = None
-        for q, lmq in zip(self.queues, self.queue_is_lmq):
-            end = q.window(w, self.windows, recs, others if lmq else marks)
-            if end is not None:
-                found_end = end if found_end is None else max(found_end, end)
+        found_end = check_queues(w, self.windows, recs, self.queues, self.queue_is_lmq, marks, others)
         for b in self.batch:
             end = b.window(*self.windows.bounds(w), recs, marks)
             if end is not None:

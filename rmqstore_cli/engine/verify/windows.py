@@ -18,12 +18,13 @@ run once per file before the walk. Findings, counts and messages equal the whole
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right
 
 import numpy as np
 
 from rmqstore_cli.formats import checkkernel, entrykernel
-from rmqstore_cli.formats.checkkernel import _last_offset
+from rmqstore_cli.formats.checkkernel import RUN_EXT, RUN_OTHERS, _last_offset
 from rmqstore_cli.formats.extaddr import MAX_ADDR
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
@@ -134,6 +135,8 @@ class QueueWindows:
                 qofs, phy, _, _ = self.files.units_at(seg, before)
                 self.deferred.add(qofs, phy)
             if hi is not None:
+                if samples is not None:  # bisect on 8-byte arrays: a window's run is found in a few hundred ns
+                    samples = (_int64s(samples[0]), _int64s(samples[1]))
                 self.reach.append((seg, n, lo, hi, samples))
         _check_cq_holes(cq, self.files.end_offset, scan.agg, scan.group)
         if scan.fillers:
@@ -147,6 +150,13 @@ class QueueWindows:
         self._next = 0  # reach[:_next] became active (first window reached); _active: those not yet past
         self._active: list = []
         self._last_w = -1
+        self._ends = -1  # the lowest last window among the active files: none leaves before it
+        self._bytes: dict = {}  # file start -> its units' bytes, while the file is active
+
+    def __getstate__(self):  # the checks travel to -j workers before the walk: no file's bytes go with them
+        state = dict(self.__dict__)
+        state["_bytes"] = {}
+        return state
 
     def take_partial(self):
         """What the windows checked since the last call added (findings, unresolved units, furthest find), or
@@ -166,48 +176,157 @@ class QueueWindows:
         this is a sweep (a file joins at its first window and leaves after its last), not a pass over every
         file of the queue for every window."""
         if w < self._last_w:  # out of order: start the sweep again
-            self._next, self._active = 0, []
+            self._next, self._active, self._ends = 0, [], -1
+            self._bytes.clear()
         self._last_w = w
-        while self._next < len(self.reach) and self.reach[self._next][2] <= w:
-            self._active.append(self.reach[self._next])
+        reach, active = self.reach, self._active
+        while self._next < len(reach) and reach[self._next][2] <= w:
+            active.append(reach[self._next])
+            self._ends = reach[self._next][3] if self._ends < 0 else min(self._ends, reach[self._next][3])
             self._next += 1
-        self._active = [r for r in self._active if r[3] >= w]
-        return self._active
+        if self._ends < w and active:  # some file's units end before this window
+            for r in active:
+                if r[3] < w:
+                    self._bytes.pop(r[0].start, None)
+            active = self._active = [r for r in active if r[3] >= w]
+            self._ends = min((r[3] for r in active), default=-1)
+        return active
 
-    def window(self, w: int, windows: Windows, recs: _Records, marks: np.ndarray) -> int | None:
-        """Units pointing into window ``w`` (records ``recs``); flags the records they find in ``marks``;
-        returns the end of the furthest record found."""
-        found_end = None
+    def runs(self, w: int):
+        """(file, first unit, end unit, the file's units' bytes) of each run of units that may point into window ``w``."""
         for seg, n, lo, hi, samples in self._reaching(w):
             first, stop = 0, n
             if samples is not None:
                 ks, units = samples
-                j0 = int(np.searchsorted(ks, w, side="left")) - 1  # last sample before the window
-                j1 = int(np.searchsorted(ks, w, side="right"))  # first sample after it
-                first = int(units[j0]) if j0 >= 0 else 0
-                stop = int(units[j1]) if j1 < len(units) else n
+                j0 = bisect_left(ks, w) - 1  # last sample before the window
+                j1 = bisect_right(ks, w)  # first sample after it
+                first = units[j0] if j0 >= 0 else 0
+                stop = units[j1] if j1 < len(units) else n
                 if first >= stop:
                     continue
-            nf, fl, fr, last_q, end = checkkernel.queue_window(self.files.unit_bytes(seg), first, stop, seg.start // CQ_UNIT_SIZE,
-                                                               *windows.bounds(w), recs, recs.topic_ids.get(self.scan.topic, -1),
-                                                               self.scan.qid, self.scan.ext is not None, MAX_ADDR, marks)
-            if len(nf):
-                qofs, phy, _, _ = self.files.units_at(seg, nf)
-                self.deferred.add(qofs, phy)
-            if last_q < 0:
-                continue
-            self.last_found = max(self.last_found, last_q)
-            found_end = end if found_end is None else max(found_end, end)
-            if len(fl):  # units some field of which differs from their record's: the rules say which
-                qofs, phy, size, tags = self.files.units_at(seg, fl)
-                check_found_units(self.cq, self.scan, qofs, phy, size, tags, fr, recs)
-        return found_end
+            u8 = self._bytes.get(seg.start)
+            if u8 is None:
+                u8 = self._bytes[seg.start] = self.files.unit_bytes(seg)
+            yield seg, first, stop, u8
+
+    def took(self, seg, not_found: np.ndarray, flagged: np.ndarray, flagged_recs: np.ndarray, last_q: int,
+             recs: _Records) -> bool:
+        """What the kernel found for one run of ``seg``'s units (file positions); False when no unit found its record."""
+        if len(not_found):
+            qofs, phy, _, _ = self.files.units_at(seg, not_found)
+            self.deferred.add(qofs, phy)
+        if last_q < 0:
+            return False
+        self.last_found = max(self.last_found, last_q)
+        if len(flagged):  # units some field of which differs from their record's: the rules say which
+            qofs, phy, size, tags = self.files.units_at(seg, flagged)
+            check_found_units(self.cq, self.scan, qofs, phy, size, tags, flagged_recs, recs)
+        return True
+
+    def window(self, w: int, windows: Windows, recs: _Records, marks: np.ndarray) -> int | None:
+        """Units pointing into window ``w`` (records ``recs``); flags the records they find in ``marks``;
+        returns the end of the furthest record found."""
+        return check_queues(w, windows, recs, [self], [False], marks, marks)
 
     def finish(self, refs: _RefClassifier, findings: list) -> None:
         qofs, phy, status = self.deferred.resolve(refs, self.last_found)
         for j in np.flatnonzero(status == refs.MISSING).tolist():
             _no_record(self.scan.agg, self.cq, self.scan.group, int(qofs[j]), int(phy[j]))
         findings += self.scan.agg.findings()
+
+
+# A run of at least this many units is checked in its file's own bytes; shorter runs are copied into batches of
+# about this many units (copying a unit costs a few ns, a kernel call of its own tens of us; a batch's copy and
+# room for its results stay a few hundred KB, whatever the number of queues)
+BATCH_UNITS = 8192
+
+
+def check_queues(w: int, windows: Windows, recs: _Records, queues: list, to_others: list, marks: np.ndarray,
+                 others: np.ndarray) -> int | None:
+    """The units of ``queues`` pointing into window ``w`` against its records ``recs``, in few kernel calls: the
+    queues' short runs of units batched (a broker's thousands of queues hold a few units each per window), each
+    long run in its own. The records found are flagged in ``marks``, or in ``others`` for a queue whose
+    ``to_others`` is set (LMQ units). Returns the end of the furthest record found. Queues of another kind (the
+    RocksDB store's) check their own units."""
+    ws, we = windows.bounds(w)
+    topic_ids = recs.topic_ids
+    order: list = []  # [queue, file, call, row] of each run, in the queues' order
+    results: list = []  # per call: (not found, flagged, highest queue offsets, furthest ends, runs of each)
+    batch: list = []  # the batch being filled: (bytes, row, order entry) of its runs
+    filled = 0
+
+    def call(u8, rows: list) -> int:
+        nf, fl, found = checkkernel.queue_runs(u8, np.array(rows, np.int64), ws, we, recs, MAX_ADDR, marks, others)
+        results.append((nf, fl, found[:, 0].tolist(), found[:, 1].tolist(), _by_run(nf), _by_run(fl)))
+        return len(results) - 1
+
+    def flush() -> None:
+        at, rows = 0, []
+        for u8, row, entry in batch:
+            row[0] = at
+            at += row[1] * CQ_UNIT_SIZE
+            rows.append(row)
+        k = call(np.concatenate([u8 for u8, _, _ in batch]) if len(batch) > 1 else batch[0][0], rows)
+        for j, (_, _, entry) in enumerate(batch):
+            entry[2], entry[3] = k, j
+        batch.clear()
+
+    found_end = None
+    for q, lmq in zip(queues, to_others):
+        if not isinstance(q, QueueWindows):
+            end = q.window(w, windows, recs, others if lmq else marks)
+            if end is not None:
+                found_end = end if found_end is None else max(found_end, end)
+            continue
+        tid = topic_ids.get(q.scan.topic, -1)
+        flags = (RUN_EXT if q.scan.ext is not None else 0) | (RUN_OTHERS if lmq else 0)
+        qid = q.scan.qid
+        for seg, first, stop, u8 in q.runs(w):
+            n = stop - first
+            row = [first * CQ_UNIT_SIZE, n, first, seg.start // CQ_UNIT_SIZE, tid, qid, flags]
+            if n >= BATCH_UNITS:
+                order.append([q, seg, call(u8, [row]), 0])
+                continue
+            entry = [q, seg, -1, -1]
+            order.append(entry)
+            batch.append((u8[first * CQ_UNIT_SIZE:stop * CQ_UNIT_SIZE], row, entry))
+            filled += n
+            if filled >= BATCH_UNITS:
+                flush()
+                filled = 0
+    if batch:
+        flush()
+    for q, seg, k, row in order:
+        nf, fl, last_q, far, nf_at, fl_at = results[k]
+        if nf_at or fl_at:
+            a, b = nf_at.get(row, (0, 0))
+            c, d = fl_at.get(row, (0, 0))
+            if not q.took(seg, nf[1, a:b], fl[1, c:d], fl[2, c:d], last_q[row], recs):
+                continue
+        elif last_q[row] < 0:
+            continue
+        else:
+            q.last_found = max(q.last_found, last_q[row])
+        end = far[row]
+        found_end = end if found_end is None else max(found_end, end)
+    return found_end
+
+
+def _int64s(values: np.ndarray) -> array:
+    out = array("q")
+    out.frombytes(np.ascontiguousarray(values, np.int64).tobytes())
+    return out
+
+
+def _by_run(rows: np.ndarray) -> dict:
+    """run -> (first, end) column of ``rows``, whose first row holds the run numbers in order."""
+    if not rows.shape[1]:
+        return {}
+    k = rows[0]
+    cut = np.flatnonzero(k[1:] != k[:-1]) + 1
+    firsts = [0] + cut.tolist()
+    ends = cut.tolist() + [len(k)]
+    return {int(k[a]): (a, b) for a, b in zip(firsts, ends)}
 
 
 class IndexWindows:
@@ -221,6 +340,7 @@ class IndexWindows:
         self.last_found = -1
         self.first_ts = self.last_ts = None
         self.reach: list = []  # (first entry, end entry, first window, last window) per block
+        self.span = None
         self.out_of_order = None
         count = h.indexCount if h.indexCount > 0 else 1
         if count > f.entries:
@@ -268,6 +388,8 @@ class IndexWindows:
                 self.reach.append((a, b, *blk.windows))
         verify_index.check_slot_table(agg, f, h, buf, last, first_phy, prev_phy)
         del last
+        # the windows the entries point into, first to last: the other windows skip this file unmapped
+        self.span = (min(r[2] for r in self.reach), max(r[3] for r in self.reach)) if self.reach else None
 
     def take_partial(self):
         """As :meth:`QueueWindows.take_partial`, with the store times of the file's first and last entries' records."""
@@ -311,7 +433,7 @@ class IndexWindows:
         """The entries pointing into window ``w`` against its records ``recs``; ``held`` (one per record), if given,
         gets one added per entry found at the record (:class:`.indexcoverage.IndexCoverage` reads it)."""
         f, h, agg, epos = self.f, self.h, self.agg, self.epos
-        if not self.reach:
+        if not self.reach or not self.span[0] <= w <= self.span[1]:
             return
         raw = f.entry_table(self.count).view(np.uint8)
         buf = f.segment.buffer()
