@@ -19,7 +19,7 @@ from rmqstore_cli.engine.verify import commitlog as verify_commitlog
 SEED = int(os.environ.get("RMQSTORE_WINDOW_UNITS_SEED", random.randrange(1 << 30)))
 
 
-def _plans(root, monkeypatch) -> tuple:
+def _plans(root, monkeypatch, chunk: int) -> tuple:
     """(what each window's check answered (False: a unit lies), the windowed verdicts (None after a lie, none
     when the plan stopped at the lie), the plan with the windowed check, the plan without it)."""
     def plan():
@@ -28,6 +28,7 @@ def _plans(root, monkeypatch) -> tuple:
             return [a.__dict__ for a in p.actions], p.notes, p.dispatch, p.summary
 
     monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 4096)  # every window holds units of several queues
+    monkeypatch.setattr(derived_windows, "CHECK_UNITS", chunk)  # a file's units at a time, a few files', or all
     answers, windows = [], []
     finish, window = derived_windows.WindowedCheck.finish, derived_windows.WindowedCheck.window
     monkeypatch.setattr(derived_windows.WindowedCheck, "finish", lambda self: answers.append(finish(self)) or answers[-1])
@@ -44,19 +45,24 @@ def _crash(root) -> None:
     (root / "abort").write_bytes(b"")
 
 
+CHUNKS = (1, 7, 1 << 16)
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("name", ["4.9.3-crash", "5.3.3-clean", "5.3.3-v2topic"])
-def test_no_lie_found_on_broker_stores(store_copy, monkeypatch, name):
+def test_no_lie_found_on_broker_stores(store_copy, monkeypatch, name, chunk):
     """Every window holds units of several queues: the check tells them apart and finds no lie."""
     root = store_copy(name)
     _crash(root)
-    windows, answers, windowed, whole = _plans(root, monkeypatch)
+    windows, answers, windowed, whole = _plans(root, monkeypatch, chunk)
     assert len(windows) > 4 and all(windows)
     assert answers and answers[0] is not None
     assert windowed == whole
 
 
+@pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("field", ["size", "queue", "topic", "tags"])
-def test_a_lying_unit_in_any_queue_is_found(store_copy, monkeypatch, field):
+def test_a_lying_unit_in_any_queue_is_found(store_copy, monkeypatch, field, chunk):
     """One unit of a seeded queue made to lie: about its size, its queue offset (a unit of another queue's record),
     or its tags code. The windowed check gives way (None) and the plan is the whole-table check's."""
     print(f"seed {SEED} (RMQSTORE_WINDOW_UNITS_SEED)")
@@ -78,7 +84,7 @@ def test_a_lying_unit_in_any_queue_is_found(store_copy, monkeypatch, field):
         data[u * 20:u * 20 + 20] = other[0:20]
     path.write_bytes(bytes(data))
     print(f"{field}: {path.relative_to(root)} unit {u}")
-    windows, answers, windowed, whole = _plans(root, monkeypatch)
+    windows, answers, windowed, whole = _plans(root, monkeypatch, chunk)
     assert windows and windows[-1] is False and all(windows[:-1])
     assert all(a is None for a in answers)
     assert windowed == whole

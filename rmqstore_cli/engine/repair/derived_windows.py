@@ -170,13 +170,18 @@ class WindowedCheck:
             if len(lt):
                 named = _collect_lmq_tails(t, disp, lt, self.queues, self.tails)
         groups = []  # (queue, position of the first unit, units, first real unit) of each file's units in the window
-        for key, (qs, files, first_real, touched) in self.queues.items():
-            for (first, units), slices in zip(files, touched):
-                if k in slices:
-                    a, b = slices[k]
-                    if b > a:
-                        groups.append((key, first + a, units[a:b], first_real))
+        filled = 0
         try:
+            for key, (qs, files, first_real, touched) in self.queues.items():
+                for (first, units), slices in zip(files, touched):
+                    if k in slices:
+                        a, b = slices[k]
+                        if b > a:
+                            groups.append((key, first + a, units[a:b], first_real))
+                            filled += b - a
+                            if filled >= CHECK_UNITS:
+                                _check_units(t, groups, lo, hi, named)
+                                groups, filled = [], 0
             _check_units(t, groups, lo, hi, named)
         except _Lie:
             self.lied = True
@@ -333,12 +338,16 @@ def _window_slices(phy: np.ndarray, first: int, first_real, wbounds: np.ndarray,
     return {k: (int(a), int(b)) for k, a, b in zip(windows, lo.tolist(), hi.tolist())}
 
 
+CHECK_UNITS = 1 << 16  # units tested together by _check_units at most (their columns: a few MB), past one file's
+
+
 def _check_units(t, groups: list, lo: int, hi: int, named: dict) -> None:
     """derived.check_queue's unit tests (record at phyOffset; size, topic, queue, QUEUEOFFSET, transaction
     type, tagsCode) on the real units that point into [lo, hi) of every file in ``groups`` ((queue, position of
     the first unit, units, position of the queue's first real unit or None)); raises _Lie on the first miss.
-    ``named``: queue -> (record, queue offset) of the multi-dispatch units the window's records give it. All the
-    window's units are tested at once: a broker's thousands of queues hold a few units each per window."""
+    ``named``: queue -> (record, queue offset) of the multi-dispatch units the window's records give it. The
+    window's units are tested CHECK_UNITS at a time, not a file at a time: a broker's thousands of queues hold a
+    few units each per window."""
     if not groups:
         return
     n = len(groups)
