@@ -119,15 +119,31 @@ def is_kept(buf) -> bool:
     return kept is not None and kept.holds(buf)
 
 
-def _map_read_only(path: str, size: int) -> mmap.mmap:
+# Files mostly unwritten past their data (queue files: the broker pre-allocates 6 MB, a queue may hold a few KB)
+DATA_AHEAD_KINDS = ("consume queue", "consume queue ext", "batch consume queue")
+
+
+def _map_read_only(path: str, size: int, data_ahead: bool = False) -> mmap.mmap:
+    """``data_ahead``: read ahead only the file's data extents. A fault in a mapping otherwise reads the device's
+    read-ahead window around it (8 MB on this machine's disk): a cold queue file of a few KB was read whole, its
+    hole zero-filled into the page cache (~2 ms of kernel time a file; 8 s for 2048 queues)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         m = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
     try:
-        m.madvise(mmap.MADV_SEQUENTIAL)
-    except (AttributeError, OSError):
+        if not data_ahead:
+            m.madvise(mmap.MADV_SEQUENTIAL)
+        else:
+            from .mappedfile import data_extents
+
+            m.madvise(mmap.MADV_RANDOM)
+            page = mmap.PAGESIZE
+            for lo, hi in data_extents(path, 0, size):
+                lo -= lo % page
+                m.madvise(mmap.MADV_WILLNEED, lo, min(hi, size) - lo)
+    except (AttributeError, OSError, ValueError):
         pass
     return m
 
@@ -148,6 +164,7 @@ class Segment:
     _empty: bytes = field(default=b"", repr=False)
     budget: MapBudget | None = field(default=None, repr=False, compare=False)
     keepable: bool = field(default=False, repr=False, compare=False)  # a commitlog file (KeptMappings)
+    data_ahead: bool = field(default=False, repr=False, compare=False)  # read ahead only its data (_map_read_only)
     _kept: bool = field(default=False, repr=False, compare=False)
 
     @property
@@ -163,7 +180,7 @@ class Segment:
             kept = _KEPT[0] if self.keepable else None
             m = kept.open(self) if kept is not None else None
             self._kept = m is not None
-            m = self._map = m if m is not None else _map_read_only(self.path, self.size)
+            m = self._map = m if m is not None else _map_read_only(self.path, self.size, self.data_ahead)
             if self.budget is not None:
                 self.budget.mapped_now(self)  # may drop this very mapping when the limit is 0: m stays valid
         elif self.budget is not None:
@@ -214,7 +231,8 @@ class SegmentQueue:
                 self.strays.append(path)
                 continue
             size = os.path.getsize(path)
-            seg = Segment(path, name, int(name), size, budget=self.budget, keepable=kind == "commitlog")
+            seg = Segment(path, name, int(name), size, budget=self.budget, keepable=kind == "commitlog",
+                          data_ahead=kind in DATA_AHEAD_KINDS)
             if size != file_size:
                 what = "zero-length" if size == 0 else f"{size} bytes, not {file_size}"
                 self.problems.append(Finding("SEG_WRONG_SIZE", "error", path, 0,
