@@ -12,7 +12,7 @@ import struct
 import numpy as np
 import pytest
 
-from rmqstore_cli.engine.log import mappedfile
+from rmqstore_cli.engine.log import segments
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.verify import queues as verify_queues
 from rmqstore_cli.engine.verify.pipeline import verify_store
@@ -82,7 +82,7 @@ def test_first_non_zero_reads_only_data_extents(tmp_path, monkeypatch, extents, 
     FIEMAP or SEEK_DATA (a file system without FIEMAP), in a sparse or a reserved file; a byte before BASE is
     not looked at."""
     if extents == "seek":
-        monkeypatch.setattr(mappedfile, "_fiemap_written", lambda *a: None)
+        monkeypatch.setattr(segments, "_fiemap_written", lambda *a: None)
     path, rest = _file(tmp_path, how, writes)
     nz = np.flatnonzero(rest)
     want = int(nz[0]) if len(nz) else None

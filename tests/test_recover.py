@@ -330,7 +330,7 @@ def test_torn_index_found_in_a_reserved_file_written_but_not_synced(tmp_path, wh
     import struct
 
     from rmqstore_cli.engine.derived.index import IndexFile
-    from rmqstore_cli.engine.log.mappedfile import data_extents
+    from rmqstore_cli.engine.log.segments import data_extents
     from rmqstore_cli.engine.repair.probes import index_torn
 
     slots, entries, count = 100, 1_000_000, 5

@@ -14,7 +14,8 @@ from rmqstore_cli.formats.records import (INDEX_ENTRY_FIELDS, INDEX_ENTRY_SIZE, 
 
 from ..config.storeconfig import StoreConfig
 from ..findings import Finding
-from ..log.mappedfile import data_extents, drop_pages
+from ..log.mappedfile import drop_pages
+from ..log.segments import data_extents
 from ..log.segments import MapBudget, Segment
 
 HEADER_STRUCT = struct.Struct(struct_format(INDEX_HEADER_FIELDS))

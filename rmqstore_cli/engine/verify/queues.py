@@ -10,7 +10,7 @@ from rmqstore_cli.formats.extaddr import MAX_ADDR, undecorate
 from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
 from ..derived.lmq import is_lmq, record_targets
-from ..log.mappedfile import data_extents
+from ..log.segments import data_extents
 from ..findings import Finding
 from .records import ERROR, INFO, WARNING, _Agg, _cq_loc, _Records, _RefClassifier
 
