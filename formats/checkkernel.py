@@ -121,7 +121,9 @@ def _find(rphy, x, hint):
 # A run of consume-queue units handed to :func:`_queue_runs`: one row of int64 per run
 RUN_BYTE, RUN_UNITS, RUN_FIRST, RUN_QBASE, RUN_TOPIC, RUN_QID, RUN_FLAGS = range(7)
 RUN_FIELDS = 7
-RUN_EXT, RUN_OTHERS = 1, 2  # RUN_FLAGS bits: the queue has an ext file; its finds go to ``others`` (an LMQ queue)
+# RUN_FLAGS bits: the queue has an ext file; its finds go to ``others`` (an LMQ queue); the file's real units point
+# into windows that never go down (queue_file's ``ordered``), so the first one past the window ends the run
+RUN_EXT, RUN_OTHERS, RUN_ORDERED = 1, 2, 4
 
 
 def _queue_runs(u8, runs, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags, rtags_bad, max_addr, marks, others,
@@ -131,9 +133,10 @@ def _queue_runs(u8, runs, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags,
     ``u8``, units ``RUN_FIRST ..`` of one queue file whose unit ``i`` has queue offset ``RUN_QBASE + i``. Sets
     ``marks`` (``others`` for an LMQ queue's runs) of the records found. ``not_found`` gets (run, unit) of the units
     that found no record, ``flagged`` (run, unit, record) of those whose record differs in some field;
-    ``found[k]`` = (highest queue offset that found its record, end of the furthest record found), -1 for none;
-    ``counts`` = [not found, flagged]. One call takes every queue reaching a window: a broker's thousands of
-    queues hold a few units each per window, and a call apiece cost more than their units."""
+    ``found[k]`` = (highest queue offset that found its record, end of the furthest record found, -1 for none;
+    position of the first real unit past the window, or the run's end if none); ``counts`` = [not found, flagged].
+    One call takes every queue reaching a window: a broker's thousands of queues hold a few units each per window,
+    and a call apiece cost more than their units."""
     nnf = 0
     nfl = 0
     nrec = len(rphy)
@@ -145,17 +148,26 @@ def _queue_runs(u8, runs, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags,
         qid = runs[k, RUN_QID]
         ext_on = (runs[k, RUN_FLAGS] & RUN_EXT) != 0
         to_others = (runs[k, RUN_FLAGS] & RUN_OTHERS) != 0
+        ordered = (runs[k, RUN_FLAGS] & RUN_ORDERED) != 0
         last_q = np.int64(-1)
         far = np.int64(-1)
+        end_run = first + runs[k, RUN_UNITS]
+        past = end_run
         hint = 0
         step = 0
         for j in range(runs[k, RUN_UNITS]):
             u = off + j * CQ_UNIT_SIZE
             p = _be64(u8, u + CQ_PHY)
-            if p < ws or p > we:
+            if p < ws:
                 continue
             size = _be32(u8, u + CQ_SIZE)
             tags = _be64(u8, u + CQ_TAGS)
+            if p > we:
+                if past == end_run and not _is_filler(p, size, tags):
+                    past = first + j
+                    if ordered:
+                        break  # every later real unit points past the window too
+                continue
             if _is_filler(p, size, tags):
                 continue
             i = first + j
@@ -193,18 +205,20 @@ def _queue_runs(u8, runs, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags,
                 nfl += 1
         found[k, 0] = last_q
         found[k, 1] = far
+        found[k, 2] = past
     counts[0] = nnf
     counts[1] = nfl
 
 
 def queue_runs(u8, runs: np.ndarray, ws: int, we: int, recs, max_addr: int, marks, others) -> tuple:
     """:func:`_queue_runs` over ``runs`` (int64, ``RUN_FIELDS`` per row) of ``u8``: (not found as (run, unit) rows,
-    flagged as (run, unit, record) rows, ``found`` (one (highest queue offset, furthest end) row per run))."""
+    flagged as (run, unit, record) rows, ``found`` (one (highest queue offset, furthest end, first position past the
+    window) row per run))."""
     n = int(runs[:, RUN_UNITS].sum()) if len(runs) else 0
     # int32: runs, unit positions (a file's units) and records (a window's) are all below 2**31
     not_found = np.empty((2, n), np.int32)
     flagged = np.empty((3, n), np.int32)
-    found = np.empty((len(runs), 2), np.int64)
+    found = np.empty((len(runs), 3), np.int64)
     counts = np.zeros(2, np.int64)
     c = recs.c
     _compiled("_queue_runs")(u8, runs, np.int64(ws), _last_offset(we), recs.phy, c["size"], c["topic"], c["queueId"],

@@ -15,6 +15,7 @@ import pytest
 from rmqstore_cli.formats import fast
 from rmqstore_cli.formats.records import MAGIC_BLANK
 from rmqstore_cli.engine.verify import commitlog as verify_commitlog
+from rmqstore_cli.engine.verify import queueruns
 from rmqstore_cli.engine.verify import windows as verify_windows
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.verify.pipeline import _verify_whole_log, verify_store
@@ -85,7 +86,10 @@ def test_small_windows_verify_equals_whole_log_verify(tmp_path, monkeypatch, nam
         # a queue file's runs found from samples of every 1st, 3rd or 1024th unit's window
         monkeypatch.setattr(verify_windows, "_SAMPLE_STEP", (1, 3, 1024)[case % 3])
         # every queue's run in a call of its own, long and short runs mixed, or every run in one batch
-        monkeypatch.setattr(verify_windows, "BATCH_UNITS", (1, 2, 8192)[case // 2])
+        monkeypatch.setattr(queueruns, "BATCH_UNITS", (1, 2, 8192)[case // 2])
+        # an ordered file's run read in rounds of one unit and then twice as many, or read as the samples allow
+        monkeypatch.setattr(queueruns, "_GUESS", (1, 64)[case % 2])
+        monkeypatch.setattr(queueruns, "_MARGIN", (0, 16)[case % 2])
         root = copy_store(name, tmp_path / f"{name}-{case}")
         if case:
             reached.add(_damage_near_boundary(root, rng, window))

@@ -113,6 +113,7 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
             source = (w for rep in reports for w in as_windows(rep, cl, firsts))
         for rep in source:
             checks.window(rep)
+    checks.settle()
     queues, batch, index_files, dispatch, lmq, kept = (checks.queues, checks.batch, checks.index_files, checks.dispatch,
                                                        checks.lmq, checks.kept)
     n_records = checks.n_records

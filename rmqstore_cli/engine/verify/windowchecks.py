@@ -29,7 +29,8 @@ from .indexcoverage import IndexCoverage
 from .lmq import LmqDispatchCheck, after_furthest_unit
 from .records import ERROR, WARNING, _Agg, _Records
 from .rocksdbqueues import CheckpointDispatch, RocksQueueWindows
-from .windows import IndexWindows, QueueWindows, Windows, check_queues
+from .queueruns import QueueRuns
+from .windows import IndexWindows, QueueWindows, Windows
 
 
 @dataclass
@@ -103,7 +104,7 @@ class WindowChecks:
         store, findings, windows, cl, check_crc = self.store, self.findings, self.windows, self.cl, self.check_crc
         self.queues = queues
         findings += found
-        self.queue_is_lmq = [is_lmq(q.scan.topic) for q in self.queues]
+        self.queue_runs = QueueRuns(queues, [is_lmq(q.scan.topic) for q in queues], windows)
         self.batch = [BatchQueueCheck(store, topic, qid, findings) for topic, qid in store.batch_queues()]
         findings += store.index.problems
         self.index_files = index_files if index_files is not None else [IndexWindows(f, windows) for f in self._index_files()]
@@ -163,7 +164,7 @@ class WindowChecks:
             check_delay_properties(recs, self.findings)
         marks = np.zeros(len(recs), dtype=bool)
         others = np.zeros(len(recs), dtype=bool)  # found by LMQ units: the records' own units are checked apart
-        found_end = check_queues(w, self.windows, recs, self.queues, self.queue_is_lmq, marks, others)
+        found_end = self.queue_runs.window(w, recs, marks, others)
         for b in self.batch:
             end = b.window(*self.windows.bounds(w), recs, marks)
             if end is not None:
@@ -176,7 +177,12 @@ class WindowChecks:
             ix.window(w, self.windows, recs, held)
         self.index_coverage.window(recs, *self.windows.bounds(w), held)
 
+    def settle(self) -> None:
+        """The queues' checks brought up to date with what the windows found (before their results are read)."""
+        self.queue_runs.settle()
+
     def _checkers(self):
+        self.settle()
         yield from ((("q", k), q) for k, q in enumerate(self.queues))
         yield from ((("b", k), b) for k, b in enumerate(self.batch))
         yield from ((("x", k), ix) for k, ix in enumerate(self.index_files))

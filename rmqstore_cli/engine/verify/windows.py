@@ -18,13 +18,12 @@ run once per file before the walk. Findings, counts and messages equal the whole
 
 from __future__ import annotations
 
-from array import array
 from bisect import bisect_left, bisect_right
 
 import numpy as np
 
-from rmqstore_cli.formats import checkkernel, entrykernel
-from rmqstore_cli.formats.checkkernel import RUN_EXT, RUN_OTHERS, _last_offset
+from rmqstore_cli.formats import entrykernel
+from rmqstore_cli.formats.checkkernel import _last_offset
 from rmqstore_cli.formats.extaddr import MAX_ADDR
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, INDEX_SLOT_SIZE
 
@@ -108,7 +107,7 @@ class QueueWindows:
         findings += cq.segments.problems
         self.scan = _QueueScan(topic, qid, store.ext(topic, qid) if store.config.enableConsumeQueueExt else None)
         self.files = _QueueFiles(cq)
-        self.reach: list = []  # (segment, units, first window, last window) per file with real units
+        self.reach: list = []  # (segment, units, first window, last window, samples or None) per file with real units
         self.deferred = Deferred()
         self.last_found = -1
         self.units = 0
@@ -135,8 +134,6 @@ class QueueWindows:
                 qofs, phy, _, _ = self.files.units_at(seg, before)
                 self.deferred.add(qofs, phy)
             if hi is not None:
-                if samples is not None:  # bisect on 8-byte arrays: a window's run is found in a few hundred ns
-                    samples = (_int64s(samples[0]), _int64s(samples[1]))
                 self.reach.append((seg, n, lo, hi, samples))
         _check_cq_holes(cq, self.files.end_offset, scan.agg, scan.group)
         if scan.fillers:
@@ -146,17 +143,7 @@ class QueueWindows:
                                     "non-zero offset)", {"count": scan.fillers}))
         if scan.ext is not None:
             _check_ext_units(scan.ext, scan.agg, scan.group, findings, scan.last_ext)
-        self.reach.sort(key=lambda r: r[2])
-        self._next = 0  # reach[:_next] became active (first window reached); _active: those not yet past
-        self._active: list = []
-        self._last_w = -1
-        self._ends = -1  # the lowest last window among the active files: none leaves before it
-        self._bytes: dict = {}  # file start -> its units' bytes, while the file is active
-
-    def __getstate__(self):  # the checks travel to -j workers before the walk: no file's bytes go with them
-        state = dict(self.__dict__)
-        state["_bytes"] = {}
-        return state
+        self.reach.sort(key=lambda r: r[2])  # the windows a file's units reach (:class:`.queueruns.QueueRuns`)
 
     def take_partial(self):
         """What the windows checked since the last call added (findings, unresolved units, furthest find), or
@@ -170,44 +157,6 @@ class QueueWindows:
         self.scan.agg.merge(agg)
         self.deferred.merge(deferred)
         self.last_found = max(self.last_found, last_found)
-
-    def _reaching(self, w: int) -> list:
-        """The files whose units point into window ``w``'s range of windows. Windows come in log order, so
-        this is a sweep (a file joins at its first window and leaves after its last), not a pass over every
-        file of the queue for every window."""
-        if w < self._last_w:  # out of order: start the sweep again
-            self._next, self._active, self._ends = 0, [], -1
-            self._bytes.clear()
-        self._last_w = w
-        reach, active = self.reach, self._active
-        while self._next < len(reach) and reach[self._next][2] <= w:
-            active.append(reach[self._next])
-            self._ends = reach[self._next][3] if self._ends < 0 else min(self._ends, reach[self._next][3])
-            self._next += 1
-        if self._ends < w and active:  # some file's units end before this window
-            for r in active:
-                if r[3] < w:
-                    self._bytes.pop(r[0].start, None)
-            active = self._active = [r for r in active if r[3] >= w]
-            self._ends = min((r[3] for r in active), default=-1)
-        return active
-
-    def runs(self, w: int):
-        """(file, first unit, end unit, the file's units' bytes) of each run of units that may point into window ``w``."""
-        for seg, n, lo, hi, samples in self._reaching(w):
-            first, stop = 0, n
-            if samples is not None:
-                ks, units = samples
-                j0 = bisect_left(ks, w) - 1  # last sample before the window
-                j1 = bisect_right(ks, w)  # first sample after it
-                first = units[j0] if j0 >= 0 else 0
-                stop = units[j1] if j1 < len(units) else n
-                if first >= stop:
-                    continue
-            u8 = self._bytes.get(seg.start)
-            if u8 is None:
-                u8 = self._bytes[seg.start] = self.files.unit_bytes(seg)
-            yield seg, first, stop, u8
 
     def took(self, seg, not_found: np.ndarray, flagged: np.ndarray, flagged_recs: np.ndarray, last_q: int,
              recs: _Records) -> bool:
@@ -223,110 +172,11 @@ class QueueWindows:
             check_found_units(self.cq, self.scan, qofs, phy, size, tags, flagged_recs, recs)
         return True
 
-    def window(self, w: int, windows: Windows, recs: _Records, marks: np.ndarray) -> int | None:
-        """Units pointing into window ``w`` (records ``recs``); flags the records they find in ``marks``;
-        returns the end of the furthest record found."""
-        return check_queues(w, windows, recs, [self], [False], marks, marks)
-
     def finish(self, refs: _RefClassifier, findings: list) -> None:
         qofs, phy, status = self.deferred.resolve(refs, self.last_found)
         for j in np.flatnonzero(status == refs.MISSING).tolist():
             _no_record(self.scan.agg, self.cq, self.scan.group, int(qofs[j]), int(phy[j]))
         findings += self.scan.agg.findings()
-
-
-# A run of at least this many units is checked in its file's own bytes; shorter runs are copied into batches of
-# about this many units (copying a unit costs a few ns, a kernel call of its own tens of us; a batch's copy and
-# room for its results stay a few hundred KB, whatever the number of queues)
-BATCH_UNITS = 8192
-
-
-def check_queues(w: int, windows: Windows, recs: _Records, queues: list, to_others: list, marks: np.ndarray,
-                 others: np.ndarray) -> int | None:
-    """The units of ``queues`` pointing into window ``w`` against its records ``recs``, in few kernel calls: the
-    queues' short runs of units batched (a broker's thousands of queues hold a few units each per window), each
-    long run in its own. The records found are flagged in ``marks``, or in ``others`` for a queue whose
-    ``to_others`` is set (LMQ units). Returns the end of the furthest record found. Queues of another kind (the
-    RocksDB store's) check their own units."""
-    ws, we = windows.bounds(w)
-    topic_ids = recs.topic_ids
-    order: list = []  # [queue, file, call, row] of each run, in the queues' order
-    results: list = []  # per call: (not found, flagged, highest queue offsets, furthest ends, runs of each)
-    batch: list = []  # the batch being filled: (bytes, row, order entry) of its runs
-    filled = 0
-
-    def call(u8, rows: list) -> int:
-        nf, fl, found = checkkernel.queue_runs(u8, np.array(rows, np.int64), ws, we, recs, MAX_ADDR, marks, others)
-        results.append((nf, fl, found[:, 0].tolist(), found[:, 1].tolist(), _by_run(nf), _by_run(fl)))
-        return len(results) - 1
-
-    def flush() -> None:
-        at, rows = 0, []
-        for u8, row, entry in batch:
-            row[0] = at
-            at += row[1] * CQ_UNIT_SIZE
-            rows.append(row)
-        k = call(np.concatenate([u8 for u8, _, _ in batch]) if len(batch) > 1 else batch[0][0], rows)
-        for j, (_, _, entry) in enumerate(batch):
-            entry[2], entry[3] = k, j
-        batch.clear()
-
-    found_end = None
-    for q, lmq in zip(queues, to_others):
-        if not isinstance(q, QueueWindows):
-            end = q.window(w, windows, recs, others if lmq else marks)
-            if end is not None:
-                found_end = end if found_end is None else max(found_end, end)
-            continue
-        tid = topic_ids.get(q.scan.topic, -1)
-        flags = (RUN_EXT if q.scan.ext is not None else 0) | (RUN_OTHERS if lmq else 0)
-        qid = q.scan.qid
-        for seg, first, stop, u8 in q.runs(w):
-            n = stop - first
-            row = [first * CQ_UNIT_SIZE, n, first, seg.start // CQ_UNIT_SIZE, tid, qid, flags]
-            if n >= BATCH_UNITS:
-                order.append([q, seg, call(u8, [row]), 0])
-                continue
-            entry = [q, seg, -1, -1]
-            order.append(entry)
-            batch.append((u8[first * CQ_UNIT_SIZE:stop * CQ_UNIT_SIZE], row, entry))
-            filled += n
-            if filled >= BATCH_UNITS:
-                flush()
-                filled = 0
-    if batch:
-        flush()
-    for q, seg, k, row in order:
-        nf, fl, last_q, far, nf_at, fl_at = results[k]
-        if nf_at or fl_at:
-            a, b = nf_at.get(row, (0, 0))
-            c, d = fl_at.get(row, (0, 0))
-            if not q.took(seg, nf[1, a:b], fl[1, c:d], fl[2, c:d], last_q[row], recs):
-                continue
-        elif last_q[row] < 0:
-            continue
-        else:
-            q.last_found = max(q.last_found, last_q[row])
-        end = far[row]
-        found_end = end if found_end is None else max(found_end, end)
-    return found_end
-
-
-def _int64s(values: np.ndarray) -> array:
-    out = array("q")
-    out.frombytes(np.ascontiguousarray(values, np.int64).tobytes())
-    return out
-
-
-def _by_run(rows: np.ndarray) -> dict:
-    """run -> (first, end) column of ``rows``, whose first row holds the run numbers in order."""
-    if not rows.shape[1]:
-        return {}
-    k = rows[0]
-    cut = np.flatnonzero(k[1:] != k[:-1]) + 1
-    firsts = [0] + cut.tolist()
-    ends = cut.tolist() + [len(k)]
-    return {int(k[a]): (a, b) for a, b in zip(firsts, ends)}
 
 
 class IndexWindows:
