@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from rmqstore_cli.engine.repair import derived_windows
+from rmqstore_cli.engine.repair import derived_windows, windowunits
 from rmqstore_cli.engine.repair.recovery import plan_recovery
 from rmqstore_cli.engine.store import Store
 from rmqstore_cli.engine.verify import commitlog as verify_commitlog
@@ -29,6 +29,12 @@ def _plans(root, monkeypatch, chunk: int) -> tuple:
 
     monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 4096)  # every window holds units of several queues
     monkeypatch.setattr(derived_windows, "CHECK_UNITS", chunk)  # a file's units at a time, a few files', or all
+    # a file's window read in rounds from one unit on (doubling) or from two, samples of every 1st, 3rd or 1024th
+    # unit's window, or the defaults
+    guess, margin, step = {1: (1, 0, 1), 7: (2, 0, 3)}.get(chunk, (windowunits._GUESS, windowunits._MARGIN, 1024))
+    monkeypatch.setattr(windowunits, "_GUESS", guess)
+    monkeypatch.setattr(windowunits, "_MARGIN", margin)
+    monkeypatch.setattr(windowunits, "SAMPLE_STEP", step)
     answers, windows = [], []
     finish, window = derived_windows.WindowedCheck.finish, derived_windows.WindowedCheck.window
     monkeypatch.setattr(derived_windows.WindowedCheck, "finish", lambda self: answers.append(finish(self)) or answers[-1])

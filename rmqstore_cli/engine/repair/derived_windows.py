@@ -19,6 +19,7 @@ from ..derived.lmq import MultiDispatchRule, record_targets
 from .derived import QueueVerdict, RecordTable, in_file_order, record_table, table_of_reports, tail_redispatch
 from ..verify.commitlog import first_windows, iter_segment_windows, window_starts
 from ..arrays import distinct
+from .windowunits import WindowUnits
 
 
 class LazyRecordTable:
@@ -85,8 +86,18 @@ class WindowedCheck:
     (:func:`windowed_verdicts`) or by another pass over verify's window reports (:meth:`report`:
     recovery's verify of the store before the apply, so the log is walked once for both)."""
 
-    def __init__(self, planner, segs, limits, wbounds, queues):
+    def __init__(self, planner, segs, limits, wbounds, queues, kept):
         self.planner, self.segs, self.limits, self.wbounds, self.queues = planner, segs, limits, wbounds, queues
+        self.kept = kept  # the queues' kept units, by window (windowunits.WindowUnits)
+        self.topic_index: dict = {}  # topic -> its number, of every queue with files
+        for t, _ in queues:
+            self.topic_index.setdefault(t, len(self.topic_index))
+        self.topic_of_key = np.asarray([self.topic_index[t] for t, _ in kept.keys], np.int64)
+        self.qid_of_key = np.asarray([q for _, q in kept.keys], np.int64)
+        # each queue with files: (topic number << 32 | queue id), sorted, and the queue offset its units end at
+        ends = sorted((self.topic_index[t] << 32 | (q & 0xFFFFFFFF), qs.max_offset) for (t, q), (qs, _, _) in queues.items())
+        self.end_keys = np.asarray([k for k, _ in ends], np.int64)
+        self.end_offsets = np.asarray([v for _, v in ends], np.int64)
         self.tails: dict = {}  # key -> list of (phy, size, queueOffset) of records at or past the queue's end
         self.count, self.newest, self.newest_cq = 0, None, 0
         self.lied = False
@@ -109,10 +120,11 @@ class WindowedCheck:
         # Per queue with files: its units per file, where the first real unit is (pre-blank fillers before it,
         # §7.3), and which windows each file's units point into.
         queues = {}
+        kept = WindowUnits(wbounds)
         for key, qs in planner.queues.items():
             if not qs.segments:
                 continue
-            files, first_real, touched = _queue_files(qs), None, []
+            files, first_real = _queue_files(qs), None
             for first, units in files:
                 phy = units["phyOffset"].astype(np.int64)
                 if first_real is None:
@@ -126,9 +138,10 @@ class WindowedCheck:
                 hit = windows_hit(real, bounds, limits, wbounds)
                 if hit is None:
                     return None  # a unit points where no segment of the recovered log is: CQ_NO_RECORD
-                touched.append(_window_slices(phy, first, first_real, wbounds, hit))
-            queues[key] = (qs, files, first_real, touched)
-        return cls(planner, segs, limits, wbounds, queues)
+                kept.add(key, first, units, first_real, hit)
+            queues[key] = (qs, files, first_real)
+        kept.done()
+        return cls(planner, segs, limits, wbounds, queues, kept)
 
     def report(self, rep) -> None:
         """One of verify's window reports (log order, every window of the log): its records inside the
@@ -163,26 +176,20 @@ class WindowedCheck:
         disp = (tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)
         if disp.any():
             self.newest_cq = max(self.newest_cq, int(c["storeTimestamp"][disp].max()))
-        _collect_tails(t, disp, self.queues, self.tails)
+        _collect_tails(t, disp, self, self.tails)
         named = {}  # (queue) -> {(record, queue offset)} of the window's multi-dispatch units (§14.3)
         if self.lmq_checked and n:
             lt = record_targets(self.planner.store, t, self.multi_dispatch)
             if len(lt):
                 named = _collect_lmq_tails(t, disp, lt, self.queues, self.tails)
-        groups = []  # (queue, position of the first unit, units, first real unit) of each file's units in the window
-        filled = 0
+        tid_of = np.full(len(self.topic_index) + 1, -2, np.int64)  # the window's topic ids of the queues' topics
+        for name, tid in t.topic_ids.items():
+            j = self.topic_index.get(name)
+            if j is not None:
+                tid_of[j] = tid
         try:
-            for key, (qs, files, first_real, touched) in self.queues.items():
-                for (first, units), slices in zip(files, touched):
-                    if k in slices:
-                        a, b = slices[k]
-                        if b > a:
-                            groups.append((key, first + a, units[a:b], first_real))
-                            filled += b - a
-                            if filled >= CHECK_UNITS:
-                                _check_units(t, groups, lo, hi, named)
-                                groups, filled = [], 0
-            _check_units(t, groups, lo, hi, named)
+            for units, which, pos in self.kept.runs(k, CHECK_UNITS):
+                _check_units(t, self, units, which, pos, tid_of, lo, hi, named)
         except _Lie:
             self.lied = True
             return False
@@ -320,46 +327,20 @@ def _segment_partial(i: int, check: WindowedCheck):
     yield check.count, check.newest, check.newest_cq, check.tails, check.lied
 
 
-def _window_slices(phy: np.ndarray, first: int, first_real, wbounds: np.ndarray, windows: list) -> dict:
-    """{window: (a, b)}: the units of one file (``phy``, from queue offset ``first``) that can point into each of
-    ``windows`` lie in [a, b). A queue is written in log order, so its real units' phyOffsets rise and each
-    window's units are one run of the file, converted and tested alone (not the whole file at every window);
-    a file whose offsets do not rise gets the whole file for each window (``_check_units`` selects)."""
-    whole = {k: (0, len(phy)) for k in windows}
-    if not windows or first_real is None:
-        return whole
-    r0 = max(0, first_real - first)
-    real = phy[r0:]
-    if len(real) > 1 and (real[1:] < real[:-1]).any():
-        return whole
-    w = np.searchsorted(wbounds, real, side="right") - 1  # rises with real
-    lo = np.searchsorted(w, windows, side="left") + r0
-    hi = np.searchsorted(w, windows, side="right") + r0
-    return {k: (int(a), int(b)) for k, a, b in zip(windows, lo.tolist(), hi.tolist())}
-
-
 CHECK_UNITS = 1 << 16  # units tested together by _check_units at most (their columns: a few MB), past one file's
 
 
-def _check_units(t, groups: list, lo: int, hi: int, named: dict) -> None:
+def _check_units(t, check, units: np.ndarray, which: np.ndarray, pos: np.ndarray, tid_of: np.ndarray, lo: int, hi: int,
+                 named: dict) -> None:
     """derived.check_queue's unit tests (record at phyOffset; size, topic, queue, QUEUEOFFSET, transaction
-    type, tagsCode) on the real units that point into [lo, hi) of every file in ``groups`` ((queue, position of
-    the first unit, units, position of the queue's first real unit or None)); raises _Lie on the first miss.
-    ``named``: queue -> (record, queue offset) of the multi-dispatch units the window's records give it. The
-    window's units are tested CHECK_UNITS at a time, not a file at a time: a broker's thousands of queues hold a
+    type, tagsCode) on the real units among ``units`` that point into [lo, hi); raises _Lie on the first miss.
+    ``which``: each unit's file in ``check.kept``, ``pos`` its queue offset; ``tid_of``: the window's topic id of
+    each of the queues' topics. ``named``: queue -> (record, queue offset) of the multi-dispatch units the window's
+    records give it. A window's units of every queue are tested together: a broker's thousands of queues hold a
     few units each per window."""
-    if not groups:
-        return
-    n = len(groups)
-    lens = np.fromiter((len(g[2]) for g in groups), np.int64, n)
-    units = np.concatenate([g[2] for g in groups]) if n > 1 else groups[0][2]
-    which = np.repeat(np.arange(n), lens)  # the file of each unit
-    starts = np.cumsum(lens) - lens
-    firsts = np.fromiter((g[1] for g in groups), np.int64, n)
-    first_real = np.fromiter((np.iinfo(np.int64).max if g[3] is None else g[3] for g in groups), np.int64, n)
+    e = check.kept.e
     phy = units["phyOffset"].astype(np.int64)
-    pos = firsts[which] + np.arange(len(phy), dtype=np.int64) - starts[which]
-    sel = np.flatnonzero((pos >= first_real[which]) & (phy >= lo) & (phy < hi))
+    sel = np.flatnonzero((pos >= e["first_real"][which]) & (phy >= lo) & (phy < hi))
     if not len(sel):
         return
     which, phy, pos = which[sel], phy[sel], pos[sel]
@@ -370,12 +351,12 @@ def _check_units(t, groups: list, lo: int, hi: int, named: dict) -> None:
         raise _Lie
     c = t.c
     tran = c["sysFlag"][idx] & 0xC
-    topic = np.fromiter((t.topic_ids.get(g[0][0], -2) for g in groups), np.int64, n)
-    qid = np.fromiter((g[0][1] for g in groups), np.int64, n)
-    own = (c["topic"][idx] == topic[which]) & (c["queueId"][idx] == qid[which]) & (c["queueOffset"][idx] == pos)
+    key = e["key"][which]
+    own = ((c["topic"][idx] == tid_of[check.topic_of_key[key]]) & (c["queueId"][idx] == check.qid_of_key[key])
+           & (c["queueOffset"][idx] == pos))
     if named:
         for j in np.flatnonzero(~own).tolist():
-            units_named = named.get(groups[which[j]][0])
+            units_named = named.get(check.kept.keys[key[j]])
             own[j] = units_named is not None and (int(idx[j]), int(pos[j])) in units_named
     ok = ((c["size"][idx] == size) & own & ((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT))
           & (c["tagsBad"][idx] | (c["tagsCode"][idx] == tags)))
@@ -383,27 +364,33 @@ def _check_units(t, groups: list, lo: int, hi: int, named: dict) -> None:
         raise _Lie
 
 
-def _collect_tails(t, disp: np.ndarray, queues: dict, tails: dict) -> None:
+def _collect_tails(t, disp: np.ndarray, check, tails: dict) -> None:
     """Of each queue, the dispatchable records a re-dispatch would write: QUEUEOFFSET at or past the
-    queue's end (every record of a queue without files)."""
+    queue's end (every record of a queue without files). Each record's queue end is found by one search of
+    ``check``'s table of queue ends: Python only for the queues that get records."""
     c = t.c
     rows = np.flatnonzero(disp)
     if not len(rows):
         return
-    tid, qid, qo = c["topic"][rows].astype(np.int64), c["queueId"][rows].astype(np.int64), c["queueOffset"][rows]
+    tid, qid = c["topic"][rows].astype(np.int64), c["queueId"][rows].astype(np.int64)
+    qo = c["queueOffset"][rows].astype(np.int64)
+    if len(check.end_keys):
+        number = np.fromiter((check.topic_index.get(name, -1) for name in t.topics), np.int64, len(t.topics))[tid]
+        key = (number << 32) | (qid & 0xFFFFFFFF)
+        j = np.minimum(np.searchsorted(check.end_keys, key), len(check.end_keys) - 1)
+        held = (number >= 0) & (check.end_keys[j] == key) & (qo < check.end_offsets[j])  # its unit exists
+        rows, tid, qid, qo = rows[~held], tid[~held], qid[~held], qo[~held]
+        if not len(rows):
+            return
     pair = (tid << 32) | (qid & 0xFFFFFFFF)
     order = np.argsort(pair, kind="stable")  # each queue's records together, in log order
     grouped = pair[order]
     cut = (np.flatnonzero(grouped[1:] != grouped[:-1]) + 1).tolist()
     for a, b in zip([0] + cut, cut + [len(order)]):
         g = order[a:b]
-        key = (t.topics[int(grouped[a]) >> 32], int(qid[g[0]]))
-        if key in queues:
-            g = g[qo[g] >= queues[key][0].max_offset]
         r = rows[g]
-        lst = tails.setdefault(key, [])
-        if len(r):
-            lst.append((t.phy[r], c["size"][r].astype(np.int64), c["queueOffset"][r].astype(np.int64)))
+        tails.setdefault((t.topics[int(grouped[a]) >> 32], int(qid[g[0]])), []).append(
+            (t.phy[r], c["size"][r].astype(np.int64), qo[g]))
 
 
 def _collect_lmq_tails(t, disp: np.ndarray, lt, queues: dict, tails: dict) -> dict:
@@ -435,7 +422,7 @@ def _verdicts(planner, queues: dict, tails: dict) -> dict:
             phy, size, qo = phy[order], size[order], qo[order]
         qs = planner.queues.get(key)
         if key in queues:
-            _, files, first_real, _ = queues[key]
+            _, files, first_real = queues[key]
             cut, last_end = qs.max_offset, -1
             units = next((u for _, u in reversed(files) if len(u)), None)
             if first_real is not None and units is not None:  # the last unit is real: its record's end

@@ -300,7 +300,7 @@ class WalkAlong:
 def _units_before(check, end: int) -> bool:
     """Every real unit the check read points before ``end`` (units behind the log's first file do: it starts at or
     before ``end``): then ``WindowedCheck.start`` with the recovered end takes the same units and windows."""
-    for qs, files, first_real, _ in check.queues.values():
+    for _qs, files, first_real in check.queues.values():
         if first_real is None:
             continue
         for off, units in files:
