@@ -25,3 +25,24 @@ def distinct(values) -> np.ndarray:
 def distinct_rows(rows: np.ndarray) -> np.ndarray:
     """The distinct rows of a 2-d array in sorted order, as ``np.unique(rows, axis=0)`` gives them."""
     return np.unique(rows, axis=0, return_index=True)[0]
+
+
+def sampled_runs(entries: np.ndarray, w: int, keys: np.ndarray, units: np.ndarray, s0: np.ndarray, s1: np.ndarray,
+                 n: np.ndarray, cursor: np.ndarray, stride: int) -> tuple:
+    """(first unit, end unit) per file ``entries`` that can hold its units pointing into window ``w``. A file whose
+    units' windows never go down has samples: its every k-th unit's window, all files' in one sorted column ``keys``
+    (file * ``stride`` + window + 1) with the units in ``units``, file e's at ``s0[e] .. s1[e] - 1`` (-1: no samples,
+    the whole file, ``n[e]`` units). Such a file's run lies between the last sample before the window (or its
+    ``cursor``, where its previous window's units ended, if later) and the first sample after it."""
+    first = np.zeros(len(entries), np.int64)
+    stop = n[entries]
+    sampled = s0[entries] >= 0
+    if sampled.any():
+        s = entries[sampled]
+        key = s * stride + (w + 1)
+        j0 = np.searchsorted(keys, key, "left") - 1  # the last sample before the window
+        j1 = np.searchsorted(keys, key, "right")  # the first after it
+        top = len(units) - 1
+        first[sampled] = np.maximum(np.where(j0 >= s0[s], units[np.clip(j0, 0, top)], 0), cursor[s])
+        stop[sampled] = np.where(j1 < s1[s], units[np.clip(j1, 0, top)], n[s])
+    return first, stop

@@ -138,7 +138,7 @@ class WindowedCheck:
                 hit = windows_hit(real, bounds, limits, wbounds)
                 if hit is None:
                     return None  # a unit points where no segment of the recovered log is: CQ_NO_RECORD
-                kept.add(key, first, units, first_real, hit)
+                kept.add(key, first, units, phy, first_real, hit)
             queues[key] = (qs, files, first_real)
         kept.done()
         return cls(planner, segs, limits, wbounds, queues, kept)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import sampled_runs
+
 SAMPLE_STEP = 1024  # units per sample of a file's window numbers: 16 bytes per thousand units
 _GUESS = 64  # units a file's first round reads in its first window; later, its last window's, half more and _MARGIN
 _MARGIN = 16
@@ -37,9 +39,10 @@ class WindowUnits:
         self._units: list = []
         self._at = 0
 
-    def add(self, key, first: int, units: np.ndarray, first_real: int | None, windows: list) -> None:
-        """One file: queue offset ``first`` of its unit 0, its kept ``units`` (phyOffset, size, tagsCode), the
-        queue's first real unit (queue offset, None if none), ``windows`` its real units point into (increasing)."""
+    def add(self, key, first: int, units: np.ndarray, phy: np.ndarray, first_real: int | None, windows: list) -> None:
+        """One file: queue offset ``first`` of its unit 0, its kept ``units`` (phyOffset, size, tagsCode) and their
+        phyOffsets as int64 (``phy``), the queue's first real unit (queue offset, None if none), ``windows`` its real
+        units point into (increasing)."""
         if not windows:
             return
         e = len(self.views)
@@ -48,7 +51,6 @@ class WindowUnits:
             self.keys.append(key)
         self.dtype = units.dtype
         self.views.append(memoryview(np.ascontiguousarray(units).view(np.uint8)))  # the file's mapped bytes
-        phy = units["phyOffset"].astype(np.int64)
         w = np.searchsorted(self.wbounds, phy, side="right") - 1
         r0 = len(phy) if first_real is None else min(max(0, first_real - first), len(phy))
         w[:r0] = -1  # pre-blank fillers (§7.3): before every window
@@ -79,18 +81,8 @@ class WindowUnits:
         """(files reaching window ``k``, first unit, end unit) that can hold its units: from the samples and cursors."""
         e = self.e
         files = np.flatnonzero((e["lo"] <= k) & (e["hi"] >= k))
-        first = np.zeros(len(files), np.int64)
-        stop = e["n"][files]
-        ordered = e["ordered"][files] == 1
-        if ordered.any():
-            s = files[ordered]
-            key = s * self.stride + (k + 1)
-            j0 = np.searchsorted(self.sample_keys, key, "left") - 1  # the last sample before the window
-            j1 = np.searchsorted(self.sample_keys, key, "right")  # the first after it
-            top = len(self.sample_units) - 1
-            first[ordered] = np.maximum(np.where(j0 >= e["s0"][s], self.sample_units[np.clip(j0, 0, top)], 0),
-                                        self.cursor[s])
-            stop[ordered] = np.where(j1 < e["s1"][s], self.sample_units[np.clip(j1, 0, top)], e["n"][s])
+        first, stop = sampled_runs(files, k, self.sample_keys, self.sample_units, e["s0"], e["s1"], e["n"], self.cursor,
+                                   self.stride)
         keep = stop > first
         return files[keep], first[keep], stop[keep]
 

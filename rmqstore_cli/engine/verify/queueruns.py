@@ -19,6 +19,7 @@ from rmqstore_cli.formats.checkkernel import RUN_EXT, RUN_ORDERED, RUN_OTHERS
 from rmqstore_cli.formats.extaddr import MAX_ADDR
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
+from ..arrays import sampled_runs
 from .records import _Records
 from .windows import QueueWindows, Windows
 
@@ -122,17 +123,7 @@ class QueueRuns:
         samples, and for an ordered file from where the previous window's run ended (its cursor)."""
         a = self._reaching(w)
         e = self.e
-        first = np.zeros(len(a), np.int64)
-        stop = e["n"][a]
-        sampled = e["s0"][a] >= 0
-        if sampled.any():
-            s = a[sampled]
-            key = s * self.stride + (w + 1)
-            j0 = np.searchsorted(self.keys, key, "left") - 1  # the last sample before the window
-            j1 = np.searchsorted(self.keys, key, "right")  # the first after it
-            top = len(self.units) - 1
-            first[sampled] = np.maximum(np.where(j0 >= e["s0"][s], self.units[np.clip(j0, 0, top)], 0), self.cursor[s])
-            stop[sampled] = np.where(j1 < e["s1"][s], self.units[np.clip(j1, 0, top)], e["n"][s])
+        first, stop = sampled_runs(a, w, self.keys, self.units, e["s0"], e["s1"], e["n"], self.cursor, self.stride)
         keep = stop > first
         return a[keep], first[keep], stop[keep]
 
