@@ -76,7 +76,9 @@ def test_a_lying_unit_in_any_queue_is_found(store_copy, monkeypatch, field, chun
     root = store_copy("4.9.3-crash")
     _crash(root)
     files = sorted(p for p in (root / "consumequeue").rglob("0000*") if p.is_file() and p.stat().st_size >= 20 * 4)
-    path = rng.choice(files)
+    # a file with another to take a unit from: of the same topic (another queue) for "queue", of another topic for "topic"
+    same = field == "queue"
+    path = rng.choice([f for f in files if any(o != f and (o.parent.parent == f.parent.parent) == same for o in files)])
     data = bytearray(path.read_bytes())
     used = next((i for i in range(len(data) // 20) if not any(data[i * 20:i * 20 + 20])), len(data) // 20)
     u = rng.randrange(1, used)
@@ -85,7 +87,7 @@ def test_a_lying_unit_in_any_queue_is_found(store_copy, monkeypatch, field, chun
     elif field == "tags":
         struct.pack_into(">q", data, u * 20 + 12, struct.unpack_from(">q", data, u * 20 + 12)[0] ^ 0x5A5A)
     else:  # the unit names a record of another queue (same topic, or another topic)
-        others = [p for p in files if p != path and (p.parent.parent == path.parent.parent) == (field == "queue")]
+        others = [p for p in files if p != path and (p.parent.parent == path.parent.parent) == same]
         other = rng.choice(others).read_bytes()
         data[u * 20:u * 20 + 20] = other[0:20]
     path.write_bytes(bytes(data))
