@@ -160,23 +160,31 @@ class ConsumeQueueExt:
 
 
 def list_queues(root: str, dirname: str = "consumequeue") -> list[tuple[str, int]]:
-    """(topic, queueId) pairs on disk; non-integer queue directories are skipped like the broker."""
+    """(topic, queueId) pairs on disk; non-integer queue directories are skipped like the broker. Read with
+    ``scandir``: an entry's type comes with the directory read, not a stat per queue folder."""
     base = os.path.join(root, dirname)
     out = []
     try:
-        topics = sorted(os.listdir(base))
+        with os.scandir(base) as it:
+            topics = [e for e in it if _is_dir(e) and not e.is_symlink()]
     except OSError:
         return out
     for topic in topics:
-        tdir = os.path.join(base, topic)
-        if not os.path.isdir(tdir) or os.path.islink(tdir):
-            continue
-        for q in sorted(os.listdir(tdir)):
+        with os.scandir(topic.path) as it:
+            queues = [e for e in it if _is_dir(e)]
+        for q in queues:
             try:
-                qid = int(q)
+                qid = int(q.name)
             except ValueError:
                 continue
-            if os.path.isdir(os.path.join(tdir, q)):
-                out.append((topic, qid))
+            out.append((topic.name, qid))
     out.sort(key=lambda tq: (tq[0], tq[1]))
     return out
+
+
+def _is_dir(entry) -> bool:
+    """``os.path.isdir`` of a directory entry (a link to a folder counts; an entry that cannot be read does not)."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False

@@ -18,7 +18,7 @@ from rmqstore_cli.formats.records import CQ_UNIT_SIZE, MAGIC_V1, MAGIC_V2, SYSFL
 
 from ..log.checkpoint import Checkpoint
 from .checkpointfix import plan_checkpoint_and_abort
-from ..derived.consumequeue import ConsumeQueue, ConsumeQueueExt
+from ..derived.consumequeue import ConsumeQueue
 from ..derived.dispatchpredict import DispatchPrediction
 from ..derived.lmq import MultiDispatchRule
 from ..log.walk import LogTally, WalkStop, broker_walk, lenient_records, resync, rewalk
@@ -139,15 +139,16 @@ class Planner:
 
     def _load_queues(self) -> None:
         self.queues: dict[tuple[str, int], QueueState] = {}
+        files = self.store.rocksdb is None  # file queues: the store's own objects, which verify's walk reuses mapped
         for t, q in self.store.queues():
-            cq = ConsumeQueue(self.store.root, t, q, self.cfg)
+            cq = self.store.queue(t, q) if files else ConsumeQueue(self.store.root, t, q, self.cfg)
             kept = self._load_segments(cq.segments, f"consumequeue/{t}/{q}")
             self.queues[(t, q)] = QueueState(t, q, cq.directory, kept, cq.file_size)
         self.exts: dict[tuple[str, int], list] = {}
         self.ext_walk_ends: dict[tuple[str, int], int] = {}
         if self.cfg.enableConsumeQueueExt:
             for t, q in self.store.ext_queues():
-                ext = ConsumeQueueExt(self.store.root, t, q, self.cfg)
+                ext = self.store.ext(t, q)
                 self.exts[(t, q)] = (ext, self._load_segments(ext.segments, f"consumequeue_ext/{t}/{q}"))
 
     def _recover_queues(self) -> None:
