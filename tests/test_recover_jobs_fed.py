@@ -128,12 +128,12 @@ def test_lying_unit_takes_the_whole_table(tmp_path, used):
     assert not used["fed"], used
 
 
-def test_windows_hit_matches_placing_each_unit():
-    """derived_windows.windows_hit (binary searches of the bounds in rising offsets) against each unit placed on its
-    own in plain Python: its segment (None past the segment's limit) and its window."""
+def test_window_span_matches_placing_each_unit():
+    """derived_windows.window_span (binary searches of the bounds in rising offsets) against each unit placed on its
+    own in plain Python: its segment (None past the segment's limit) and its window; the first and last of them."""
     import numpy as np
 
-    from rmqstore_cli.engine.repair.derived_windows import windows_hit
+    from rmqstore_cli.engine.repair.derived_windows import window_span
 
     print("seed", SEED)
     rng = random.Random(SEED * 13 + 4)
@@ -145,6 +145,8 @@ def test_windows_hit_matches_placing_each_unit():
         wstarts = sorted({b + (0 if j == 0 else rng.randrange(1, size)) for b in bounds for j in range(rng.randrange(1, 4))})
         top = bounds[-1] + size + 4
         real = [rng.randrange(0, top) for _ in range(rng.randrange(0, 30))]
+        if rng.random() < 0.3:  # a unit exactly at a segment's limit (the first offset past it)
+            real.append(rng.choice(limits))
         if rng.random() < 0.7:
             real.sort()
         if rng.random() < 0.5:  # mostly inside the segments' limits
@@ -155,7 +157,43 @@ def test_windows_hit_matches_placing_each_unit():
             return None if x >= limits[k] else max(j for j, w in enumerate(wstarts) if w <= x)
 
         placed = [place(x) for x in real]
-        want = None if None in placed else sorted(set(placed))
-        got = windows_hit(np.asarray(real, np.int64), np.asarray(bounds, np.int64), np.asarray(limits, np.int64),
+        want = None if None in placed else (min(placed), max(placed)) if placed else ()
+        got = window_span(np.asarray(real, np.int64), np.asarray(bounds, np.int64), np.asarray(limits, np.int64),
                           np.asarray(wstarts, np.int64))
         assert got == want, (bounds, limits, wstarts, real)
+
+
+def test_real_units_matches_each_unit_read_in_python():
+    """derived_windows.real_units (no pass over a file whose first unit is real) against the queue's units read one
+    by one: a pre-blank filler (§7.3) before the queue's first real unit is not real, everything after it is."""
+    import numpy as np
+
+    from rmqstore_cli.engine.derived.consumequeue import CQ_DTYPE
+    from rmqstore_cli.engine.repair.derived_windows import real_units
+    from rmqstore_cli.formats.records import CQ_FILLER
+
+    print("seed", SEED)
+    rng = random.Random(SEED * 13 + 5)
+    for _ in range(300):
+        files, first = [], rng.randrange(0, 50)
+        fillers = rng.choice([0, 0, rng.randrange(0, 12)])
+        for _ in range(rng.randrange(1, 4)):
+            n = rng.randrange(0, 8)
+            units = np.zeros(n, CQ_DTYPE)
+            for j in range(n):
+                at = first + j - files[0][0] if files else j
+                units[j] = CQ_FILLER if at < fillers else (rng.randrange(0, 1 << 40), rng.randrange(1, 500),
+                                                          rng.choice([0, CQ_FILLER[2], rng.randrange(1 << 30)]))
+            files.append((first, units))
+            first += n
+        flat = [(q, tuple(u.tolist())) for f, units in files for q, u in zip(range(f, f + len(units)), units)]
+        want_first = next((q for q, u in flat if u != CQ_FILLER), None)
+        first_real = None
+        for f, units in files:
+            phy = units["phyOffset"].astype(np.int64)
+            first_real, real = real_units(f, units, phy, first_real)
+            seen = want_first is not None and want_first < f + len(units)  # the first real unit is here or before
+            assert first_real == (want_first if seen else None), (files, f)
+            want = [u[0] for q, u in flat if f <= q < f + len(units) and want_first is not None and q >= want_first]
+            assert real.tolist() == want, (files, f)
+        assert first_real == want_first

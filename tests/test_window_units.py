@@ -80,7 +80,7 @@ def test_every_unit_of_a_window_is_handed_out(monkeypatch, variant):
         real = phy[first + np.arange(len(phy)) >= (first_real if first_real is not None else 1 << 62)]
         real = real[real >= wbounds[0]]
         windows = sorted(set(_windows_of(real, wbounds).tolist()))
-        kept.add(key, first, units, phy, first_real, windows)
+        kept.add(key, first, units, phy, first_real, (windows[0], windows[-1]) if windows else ())
         if windows:
             added.append((first, units, first_real))
     kept.done()

@@ -39,11 +39,11 @@ class WindowUnits:
         self._units: list = []
         self._at = 0
 
-    def add(self, key, first: int, units: np.ndarray, phy: np.ndarray, first_real: int | None, windows: list) -> None:
+    def add(self, key, first: int, units: np.ndarray, phy: np.ndarray, first_real: int | None, span: tuple) -> None:
         """One file: queue offset ``first`` of its unit 0, its kept ``units`` (phyOffset, size, tagsCode) and their
-        phyOffsets as int64 (``phy``), the queue's first real unit (queue offset, None if none), ``windows`` its real
-        units point into (increasing)."""
-        if not windows:
+        phyOffsets as int64 (``phy``), the queue's first real unit (queue offset, None if none), ``span`` the first
+        and last window its real units point into (() when none does)."""
+        if not span:
             return
         e = len(self.views)
         k = self._key_index.setdefault(key, len(self.keys))
@@ -63,8 +63,8 @@ class WindowUnits:
             s0, s1 = self._at, self._at + len(ks)
             self._at = s1
         for name, v in (("key", k), ("first", first), ("n", len(phy)),
-                        ("first_real", _NO_REAL if first_real is None else first_real), ("lo", windows[0]),
-                        ("hi", windows[-1]), ("ordered", int(ordered)), ("s0", s0), ("s1", s1)):
+                        ("first_real", _NO_REAL if first_real is None else first_real), ("lo", span[0]),
+                        ("hi", span[1]), ("ordered", int(ordered)), ("s0", s0), ("s1", s1)):
             self._cols[name].append(v)
 
     def done(self) -> None:
