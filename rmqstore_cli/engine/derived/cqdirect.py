@@ -31,7 +31,7 @@ from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
 from ..findings import Finding
 from ..log.mappedfile import reserve
-from ..log.segments import segment_name
+from ..log.segments import mapping_error, segment_name
 
 MAX_OPEN = 64  # mapped queue files a worker keeps open (least recently used closed first)
 WRITEBACK_BYTES = 4 << 20  # units a worker writes between two starts of their write-back (~200k records)
@@ -86,7 +86,10 @@ class QueueFiles:
             if os.fstat(fd).st_size < fs:  # the parent creates with O_EXCL, then sizes: the same size
                 os.ftruncate(fd, fs)
             reserve(fd, fs, path)
-            return fd, mmap.mmap(fd, fs, access=mmap.ACCESS_WRITE)
+            try:
+                return fd, mmap.mmap(fd, fs, access=mmap.ACCESS_WRITE)
+            except OSError as e:
+                raise mapping_error(path, e) from None
         except BaseException:
             os.close(fd)
             raise

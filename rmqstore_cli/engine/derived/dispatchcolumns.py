@@ -17,13 +17,26 @@ from rmqstore_cli.formats.properties import parse_properties
 from rmqstore_cli.formats.tags import SCHEDULE_TOPIC, TagsCodeError, tags_code
 
 
+_FEW_GROUPS = 48  # up to this many topics in a chunk, a step per topic costs less than the array operations
+_ROW_BYTES = 128  # topics compared as rows up to this length (the broker's topic names are at most 127 bytes)
+
+
 class TopicInterner:
-    """Topic bytes -> small ids, per segment (ids are remapped when segments are merged)."""
+    """Topic bytes -> small ids, per segment (ids are remapped when segments are merged).
+
+    A chunk's topic groups whose topic is already known are matched in a few array operations: by their
+    (Java hash, length) key in a sorted table of the known topics' keys, then byte for byte against that topic.
+    Only new topics, and keys two known topics share, take a Python step each: a broker with thousands of
+    topics has thousands in every chunk, and a step per topic and chunk cost more than the walk."""
 
     def __init__(self):
         self.ids: dict[bytes, int] = {}
         self.prefix: list[int] = []  # uint32 java hash of "topic#" per id
         self.schedule: list[bool] = []
+        self._key_of: list[int] = []  # per id: its (hash << 16 ^ length) key as the chunk passes computed it
+        self._keys = np.zeros(0, np.int64)  # the known keys, sorted, one entry per key
+        self._key_ids = np.zeros(0, np.int64)  # the (first) id with that key
+        self._rows = np.zeros((0, 1), np.uint8)  # every known topic's bytes, a row per id, zero-padded
 
     def intern_chunk(self, u8: np.ndarray, buf, h) -> np.ndarray:
         ts, tl = h.topicStart, np.maximum(h.topicLength, 0)
@@ -36,21 +49,56 @@ class TopicInterner:
     def group_ids(self, u8: np.ndarray, fs: np.ndarray, fl: np.ndarray, hashes: np.ndarray) -> np.ndarray:
         """The ids of a chunk's topic groups (each group's first topic at ``u8[fs:fs+fl]``, its Java hash over bytes
         ``hashes``); new topics get their ids in (hash, length) order, as before the grouping was compiled."""
-        key = (hashes.astype(np.int64) << 16) ^ fl
-        out = np.empty(len(fs), dtype=np.int32)
-        for g in np.argsort(key, kind="stable").tolist():
-            s, ln = int(fs[g]), int(fl[g])
-            out[g] = self._id(bytes(u8[s:s + ln]))
+        fs, fl = np.asarray(fs, np.int64), np.asarray(fl, np.int64)
+        key = (hashes.astype(np.int64) << 16) ^ fl  # the low 16 bits are the length: equal keys, equal lengths
+        out = np.full(len(fs), -1, dtype=np.int32)
+        if len(self._keys) and len(fs) > _FEW_GROUPS:
+            at = np.minimum(np.searchsorted(self._keys, key), len(self._keys) - 1)
+            cand = np.where(self._keys[at] == key, self._key_ids[at], -1)
+            width = self._rows.shape[1]
+            sel = np.flatnonzero((cand >= 0) & (fl > 0) & (fl <= width) & (fs + width <= len(u8)))
+            if len(sel):
+                ids, lengths = cand[sel], fl[sel]
+                w = np.arange(int(lengths.max()))
+                rows = u8[fs[sel][:, None] + w]  # each topic's bytes and the next ones, to the longest
+                same = (rows == self._rows[ids, :len(w)]) | (w >= lengths[:, None])
+                hit = same.all(axis=1)
+                out[sel[hit]] = ids[hit]
+        rest = np.flatnonzero(out < 0)
+        if len(rest):
+            known = len(self.ids)
+            mv = memoryview(u8)
+            rest = rest[np.argsort(key[rest], kind="stable")]
+            for g, s, ln, k in zip(rest.tolist(), fs[rest].tolist(), fl[rest].tolist(), key[rest].tolist()):
+                out[g] = self._id(bytes(mv[s:s + ln]), k)
+            if len(self.ids) > known:
+                self._index()
         return out
 
-    def _id(self, raw: bytes) -> int:
+    def _id(self, raw: bytes, key: int) -> int:
         i = self.ids.get(raw)
         if i is None:
             i = self.ids[raw] = len(self.ids)
             t = decode_utf8(raw)
             self.prefix.append(java_hash(t + "#") & 0xFFFFFFFF)
             self.schedule.append(t == SCHEDULE_TOPIC)
+            self._key_of.append(key)
         return i
+
+    def _index(self) -> None:
+        """The sorted key table and the known topics' bytes as rows, made again after new topics came."""
+        raws = list(self.ids)  # in id order
+        width = max(1, min(_ROW_BYTES, max(map(len, raws))))
+        rows = np.zeros((len(raws), width), np.uint8)  # a longer topic is only found through the dict
+        for i, raw in enumerate(raws):
+            rows[i, :min(len(raw), width)] = np.frombuffer(raw[:width], np.uint8)
+        self._rows = rows
+        keys = np.asarray(self._key_of, np.int64)
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+        first = np.ones(len(keys), bool)  # two known topics with one key: the first is the candidate; the bytes
+        first[1:] = keys[1:] != keys[:-1]  # tell the other apart and the dict finds it
+        self._keys, self._key_ids = keys[first], order[first].astype(np.int64)
 
     def topics(self) -> list[str]:
         return [decode_utf8(t) for t in self.ids]

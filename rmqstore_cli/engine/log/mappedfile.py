@@ -22,7 +22,7 @@ import os
 import numpy as np
 
 from ..errors import UsageError
-from .segments import segment_name
+from .segments import mapping_error, segment_name
 
 
 _NO_RESERVE = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
@@ -79,7 +79,10 @@ class WritableSegment:
             elif os.fstat(self.fd).st_size != size:
                 raise UsageError(f"{path} is {os.fstat(self.fd).st_size} bytes, not {size}")
             reserve(self.fd, size, path)
-            self.mm = mmap.mmap(self.fd, size, access=mmap.ACCESS_WRITE)
+            try:
+                self.mm = mmap.mmap(self.fd, size, access=mmap.ACCESS_WRITE)
+            except OSError as e:
+                raise mapping_error(path, e) from None
         except BaseException:
             os.close(self.fd)
             raise

@@ -131,6 +131,8 @@ def _map_read_only(path: str, size: int, data_ahead: bool = False) -> mmap.mmap:
     fd = os.open(path, os.O_RDONLY)
     try:
         m = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise mapping_error(path, e) from None
     finally:
         os.close(fd)
     try:
@@ -145,6 +147,39 @@ def _map_read_only(path: str, size: int, data_ahead: bool = False) -> mmap.mmap:
     except (AttributeError, OSError, ValueError):
         pass
     return m
+
+
+def mapping_error(path: str, e: OSError) -> OSError:
+    """What to raise when mapping ``path`` failed with ``e``. ENOMEM with the process near the kernel's limit on
+    mappings (``vm.max_map_count``, 65530 by default) is that limit, not memory: a command keeps each queue file it
+    is reading mapped, as the broker keeps every file mapped, so a store with tens of thousands of queue files
+    needs it raised (RocketMQ's ``bin/os.sh`` sets 655360). Said so, with the numbers; still an OSError, so a
+    repair that meets it undoes its steps as on a full disk."""
+    if e.errno != errno.ENOMEM:
+        return e
+    counts = mapping_counts()
+    if counts is None:
+        return e
+    used, limit = counts
+    if used < limit * 9 // 10:
+        return e  # far from the limit: memory really is short
+    return OSError(errno.ENOMEM, f"cannot map it: this process holds {used} memory mappings and the kernel allows "
+                                 f"{limit} (vm.max_map_count). A store with many queue files needs one mapping per "
+                                 "file in use, as the broker does: raise the limit, e.g. `sysctl -w "
+                                 "vm.max_map_count=655360` (the value RocketMQ's bin/os.sh sets), and run the command "
+                                 "again", path)
+
+
+def mapping_counts() -> tuple[int, int] | None:
+    """(memory mappings this process holds, the kernel's limit ``vm.max_map_count``), None where Linux's /proc
+    cannot tell."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f), limit
+    except (OSError, ValueError):
+        return None
 
 
 def segment_name(offset: int) -> str:
