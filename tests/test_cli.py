@@ -64,8 +64,12 @@ def test_version_and_completion():
     p = run("--version")
     assert p.returncode == 0 and p.stdout.strip() == f"rmqstore {version('rmqstore')}"
     assert "--install-completion" in run("--help").stdout
-    p = run("--show-completion", "bash")  # what --install-completion writes
-    assert p.returncode == 0 and "complete" in p.stdout
+    # what --install-completion writes, for the shell the command runs in: typer finds it among the process's
+    # ancestors, so the command runs as a child of bash (a test runner started without a shell above it has none)
+    cmd = " ".join(shlex.quote(a) for a in CLI + ["--show-completion"])
+    p = subprocess.run(["bash", "-c", f"{cmd}; exit $?"], capture_output=True, text=True, timeout=60,
+                       env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 0 and "complete" in p.stdout, p.stderr
 
 
 def test_no_spec_section_numbers_in_help():
