@@ -5,6 +5,7 @@ same id in every chunk, new topics numbered in (hash, length) order, topics that
 
 from __future__ import annotations
 
+import json
 import os
 import random
 
@@ -69,3 +70,50 @@ def test_ids_match_one_step_per_group(hashes_from, many):
         assert got.tolist() == want.tolist(), chunk
     assert ours.ids == ref.ids
     assert ours.topics() == [t.decode("utf-8", "replace") for t in ref.ids]
+
+
+def test_topics_that_keep_coming_do_not_remake_the_table_every_chunk(monkeypatch):
+    """A log whose topics keep coming (one new in every chunk): the table of known topics is made again only when
+    they grew by a quarter, a few dozen times for a thousand topics, and the ids stay those of one step per group."""
+    made = []
+    index = TopicInterner._index
+    monkeypatch.setattr(TopicInterner, "_index", lambda self: made.append(len(self.ids)) or index(self))
+    ours, ref = TopicInterner(), _OneStepPerGroup()
+    for c in range(1000):
+        names = [b"Old%d" % i for i in range(0, c, max(1, c // 60))] + [b"New%d" % c]  # many known, one new
+        buf = b"".join(names)
+        fl = np.asarray([len(n) for n in names], np.int64)
+        fs = np.cumsum(fl) - fl
+        u8 = np.frombuffer(buf, np.uint8)
+        hashes = propscan.java_hash_spans(u8, fs, fs + fl)
+        assert ours.group_ids(u8, fs, fl, hashes).tolist() == ref.group_ids(u8, fs, fl, hashes).tolist()
+    assert len(ours.ids) > 1000
+    assert len(made) < 60, made
+
+
+@pytest.mark.parametrize("name", ["4.9.3-clean", "5.3.3-clean", "5.3.3-v2topic", "lmq-5.3.3", "timer-5.3.3"])
+def test_broker_stores_verify_the_same_with_every_chunk_matched_as_arrays(monkeypatch, name):
+    """The broker-written stores hold a few topics per chunk, which take the Python step; matched as arrays instead
+    (the path of a broker with thousands of topics), verify finds the same."""
+    from rmqstore_cli.engine.derived import dispatchcolumns
+    from rmqstore_cli.engine.store import Store
+    from rmqstore_cli.engine.verify.pipeline import verify_store
+    from tests.conftest import shared_store
+
+    def findings():
+        with Store.open(str(shared_store(name))) as st:
+            r = verify_store(st)
+            return sorted(json.dumps(f.as_json(), sort_keys=True) for f in r.findings), r.summary
+
+    from rmqstore_cli.engine.log.commitlog import CommitLog
+
+    scan = CommitLog.scan  # chunks of 8 records: many chunks per segment, one interner, the table in use
+    monkeypatch.setattr(CommitLog, "scan", lambda self, **k: scan(self, **dict(k, chunk_records=8)))
+    usual = findings()
+    monkeypatch.setattr(dispatchcolumns, "_FEW_GROUPS", 0)
+    groups, steps = [], []
+    group_ids, step = TopicInterner.group_ids, TopicInterner._id
+    monkeypatch.setattr(TopicInterner, "group_ids", lambda self, u8, fs, *a: groups.append(len(fs)) or group_ids(self, u8, fs, *a))
+    monkeypatch.setattr(TopicInterner, "_id", lambda self, *a: steps.append(1) or step(self, *a))
+    assert findings() == usual
+    assert len(steps) < sum(groups), (len(steps), sum(groups))  # topic groups were found in the table

@@ -26,8 +26,8 @@ class TopicInterner:
 
     A chunk's topic groups whose topic is already known are matched in a few array operations: by their
     (Java hash, length) key in a sorted table of the known topics' keys, then byte for byte against that topic.
-    Only new topics, and keys two known topics share, take a Python step each: a broker with thousands of
-    topics has thousands in every chunk, and a step per topic and chunk cost more than the walk."""
+    Only topics not yet in the table, and keys two known topics share, take a Python step each: a broker with
+    thousands of topics has thousands in every chunk, and a step per topic and chunk cost more than the walk."""
 
     def __init__(self):
         self.ids: dict[bytes, int] = {}
@@ -37,6 +37,7 @@ class TopicInterner:
         self._keys = np.zeros(0, np.int64)  # the known keys, sorted, one entry per key
         self._key_ids = np.zeros(0, np.int64)  # the (first) id with that key
         self._rows = np.zeros((0, 1), np.uint8)  # every known topic's bytes, a row per id, zero-padded
+        self._indexed = 0  # topics in the table (the first ones by id); later ones are found through the dict
 
     def intern_chunk(self, u8: np.ndarray, buf, h) -> np.ndarray:
         ts, tl = h.topicStart, np.maximum(h.topicLength, 0)
@@ -66,13 +67,12 @@ class TopicInterner:
                 out[sel[hit]] = ids[hit]
         rest = np.flatnonzero(out < 0)
         if len(rest):
-            known = len(self.ids)
             mv = memoryview(u8)
             rest = rest[np.argsort(key[rest], kind="stable")]
             for g, s, ln, k in zip(rest.tolist(), fs[rest].tolist(), fl[rest].tolist(), key[rest].tolist()):
                 out[g] = self._id(bytes(mv[s:s + ln]), k)
-            if len(self.ids) > known:
-                self._index()
+            if len(self.ids) - self._indexed > self._indexed // 4:
+                self._index()  # grown by a quarter: rebuilds cost a few passes over all topics in all
         return out
 
     def _id(self, raw: bytes, key: int) -> int:
@@ -86,8 +86,11 @@ class TopicInterner:
         return i
 
     def _index(self) -> None:
-        """The sorted key table and the known topics' bytes as rows, made again after new topics came."""
+        """The sorted key table and the known topics' bytes as rows, made again once the topics found since the
+        last time are a quarter of those in it: a log whose topics keep coming (tens of thousands, a few new in
+        each chunk) does not make the table again for every chunk."""
         raws = list(self.ids)  # in id order
+        self._indexed = len(raws)
         width = max(1, min(_ROW_BYTES, max(map(len, raws))))
         rows = np.zeros((len(raws), width), np.uint8)  # a longer topic is only found through the dict
         for i, raw in enumerate(raws):
