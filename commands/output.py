@@ -340,6 +340,9 @@ def handle_errors(fn: Callable) -> Callable:
         except MemoryError:
             fail("out of memory while reading the store (is a length field corrupt?)", EXIT_CORRUPT)
         except OSError as e:
+            from rmqstore_cli.engine.log.openfiles import open_files_error
+
+            e = open_files_error(e.filename, e)
             fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), EXIT_USAGE)
         except Exception as e:  # noqa: BLE001 - the contract is "never a traceback"
             if os.environ.get("RMQSTORE_DEBUG"):

@@ -229,13 +229,17 @@ def run() -> None:
 
     numpy's OpenBLAS starts a thread per core when numpy is imported (50 ms of a start on a busy 2-core
     machine, more on a big one); nothing here calls BLAS, so one thread is asked for unless the user
-    chose a number."""
+    chose a number. The limit on open files is raised to the hard limit, as the broker's JVM raises it: each
+    mapped queue file holds one (engine/log/openfiles.py)."""
     import atexit
     import os
     import threading
 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     load_on_first_use("importlib.metadata")
+    from rmqstore_cli.engine.log.openfiles import raise_open_file_limit
+
+    raise_open_file_limit()
     try:
         main()
         code = 0

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..findings import Finding
+from .openfiles import open_files_error
 
 NAME_DIGITS = 20
 MAPPED_FILES = 4  # files of one directory (or the index files) mapped at once
@@ -128,7 +129,10 @@ def _map_read_only(path: str, size: int, data_ahead: bool = False) -> mmap.mmap:
     """``data_ahead``: read ahead only the file's data extents. A fault in a mapping otherwise reads the device's
     read-ahead window around it (8 MB on this machine's disk): a cold queue file of a few KB was read whole, its
     hole zero-filled into the page cache (~2 ms of kernel time a file; 8 s for 2048 queues)."""
-    fd = os.open(path, os.O_RDONLY)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise open_files_error(path, e) from None
     try:
         m = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
     except OSError as e:
@@ -155,6 +159,8 @@ def mapping_error(path: str, e: OSError) -> OSError:
     is reading mapped, as the broker keeps every file mapped, so a store with tens of thousands of queue files
     needs it raised (RocketMQ's ``bin/os.sh`` sets 655360). Said so, with the numbers; still an OSError, so a
     repair that meets it undoes its steps as on a full disk."""
+    if e.errno == errno.EMFILE:
+        return open_files_error(path, e)
     if e.errno != errno.ENOMEM:
         return e
     counts = mapping_counts()
