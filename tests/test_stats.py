@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import random
 
 import pytest
 from typer.testing import CliRunner
@@ -131,3 +133,75 @@ def test_timeline_coarsens_past_the_key_limit(monkeypatch):
     assert acc.time_unit_ms == 1000 and len(acc.seconds) <= 1000
     tl = acc.result()["timeline"]
     assert sum(tl["counts"]) == n and tl["bucketMs"] % 1000 == 0
+
+
+STATS_SEED = int(os.environ.get("RMQSTORE_STATS_SEED", random.randrange(1 << 30)))
+
+
+def test_many_queues_per_chunk_equal_a_plain_tally():
+    """Thousands of queues in every chunk (an LMQ-heavy broker): the queue table, kept as sorted columns and
+    folded chunk by chunk and partial by partial, equals a tally made record by record in plain Python: sums,
+    the lowest and highest dispatched offsets (a PREPARED record is not dispatched), store times, and a queue
+    first seen in a later chunk or partial placed in key order."""
+    import numpy as np
+
+    print(f"seed {STATS_SEED} (RMQSTORE_STATS_SEED)")
+    rng = np.random.default_rng(STATS_SEED)
+    topics = ["T%d" % i for i in range(40)] + ["%RETRY%g", "%DLQ%g", "SCHEDULE_TOPIC_XXXX"]
+    n = 20_000
+    tid = rng.integers(0, len(topics), n)
+    qid = rng.integers(-2, 80, n)  # a negative queue id is kept as the broker wrote it
+    qid[: n // 2] %= 8  # fewer queues early on: more are first seen in later chunks
+    tid[: n // 3] %= 10  # and fewer topics: the others are new to the first partial when merged
+    qoff = rng.integers(0, 1 << 40, n)
+    size = rng.integers(20, 5000, n)
+    ts = 1_700_000_000_000 + rng.integers(0, 10_000_000, n)
+    sysflag = rng.choice([0, 0, 0, 4, 8, 12], n)
+    reconsume = rng.choice([0, 0, 0, 1], n)
+    msgs = rng.choice([1, 1, 3], n)
+    ref = {}
+    for i in range(n):
+        k = (topics[tid[i]], int(qid[i]))
+        r = ref.setdefault(k, {"count": 0, "bytes": 0, "min": None, "max": None, "t0": None, "t1": None,
+                               "retry": 0, "dlq": 0, "scheduled": 0, "transactional": 0, "messages": 0})
+        r["count"] += 1
+        r["bytes"] += int(size[i])
+        r["messages"] += int(msgs[i])
+        tx = int(sysflag[i]) & 0x0C
+        if tx in (0, 8):
+            lo, hi = int(qoff[i]), int(qoff[i]) + int(msgs[i]) - 1
+            r["min"] = lo if r["min"] is None else min(r["min"], lo)
+            r["max"] = hi if r["max"] is None else max(r["max"], hi)
+        r["t0"] = int(ts[i]) if r["t0"] is None else min(r["t0"], int(ts[i]))
+        r["t1"] = int(ts[i]) if r["t1"] is None else max(r["t1"], int(ts[i]))
+        r["retry"] += k[0].startswith("%RETRY%") or reconsume[i] > 0
+        r["dlq"] += k[0].startswith("%DLQ%")
+        r["scheduled"] += k[0] == "SCHEDULE_TOPIC_XXXX"
+        r["transactional"] += tx != 0
+
+    def fed(lo, hi, step):
+        acc = StatsAccumulator()
+        seen = [topics[t] for t in sorted(set(tid[lo:hi].tolist()))]
+        for name in seen[::-1] if lo else seen:  # topic ids differ between partials
+            acc.topics[name] = len(acc.topics)
+        ids = np.array([acc.topics.get(t, -1) for t in topics], np.int64)
+        for a in range(lo, hi, step):
+            b = min(hi, a + step)
+            acc.add_columns(ids[tid[a:b]], qid[a:b], qoff[a:b], size[a:b], ts[a:b], sysflag[a:b], reconsume[a:b],
+                            msgs[a:b])
+        return acc
+
+    whole = fed(0, n, 997)
+    merged = fed(0, n // 3, 500)
+    merged.merge(fed(n // 3, 2 * n // 3, 1500))
+    merged.merge(fed(2 * n // 3, n, 700))
+    for acc in (whole, merged):
+        assert np.all(np.diff(acc.queue_keys) > 0)
+        rows = acc.result()["queues"]
+        assert [(r["topic"], r["queueId"]) for r in rows] == sorted(ref, key=lambda k: (k[0], k[1] & 0xFFFFFFFF))
+        for r in rows:
+            want = ref[(r["topic"], r["queueId"])]
+            got = (r["count"], r["bytes"], r["minQueueOffset"], r["maxQueueOffset"], r["firstStoreTimestamp"],
+                   r["lastStoreTimestamp"], r["retry"], r["dlq"], r["scheduled"], r["transactional"], r["messages"])
+            assert got == (want["count"], want["bytes"], want["min"], want["max"], want["t0"], want["t1"],
+                           want["retry"], want["dlq"], want["scheduled"], want["transactional"], want["messages"]), r
