@@ -106,11 +106,12 @@ def _record_at(cl, offset: int) -> dict | None:
 
 def _queues(a, b) -> list[dict]:
     rows = []
-    keys = sorted(set(a.queues()) | set(b.queues()))
+    on_disk = {"a": set(a.queues()), "b": set(b.queues())}  # listed once: thousands of queues
+    keys = sorted(on_disk["a"] | on_disk["b"])
     for t, q in keys:
         row = {"topic": t, "queueId": q}
         for side, st in (("a", a), ("b", b)):
-            if (t, q) in set(st.queues()):
+            if (t, q) in on_disk[side]:
                 u = st.queue(t, q).units()
                 row[f"{side}Min"], row[f"{side}Max"] = int(u.min_offset), int(u.end_offset)
             else:
