@@ -113,3 +113,25 @@ def test_cells_that_look_like_markup_are_printed_as_text(capsys):
     Output(False).table(rows, [("a", "a"), ("b", "b")], title="t")
     out = capsys.readouterr().out
     assert "[/bold] closing tag" in out and "[red]x[/red]" in out
+
+
+def test_a_long_wrapped_table_prints_every_row(capsys):
+    """A plan or findings table (wrapped columns) of thousands of rows: the first FITTED_ROWS laid out as a table,
+    every other row on a line of its own, none left out (rich took ~2 ms a row: a plan over 100,000 queues took
+    minutes to print)."""
+    n = output.FITTED_ROWS + 57
+    rows = [{"action": "zero_tail", "path": f"/s/consumequeue/T{i:05d}/0/00000000000000000000", "offset": 280 + i,
+             "why": f"queue {i}: bytes after the last valid unit zeroed " + "so they cannot reappear " * 3}
+            for i in range(n)]
+    cols = [("action", "action"), ("path", "file"), ("offset", "offset"), ("why", "why")]
+    capsys.readouterr()
+    assert output.Output(False).table(rows, cols, title="actions", root="/s", wrap=("path", "why")) == n
+    out = capsys.readouterr().out
+    for i in range(n):
+        assert f"T{i:05d}/0/" in out, i
+    lines = out.splitlines()
+    head = next(k for k, line in enumerate(lines) if line.startswith(f"… {n - output.FITTED_ROWS} more, one per line"))
+    assert all(f"T{i:05d}/0/" not in "".join(lines[head:]) for i in range(output.FITTED_ROWS))
+    rest = lines[head + 1:]
+    assert rest == [f"zero_tail | consumequeue/T{i:05d}/0/00000000000000000000 | {280 + i} | {rows[i]['why']}"
+                    for i in range(output.FITTED_ROWS, n)]
