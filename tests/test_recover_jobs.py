@@ -251,3 +251,30 @@ def test_truncate_jobs_equals_one(tmp_path, what, used):
         code, out, err, _ = _same_with_jobs(case, tmp_path / "w", ["truncate", "--offset", str(at), "--json"])
         assert code in (0, 1), f"{name}, {where}, --offset {at}: {err}"
     assert used["derived"], used
+
+
+def test_one_file_log_is_set_up_once(monkeypatch):
+    """A log of one commitlog file (the broker-written timer store) under -j 2: the derived check is set up once
+    and fed by the one walk, as at -j 1. It was set up for workers that a single file does not get, then set up
+    and walked again (every queue file read twice: 8192 queues, 1.4 s more). Same output as -j 1."""
+    from typer.testing import CliRunner
+
+    from rmqstore_cli.app import app
+
+    root = str(_root_of("timer-5.3.3"))
+    real = derived_windows.WindowedCheck.start.__func__
+    starts = []
+
+    def counting(cls, planner):
+        starts.append(planner.jobs)
+        return real(cls, planner)
+
+    monkeypatch.setattr(derived_windows.WindowedCheck, "start", classmethod(counting))
+    runs = {}
+    for j in ("1", "2"):
+        starts.clear()
+        r = CliRunner().invoke(app, ["recover", root, "--dry-run", "--json", "-j", j])
+        assert r.exit_code in (0, 1), r.output
+        runs[j] = r.stdout
+        assert len(starts) == 1, (j, starts)
+    assert runs["1"] == runs["2"]

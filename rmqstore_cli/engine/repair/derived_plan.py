@@ -88,8 +88,10 @@ def _verify_along(planner) -> dict | None:
         if not planner.cl_kept:
             return None
         return along.check.finish() if along.check_holds() else windowed_verdicts(planner)
-    if planner.jobs > 1:
-        # -j: verify's workers also run the derived check on each segment they walk (one walk for both, as below)
+    segments = sum(1 for s in store.commitlog.segments.segments if s.start < planner.end)
+    if planner.jobs > 1 and segments > 1:
+        # -j: verify's workers also run the derived check on each segment they walk (one walk for both, as below);
+        # a log of one file is walked in this process (below), not set up for workers and then walked again
         from ..verify.pipeline import verify_store_jobs
         from .derived_windows import FedByVerify
 
