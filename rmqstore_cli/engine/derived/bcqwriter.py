@@ -15,7 +15,7 @@ import numpy as np
 
 from rmqstore_cli.formats.records import BCQ_INVALID_POS, BCQ_UNIT_SIZE
 
-from ..log.mappedfile import SegmentQueueWriter
+from ..log.mappedfile import OPEN_WRITERS, SegmentQueueWriter
 from .batchcq import BCQ_DIR, BCQ_DTYPE, valid_units
 
 
@@ -28,7 +28,8 @@ class BatchConsumeQueueWriter:
     def __init__(self, root: str, topic: str, queue_id: int, config, journal=None, strict_offsets: bool = False):
         self.topic, self.queue_id = topic, queue_id
         self.file_size = config.mapperFileSizeBatchConsumeQueue
-        self.files = SegmentQueueWriter(os.path.join(root, BCQ_DIR, topic, str(queue_id)), self.file_size, journal)
+        self.files = SegmentQueueWriter(os.path.join(root, BCQ_DIR, topic, str(queue_id)), self.file_size, journal,
+                                        OPEN_WRITERS)
         self.strict_offsets = strict_offsets
         self.refused = 0
         self.write_offset = 0  # logical byte position of the next unit

@@ -18,7 +18,7 @@ from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, CQEXT_END_BLAN
 
 from ..config.storeconfig import StoreConfig
 from .consumequeue import CQ_DTYPE
-from ..log.mappedfile import SegmentQueueWriter
+from ..log.mappedfile import OPEN_WRITERS, SegmentQueueWriter
 
 _UNIT = struct.Struct(">qiq")
 _EXT_HEAD = struct.Struct(">hqqh")
@@ -45,7 +45,8 @@ class ConsumeQueueWriter:
         self.refused = 0  # units not written because their offset is not the next position (strict)
         self.queue_id = queue_id
         self.file_size = config.mappedFileSizeConsumeQueue
-        self.files = SegmentQueueWriter(os.path.join(root, dirname, topic, str(queue_id)), self.file_size, journal)
+        self.files = SegmentQueueWriter(os.path.join(root, dirname, topic, str(queue_id)), self.file_size, journal,
+                                        OPEN_WRITERS)
         self.max_physic_offset = -1
         self.write_offset = 0
         self.has_files = False
@@ -256,7 +257,7 @@ class ConsumeQueueExtWriter:
     def __init__(self, root: str, topic: str, queue_id: int, config: StoreConfig, journal=None):
         self.file_size = config.mappedFileSizeConsumeQueueExt
         self.files = SegmentQueueWriter(os.path.join(root, "consumequeue_ext", topic, str(queue_id)), self.file_size,
-                                        journal)
+                                        journal, OPEN_WRITERS)
         self.last_start: int | None = None
         self.position = 0  # write position inside the last file
         self._recover()

@@ -51,7 +51,9 @@ class WritableSegment:
 
     __slots__ = ("path", "start", "size", "fd", "mm", "dirty", "journal", "lo", "hi", "created", "modified", "times")
 
-    def __init__(self, path: str, start: int, size: int, *, create: bool, journal: "UndoJournal | None" = None):
+    def __init__(self, path: str, start: int, size: int, *, create: bool, journal: "UndoJournal | None" = None,
+                 fresh: bool = False):
+        """``fresh``: a file this session created, opened again (its pre-image is nothing: no byte is saved)."""
         self.path = path
         self.start = start
         self.size = size
@@ -67,9 +69,9 @@ class WritableSegment:
         # in the end (a queue's last file, the last index file): it is put back when the file is closed
         self.times = (st.st_atime_ns, st.st_mtime_ns)
         # [lo, hi): bytes whose pre-image is saved (or need none); a write outside goes through touch()
-        if journal is None or create:
+        if journal is None or create or fresh:
             self.lo, self.hi = 0, size
-            if journal is not None:
+            if journal is not None and create:
                 journal.created(path)
         else:
             self.lo, self.hi = size, 0
@@ -138,10 +140,14 @@ class SegmentQueueWriter:
     remembered for the next ``flush``.
     """
 
-    def __init__(self, directory: str, file_size: int, journal: "UndoJournal | None" = None):
+    def __init__(self, directory: str, file_size: int, journal: "UndoJournal | None" = None,
+                 budget: "OpenWriters | None" = None):
+        """``budget``: writers of many small folders (consume queues) share one; a writer whose segment is handed
+        out for later writes (the commitlog's, written with ``pwrite`` on its descriptor) must have none."""
         self.directory = directory
         self.file_size = file_size
         self.journal = journal
+        self.budget = budget
         self.current: WritableSegment | None = None
         self._to_sync: set[str] = set()
         self._dir_dirty = False
@@ -165,7 +171,8 @@ class SegmentQueueWriter:
         if not exists:
             makedirs(self.directory, self.journal)
         try:
-            seg = WritableSegment(path, start, self.file_size, create=not exists, journal=self.journal)
+            seg = WritableSegment(path, start, self.file_size, create=not exists, journal=self.journal,
+                                  fresh=exists and self.budget is not None and path in self.created)
         except UsageError:
             if exists or not os.path.exists(path):
                 raise
@@ -177,6 +184,8 @@ class SegmentQueueWriter:
             self.created.append(path)
         self._retire()
         self.current = seg
+        if self.budget is not None:
+            self.budget.opened(self)
         return seg
 
     def _retire(self) -> None:
@@ -186,6 +195,8 @@ class SegmentQueueWriter:
                 self._to_sync.add(cur.path)
             cur.close(flush=False)
             self.current = None
+            if self.budget is not None:
+                self.budget.let_go(self)
 
     def flush(self) -> None:
         if self.current is not None:
@@ -207,6 +218,49 @@ class SegmentQueueWriter:
         if self.current is not None:
             self.current.close(flush=False)
             self.current = None
+
+
+class OpenWriters:
+    """The consume-queue writers holding their current file open, at most as many as the limit on open files
+    leaves room for. Each holds two descriptors (its own, for write-back and fsync, and the copy Python's mmap
+    keeps), where the broker's MappedFile holds one: a rebuild of 8192 queues stopped with "Too many open files"
+    under a limit of 12,000 that the broker runs under. Past the budget, the writer opened longest ago lets its
+    file go (unmapped and closed; fsynced at its next flush, as a file it left behind) and maps it again when it
+    next writes. The budget is set at the first file opened past the count of files already open then (the
+    reading side's mappings), so writers and readers together stay under the limit."""
+
+    HEADROOM = 256  # descriptors left for everything else (config files, the index, backups, pipes)
+
+    def __init__(self, limit: int | None = None):
+        self.limit = limit  # None: worked out from the process's limit when first needed
+        self.writers: dict[int, SegmentQueueWriter] = {}  # id -> writer, in the order they opened their file
+
+    def opened(self, writer: "SegmentQueueWriter") -> None:
+        self.writers.pop(id(writer), None)
+        self.writers[id(writer)] = writer
+        if self.limit is None:
+            self.limit = self._room()
+        while len(self.writers) > self.limit:
+            _, oldest = next(iter(self.writers.items()))
+            oldest._retire()  # calls let_go
+
+    def let_go(self, writer: "SegmentQueueWriter") -> None:
+        self.writers.pop(id(writer), None)
+
+    def _room(self) -> int:
+        from .openfiles import open_files_limits
+
+        soft, _ = open_files_limits()
+        if soft is None:
+            return 1 << 62
+        try:
+            in_use = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            in_use = 64
+        return max(16, (soft - in_use - self.HEADROOM) // 2)
+
+
+OPEN_WRITERS = OpenWriters()
 
 
 def drop_pages(buf, start: int, length: int) -> None:
