@@ -53,7 +53,7 @@ class WritableSegment:
 
     def __init__(self, path: str, start: int, size: int, *, create: bool, journal: "UndoJournal | None" = None,
                  fresh: bool = False):
-        """``fresh``: a file this session created, opened again (its pre-image is nothing: no byte is saved)."""
+        """``fresh``: a file this write created, opened again (its pre-image is nothing: no byte is saved)."""
         self.path = path
         self.start = start
         self.size = size
