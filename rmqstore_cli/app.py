@@ -220,6 +220,20 @@ def load_on_first_use(name: str) -> None:
         setattr(parent, child, module)
 
 
+def _raise_open_file_limit() -> None:
+    """Let this process open as many files as its hard limit allows (the soft limit raised to it), as the JVM
+    does for the broker at its start (HotSpot's MaxFDLimit, on by default): the command can then map every file
+    the broker itself kept mapped under the same account. Nothing is done where the limits cannot be set."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, OSError, ValueError):
+        pass
+
+
 def run() -> None:
     """The process entry (the ``rmqstore`` script, ``python -m rmqstore_cli``): :func:`main`, then leave
     without the interpreter's teardown. Tearing down the modules a record-reading command loaded (numba,
@@ -237,9 +251,7 @@ def run() -> None:
 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     load_on_first_use("importlib.metadata")
-    from rmqstore_cli.engine.log.openfiles import raise_open_file_limit
-
-    raise_open_file_limit()
+    _raise_open_file_limit()
     try:
         main()
         code = 0

@@ -3,9 +3,8 @@
 Every file a command keeps mapped holds a descriptor: Python's mmap keeps a copy of the one it was made from, as
 each of the broker's MappedFiles keeps its FileChannel open. A store with thousands of queue files therefore needs
 more than the 1024 a login shell often allows. The broker's JVM raises its soft limit to the hard one at its start;
-:func:`raise_open_file_limit` does the same, and :func:`open_files_error` says which limit was met and how to
-raise it. Kept apart from the segment code so that the command line's start can call it without importing the
-engine.
+the command line does the same (``app.run``), and :func:`open_files_error` says which limit was met and how to
+raise it.
 """
 
 from __future__ import annotations
@@ -42,18 +41,3 @@ def open_files_limits() -> tuple[int | None, int | None]:
         return None, None
     inf = resource.RLIM_INFINITY
     return (None if soft == inf else soft), (None if hard == inf else hard)
-
-
-def raise_open_file_limit() -> None:
-    """Let this process open as many files as its hard limit allows (the soft limit raised to it), as the JVM
-    does for the broker at its start (HotSpot's MaxFDLimit, on by default): the command can then map every
-    file the broker itself kept mapped under the same account. Nothing is done where the limits cannot be read
-    or set."""
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ImportError, OSError, ValueError):
-        pass
