@@ -289,3 +289,33 @@ def test_windowed_check_plans_as_the_whole_table(store_copy, damage, monkeypatch
     assert answers and answers[0] is not None  # the windowed check gave the verdicts
     monkeypatch.setattr(derived_windows.WindowedCheck, "start", classmethod(lambda cls, planner: None))
     assert plan() == windowed
+
+
+def test_window_decodes_multi_dispatch_once(monkeypatch, store_copy):
+    """Each window's records have their multi-dispatch targets decoded once, for every LMQ queue whose units
+    point into the window and for the check that every named unit exists: they were decoded again for each LMQ
+    queue (50 decodings of the 600 records here). Findings unchanged: clean, and a unit whose record names
+    another LMQ queue still a CQ_TOPIC."""
+    from rmqstore_cli.engine.derived import lmq
+
+    real, calls = lmq.record_targets, []
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    from rmqstore_cli.engine.verify import lmq as verify_lmq, queues as verify_queues
+
+    for module in (lmq, verify_lmq, verify_queues):  # wherever it is called from
+        monkeypatch.setattr(module, "record_targets", counting, raising=False)
+    r = run("verify", STORES / NAME / "store", "--json", "--config", CONF)
+    assert r.exit_code == 0, r.output
+    assert 0 < len(calls) <= 2, calls  # two commitlog files, a window each
+    root = store_copy(NAME)
+    a, b = (root / "consumequeue" / q / "0" / ("%020d" % 0) for q in ("%LMQ%chat%b", "%LMQ%chat%a"))
+    da, db = bytearray(a.read_bytes()), bytearray(b.read_bytes())
+    da[3 * 20:3 * 20 + 20] = db[3 * 20:3 * 20 + 20]  # unit 3 of one LMQ queue points at a record of the other's
+    a.write_bytes(bytes(da))
+    r = run("verify", root, "--json", "--config", CONF)
+    errors = [(o["code"], o["topic"], o["queueOffset"]) for o in json_lines(r.stdout) if o.get("severity") == "error"]
+    assert r.exit_code == 1 and errors == [("CQ_TOPIC", "%LMQ%chat%b", 3)], errors

@@ -199,6 +199,21 @@ def record_targets(store, recs, rule: MultiDispatchRule | None = None, only: np.
     return LmqTargets.from_lists(per_record)
 
 
+def window_targets(recs) -> tuple[LmqTargets, np.ndarray, np.ndarray, dict]:
+    """The extra units of every record of a verify record table (one window), made once per table and kept on
+    it: the targets, their (name, queue id) keys sorted, the order that sorts them, and {name: index}. Each LMQ
+    queue's units are matched against these, and the multi-dispatch check walks them: the records' properties
+    were decoded again for every LMQ queue reaching the window (~0.5 ms a queue, plus each record's names and
+    offsets parsed once per queue it names)."""
+    got = recs.__dict__.get("_lmq_window_targets")
+    if got is None:
+        lt = record_targets(recs.store, recs)
+        key = (lt.name << 32) | (lt.queue_id & 0xFFFFFFFF)
+        order = np.argsort(key, kind="stable")
+        got = recs.__dict__["_lmq_window_targets"] = (lt, key[order], order, {n: i for i, n in enumerate(lt.names)})
+    return got
+
+
 def append_side_on(config) -> bool:
     """Does the broker's append assign LMQ offsets (5.x: ``enableLmq``)? Given or inferred from the store's
     LMQ queues; off by default, as in the broker."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from rmqstore_cli.formats.records import TRANSACTION_COMMIT, TRANSACTION_NOT
 
-from ..derived.lmq import LmqTargets, MultiDispatchRule, record_targets
+from ..derived.lmq import LmqTargets, MultiDispatchRule, window_targets
 from .records import ERROR, _Agg
 
 
@@ -50,7 +50,7 @@ class LmqDispatchCheck:
     def window(self, recs) -> None:
         if not self.active or not len(recs):
             return
-        lt = record_targets(self.store, recs, self.rule)
+        lt = window_targets(recs)[0]  # MultiDispatchRule(store.config), as self.rule
         if not len(lt):
             return
         tran = recs.c["sysFlag"][lt.row] & 0xC

@@ -9,7 +9,7 @@ from rmqstore_cli.formats import checkkernel
 from rmqstore_cli.formats.extaddr import MAX_ADDR, undecorate
 from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
-from ..derived.lmq import is_lmq, record_targets
+from ..derived.lmq import is_lmq, window_targets
 from ..log.segments import data_extents
 from ..findings import Finding
 from .records import ERROR, INFO, WARNING, _Agg, _cq_loc, _Records, _RefClassifier
@@ -266,11 +266,13 @@ def _lmq_match(recs: _Records, ri, queue_offsets, topic: str, qid: int, mask) ->
     at = np.flatnonzero(mask)
     if not len(at):
         return out
-    lt = record_targets(recs.store, recs, None, ri[at])
-    if not len(lt) or topic not in lt.names:
+    lt, keys, order, name_ids = window_targets(recs)
+    name = name_ids.get(topic)
+    if name is None:
         return out
-    m = (lt.name == lt.names.index(topic)) & (lt.queue_id == qid)
-    named = set(zip(lt.row[m].tolist(), lt.queue_offset[m].tolist()))
+    key = (name << 32) | (qid & 0xFFFFFFFF)
+    mine = order[np.searchsorted(keys, key):np.searchsorted(keys, key, side="right")]
+    named = set(zip(lt.row[mine].tolist(), lt.queue_offset[mine].tolist()))
     for k in at.tolist():
         out[k] = (int(ri[k]), int(queue_offsets[k])) in named
     return out
