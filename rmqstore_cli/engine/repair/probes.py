@@ -3,7 +3,6 @@ consume-queue units of a file, an index put torn before its header update, a seg
 
 from __future__ import annotations
 
-import errno
 import os
 
 import numpy as np
@@ -11,6 +10,7 @@ import numpy as np
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
 from ..derived.index import last_live_entry
+from ..log.segments import data_extents
 
 
 def index_torn(f) -> bool:
@@ -22,15 +22,17 @@ def index_torn(f) -> bool:
 
 
 def nonzero_after(path: str, pos: int) -> bool:
-    """Any non-zero byte from ``pos`` to the end of the file. Holes are skipped without reading them
-    (SEEK_DATA: a queue or commitlog file the broker pre-allocates is sparse past its data, and so is a copy
-    made with ``cp --sparse``); the data parts are read in blocks compared with zeros."""
+    """Any non-zero byte from ``pos`` to the end of the file. Holes and reserved blocks never written are skipped
+    without reading them (:func:`..log.segments.data_extents`: a queue or commitlog file the broker pre-allocates
+    is sparse past its data, and so is a copy made with ``cp --sparse``; one this tool wrote is reserved with
+    ``posix_fallocate``, which SEEK_DATA reports as data: 6 MB read per queue file); the data parts are read in
+    blocks compared with zeros."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return False
     try:
-        for lo, hi in _data_parts(fd, pos):
+        for lo, hi in data_extents(path, pos, os.fstat(fd).st_size):
             p = lo
             while p < hi:
                 b = os.pread(fd, min(len(_ZEROS), hi - p), p)
@@ -47,27 +49,6 @@ def nonzero_after(path: str, pos: int) -> bool:
 
 
 _ZEROS = bytes(1 << 20)
-
-
-def _data_parts(fd: int, pos: int):
-    """[lo, hi) ranges at or after ``pos`` that may hold data (the whole rest when holes cannot be asked for)."""
-    size = os.fstat(fd).st_size
-    seek_data, seek_hole = getattr(os, "SEEK_DATA", None), getattr(os, "SEEK_HOLE", None)
-    p = pos
-    while p < size:
-        if seek_data is None:
-            yield p, size
-            return
-        try:
-            lo = os.lseek(fd, p, seek_data)
-        except OSError as e:
-            if e.errno == errno.ENXIO:  # only a hole from p to the end
-                return
-            yield p, size  # the file system cannot tell: read it all
-            return
-        hi = min(os.lseek(fd, lo, seek_hole), size)
-        yield lo, hi
-        p = hi
 
 
 def file_has_data(path: str) -> bool:
