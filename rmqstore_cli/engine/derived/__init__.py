@@ -5,4 +5,6 @@
 - dispatchcolumns: per chunk of records, what dispatch computes (topic id, tagsCode, key hashes) as columns
 - dispatch: the dispatcher chain run by ReputMessageService (CommitLogDispatcher build CQ / index)
 - dispatchpredict: which consume-queue units a re-dispatch would write, without writing
+- lmq, lmqparse: multi-dispatch (LMQ) units a record gets (MultiDispatchUtils, ConsumeQueue.multiDispatchLmqQueue),
+  the properties of many records parsed in array operations
 """

@@ -154,7 +154,57 @@ def chunk_targets(rule: MultiDispatchRule, u8: np.ndarray, h, topic_of_row, rows
         has &= sel
     if not has.any():
         return LmqTargets.empty()
-    return LmqTargets.from_lists(_per_record(rule, u8, h, topic_of_row, pv, has))
+    return _targets(rule, u8, h, topic_of_row, pv, has)
+
+
+def _targets(rule, u8, h, topic_of_row, pv, has) -> LmqTargets:
+    """The targets of the records ``has``: those in ASCII parsed in array operations (:mod:`.lmqparse`), the rest
+    by the rule in Python; numbered as :meth:`LmqTargets.from_lists` numbers them."""
+    from .lmqparse import parse
+
+    rows = np.flatnonzero(has)
+    if not rule.enabled or not len(rows):
+        return LmqTargets.empty()
+    takes_part, part = {}, np.zeros(len(rows), bool)
+    for k, i in enumerate(rows.tolist()):
+        t = topic_of_row(i)
+        ok = takes_part.get(t)
+        if ok is None:
+            ok = takes_part[t] = MultiDispatchRule.topic_takes_part(t)
+        part[k] = ok
+    fast = rows[part & pv.ascii[rows]]
+    (rec, name, qid, qo), names, left = parse(
+        u8, (pv.start[DISPATCH_PROP][fast], pv.end[DISPATCH_PROP][fast]),
+        (pv.start[OFFSET_PROP][fast], pv.end[OFFSET_PROP][fast]), np.asarray(h.queueId)[fast], rule.lmq_queue_zero)
+    slow = np.zeros(len(has), bool)
+    slow[rows[part & ~pv.ascii[rows]]] = True
+    slow[fast[left]] = True
+    if not slow.any():
+        row = fast[rec]
+    else:
+        ids = {n: k for k, n in enumerate(names)}
+        extra = [(i, ids.setdefault(n, len(ids)), q, o) for i, ts in _per_record(rule, u8, h, topic_of_row, pv, slow)
+                 for n, q, o in ts]
+        names = list(ids)
+        if extra:
+            e_row, e_name, e_qid, e_qo = (np.asarray(c, np.int64) for c in zip(*extra))
+            row = np.concatenate([fast[rec], e_row])
+            order = np.argsort(row, kind="stable")  # record order; a record's targets come from one side only
+            row, name = row[order], np.concatenate([name, e_name])[order]
+            qid, qo = np.concatenate([qid, e_qid])[order], np.concatenate([qo, e_qo])[order]
+        else:
+            row = fast[rec]
+    if len(name):  # names numbered in the order they first appear, as from_lists numbers them
+        _, first = np.unique(name, return_index=True)
+        used = np.unique(name)
+        order = used[np.argsort(first, kind="stable")]
+        renum = np.empty(len(names), np.int64)
+        renum[order] = np.arange(len(order))
+        name = renum[name]
+        names = [names[j] for j in order.tolist()]
+    else:
+        names = []
+    return LmqTargets(row, name, qid, qo, names)
 
 
 def _per_record(rule, u8, h, topic_of_row, pv, has) -> list:
@@ -184,6 +234,7 @@ def record_targets(store, recs, rule: MultiDispatchRule | None = None, only: np.
         return LmqTargets.empty()
     segs = store.commitlog.segments.segments
     per_record = []
+    ids: dict[str, int] = {}  # names numbered as they first appear, segment after segment
     pick = np.arange(len(recs), dtype=np.int64) if only is None else distinct(np.asarray(only, np.int64))
     for k in distinct(recs.seg[pick]).tolist():
         rows = pick[recs.seg[pick] == k]
@@ -194,9 +245,12 @@ def record_targets(store, recs, rule: MultiDispatchRule | None = None, only: np.
         pv = propscan.scan(u8, h.propsStart, h.propsLength, names=LMQ_PROPS)
         has = (pv.start[DISPATCH_PROP] >= 0) & (pv.start[OFFSET_PROP] >= 0)
         if has.any():
-            found = _per_record(rule, u8, h, lambda i: recs.topic(int(rows[i])), pv, has)
-            per_record += [(int(rows[i]), ts) for i, ts in found]
-    return LmqTargets.from_lists(per_record)
+            lt = _targets(rule, u8, h, lambda i: recs.topic(int(rows[i])), pv, has)
+            to_global = np.asarray([ids.setdefault(n, len(ids)) for n in lt.names], np.int64)
+            per_record.append((rows[lt.row], to_global[lt.name], lt.queue_id, lt.queue_offset))
+    if not per_record:
+        return LmqTargets.empty()
+    return LmqTargets(*(np.concatenate([p[c] for p in per_record]) for c in range(4)), list(ids))
 
 
 def window_targets(recs) -> tuple[LmqTargets, np.ndarray, np.ndarray, dict]:
