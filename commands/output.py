@@ -157,8 +157,9 @@ class Output:
                 stderr.print(limit_note)
             return n
         if wrap or not tables.fits(stdout, columns, cells):
-            _print_fitted(stdout, title, columns, cells[:FITTED_ROWS], set(wrap))
-            if n > FITTED_ROWS:  # rich lays a fitted row out in ~2 ms: a plan over 100,000 queues took minutes
+            shown = cells[:FITTED_ROWS] if wrap else cells  # a plan's or findings' rows; a dump's stay a table
+            _print_fitted(stdout, title, columns, shown, set(wrap))
+            if len(shown) < n:  # rich lays a wrapped row out in ~2 ms: a plan over 100,000 queues took minutes
                 stdout.print(f"… {n - FITTED_ROWS} more, one per line ({' | '.join(h for _, h in columns)}; --json: "
                              "each as a JSON object):", markup=False, highlight=False, soft_wrap=True)
                 sys.stdout.flush()

@@ -88,7 +88,7 @@ def test_any_site_is_named(capsys):
     error handler says it the same way."""
     import typer
 
-    from commands.output import handle_errors
+    from rmqstore_cli.commands.output import handle_errors
 
     @handle_errors
     def command():
