@@ -101,3 +101,22 @@ def test_failed_recover_is_undone_within_two_open_writers(tmp_path, monkeypatch)
     assert r.exit_code == 3 and "undone" in r.output, r.output
     after = content_digest(root)
     assert sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k)) == []
+
+
+def test_a_closed_writer_leaves_the_budget(tmp_path):
+    """A writer closed (its queue done) is no longer counted: the budget holds only writers with a file open, and
+    letting the oldest go never meets one that has none."""
+    budget = mappedfile.OpenWriters(limit=2)
+    writers = [mappedfile.SegmentQueueWriter(str(tmp_path / str(k)), 4096, None, budget) for k in range(4)]
+    writers[0].open(0)
+    writers[0].close()
+    assert not budget.writers
+    for w in writers[1:]:
+        w.open(0)
+        w.open(0).write(0, b"\x01")
+    assert list(budget.writers) == [id(writers[2]), id(writers[3])]
+    assert writers[1].current is None and writers[3].current is not None
+    for w in writers:
+        w.close()
+    assert not budget.writers
+    assert all((tmp_path / str(k) / ("%020d" % 0)).read_bytes()[:1] == (b"\x01" if k else b"\x00") for k in range(4))

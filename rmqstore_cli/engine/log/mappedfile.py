@@ -218,6 +218,8 @@ class SegmentQueueWriter:
         if self.current is not None:
             self.current.close(flush=False)
             self.current = None
+        if self.budget is not None:
+            self.budget.let_go(self)
 
 
 class OpenWriters:
@@ -241,8 +243,8 @@ class OpenWriters:
         if self.limit is None:
             self.limit = self._room()
         while len(self.writers) > self.limit:
-            _, oldest = next(iter(self.writers.items()))
-            oldest._retire()  # calls let_go
+            oldest = self.writers.pop(next(iter(self.writers)))
+            oldest._retire()
 
     def let_go(self, writer: "SegmentQueueWriter") -> None:
         self.writers.pop(id(writer), None)
