@@ -67,9 +67,7 @@ class ConsumeQueue:
         end = segs[start_i].start // CQ_UNIT_SIZE if segs else 0
         for seg in segs[start_i:]:
             arr = self.file_units(seg)
-            valid = (arr["phyOffset"] >= 0) & (arr["size"] > 0)
-            bad = np.flatnonzero(~valid)
-            n = int(bad[0]) if len(bad) else len(arr)
+            n = _valid_prefix(arr)
             base = seg.start // CQ_UNIT_SIZE
             if seg.start // CQ_UNIT_SIZE != end and parts_q:
                 break  # gap between files: the queue's continuity is broken here
