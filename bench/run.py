@@ -136,8 +136,15 @@ class RunFailed(RuntimeError):
 
 
 def run(cmd: list[str], stdout=subprocess.DEVNULL, ok=(0, 1), timeout: float | None = None):
-    """One child process, measured (bench.memory.ChildRun); RunFailed on a bad exit or a timeout."""
+    """One child process, measured (bench.memory.ChildRun); RunFailed on a bad exit or a timeout.
+
+    The page cache's dirty pages are written out first (``sync``, untimed): a writing row's copy of the store (the
+    crash copy's real last segment, its consume queues and index: ~1.6 GB at 8 GiB) and the previous run's writes
+    were otherwise still being written back when the command started, and its first fsync waited for them (1.4 s
+    of `recover -j 2`'s 12.5 s on the 8 GiB copy, ~0.5 s of the 1 GiB copy's, measured 2026-11-28). A broker's
+    store after a crash holds no dirty pages of a copy made seconds before."""
     timeout = TIMEOUT if timeout is None else timeout
+    os.sync()
     c = run_sampled(cmd, stdout=stdout, cwd=ROOT, timeout=timeout, kill_above=KILL_ABOVE_MB * MB)
     if c.timed_out:
         raise RunFailed(f"timed out after {timeout:g} s", c)

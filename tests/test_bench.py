@@ -315,3 +315,18 @@ def test_rows_measured_side_by_side_take_turns(monkeypatch):
     b.measure_side_by_side([dict(name="A", store_name="s", cmd_for=["a"], records=1, nbytes=1),
                             dict(name="B", store_name="s", cmd_for=["b"], records=1, nbytes=1)], budget=20)
     assert calls == ["a", "b"]  # 60 s a round, two more rounds: over 2 x 20 s, not repeated
+
+
+def test_dirty_pages_are_written_out_before_a_timed_run(monkeypatch):
+    # a writing row's fresh copy of the store must not be written back on the command's clock: sync comes first
+    events = []
+    monkeypatch.setattr(run.os, "sync", lambda: events.append("sync"))
+    real = run.run_sampled
+
+    def sampled(cmd, **kw):
+        events.append("child")
+        return real(cmd, **kw)
+
+    monkeypatch.setattr(run, "run_sampled", sampled)
+    run.run([PY, "-c", "pass"])
+    assert events == ["sync", "child"]
