@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..findings import Finding
-from .openfiles import open_files_error
+from .openfiles import open_files_error, open_files_limits
 
 NAME_DIGITS = 20
 MAPPED_FILES = 4  # files of one directory (or the index files) mapped at once
@@ -25,23 +25,64 @@ class MapBudget:
     broker keeps every MappedFile mapped, a scan needs a few. Dropped, not closed: a caller still holding
     a buffer (or a numpy view of it) keeps it valid, and it is unmapped when the last reference goes."""
 
-    def __init__(self, limit: int | None = None):
+    def __init__(self, limit: int | None = None, shared: "MapBudget | None" = None):
         self.limit = MAPPED_FILES if limit is None else limit
         self.mapped: OrderedDict = OrderedDict()  # id(segment) -> segment, least recently used first
+        self.shared = shared  # a budget over many groups, also kept (queue files: QUEUE_FILES)
 
     def mapped_now(self, seg: "Segment") -> None:
         self.mapped[id(seg)] = seg
         self.mapped.move_to_end(id(seg))
         while len(self.mapped) > self.limit:
             _, old = self.mapped.popitem(last=False)
-            old._map = None
+            self._drop(old)
+        if self.shared is not None and seg._map is not None:
+            self.shared.mapped_now(seg)
+
+    def _drop(self, old: "Segment") -> None:
+        old._map = None
+        if self.shared is not None:
+            self.shared.forget(old)
+        elif old.budget is not None and old.budget is not self:  # a shared budget drops a file from its group too
+            old.budget.mapped.pop(id(old), None)
 
     def used(self, seg: "Segment") -> None:
         if id(seg) in self.mapped:
             self.mapped.move_to_end(id(seg))
+        if self.shared is not None:
+            self.shared.used(seg)
 
     def forget(self, seg: "Segment") -> None:
         self.mapped.pop(id(seg), None)
+        if self.shared is not None:
+            self.shared.forget(seg)
+
+
+class SharedQueueFiles(MapBudget):
+    """Every queue file (consume queue, ext, batch consume queue) this process has mapped for reading, at most
+    half the descriptors it may hold (each mapping keeps one: openfiles.py), the least recently used let go past
+    that. The broker keeps every queue file mapped and needs a limit on open files to match (RocketMQ's
+    bin/os.sh sets 655350); a copy of its store read where that limit cannot be raised (a container's hard
+    limit) then still reads, a file being mapped again when it is next needed. The limit is taken at the first
+    mapping, after the command line raised its soft limit."""
+
+    def __init__(self):
+        super().__init__(limit=0)
+        self.limit = None
+        self.let_go = False  # a file was let go: readers then keep no view of a queue file longer than they use it
+
+    def _drop(self, old: "Segment") -> None:
+        self.let_go = True
+        super()._drop(old)
+
+    def mapped_now(self, seg: "Segment") -> None:
+        if self.limit is None:
+            soft = open_files_limits()[0]
+            self.limit = max(8, soft // 2) if soft is not None else 1 << 30
+        super().mapped_now(seg)
+
+
+QUEUE_FILES = SharedQueueFiles()
 
 
 class KeptMappings:
@@ -252,7 +293,7 @@ class SegmentQueue:
         self.segments: list[Segment] = []
         self.problems: list[Finding] = []
         self.strays: list[str] = []
-        self.budget = MapBudget()
+        self.budget = MapBudget(shared=QUEUE_FILES if kind in DATA_AHEAD_KINDS else None)
         try:
             # one directory read: a DirEntry knows its type without a stat (thousands of queue folders)
             with os.scandir(directory) as it:

@@ -20,6 +20,7 @@ from rmqstore_cli.formats.extaddr import MAX_ADDR
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
 from ..arrays import sampled_runs
+from ..log.segments import QUEUE_FILES
 from .records import _Records
 from .windows import QueueWindows, Windows
 
@@ -100,15 +101,17 @@ class QueueRuns:
         window and leaves after its last), started again if the windows go back (a ``-j`` worker's next segment)."""
         if w < self._last_w:
             self._restart()
+        if QUEUE_FILES.let_go:
+            self._bytes = [None] * len(self.segs)  # views kept before files were let go: they would keep them mapped
         self._last_w = w
         e, active = self.e, self._active
         upto = int(np.searchsorted(self.lo_sorted, w, "right"))
         if upto > self._next:
             joined = self.by_lo[self._next:upto]
             self._next = upto
-            for k in joined.tolist():
-                # a memoryview: slicing one and joining the slices costs a third of numpy's
-                self._bytes[k] = memoryview(self.queues[e["queue"][k]].files.unit_bytes(self.segs[k]))
+            if not QUEUE_FILES.let_go:
+                for k in joined.tolist():
+                    self._bytes[k] = self._view(k)
             active = np.sort(np.concatenate([active, joined]))
         left = e["hi"][active] < w
         if left.any():
@@ -117,6 +120,21 @@ class QueueRuns:
             active = active[~left]
         self._active = active
         return active
+
+    def _view(self, k: int) -> memoryview:
+        """Entry ``k``'s units as bytes: a memoryview (slicing one and joining the slices costs a third of numpy's)."""
+        return memoryview(self.queues[self.e["queue"][k]].files.unit_bytes(self.segs[k]))
+
+    def _held(self, k: int) -> memoryview:
+        """Entry ``k``'s view, kept for the windows it reaches while every queue file stays mapped; once the process
+        lets queue files go (segments.QUEUE_FILES: more queue files than descriptors), taken for the moment only,
+        so that a file let go is unmapped and its descriptor closed."""
+        mv = self._bytes[k]
+        if mv is None:
+            mv = self._view(k)
+            if not QUEUE_FILES.let_go:
+                self._bytes[k] = mv
+        return mv
 
     def _runs(self, w: int) -> tuple:
         """(entries, first unit, end unit) of each non-empty run of units that may point into window ``w``: from the
@@ -194,14 +212,17 @@ class QueueRuns:
             if nf.shape[1] or fl.shape[1]:
                 reported.append((todo[at], nf, fl))
 
-        bl = self._bytes
+        held = self._held
         long = n >= BATCH_UNITS
         for j in np.flatnonzero(long).tolist():
-            call(np.frombuffer(bl[int(ids[todo[j]])], np.uint8), np.array([j]), rows[j:j + 1])
+            call(np.frombuffer(held(int(ids[todo[j]])), np.uint8), np.array([j]), rows[j:j + 1])
         short = np.flatnonzero(~long)
         if len(short):
-            parts = [bl[k][f * CQ_UNIT_SIZE:t * CQ_UNIT_SIZE]
-                     for k, f, t in zip(ids[todo[short]].tolist(), lo[short].tolist(), hi[short].tolist())]
+            pick = zip(ids[todo[short]].tolist(), lo[short].tolist(), hi[short].tolist())
+            if QUEUE_FILES.let_go:  # copies: a slice would keep its file mapped until the batch is joined
+                parts = [held(k)[f * CQ_UNIT_SIZE:t * CQ_UNIT_SIZE].tobytes() for k, f, t in pick]
+            else:
+                parts = [held(k)[f * CQ_UNIT_SIZE:t * CQ_UNIT_SIZE] for k, f, t in pick]
             before = np.cumsum(n[short]) - n[short]  # units of the short runs ahead of each
             batch = before // BATCH_UNITS
             cuts = np.flatnonzero(batch[1:] != batch[:-1]) + 1
