@@ -105,3 +105,30 @@ def test_the_budget_lets_the_oldest_go_and_forgets_closed_files(tmp_path, budget
     assert bytes(segs[0].buffer()[:1]) == b"\1"  # mapped again when next needed
     commitlog = segments.SegmentQueue(paths[0], 4096, "commitlog")
     assert commitlog.budget.shared is None  # commitlog files keep their own budget
+
+
+def _plan(name: str, jobs: int):
+    from rmqstore_cli.engine.repair.recovery import plan_recovery
+
+    st = Store.open(str(shared_store(name)))
+    try:
+        plan = plan_recovery(st, with_verify=True, jobs=jobs)
+        return plan.as_json(), [f.as_json() for f in plan.verify_findings or []]
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("name", ["4.9.3-crash", "5.3.3-clean", "lmq-5.3.3"])
+def test_recovery_plan_with_two_queue_files_mapped_is_the_same(name, jobs, budget, monkeypatch):
+    """The derived-file check of recover's plan (and truncate's, rebuild's) keeps no view of a queue file between
+    windows once files are let go: it reads each window's units from the file, mapped again."""
+    require_shared()
+    free = _plan(name, jobs)
+    budget.limit = 2
+    mapped = _Mapped(monkeypatch)
+    tight = _plan(name, jobs)
+    assert tight == free
+    if jobs == 1:
+        assert budget.let_go
+        assert mapped.most <= 4, mapped.most

@@ -49,19 +49,19 @@ class _Lie(Exception):
     """A unit disagrees with its record: the whole table decides (derived.check_queue)."""
 
 
-def _queue_files(qs) -> list:
-    """(queue offset of the first unit, units) of each file the broker's recovery keeps (as derived_plan._queue_units)."""
+def _queue_files(qs):
+    """(queue offset of the first unit, units, segment) of each file the broker's recovery keeps (as
+    derived_plan._queue_units), one file at a time: the caller keeps no view of a file it is done with."""
     from .probes import queue_file_units
 
-    out, pos = [], None
+    pos = None
     for seg in qs.segments:
         if seg.start >= qs.end or (pos is not None and seg.start != pos):
             break
         arr = queue_file_units(seg, qs.file_size)
         n = min(len(arr), (qs.end - seg.start) // CQ_UNIT_SIZE)
-        out.append((seg.start // CQ_UNIT_SIZE, arr[:n]))
+        yield seg.start // CQ_UNIT_SIZE, arr[:n], seg
         pos = seg.start + qs.file_size
-    return out
 
 
 def windowed_verdicts(planner) -> dict | None:
@@ -94,7 +94,7 @@ class WindowedCheck:
         self.topic_of_key = np.asarray([self.topic_index[t] for t, _ in kept.keys], np.int64)
         self.qid_of_key = np.asarray([q for _, q in kept.keys], np.int64)
         # each queue with files: (topic number << 32 | queue id), sorted, and the queue offset its units end at
-        ends = sorted((self.topic_index[t] << 32 | (q & 0xFFFFFFFF), qs.max_offset) for (t, q), (qs, _, _) in queues.items())
+        ends = sorted((self.topic_index[t] << 32 | (q & 0xFFFFFFFF), qs.max_offset) for (t, q), (qs, _, _, _) in queues.items())
         self.end_keys = np.asarray([k for k, _ in ends], np.int64)
         self.end_offsets = np.asarray([v for _, v in ends], np.int64)
         self.tails: dict = {}  # key -> list of (phy, size, queueOffset) of records at or past the queue's end
@@ -123,8 +123,8 @@ class WindowedCheck:
         for key, qs in planner.queues.items():
             if not qs.segments:
                 continue
-            files, first_real = _queue_files(qs), None
-            for first, units in files:
+            first_real, last_unit, max_real = None, None, None
+            for first, units, seg in _queue_files(qs):
                 phy = units["phyOffset"].astype(np.int64)
                 first_real, real = real_units(first, units, phy, first_real)
                 if len(bounds):
@@ -132,8 +132,15 @@ class WindowedCheck:
                 span = window_span(real, bounds, limits, wbounds)
                 if span is None:
                     return None  # a unit points where no segment of the recovered log is: CQ_NO_RECORD
-                kept.add(key, first, units, phy, first_real, span)
-            queues[key] = (qs, files, first_real)
+                kept.add(key, first, units, phy, first_real, span, source=(seg, qs.file_size))
+                if len(units):
+                    last_unit = (int(units["phyOffset"][-1]), int(units["size"][-1]))
+                if first_real is not None and len(phy) > first_real - first:
+                    top = int(phy[max(0, first_real - first):].max())
+                    max_real = top if max_real is None else max(max_real, top)
+                del units, phy, real
+            # (its files' state, the last unit's (phyOffset, size), the first real unit, the highest real phyOffset)
+            queues[key] = (qs, last_unit, first_real, max_real)
         kept.done()
         return cls(planner, segs, limits, wbounds, queues, kept)
 
@@ -441,11 +448,10 @@ def _verdicts(planner, queues: dict, tails: dict) -> dict:
             phy, size, qo = phy[order], size[order], qo[order]
         qs = planner.queues.get(key)
         if key in queues:
-            _, files, first_real = queues[key]
+            _, last_unit, first_real, _ = queues[key]
             cut, last_end = qs.max_offset, -1
-            units = next((u for _, u in reversed(files) if len(u)), None)
-            if first_real is not None and units is not None:  # the last unit is real: its record's end
-                last_end = int(units["phyOffset"][-1]) + int(units["size"][-1])
+            if first_real is not None and last_unit is not None:  # the last unit is real: its record's end
+                last_end = last_unit[0] + last_unit[1]
             broker = (qs.max_offset, qs.max_physic)
         else:
             cut = int(qo.min()) if len(qo) else 0

@@ -300,11 +300,4 @@ class WalkAlong:
 def _units_before(check, end: int) -> bool:
     """Every real unit the check read points before ``end`` (units behind the log's first file do: it starts at or
     before ``end``): then ``WindowedCheck.start`` with the recovered end takes the same units and windows."""
-    for _qs, files, first_real in check.queues.values():
-        if first_real is None:
-            continue
-        for off, units in files:
-            real = units["phyOffset"][max(0, first_real - off):]
-            if len(real) and bool((real >= end).any()):
-                return False
-    return True
+    return all(top is None or top < end for _qs, _last, _first, top in check.queues.values())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import sampled_runs
+from ..log import segments
 
 SAMPLE_STEP = 1024  # units per sample of a file's window numbers: 16 bytes per thousand units
 _GUESS = 64  # units a file's first round reads in its first window; later, its last window's, half more and _MARGIN
@@ -33,16 +34,20 @@ class WindowUnits:
         self.keys: list = []  # queue keys
         self._key_index: dict = {}
         self.views: list = []  # per file: its units' bytes (memoryview), to join a window's slices cheaply
+        self.sources: list = []  # per file: (segment, file size) to map it again from, or None
         self.dtype = None
         self._cols: dict = {k: [] for k in ("key", "first", "n", "first_real", "lo", "hi", "ordered", "s0", "s1")}
         self._keys: list = []
         self._units: list = []
         self._at = 0
 
-    def add(self, key, first: int, units: np.ndarray, phy: np.ndarray, first_real: int | None, span: tuple) -> None:
+    def add(self, key, first: int, units: np.ndarray, phy: np.ndarray, first_real: int | None, span: tuple,
+            source: tuple | None = None) -> None:
         """One file: queue offset ``first`` of its unit 0, its kept ``units`` (phyOffset, size, tagsCode) and their
         phyOffsets as int64 (``phy``), the queue's first real unit (queue offset, None if none), ``span`` the first
-        and last window its real units point into (() when none does)."""
+        and last window its real units point into (() when none does). ``source``: (segment, file size) the units
+        are mapped from: the file is then not kept in view (segments.QUEUE_FILES may let it go), but mapped when
+        a window reads it."""
         if not span:
             return
         e = len(self.views)
@@ -50,7 +55,8 @@ class WindowUnits:
         if k == len(self.keys):
             self.keys.append(key)
         self.dtype = units.dtype
-        self.views.append(memoryview(np.ascontiguousarray(units).view(np.uint8)))  # the file's mapped bytes
+        self.views.append(None if source is not None else memoryview(np.ascontiguousarray(units).view(np.uint8)))
+        self.sources.append(None if source is None else (*source, len(units)))
         w = np.searchsorted(self.wbounds, phy, side="right") - 1
         r0 = len(phy) if first_real is None else min(max(0, first_real - first), len(phy))
         w[:r0] = -1  # pre-blank fillers (§7.3): before every window
@@ -77,6 +83,19 @@ class WindowUnits:
         self.guess = np.full(len(self.views), _GUESS, np.int64)
         self._last_k = -1
 
+    def _view(self, x: int) -> memoryview:
+        """File ``x``'s kept units as bytes: its view, or (a file added with its source) mapped now, and kept in view
+        only while no queue file has been let go."""
+        v = self.views[x]
+        if v is None:
+            seg, file_size, n = self.sources[x]
+            from .probes import queue_file_units
+
+            v = memoryview(np.ascontiguousarray(queue_file_units(seg, file_size)[:n]).view(np.uint8))
+            if not segments.QUEUE_FILES.let_go:
+                self.views[x] = v
+        return v
+
     def _bounds(self, k: int) -> tuple:
         """(files reaching window ``k``, first unit, end unit) that can hold its units: from the samples and cursors."""
         e = self.e
@@ -94,6 +113,8 @@ class WindowUnits:
             self.cursor[:] = 0
             self.guess[:] = _GUESS
         self._last_k = k
+        if segments.QUEUE_FILES.let_go:  # views kept before files were let go would keep them mapped
+            self.views = [None if src is not None else v for v, src in zip(self.views, self.sources)]
         files, first, limit = self._bounds(k)
         if not len(files):
             return
@@ -115,9 +136,12 @@ class WindowUnits:
             for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(todo)]):
                 sel = np.arange(a, b)
                 f = files[todo[sel]]
-                views = self.views
-                got = b"".join([views[x][s * size:t * size]
-                                for x, s, t in zip(f.tolist(), lo[sel].tolist(), top[sel].tolist())])
+                view = self._view
+                pick = zip(f.tolist(), lo[sel].tolist(), top[sel].tolist())
+                if segments.QUEUE_FILES.let_go:  # copies: a slice would keep its file mapped until the join
+                    got = b"".join([view(x)[s * size:t * size].tobytes() for x, s, t in pick])
+                else:
+                    got = b"".join([view(x)[s * size:t * size] for x, s, t in pick])
                 units = np.frombuffer(got, self.dtype)
                 which = np.repeat(f, n[sel])  # every run holds a unit at least
                 starts = np.cumsum(n[sel]) - n[sel]
