@@ -132,3 +132,19 @@ def test_recovery_plan_with_two_queue_files_mapped_is_the_same(name, jobs, budge
     if jobs == 1:
         assert budget.let_go
         assert mapped.most <= 4, mapped.most
+
+
+def test_a_store_left_unclosed_is_collected_with_its_files(tmp_path, budget):
+    """The shared budget holds its files weakly: a store nobody closed goes, and its mappings with it."""
+    import gc
+
+    d = tmp_path / "q"
+    d.mkdir()
+    (d / ("%020d" % 0)).write_bytes(b"\1" * 4096)
+    q = segments.SegmentQueue(str(d), 4096, "consume queue")
+    seg = q.segments[0]
+    mapping = weakref.ref(seg.buffer())
+    assert id(seg) in budget.mapped
+    del q, seg
+    gc.collect()
+    assert mapping() is None  # unmapped, its descriptor closed

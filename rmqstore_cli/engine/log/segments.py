@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -76,10 +77,18 @@ class SharedQueueFiles(MapBudget):
         super()._drop(old)
 
     def mapped_now(self, seg: "Segment") -> None:
+        # held weakly: a store left unclosed is collected as before, its files with it (a long-lived process, a
+        # library user, would otherwise keep every store it ever read mapped here)
         if self.limit is None:
             soft = open_files_limits()[0]
             self.limit = max(8, soft // 2) if soft is not None else 1 << 30
-        super().mapped_now(seg)
+        self.mapped[id(seg)] = weakref.ref(seg)
+        self.mapped.move_to_end(id(seg))
+        while len(self.mapped) > self.limit:
+            _, ref = self.mapped.popitem(last=False)
+            old = ref()
+            if old is not None:
+                self._drop(old)
 
 
 QUEUE_FILES = SharedQueueFiles()
