@@ -148,3 +148,17 @@ def test_a_store_left_unclosed_is_collected_with_its_files(tmp_path, budget):
     del q, seg
     gc.collect()
     assert mapping() is None  # unmapped, its descriptor closed
+
+
+def test_a_collected_file_leaves_the_budget(tmp_path, budget):
+    import gc
+
+    d = tmp_path / "q"
+    d.mkdir()
+    (d / ("%020d" % 0)).write_bytes(b"\1" * 4096)
+    q = segments.SegmentQueue(str(d), 4096, "consume queue")
+    q.segments[0].buffer()
+    assert len(budget.mapped) == 1
+    del q
+    gc.collect()
+    assert len(budget.mapped) == 0  # no entry left behind per file ever read

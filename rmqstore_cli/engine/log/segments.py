@@ -82,7 +82,8 @@ class SharedQueueFiles(MapBudget):
         if self.limit is None:
             soft = open_files_limits()[0]
             self.limit = max(8, soft // 2) if soft is not None else 1 << 30
-        self.mapped[id(seg)] = weakref.ref(seg)
+        key, mapped = id(seg), self.mapped
+        self.mapped[key] = weakref.ref(seg, lambda ref: mapped.pop(key, None) if mapped.get(key) is ref else None)
         self.mapped.move_to_end(id(seg))
         while len(self.mapped) > self.limit:
             _, ref = self.mapped.popitem(last=False)
