@@ -32,8 +32,8 @@ class _Mapped:
         self.most = 0
         real = segments._map_read_only
 
-        def mapping(path, size, data_ahead=False):
-            m = real(path, size, data_ahead)
+        def mapping(path, size, data_ahead=False, *more):
+            m = real(path, size, data_ahead, *more)
             if data_ahead:  # queue files (segments.DATA_AHEAD_KINDS)
                 self.alive = [r for r in self.alive if r() is not None]
                 self.alive.append(weakref.ref(m))

@@ -290,7 +290,7 @@ def _check_cq_holes(cq, end_offset: int, agg: _Agg, group) -> None:
         arr = cq.file_units(seg)
         first = max(0, (end_pos - seg.start) // CQ_UNIT_SIZE)
         rest = arr[first:].view(np.uint8)  # a unit's three fields are all its 20 bytes: non-zero field = non-zero byte
-        at = _first_non_zero(seg.path, rest, first * CQ_UNIT_SIZE)
+        at = _first_non_zero(seg.path, rest, first * CQ_UNIT_SIZE, seg.data_extents(first * CQ_UNIT_SIZE, first * CQ_UNIT_SIZE + len(rest)))
         if at is not None:
             pos = (first + at // CQ_UNIT_SIZE) * CQ_UNIT_SIZE
             # located at the break (the first invalid unit), where the damage is, not at the stranded units
@@ -301,12 +301,15 @@ def _check_cq_holes(cq, end_offset: int, agg: _Agg, group) -> None:
             return
 
 
-def _first_non_zero(path: str, rest: np.ndarray, base: int) -> int | None:
+def _first_non_zero(path: str, rest: np.ndarray, base: int, extents: list | None = None) -> int | None:
     """Index in ``rest`` (the file's bytes from ``base`` on) of its first non-zero byte, or None. Only the file's
-    data extents are read: past its last unit a queue file is a hole or reserved blocks (the broker's sparse
-    pre-allocation, our ``posix_fallocate``), which read as zeros. A broker with thousands of queues has as many
-    ~6 MB files; reading each one's zeros cost ~1 ms of CPU and its page faults."""
-    for lo, hi in data_extents(path, base, base + len(rest)):
+    data extents are read (``extents``: those inside the range when the caller has them, else
+    :func:`..log.segments.data_extents`): past its last unit a queue file is a hole or reserved blocks (the
+    broker's sparse pre-allocation, our ``posix_fallocate``), which read as zeros. A broker with thousands of
+    queues has as many ~6 MB files; reading each one's zeros cost ~1 ms of CPU and its page faults."""
+    if extents is None:
+        extents = data_extents(path, base, base + len(rest))
+    for lo, hi in extents:
         part = rest[lo - base:hi - base]
         if np.count_nonzero(part):
             return lo - base + int(np.flatnonzero(part)[0])
