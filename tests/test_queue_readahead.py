@@ -100,13 +100,22 @@ def test_a_mapped_queue_file_is_asked_for_its_extents_once(tmp_path, monkeypatch
     assert len([p for p in asked_each if "consumequeue" in p]) > len(queue_files)
 
 
-def test_extents_are_asked_again_once_the_mapping_is_gone(tmp_path):
-    """What a file holds is kept only with its mapping: closed (or let go by the queue-file budget) and written
-    past its old data, the file is asked afresh."""
+def test_extents_are_kept_until_the_file_is_closed(tmp_path, monkeypatch):
+    """What a file holds is asked once while it is open, even when the queue-file budget lets it go and it is
+    mapped again; closed and written past its old data, the file is asked afresh."""
+    from rmqstore_cli.engine.log import segments
+
+    asked: list = []
+    real = segments._fiemap_written
+    monkeypatch.setattr(segments, "_fiemap_written", lambda *a: asked.append(a[0]) or real(*a))
     directory, data = _queue_dir(tmp_path, "consume queue")
     (seg,) = SegmentQueue(directory, SIZE, "consume queue").segments
     seg.buffer()
+    seg.budget._drop(seg)  # let go, as past the budget
+    assert seg._map is None
+    assert bytes(seg.buffer()[:len(data)]) == data
     before = seg.data_extents()
+    assert len(asked) == 1
     assert before and max(hi for _, hi in before) < 1_000_000
     assert seg.data_extents(4096, 8192) == [(4096, 8192)]
     seg.close()

@@ -41,7 +41,7 @@ class MapBudget:
             self.shared.mapped_now(seg)
 
     def _drop(self, old: "Segment") -> None:
-        old._map = old._extents = None
+        old._map = None  # its extents stay (Segment.data_extents): the file has not changed
         if self.shared is not None:
             self.shared.forget(old)
         elif old.budget is not None and old.budget is not self:  # a shared budget drops a file from its group too
@@ -258,7 +258,7 @@ class Segment:
     keepable: bool = field(default=False, repr=False, compare=False)  # a commitlog file (KeptMappings)
     data_ahead: bool = field(default=False, repr=False, compare=False)  # read ahead only its data (_map_read_only)
     _kept: bool = field(default=False, repr=False, compare=False)
-    _extents: list | None = field(default=None, repr=False, compare=False)  # a mapped queue file's (data_extents)
+    _extents: list | None = field(default=None, repr=False, compare=False)  # data_extents, asked once
 
     @property
     def end(self) -> int:
@@ -274,8 +274,7 @@ class Segment:
             m = kept.open(self) if kept is not None else None
             self._kept = m is not None
             if m is None:
-                self._extents = list(data_extents(self.path, 0, self.size)) if self.data_ahead else None
-                m = _map_read_only(self.path, self.size, self.data_ahead, self._extents)
+                m = _map_read_only(self.path, self.size, self.data_ahead, self.data_extents() if self.data_ahead else None)
             self._map = m
             if self.budget is not None:
                 self.budget.mapped_now(self)  # may drop this very mapping when the limit is 0: m stays valid
@@ -284,15 +283,16 @@ class Segment:
         return m
 
     def data_extents(self, start: int = 0, end: int | None = None) -> list:
-        """[lo, hi) ranges inside [start, end) of the file that may hold non-zero bytes (:func:`data_extents`). A queue
-        file's are taken when it is mapped (its data is read ahead) and kept with the mapping, so the check for
-        units past its queue's end does not ask the file system again (FIEMAP and its open, ~50 µs a file: seconds
-        on a broker with tens of thousands of queue files); a file not mapped now is asked afresh."""
-        whole = self._extents if self._map is not None and self._extents is not None else None
-        if whole is None:
-            whole = list(data_extents(self.path, 0, self.size))
+        """[lo, hi) ranges inside [start, end) of the file that may hold non-zero bytes (:func:`data_extents`). The
+        whole file's are asked once and kept until :meth:`close`: a queue file is mapped (its data read ahead),
+        checked for units past its queue's end and, past the queue-file budget, let go and mapped again by each
+        pass, and each asked the file system (FIEMAP and its open, ~50 µs a file: seconds on a broker with tens of
+        thousands of queue files). A segment is a reader's: the file does not change while it is open (a repair
+        closes the store it planned on before it writes)."""
+        if self._extents is None:
+            self._extents = list(data_extents(self.path, 0, self.size))
         end = self.size if end is None else end
-        return [(max(lo, start), min(hi, end)) for lo, hi in whole if lo < end and hi > start]
+        return [(max(lo, start), min(hi, end)) for lo, hi in self._extents if lo < end and hi > start]
 
     def close(self) -> None:
         self._extents = None
