@@ -319,3 +319,115 @@ def test_window_decodes_multi_dispatch_once(monkeypatch, store_copy):
     r = run("verify", root, "--json", "--config", CONF)
     errors = [(o["code"], o["topic"], o["queueOffset"]) for o in json_lines(r.stdout) if o.get("severity") == "error"]
     assert r.exit_code == 1 and errors == [("CQ_TOPIC", "%LMQ%chat%b", 3)], errors
+
+
+# --- the LMQ checks in array operations, against the one-target-at-a-time rules they replaced ---
+
+def _one_by_one_missing(lt, recs, bounds, high_water):
+    """The multi-dispatch check's rule target by target (as it was written): (row, name, qid, qo) of each target
+    whose unit is missing and that the broker will not dispatch again."""
+    out = []
+    for k in range(len(lt)):
+        row, name, qid, qo = int(lt.row[k]), lt.names[int(lt.name[k])], int(lt.queue_id[k]), int(lt.queue_offset[k])
+        b = bounds.get((name, qid))
+        if b is not None and qo < b[1]:
+            continue
+        if high_water is not None and int(recs.phy[row]) >= high_water:
+            continue
+        out.append((row, name, qid, qo))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+def test_missing_lmq_units_found_at_once_as_one_by_one(monkeypatch, seed):
+    """LmqDispatchCheck.window finds the targets it reports (and skips the rest: prepared or rolled-back records,
+    units present or cleaned before the queue's first file, records past the high-water mark) in array operations;
+    the same targets, in the same order, as the rule applied target by target. Queue ids include negative and large
+    int32 values; seeded, the seed printed."""
+    import numpy as np
+
+    from rmqstore_cli.engine.derived.lmq import LmqTargets
+    from rmqstore_cli.engine.verify import lmq as verify_lmq
+
+    print("seed", seed)
+    rng = np.random.default_rng(seed)
+    names = [f"%LMQ%room{i}" for i in range(9)]
+    qids = [0, 1, -1, (1 << 31) - 1, -(1 << 31)]
+    n, rows = 500, 120
+    lt = LmqTargets(np.sort(rng.integers(0, rows, n)), rng.integers(0, len(names), n),
+                    rng.choice(qids, n), rng.integers(0, 60, n), names)
+    bounds = {}
+    for name in names:
+        for q in qids:
+            if rng.random() < 0.7:
+                mn = int(rng.integers(0, 10))
+                bounds[(name, q)] = (mn, mn + int(rng.integers(0, 50)))
+    flags = rng.choice([0, 0, 0, 0x4, 0x8, 0xC], rows)  # some prepared / commit / rollback records
+    phy = np.cumsum(rng.integers(100, 300, rows)).astype(np.int64)
+    high_water = None if seed % 2 else int(phy[rows // 2])
+
+    class Recs:
+        c = {"sysFlag": flags}
+
+        def __init__(self):
+            self.phy = phy
+
+        def __len__(self):
+            return rows
+
+        def location(self, row):
+            return "commitlog", int(row)
+
+    recs = Recs()
+    monkeypatch.setattr(verify_lmq, "window_targets", lambda r: (lt,))
+    check = verify_lmq.LmqDispatchCheck.__new__(verify_lmq.LmqDispatchCheck)
+    check.high_water, check.agg, check.units_named = high_water, verify_lmq._Agg(), 0
+    check.bounds = dict.fromkeys(((nm, q) for nm in names for q in qids), None) | bounds
+    monkeypatch.setattr(verify_lmq.LmqDispatchCheck, "active", property(lambda self: True))
+    reported = []
+    monkeypatch.setattr(check.agg, "add", lambda group, code, *a, **kw: reported.append(
+        (kw["phyOffset"], kw["topic"], kw["queueId"], kw["queueOffset"])))
+    check.window(recs)
+
+    tran = flags[lt.row] & 0xC
+    ok = (tran == 0) | (tran == 0x8)
+    kept = LmqTargets(lt.row[ok], lt.name[ok], lt.queue_id[ok], lt.queue_offset[ok], names)
+    want = [(int(phy[r]), nm, q, qo) for r, nm, q, qo in _one_by_one_missing(kept, recs, bounds, high_water)]
+    assert check.units_named == len(kept)
+    assert want and reported == want
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_lmq_units_matched_at_once_as_by_a_set(seed):
+    """A unit of an LMQ queue agrees when its (record, offset) is among the targets naming the queue: matched as
+    pairs in one array operation, the same answer as a set of pairs (repeated pairs, negative offsets included)."""
+    import numpy as np
+
+    from rmqstore_cli.engine.verify.queues import _pairs
+
+    print("seed", seed)
+    rng = np.random.default_rng(seed)
+    t_row, t_qo = rng.integers(0, 50, 300), rng.integers(-3, 40, 300)
+    u_row, u_qo = rng.integers(0, 60, 400), rng.integers(-5, 45, 400)
+    named = set(zip(t_row.tolist(), t_qo.tolist()))
+    want = np.asarray([(r, q) in named for r, q in zip(u_row.tolist(), u_qo.tolist())])
+    got = np.isin(_pairs(u_row, u_qo), _pairs(t_row, t_qo))
+    assert want.any() and not want.all()
+    assert (got == want).all()
+
+
+def test_lmq_targets_take_no_python_step_per_record(monkeypatch):
+    """Which records' topics take part in multi-dispatch is decided per topic (lmq.RowTopics): verify of the
+    broker's LMQ store asks no record its topic one at a time (its records are ASCII: all parsed in arrays), where
+    it asked each of them before. The findings are the broker's (clean)."""
+    from rmqstore_cli.engine.derived import lmq
+
+    asked = []
+    real = lmq.RowTopics.__call__
+    monkeypatch.setattr(lmq.RowTopics, "__call__", lambda self, i: asked.append(i) or real(self, i))
+    parts = []
+    real_part = lmq.RowTopics.take_part
+    monkeypatch.setattr(lmq.RowTopics, "take_part", lambda self, rows: parts.append(len(rows)) or real_part(self, rows))
+    r = run("verify", STORES / NAME / "store", "--json", "--config", CONF)
+    assert r.exit_code == 0, r.output
+    assert sum(parts) > 100 and asked == []

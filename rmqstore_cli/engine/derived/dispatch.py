@@ -39,7 +39,7 @@ from ..findings import Finding
 from .indexwriter import IndexWriter
 from .dispatchcolumns import TopicInterner, dispatch_columns
 from .cqplan import queue_plan, taken_rows, unsafe_topic_dir
-from .lmq import LMQ_PROPS, LmqTargets, MultiDispatchRule, chunk_targets
+from .lmq import LMQ_PROPS, LmqTargets, MultiDispatchRule, RowTopics, chunk_targets
 from .batchcq import batch_topics_at, chunk_batch_fields
 from .bcqwriter import BatchConsumeQueueWriter
 from .dispatchbatch import DispatchBatch, DispatchRequest, _ChunkStrings  # noqa: F401 (public API: append, rebuild)
@@ -300,7 +300,7 @@ class Dispatcher:
         codes, tags_bad, counts, kh, pv, slow = dispatch_columns(u8, h, tids, interner, self.delay_table, details=True,
                                                                  extra_names=extra)
         names = interner.topics()
-        lmq = chunk_targets(self.multi_dispatch, u8, h, lambda i: names[int(tids[i])], pv=pv)
+        lmq = chunk_targets(self.multi_dispatch, u8, h, RowTopics(tids, names), pv=pv)
         batch = DispatchBatch(h.offsets + chunk.segment.start, h.totalSize, None, h.queueId, h.queueOffset, h.sysFlag,
                               h.storeTimestamp, codes, None, None, topic_ids=tids, topic_names=names, key_count=counts,
                               key_hashes=kh, strings=_ChunkStrings(u8, names, tids, pv, slow),

@@ -17,7 +17,7 @@ from rmqstore_cli.formats import fast
 from ..log.walk import cq_dispatched
 from .dispatchcolumns import VerifyTopicIds
 from .batchcq import chunk_batch_fields
-from .lmq import chunk_targets
+from .lmq import RowTopics, chunk_targets
 
 BATCH = 1 << 18  # records buffered before the per-queue rules run (bounded, a few MB)
 
@@ -64,7 +64,7 @@ class DispatchPrediction:
         if (self.multi_dispatch is not None and self.multi_dispatch.enabled
                 and (topics is None or topics.multi[keep].any())):  # none carries both properties: no LMQ unit
             names = {v: k for k, v in self.topics.items()}
-            lt = chunk_targets(self.multi_dispatch, fast.kernel_view(buf), h, lambda i: names[int(tid[i])])
+            lt = chunk_targets(self.multi_dispatch, fast.kernel_view(buf), h, RowTopics(tid, names))
             if len(lt):  # multi-dispatch units (§14.3): queues of their own, so after the records' units is right
                 ids = np.asarray([self.topics.setdefault(n, len(self.topics)) for n in lt.names], np.int64)
                 self.add(phy[lt.row], h.totalSize[lt.row], ids[lt.name], lt.queue_id, lt.queue_offset)

@@ -137,10 +137,29 @@ class LmqTargets:
         return LmqTargets(pos[hit], self.name[hit], self.queue_id[hit], self.queue_offset[hit], self.names)
 
 
+class RowTopics:
+    """Each record's topic as an id into ``names`` (``ids[i]``): what :func:`chunk_targets` takes for
+    ``topic_of_row``, called as one (``names[ids[i]]``), and telling which records' topics take part in multi-dispatch
+    per topic rather than per record."""
+
+    def __init__(self, ids: np.ndarray, names):
+        self.ids, self.names = ids, names
+
+    def __call__(self, i: int) -> str:
+        return self.names[int(self.ids[i])]
+
+    def take_part(self, rows: np.ndarray) -> np.ndarray:
+        ids = np.asarray(self.ids)[rows]
+        if not len(ids):
+            return np.zeros(0, bool)
+        uniq, inv = np.unique(ids, return_inverse=True)
+        return np.asarray([MultiDispatchRule.topic_takes_part(self.names[t]) for t in uniq.tolist()], bool)[inv]
+
+
 def chunk_targets(rule: MultiDispatchRule, u8: np.ndarray, h, topic_of_row, rows: np.ndarray | None = None,
                   pv: propscan.PropValues | None = None) -> LmqTargets:
     """The extra units of the records of decoded headers ``h`` over buffer ``u8`` (``topic_of_row(i)``
-    gives record i's topic). ``rows``: only those records (default: all). The two properties are
+    gives record i's topic; a :class:`RowTopics` spares a Python step per record). ``rows``: only those records (default: all). The two properties are
     located for the whole chunk at once (compiled scan; ``pv``: a scan of the chunk that already located
     them); only records carrying both are decoded."""
     if not rule.enabled or not len(h):
@@ -165,13 +184,16 @@ def _targets(rule, u8, h, topic_of_row, pv, has) -> LmqTargets:
     rows = np.flatnonzero(has)
     if not rule.enabled or not len(rows):
         return LmqTargets.empty()
-    takes_part, part = {}, np.zeros(len(rows), bool)
-    for k, i in enumerate(rows.tolist()):
-        t = topic_of_row(i)
-        ok = takes_part.get(t)
-        if ok is None:
-            ok = takes_part[t] = MultiDispatchRule.topic_takes_part(t)
-        part[k] = ok
+    if isinstance(topic_of_row, RowTopics):
+        part = topic_of_row.take_part(rows)
+    else:
+        takes_part, part = {}, np.zeros(len(rows), bool)
+        for k, i in enumerate(rows.tolist()):
+            t = topic_of_row(i)
+            ok = takes_part.get(t)
+            if ok is None:
+                ok = takes_part[t] = MultiDispatchRule.topic_takes_part(t)
+            part[k] = ok
     fast = rows[part & pv.ascii[rows]]
     (rec, name, qid, qo), names, left = parse(
         u8, (pv.start[DISPATCH_PROP][fast], pv.end[DISPATCH_PROP][fast]),
@@ -245,7 +267,7 @@ def record_targets(store, recs, rule: MultiDispatchRule | None = None, only: np.
         pv = propscan.scan(u8, h.propsStart, h.propsLength, names=LMQ_PROPS)
         has = (pv.start[DISPATCH_PROP] >= 0) & (pv.start[OFFSET_PROP] >= 0)
         if has.any():
-            lt = _targets(rule, u8, h, lambda i: recs.topic(int(rows[i])), pv, has)
+            lt = _targets(rule, u8, h, RowTopics(recs.c["topic"][rows], recs.topics), pv, has)
             to_global = np.asarray([ids.setdefault(n, len(ids)) for n in lt.names], np.int64)
             per_record.append((rows[lt.row], to_global[lt.name], lt.queue_id, lt.queue_offset))
     if not per_record:

@@ -23,7 +23,7 @@ from rmqstore_cli.formats.records import MAGIC_V1
 
 from ..derived.dispatchcolumns import VerifyTopicIds
 from ..derived.dispatchpredict import DispatchPrediction
-from ..derived.lmq import MultiDispatchRule, chunk_targets
+from ..derived.lmq import MultiDispatchRule, RowTopics, chunk_targets
 from ..log.walk import LogTally, WalkStop, broker_walk, cq_dispatched, lenient_records
 
 
@@ -112,7 +112,7 @@ class _LiveRecords:
         if not keep.all():
             h, tid = h.select(keep), tid[keep]
         names = {v: n for n, v in self.pred.topics.items()}
-        return len(chunk_targets(rule, fast.kernel_view(buf), h, lambda i: names[int(tid[i])])) > 0
+        return len(chunk_targets(rule, fast.kernel_view(buf), h, RowTopics(tid, names))) > 0
 
 
 def walks_along(planner) -> bool:

@@ -10,6 +10,8 @@ Active when multi-dispatch is on (given, or inferred from %LMQ% queues on disk).
 
 from __future__ import annotations
 
+import numpy as np
+
 from rmqstore_cli.formats.records import TRANSACTION_COMMIT, TRANSACTION_NOT
 
 from ..derived.lmq import LmqTargets, MultiDispatchRule, window_targets
@@ -57,14 +59,24 @@ class LmqDispatchCheck:
         ok = (tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT)
         lt = LmqTargets(lt.row[ok], lt.name[ok], lt.queue_id[ok], lt.queue_offset[ok], lt.names)
         self.units_named += len(lt)
-        for k in range(len(lt)):
+        # the queues' bounds per (name, queue id) named here, then every target at once: present (or cleaned before
+        # the queue's first file) when its offset is below the queue's end; only the missing ones are looked at
+        pair = (lt.name.astype(np.int64) << 32) | (np.asarray(lt.queue_id, np.int64) & 0xFFFFFFFF)
+        keys, inv = np.unique(pair, return_inverse=True)
+        ends = np.empty(len(keys), np.int64)
+        has_queue = np.empty(len(keys), bool)
+        for j, key in enumerate(keys.tolist()):
+            qid = key & 0xFFFFFFFF
+            b = self._bounds((lt.names[key >> 32], qid - (1 << 32) if qid >= 1 << 31 else qid))
+            has_queue[j] = b is not None
+            ends[j] = b[1] if b is not None else 0
+        missing = ~(has_queue[inv] & (lt.queue_offset < ends[inv]))
+        if self.high_water is not None:
+            missing &= recs.phy[lt.row] < self.high_water  # from the high-water mark the broker dispatches at start
+        for k in np.flatnonzero(missing).tolist():
             row, name, qid, qo = int(lt.row[k]), lt.names[int(lt.name[k])], int(lt.queue_id[k]), int(lt.queue_offset[k])
             b = self._bounds((name, qid))
-            if b is not None and qo < b[1]:
-                continue  # cleaned before the queue's first file, or present (its unit is checked from the queue side)
             phy = int(recs.phy[row])
-            if self.high_water is not None and phy >= self.high_water:
-                continue  # after the high-water mark: the broker dispatches it at start (CQ_DISPATCH_LAG)
             path, pos = recs.location(row)
             where = "has no consume queue" if b is None else f"ends at offset {b[1]}"
             self.agg.add((name, qid), "LMQ_NOT_DISPATCHED", ERROR, path, pos,

@@ -217,10 +217,13 @@ def check_found_units(cq, scan: _QueueScan, qofs, uphy, usize, utags, ri, recs: 
          lambda j, r: "points at a prepared/rollback transaction record, which the broker never dispatches"),
     ]
     bad = np.zeros(len(ri), dtype=bool)
+    named = None  # units whose record multi-dispatches to this queue at their offset (found once, when first needed)
     for code, mask, text in checks:
         mask = mask & ~bad
         if code in ("CQ_TOPIC", "CQ_QUEUE_ID", "CQ_QUEUE_OFFSET") and mask.any():
-            mask = mask & ~_lmq_match(recs, ri, qofs, topic, qid, mask)
+            if named is None:
+                named = _lmq_match(recs, ri, qofs, topic, qid, np.ones(len(ri), dtype=bool))
+            mask = mask & ~named
         for j in np.flatnonzero(mask).tolist():
             r = int(ri[j])
             qo = int(qofs[j])
@@ -272,10 +275,16 @@ def _lmq_match(recs: _Records, ri, queue_offsets, topic: str, qid: int, mask) ->
         return out
     key = (name << 32) | (qid & 0xFFFFFFFF)
     mine = order[np.searchsorted(keys, key):np.searchsorted(keys, key, side="right")]
-    named = set(zip(lt.row[mine].tolist(), lt.queue_offset[mine].tolist()))
-    for k in at.tolist():
-        out[k] = (int(ri[k]), int(queue_offsets[k])) in named
+    named = _pairs(lt.row[mine], lt.queue_offset[mine])
+    out[at] = np.isin(_pairs(np.asarray(ri)[at], np.asarray(queue_offsets)[at]), named)
     return out
+
+
+def _pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(a[i], b[i]) as one comparable value each (16 bytes: two int64), for set operations on pairs."""
+    both = np.empty((len(a), 2), np.int64)
+    both[:, 0], both[:, 1] = a, b
+    return both.view(np.dtype((np.void, 16))).ravel()
 
 
 def _check_cq_holes(cq, end_offset: int, agg: _Agg, group) -> None:
