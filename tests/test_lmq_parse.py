@@ -66,7 +66,7 @@ def test_arrays_equal_the_rule(lmq_zero):
     fast_records = 0
     for _ in range(60):
         u8, h, pv, has, topics = _chunk(rng, rng.randrange(1, 200))
-        got = lmq._targets(rule, u8, h, topics.__getitem__, pv, has)
+        got = lmq._targets(rule, u8, h, lmq.RowTopics(np.arange(len(topics)), topics), pv, has)
         want = lmq.LmqTargets.from_lists(lmq._per_record(rule, u8, h, topics.__getitem__, pv, has))
         assert got.names == want.names
         for col in ("row", "name", "queue_id", "queue_offset"):
@@ -79,5 +79,5 @@ def test_nothing_named():
     rule = lmq.MultiDispatchRule(SimpleNamespace(enableMultiDispatch=True, enableLmq=True,
                                                  explicit={"enableMultiDispatch", "enableLmq"}, inferred={}))
     u8, h, pv, has, topics = _chunk(random.Random(1), 5)
-    got = lmq._targets(rule, u8, h, topics.__getitem__, pv, np.zeros(len(has), bool))
+    got = lmq._targets(rule, u8, h, lmq.RowTopics(np.arange(len(topics)), topics), pv, np.zeros(len(has), bool))
     assert len(got) == 0 and got.names == []

@@ -138,9 +138,9 @@ class LmqTargets:
 
 
 class RowTopics:
-    """Each record's topic as an id into ``names`` (``ids[i]``): what :func:`chunk_targets` takes for
-    ``topic_of_row``, called as one (``names[ids[i]]``), and telling which records' topics take part in multi-dispatch
-    per topic rather than per record."""
+    """Each record's topic as an id into ``names`` (``ids[i]``), as :func:`chunk_targets` takes them: called with a
+    record's index it gives its topic (``names[ids[i]]``), and which records' topics take part in multi-dispatch is
+    decided per topic rather than per record."""
 
     def __init__(self, ids: np.ndarray, names):
         self.ids, self.names = ids, names
@@ -156,10 +156,10 @@ class RowTopics:
         return np.asarray([MultiDispatchRule.topic_takes_part(self.names[t]) for t in uniq.tolist()], bool)[inv]
 
 
-def chunk_targets(rule: MultiDispatchRule, u8: np.ndarray, h, topic_of_row, rows: np.ndarray | None = None,
+def chunk_targets(rule: MultiDispatchRule, u8: np.ndarray, h, topic_of_row: RowTopics, rows: np.ndarray | None = None,
                   pv: propscan.PropValues | None = None) -> LmqTargets:
-    """The extra units of the records of decoded headers ``h`` over buffer ``u8`` (``topic_of_row(i)``
-    gives record i's topic; a :class:`RowTopics` spares a Python step per record). ``rows``: only those records (default: all). The two properties are
+    """The extra units of the records of decoded headers ``h`` over buffer ``u8`` (``topic_of_row``: their
+    topics). ``rows``: only those records (default: all). The two properties are
     located for the whole chunk at once (compiled scan; ``pv``: a scan of the chunk that already located
     them); only records carrying both are decoded."""
     if not rule.enabled or not len(h):
@@ -184,16 +184,7 @@ def _targets(rule, u8, h, topic_of_row, pv, has) -> LmqTargets:
     rows = np.flatnonzero(has)
     if not rule.enabled or not len(rows):
         return LmqTargets.empty()
-    if isinstance(topic_of_row, RowTopics):
-        part = topic_of_row.take_part(rows)
-    else:
-        takes_part, part = {}, np.zeros(len(rows), bool)
-        for k, i in enumerate(rows.tolist()):
-            t = topic_of_row(i)
-            ok = takes_part.get(t)
-            if ok is None:
-                ok = takes_part[t] = MultiDispatchRule.topic_takes_part(t)
-            part[k] = ok
+    part = topic_of_row.take_part(rows)
     fast = rows[part & pv.ascii[rows]]
     (rec, name, qid, qo), names, left = parse(
         u8, (pv.start[DISPATCH_PROP][fast], pv.end[DISPATCH_PROP][fast]),

@@ -222,7 +222,7 @@ def check_found_units(cq, scan: _QueueScan, qofs, uphy, usize, utags, ri, recs: 
         mask = mask & ~bad
         if code in ("CQ_TOPIC", "CQ_QUEUE_ID", "CQ_QUEUE_OFFSET") and mask.any():
             if named is None:
-                named = _lmq_match(recs, ri, qofs, topic, qid, np.ones(len(ri), dtype=bool))
+                named = _lmq_match(recs, ri, qofs, topic, qid)
             mask = mask & ~named
         for j in np.flatnonzero(mask).tolist():
             r = int(ri[j])
@@ -262,12 +262,11 @@ def _no_record(agg: _Agg, cq, group, qo: int, phy: int) -> None:
             topic=group[0], queueId=group[1], queueOffset=qo, rank=qo)
 
 
-def _lmq_match(recs: _Records, ri, queue_offsets, topic: str, qid: int, mask) -> np.ndarray:
+def _lmq_match(recs: _Records, ri, queue_offsets, topic: str, qid: int) -> np.ndarray:
     """Units of a multi-dispatch (LMQ) queue point at other topics' records (§14.3): a unit agrees when its record
     multi-dispatches to this queue at this offset (derived.lmq's rules; the records' properties decoded once)."""
     out = np.zeros(len(ri), dtype=bool)
-    at = np.flatnonzero(mask)
-    if not len(at):
+    if not len(ri):
         return out
     lt, keys, order, name_ids = window_targets(recs)
     name = name_ids.get(topic)
@@ -276,8 +275,7 @@ def _lmq_match(recs: _Records, ri, queue_offsets, topic: str, qid: int, mask) ->
     key = (name << 32) | (qid & 0xFFFFFFFF)
     mine = order[np.searchsorted(keys, key):np.searchsorted(keys, key, side="right")]
     named = _pairs(lt.row[mine], lt.queue_offset[mine])
-    out[at] = np.isin(_pairs(np.asarray(ri)[at], np.asarray(queue_offsets)[at]), named)
-    return out
+    return np.isin(_pairs(np.asarray(ri), np.asarray(queue_offsets)), named)
 
 
 def _pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
