@@ -119,15 +119,19 @@ def _find(rphy, x, hint):
 
 
 # A run of consume-queue units handed to :func:`_queue_runs`: one row of int64 per run
-RUN_BYTE, RUN_UNITS, RUN_FIRST, RUN_QBASE, RUN_TOPIC, RUN_QID, RUN_FLAGS = range(7)
-RUN_FIELDS = 7
+RUN_BYTE, RUN_UNITS, RUN_FIRST, RUN_QBASE, RUN_TOPIC, RUN_QID, RUN_FLAGS, RUN_LMQ = range(8)
+RUN_FIELDS = 8
+# RUN_LMQ: the run's queue as a multi-dispatch target key (name number << 32 | queue id as uint32, the numbering of
+# the window's targets handed over with it), or -1: a unit of such a queue that points at a record naming this queue
+# at the unit's offset among its targets agrees on topic, queue id and offset (an LMQ queue's units point at other
+# topics' records, FORMAT.md §14.3)
 # RUN_FLAGS bits: the queue has an ext file; its finds go to ``others`` (an LMQ queue); the file's real units point
 # into windows that never go down (queue_file's ``ordered``), so the first one past the window ends the run
 RUN_EXT, RUN_OTHERS, RUN_ORDERED = 1, 2, 4
 
 
 def _queue_runs(u8, runs, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags, rtags_bad, max_addr, marks, others,
-                not_found, flagged, found, counts):
+                tfirst, tkey, tqo, not_found, flagged, found, counts):
     """Runs of consume-queue units pointing into ``[ws, we]`` (``we`` inclusive: see :func:`_last_offset`). Run ``k``
     (``runs[k]``, fields ``RUN_*``) is ``RUN_UNITS`` units (20 bytes each, big-endian) at byte ``RUN_BYTE`` of
     ``u8``, units ``RUN_FIRST ..`` of one queue file whose unit ``i`` has queue offset ``RUN_QBASE + i``. Sets
@@ -135,6 +139,8 @@ def _queue_runs(u8, runs, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags,
     that found no record, ``flagged`` (run, unit, record) of those whose record differs in some field;
     ``found[k]`` = (highest queue offset that found its record, end of the furthest record found, -1 for none;
     position of the first real unit past the window, or the run's end if none); ``counts`` = [not found, flagged].
+    Record ``r``'s multi-dispatch targets are ``tfirst[r] .. tfirst[r + 1] - 1`` of ``tkey``/``tqo`` (key as
+    ``RUN_LMQ``, queue offset); read only for a run whose ``RUN_LMQ`` is not -1.
     One call takes every queue reaching a window: a broker's thousands of queues hold a few units each per window,
     and a call apiece cost more than their units."""
     nnf = 0
@@ -149,6 +155,7 @@ def _queue_runs(u8, runs, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags,
         ext_on = (runs[k, RUN_FLAGS] & RUN_EXT) != 0
         to_others = (runs[k, RUN_FLAGS] & RUN_OTHERS) != 0
         ordered = (runs[k, RUN_FLAGS] & RUN_ORDERED) != 0
+        lmq_key = runs[k, RUN_LMQ]
         last_q = np.int64(-1)
         far = np.int64(-1)
         end_run = first + runs[k, RUN_UNITS]
@@ -191,8 +198,13 @@ def _queue_runs(u8, runs, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags,
             if end > far:
                 far = end
             tran = rsys[r] & TRAN_MASK
-            bad = (rsize[r] != size or rtopic[r] != topic_id or rqid[r] != qid or rqoff[r] != q
-                   or (tran != TRANSACTION_NOT and tran != TRANSACTION_COMMIT))
+            other = rtopic[r] != topic_id or rqid[r] != qid or rqoff[r] != q
+            if other and lmq_key >= 0:
+                for t in range(tfirst[r], tfirst[r + 1]):
+                    if tkey[t] == lmq_key and tqo[t] == q:
+                        other = False  # the record names this queue at this offset
+                        break
+            bad = rsize[r] != size or other or (tran != TRANSACTION_NOT and tran != TRANSACTION_COMMIT)
             if not bad and not rtags_bad[r]:
                 if ext_on and tags <= max_addr:
                     bad = True  # the tagsCode is an ext address: the ext unit is read in Python
@@ -210,10 +222,11 @@ def _queue_runs(u8, runs, ws, we, rphy, rsize, rtopic, rqid, rqoff, rsys, rtags,
     counts[1] = nfl
 
 
-def queue_runs(u8, runs: np.ndarray, ws: int, we: int, recs, max_addr: int, marks, others) -> tuple:
+def queue_runs(u8, runs: np.ndarray, ws: int, we: int, recs, max_addr: int, marks, others, targets=None) -> tuple:
     """:func:`_queue_runs` over ``runs`` (int64, ``RUN_FIELDS`` per row) of ``u8``: (not found as (run, unit) rows,
     flagged as (run, unit, record) rows, ``found`` (one (highest queue offset, furthest end, first position past the
-    window) row per run))."""
+    window) row per run)). ``targets``: (first, key, queue offset), int64, the records' multi-dispatch targets as
+    :func:`_queue_runs` reads them; needed when a run's ``RUN_LMQ`` is not -1."""
     n = int(runs[:, RUN_UNITS].sum()) if len(runs) else 0
     # int32: runs, unit positions (a file's units) and records (a window's) are all below 2**31
     not_found = np.empty((2, n), np.int32)
@@ -221,9 +234,12 @@ def queue_runs(u8, runs: np.ndarray, ws: int, we: int, recs, max_addr: int, mark
     found = np.empty((len(runs), 3), np.int64)
     counts = np.zeros(2, np.int64)
     c = recs.c
+    if targets is None:
+        assert not len(runs) or (runs[:, RUN_LMQ] < 0).all(), "runs of multi-dispatch queues need the targets"
+        targets = _NO_TARGETS
     _compiled("_queue_runs")(u8, runs, np.int64(ws), _last_offset(we), recs.phy, c["size"], c["topic"], c["queueId"],
                              c["queueOffset"], c["sysFlag"], c["tagsCode"], c["tagsBad"], np.int64(max_addr), marks, others,
-                             not_found, flagged, found, counts)
+                             *targets, not_found, flagged, found, counts)
     # copies: the few units reported, not the room made for every unit of the runs
     return not_found[:, :counts[0]].copy(), flagged[:, :counts[1]].copy(), found
 
@@ -234,10 +250,13 @@ def queue_window(u8, first: int, stop: int, qbase: int, ws: int, we: int, recs, 
     ``qbase + i``) against the window's records, the one-run case of :func:`queue_runs`: (file positions of the
     units that found no record, of the flagged units, the flagged units' records, highest queue offset found or -1,
     end of the furthest record found or -1)."""
-    runs = np.array([[first * CQ_UNIT_SIZE, max(stop - first, 0), first, qbase, topic_id, qid, RUN_EXT if ext_on else 0]],
+    runs = np.array([[first * CQ_UNIT_SIZE, max(stop - first, 0), first, qbase, topic_id, qid, RUN_EXT if ext_on else 0, -1]],
                     np.int64)
     nf, fl, found = queue_runs(u8, runs, ws, we, recs, max_addr, marks, marks)
     return nf[1], fl[1], fl[2], int(found[0, 0]), int(found[0, 1])
+
+
+_NO_TARGETS = (np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))  # no run reads them
 
 
 def _last_offset(we: int) -> np.int64:

@@ -431,3 +431,98 @@ def test_lmq_targets_take_no_python_step_per_record(monkeypatch):
     r = run("verify", STORES / NAME / "store", "--json", "--config", CONF)
     assert r.exit_code == 0, r.output
     assert sum(parts) > 100 and asked == []
+
+
+# --- an LMQ queue's units that agree with their records pass in the compiled check ---
+
+def _units_checked_in_python(monkeypatch) -> list:
+    """The (topic, units) of every call of the unit-by-unit rules (queues.check_found_units) from now on."""
+    from rmqstore_cli.engine.verify import queues as verify_queues, windows as verify_windows
+
+    calls, real = [], verify_queues.check_found_units
+    monkeypatch.setattr(verify_windows, "check_found_units",
+                        lambda cq, scan, qofs, *a: calls.append((scan.topic, len(qofs))) or real(cq, scan, qofs, *a))
+    return calls
+
+
+def test_agreeing_lmq_units_pass_in_the_compiled_check(monkeypatch, store_copy):
+    """An LMQ queue's unit points at another topic's record, which names the queue at the unit's offset among its
+    multi-dispatch targets: the compiled check lets it pass, so no unit of the broker's LMQ store reaches the rules
+    in Python (every LMQ unit did, each queue's once per window). A unit that disagrees still does, alone."""
+    calls = _units_checked_in_python(monkeypatch)
+    r = run("verify", STORES / NAME / "store", "--json", "--config", CONF)
+    assert r.exit_code == 0, r.output
+    assert calls == []
+    root = store_copy(NAME)
+    a, b = (root / "consumequeue" / q / "0" / ("%020d" % 0) for q in ("%LMQ%chat%b", "%LMQ%chat%a"))
+    da, db = bytearray(a.read_bytes()), bytearray(b.read_bytes())
+    da[3 * 20:3 * 20 + 20] = db[3 * 20:3 * 20 + 20]  # unit 3 of one LMQ queue points at a record of the other's
+    a.write_bytes(bytes(da))
+    r = run("verify", root, "--json", "--config", CONF)
+    errors = [(o["code"], o["topic"], o["queueOffset"]) for o in json_lines(r.stdout) if o.get("severity") == "error"]
+    assert r.exit_code == 1 and errors == [("CQ_TOPIC", "%LMQ%chat%b", 3)], errors
+    assert calls == [("%LMQ%chat%b", 1)]
+
+
+def _damage_lmq(rng, root) -> list:
+    """Seeded damage of the LMQ store's queue units and of its records' multi-dispatch offsets (not under the body
+    CRC): what was done, as text."""
+    import re
+
+    done = []
+    queues = sorted((root / "consumequeue").glob("*/*/0*"))
+    for _ in range(rng.randrange(1, 5)):
+        kind = rng.choice(["size", "phy", "tags", "swap", "other-queue", "offset-prop"])
+        path = rng.choice(queues)
+        d = bytearray(path.read_bytes())
+        n = next((k for k in range(len(d) // 20) if not any(d[k * 20:k * 20 + 20])), len(d) // 20)  # units written
+        u, v = rng.sample(range(n), 2)  # two units that point at different records
+        if kind == "size":
+            d[u * 20 + 8:u * 20 + 12] = rng.randrange(1, 1000).to_bytes(4, "big")
+        elif kind == "phy":
+            d[u * 20:u * 20 + 8] = d[v * 20:v * 20 + 8]  # another unit's record
+        elif kind == "tags":
+            d[u * 20 + 12:u * 20 + 20] = rng.randrange(1 << 40).to_bytes(8, "big")
+        elif kind == "swap":
+            d[u * 20:u * 20 + 20], d[v * 20:v * 20 + 20] = d[v * 20:v * 20 + 20], d[u * 20:u * 20 + 20]
+        elif kind == "other-queue":
+            other = bytearray(rng.choice([q for q in queues if q != path]).read_bytes())
+            d[u * 20:u * 20 + 20] = other[v * 20:v * 20 + 20]  # a unit of another queue (its record names that one)
+        else:
+            path = rng.choice(sorted((root / "commitlog").iterdir()))
+            d = bytearray(path.read_bytes())
+            at = [m.end() for m in re.finditer(rb"INNER_MULTI_QUEUE_OFFSET\x01", bytes(d))]
+            p = rng.choice(at)
+            digits = [p + k for k in range(12) if chr(d[p + k]).isdigit()]
+            p = rng.choice(digits)
+            d[p] = ord(rng.choice("0123456789".replace(chr(d[p]), "")))
+            u = p
+        path.write_bytes(bytes(d))
+        done.append(f"{kind} {path.parent.parent.name}/{path.name}@{u}")
+    return done
+
+
+@pytest.mark.parametrize("seed", [21, 22, 23, 24, 25, 26, 27, 28])
+def test_lmq_units_passed_in_the_compiled_check_as_by_the_rules(monkeypatch, store_copy, seed):
+    """Seeded damage of LMQ units and of the records' multi-dispatch offsets: the findings with agreeing LMQ units
+    let pass in the compiled check are those of the rules applied in Python to every LMQ unit (each run's key
+    withheld from the kernel, as before), for verify and for recover's plan."""
+    import random
+
+    from rmqstore_cli.engine.verify.queueruns import QueueRuns
+
+    print("seed", seed)
+    rng = random.Random(seed)
+    root = store_copy(NAME)
+    done = _damage_lmq(rng, root)
+    got = [run(*args, "--json", "--config", CONF).stdout for args in (("verify", root), ("recover", root, "--dry-run"))]
+    real = QueueRuns._lmq_keys
+
+    def withheld(self, ids, recs):
+        key, _ = real(self, ids, recs)
+        return key * 0 - 1, None
+
+    monkeypatch.setattr(QueueRuns, "_lmq_keys", withheld)
+    want = [run(*args, "--json", "--config", CONF).stdout for args in (("verify", root), ("recover", root, "--dry-run"))]
+    assert got == want, (seed, done)
+    assert any(o.get("severity") == "error" for o in json_lines(got[0])), (seed, done)  # the damage is seen

@@ -281,6 +281,23 @@ def window_targets(recs) -> tuple[LmqTargets, np.ndarray, np.ndarray, dict]:
     return got
 
 
+def window_targets_by_record(recs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The window's targets (:func:`window_targets`) grouped by record, as the compiled queue check reads them
+    (``checkkernel.queue_runs``): (first, key, queue offset), record ``r``'s targets at ``first[r] ..
+    first[r + 1] - 1``, key ``name << 32 | queue id`` (as uint32) with the names numbered as
+    :func:`window_targets`' {name: index}. Made once per table and kept on it."""
+    got = recs.__dict__.get("_lmq_targets_by_record")
+    if got is None:
+        lt = window_targets(recs)[0]
+        by_row = np.argsort(lt.row, kind="stable")
+        first = np.zeros(len(recs) + 1, np.int64)
+        np.cumsum(np.bincount(lt.row, minlength=len(recs)), out=first[1:])
+        key = (lt.name[by_row] << 32) | (lt.queue_id[by_row] & 0xFFFFFFFF)
+        got = recs.__dict__["_lmq_targets_by_record"] = (
+            first, np.ascontiguousarray(key, np.int64), np.ascontiguousarray(lt.queue_offset[by_row], np.int64))
+    return got
+
+
 def append_side_on(config) -> bool:
     """Does the broker's append assign LMQ offsets (5.x: ``enableLmq``)? Given or inferred from the store's
     LMQ queues; off by default, as in the broker."""

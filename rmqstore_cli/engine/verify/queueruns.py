@@ -20,6 +20,7 @@ from rmqstore_cli.formats.extaddr import MAX_ADDR
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
 from ..arrays import sampled_runs
+from ..derived.lmq import window_targets, window_targets_by_record
 from ..log.segments import QUEUE_FILES
 from .records import _Records
 from .windows import QueueWindows, Windows
@@ -166,7 +167,8 @@ class QueueRuns:
             k = self.topics.get(name)
             if k is not None:
                 tid_of[k] = t
-        fields = np.stack([e["base"][ids], tid_of[e["topic"][ids]], e["qid"][ids], e["flags"][ids]], 1)
+        lmq_key, targets = self._lmq_keys(ids, recs)
+        fields = np.stack([e["base"][ids], tid_of[e["topic"][ids]], e["qid"][ids], e["flags"][ids], lmq_key], 1)
         ordered = (e["flags"][ids] & RUN_ORDERED) != 0
         last_q = np.full(len(ids), -1, np.int64)
         far = np.full(len(ids), -1, np.int64)
@@ -176,7 +178,7 @@ class QueueRuns:
         lo = first
         hi = np.where(ordered & (limit - first < BATCH_UNITS), np.minimum(limit, first + self.guess[ids]), limit)
         while len(todo):
-            got_q, got_far, got_past = self._check(w, recs, marks, others, todo, ids, lo, hi, fields, reported)
+            got_q, got_far, got_past = self._check(w, recs, marks, others, todo, ids, lo, hi, fields, reported, targets)
             np.maximum.at(last_q, todo, got_q)
             np.maximum.at(far, todo, got_far)
             more = ordered[todo] & (got_past == hi) & (hi < limit[todo])  # no unit past the window yet: read on
@@ -197,8 +199,30 @@ class QueueRuns:
             found_end = top if found_end is None else max(found_end, top)
         return found_end
 
+    def _lmq_keys(self, ids: np.ndarray, recs: _Records) -> tuple:
+        """(each run's multi-dispatch key or -1, the window's targets by record or None): the kernel lets an LMQ
+        queue's unit pass when its record names the queue at the unit's offset, so only the units that disagree reach
+        the rules in Python (:func:`.queues.check_found_units`, whose ``_lmq_match`` is the same test)."""
+        e = self.e
+        key = np.full(len(ids), -1, np.int64)
+        lmq = (e["flags"][ids] & RUN_OTHERS) != 0
+        if not lmq.any():
+            return key, None
+        name_ids = window_targets(recs)[3]
+        name_of = np.full(len(self.topics) + 1, -1, np.int64)
+        for name, t in self.topics.items():
+            k = name_ids.get(name)
+            if k is not None:
+                name_of[t] = k
+        nid = name_of[e["topic"][ids]]
+        named = lmq & (nid >= 0)
+        if not named.any():
+            return key, None
+        key[named] = (nid[named] << 32) | (e["qid"][ids][named] & 0xFFFFFFFF)
+        return key, window_targets_by_record(recs)
+
     def _check(self, w: int, recs: _Records, marks, others, todo: np.ndarray, ids: np.ndarray, lo: np.ndarray,
-               hi: np.ndarray, fields: np.ndarray, reported: list) -> tuple:
+               hi: np.ndarray, fields: np.ndarray, reported: list, targets) -> tuple:
         """Units ``lo .. hi-1`` of the runs ``todo`` (places among ``ids``) checked in few kernel calls: a long run in
         its file's own bytes, the short ones copied into batches. Returns their found rows' columns."""
         ws, we = self.windows.bounds(w)
@@ -207,7 +231,7 @@ class QueueRuns:
         out = np.empty((len(todo), 3), np.int64)
 
         def call(u8, at: np.ndarray, call_rows: np.ndarray) -> None:
-            nf, fl, found = checkkernel.queue_runs(u8, call_rows, ws, we, recs, MAX_ADDR, marks, others)
+            nf, fl, found = checkkernel.queue_runs(u8, call_rows, ws, we, recs, MAX_ADDR, marks, others, targets)
             out[at] = found
             if nf.shape[1] or fl.shape[1]:
                 reported.append((todo[at], nf, fl))
