@@ -526,3 +526,93 @@ def test_lmq_units_passed_in_the_compiled_check_as_by_the_rules(monkeypatch, sto
     want = [run(*args, "--json", "--config", CONF).stdout for args in (("verify", root), ("recover", root, "--dry-run"))]
     assert got == want, (seed, done)
     assert any(o.get("severity") == "error" for o in json_lines(got[0])), (seed, done)  # the damage is seen
+
+
+@pytest.mark.parametrize("seed", [31, 32, 33, 34, 35, 36])
+def test_windowed_check_plans_as_the_whole_table_on_seeded_damage(store_copy, monkeypatch, seed):
+    """As above, on seeded damage: queue tails lost (LMQ queues' and the topics' own), units that lie, records whose
+    multi-dispatch offsets changed, with or without a crash. The windowed check takes the multi-dispatch units as
+    columns (repair/lmqtails.py)."""
+    import random
+
+    from rmqstore_cli.engine.repair import derived_windows
+    from rmqstore_cli.engine.repair.recovery import plan_recovery
+    from rmqstore_cli.engine.store import Store
+
+    print("seed", seed)
+    rng = random.Random(seed)
+    root = store_copy(NAME)
+    lies = rng.random() < 0.5
+    done = _damage_lmq(rng, root) if lies else []
+    queues = sorted((root / "consumequeue").glob("*/*/0*"))
+    for path in rng.sample(queues, rng.randrange(1, 4)):
+        at = rng.randrange(0, 50)
+        _zero_from(path, at)
+        done.append(f"tail {path.parent.parent.name} from {at}")
+    if rng.random() < 0.5:
+        (root / "abort").write_bytes(b"")
+        done.append("abort")
+
+    def plan():
+        with Store.open(str(root)) as st:
+            p = plan_recovery(st)
+            return [a.__dict__ for a in p.actions], p.notes, p.dispatch, p.summary
+
+    answers = []
+    finish = derived_windows.WindowedCheck.finish
+    monkeypatch.setattr(derived_windows.WindowedCheck, "finish", lambda self: answers.append(finish(self)) or answers[-1])
+    windowed = plan()
+    # lost tails alone: the windowed check gives the verdicts (units that lie send it back to the whole table)
+    assert lies or (answers and answers[0] is not None), (seed, done)
+    monkeypatch.setattr(derived_windows.WindowedCheck, "start", classmethod(lambda cls, planner: None))
+    assert plan() == windowed, (seed, done)
+
+
+@pytest.mark.parametrize("seed", [41, 42, 43])
+def test_lmq_tails_as_columns_as_unit_by_unit(seed):
+    """collect_lmq_tails gives each queue the units at or past its end, in record order (one part per queue and
+    window, the same arrays once joined as one part per unit), and NamedUnits holds exactly the (queue, record,
+    queue offset) of the dispatchable records' units: against the unit-by-unit rule it replaced (seeded; negative
+    and large queue ids, queues known or not)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from rmqstore_cli.engine.derived.lmq import LmqTargets
+    from rmqstore_cli.engine.repair.lmqtails import collect_lmq_tails
+
+    print("seed", seed)
+    rng = np.random.default_rng(seed)
+    n, m = 300, 900
+    names = [f"%LMQ%q{k}" for k in range(12)]
+    row = np.sort(rng.integers(0, n, m))
+    lt = LmqTargets(row, rng.integers(0, len(names), m), rng.choice([0, 1, -1, (1 << 31) - 1], m),
+                    rng.integers(0, 60, m), names)
+    t = SimpleNamespace(phy=np.cumsum(rng.integers(100, 200, n)).astype(np.int64),
+                        c={"size": rng.integers(100, 200, n).astype(np.int32)})
+    disp = rng.random(n) < 0.8
+    known = {(nm, q): (SimpleNamespace(max_offset=int(rng.integers(0, 60))),) for nm in names[:8] for q in (0, 1, -1)}
+    tails = {("%LMQ%q0", 0): [(np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64))]}  # an earlier part
+    want_tails = {k: list(v) for k, v in tails.items()}
+    want_named: dict = {}
+    for r, nm, q, qo in zip(lt.row.tolist(), lt.name.tolist(), lt.queue_id.tolist(), lt.queue_offset.tolist()):
+        if not disp[r]:
+            continue
+        key = (names[nm], q)
+        want_named.setdefault(key, set()).add((r, qo))
+        if key in known and qo < known[key][0].max_offset:
+            continue
+        want_tails.setdefault(key, []).append((t.phy[[r]], t.c["size"][[r]].astype(np.int64), np.asarray([qo])))
+    named = collect_lmq_tails(t, disp, lt, known, tails)
+    joined = lambda parts: [np.concatenate([p[j] for p in parts]).tolist() for j in range(3)]  # noqa: E731
+    assert sorted(tails) == sorted(want_tails)
+    assert all(joined(tails[k]) == joined(want_tails[k]) for k in tails)
+    queues = sorted(want_named) + [("%LMQ%q0", 7), ("%LMQ%none", 0)]
+    rows, offsets = rng.integers(0, n, 2000), rng.integers(0, 60, 2000)
+    which = rng.integers(0, len(queues), 2000)
+    key = np.asarray([named.key(queues[w]) for w in which.tolist()], np.int64)
+    got = named.holds(key, rows, offsets)
+    want = np.asarray([(r, o) in want_named.get(queues[w], ()) for w, r, o in zip(which.tolist(), rows.tolist(),
+                                                                                     offsets.tolist())])
+    assert want.any() and not want.all()
+    assert (got == want).all()

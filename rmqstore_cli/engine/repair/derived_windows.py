@@ -18,6 +18,7 @@ from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_CO
 from ..derived.lmq import MultiDispatchRule, record_targets
 from .derived import QueueVerdict, RecordTable, in_file_order, record_table, table_of_reports, tail_redispatch
 from ..verify.commitlog import first_windows, iter_segment_windows, window_starts
+from .lmqtails import NamedUnits, collect_lmq_tails
 from .windowunits import WindowUnits
 
 
@@ -178,11 +179,11 @@ class WindowedCheck:
         if disp.any():
             self.newest_cq = max(self.newest_cq, int(c["storeTimestamp"][disp].max()))
         _collect_tails(t, disp, self, self.tails)
-        named = {}  # (queue) -> {(record, queue offset)} of the window's multi-dispatch units (§14.3)
+        named = None  # the window's multi-dispatch units (§14.3)
         if self.lmq_checked and n:
             lt = record_targets(self.planner.store, t, self.multi_dispatch)
             if len(lt):
-                named = _collect_lmq_tails(t, disp, lt, self.queues, self.tails)
+                named = collect_lmq_tails(t, disp, lt, self.queues, self.tails)
         tid_of = np.full(len(self.topic_index) + 1, -2, np.int64)  # the window's topic ids of the queues' topics
         for name, tid in t.topic_ids.items():
             j = self.topic_index.get(name)
@@ -357,12 +358,12 @@ CHECK_UNITS = 1 << 16  # units tested together by _check_units at most (their co
 
 
 def _check_units(t, check, units: np.ndarray, which: np.ndarray, pos: np.ndarray, tid_of: np.ndarray, lo: int, hi: int,
-                 named: dict) -> None:
+                 named: "NamedUnits | None") -> None:
     """derived.check_queue's unit tests (record at phyOffset; size, topic, queue, QUEUEOFFSET, transaction
     type, tagsCode) on the real units among ``units`` that point into [lo, hi); raises _Lie on the first miss.
     ``which``: each unit's file in ``check.kept``, ``pos`` its queue offset; ``tid_of``: the window's topic id of
-    each of the queues' topics. ``named``: queue -> (record, queue offset) of the multi-dispatch units the window's
-    records give it. A window's units of every queue are tested together: a broker's thousands of queues hold a
+    each of the queues' topics. ``named``: the multi-dispatch units the window's records give (:class:`.lmqtails.NamedUnits`),
+    or None. A window's units of every queue are tested together: a broker's thousands of queues hold a
     few units each per window."""
     e = check.kept.e
     phy = units["phyOffset"].astype(np.int64)
@@ -380,10 +381,12 @@ def _check_units(t, check, units: np.ndarray, which: np.ndarray, pos: np.ndarray
     key = e["key"][which]
     own = ((c["topic"][idx] == tid_of[check.topic_of_key[key]]) & (c["queueId"][idx] == check.qid_of_key[key])
            & (c["queueOffset"][idx] == pos))
-    if named:
-        for j in np.flatnonzero(~own).tolist():
-            units_named = named.get(check.kept.keys[key[j]])
-            own[j] = units_named is not None and (int(idx[j]), int(pos[j])) in units_named
+    if named is not None and len(named):
+        j = np.flatnonzero(~own)
+        if len(j):
+            queues, at = np.unique(key[j], return_inverse=True)
+            target = np.asarray([named.key(check.kept.keys[q]) for q in queues.tolist()], np.int64)[at.ravel()]
+            own[j] = named.holds(target, idx[j].astype(np.int64), pos[j].astype(np.int64))
     ok = ((c["size"][idx] == size) & own & ((tran == TRANSACTION_NOT) | (tran == TRANSACTION_COMMIT))
           & (c["tagsBad"][idx] | (c["tagsCode"][idx] == tags)))
     if not ok.all():
@@ -417,20 +420,6 @@ def _collect_tails(t, disp: np.ndarray, check, tails: dict) -> None:
         r = rows[g]
         tails.setdefault((t.topics[int(grouped[a]) >> 32], int(qid[g[0]])), []).append(
             (t.phy[r], c["size"][r].astype(np.int64), qo[g]))
-
-
-def _collect_lmq_tails(t, disp: np.ndarray, lt, queues: dict, tails: dict) -> dict:
-    """The multi-dispatch units of the window's dispatchable records (``lt``): those at or past their queue's end
-    join its tail (what a re-dispatch writes); returns {queue: {(record, queue offset)}} for the unit checks."""
-    ok = disp[lt.row]
-    named: dict = {}
-    for r, nm, q, qo in zip(lt.row[ok].tolist(), lt.name[ok].tolist(), lt.queue_id[ok].tolist(), lt.queue_offset[ok].tolist()):
-        key = (lt.names[nm], q)
-        named.setdefault(key, set()).add((r, qo))
-        if key in queues and qo < queues[key][0].max_offset:
-            continue
-        tails.setdefault(key, []).append((t.phy[[r]], t.c["size"][[r]].astype(np.int64), np.asarray([qo], np.int64)))
-    return named
 
 
 def _verdicts(planner, queues: dict, tails: dict) -> dict:
