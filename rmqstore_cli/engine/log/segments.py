@@ -61,8 +61,8 @@ class MapBudget:
 
 class SharedQueueFiles(MapBudget):
     """Every queue file (consume queue, ext, batch consume queue) this process has mapped for reading, at most
-    half the descriptors it may hold (each mapping keeps one: openfiles.py), the least recently used let go past
-    that. The broker keeps every queue file mapped and needs a limit on open files to match (RocketMQ's
+    half the descriptors it may hold (each mapping keeps one: openfiles.py), one let go past that
+    (:meth:`_victim`). The broker keeps every queue file mapped and needs a limit on open files to match (RocketMQ's
     bin/os.sh sets 655350); a copy of its store read where that limit cannot be raised (a container's hard
     limit) then still reads, a file being mapped again when it is next needed. The limit is taken at the first
     mapping, after the command line raised its soft limit."""
