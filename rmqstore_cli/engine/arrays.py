@@ -22,6 +22,21 @@ def distinct(values) -> np.ndarray:
     return a[keep]
 
 
+def queue_key(number, queue_id):
+    """A queue as one int64: ``number`` (a topic's or queue name's index) << 32 | ``queue_id`` as uint32 (a Java
+    int; negative ids keep their bits). Arrays or ints."""
+    return (number << 32) | (queue_id & 0xFFFFFFFF)
+
+
+def packed_rows(*cols: np.ndarray) -> np.ndarray:
+    """Row ``i`` of the int64 columns ``cols`` as one comparable value each (8 bytes per column), for set
+    operations on tuples (``np.isin``)."""
+    out = np.empty((len(cols[0]), len(cols)), np.int64)
+    for j, c in enumerate(cols):
+        out[:, j] = c
+    return out.view(np.dtype((np.void, 8 * len(cols)))).ravel()
+
+
 def distinct_rows(rows: np.ndarray) -> np.ndarray:
     """The distinct rows of a 2-d array in sorted order, as ``np.unique(rows, axis=0)`` gives them."""
     return np.unique(rows, axis=0, return_index=True)[0]

@@ -25,7 +25,7 @@ from rmqstore_cli.formats import propscan
 from rmqstore_cli.formats.message import decode_utf8
 from rmqstore_cli.formats.properties import parse_properties
 from rmqstore_cli.formats.tags import SCHEDULE_TOPIC
-from ..arrays import distinct
+from ..arrays import distinct, queue_key
 
 LMQ_PREFIX = "%LMQ%"
 RETRY_PREFIX = "%RETRY%"
@@ -275,7 +275,7 @@ def window_targets(recs) -> tuple[LmqTargets, np.ndarray, np.ndarray, dict]:
     got = recs.__dict__.get("_lmq_window_targets")
     if got is None:
         lt = record_targets(recs.store, recs)
-        key = (lt.name << 32) | (lt.queue_id & 0xFFFFFFFF)
+        key = queue_key(lt.name, lt.queue_id)
         order = np.argsort(key, kind="stable")
         got = recs.__dict__["_lmq_window_targets"] = (lt, key[order], order, {n: i for i, n in enumerate(lt.names)})
     return got
@@ -284,7 +284,7 @@ def window_targets(recs) -> tuple[LmqTargets, np.ndarray, np.ndarray, dict]:
 def window_targets_by_record(recs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The window's targets (:func:`window_targets`) grouped by record, as the compiled queue check reads them
     (``checkkernel.queue_runs``): (first, key, queue offset), record ``r``'s targets at ``first[r] ..
-    first[r + 1] - 1``, key ``name << 32 | queue id`` (as uint32) with the names numbered as
+    first[r + 1] - 1``, key :func:`..arrays.queue_key` of (name, queue id) with the names numbered as
     :func:`window_targets`' {name: index}. Made once per table and kept on it."""
     got = recs.__dict__.get("_lmq_targets_by_record")
     if got is None:
@@ -292,7 +292,7 @@ def window_targets_by_record(recs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         by_row = np.argsort(lt.row, kind="stable")
         first = np.zeros(len(recs) + 1, np.int64)
         np.cumsum(np.bincount(lt.row, minlength=len(recs)), out=first[1:])
-        key = (lt.name[by_row] << 32) | (lt.queue_id[by_row] & 0xFFFFFFFF)
+        key = queue_key(lt.name[by_row], lt.queue_id[by_row])
         got = recs.__dict__["_lmq_targets_by_record"] = (
             first, np.ascontiguousarray(key, np.int64), np.ascontiguousarray(lt.queue_offset[by_row], np.int64))
     return got

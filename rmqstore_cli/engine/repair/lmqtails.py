@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import packed_rows, queue_key
+
 
 def collect_lmq_tails(t, disp: np.ndarray, lt, queues: dict, tails: dict) -> "NamedUnits":
     """The multi-dispatch units of the window's dispatchable records (``lt``): those at or past their queue's end
@@ -44,8 +46,8 @@ class NamedUnits:
 
     def __init__(self, names: list, row: np.ndarray, name: np.ndarray, qid: np.ndarray, qo: np.ndarray):
         self.number = {n: i for i, n in enumerate(names)}
-        self.target_key = (name << 32) | (qid & 0xFFFFFFFF)
-        self.packed = _triples(self.target_key, row, qo)
+        self.target_key = queue_key(name, qid)
+        self.packed = packed_rows(self.target_key, row, qo)
 
     def __len__(self) -> int:
         return len(self.packed)
@@ -53,15 +55,8 @@ class NamedUnits:
     def key(self, queue: tuple) -> int:
         """The target key of ``queue`` (topic, queue id), -1 when no unit names it."""
         k = self.number.get(queue[0])
-        return -1 if k is None else (k << 32) | (queue[1] & 0xFFFFFFFF)
+        return -1 if k is None else queue_key(k, queue[1])
 
     def holds(self, key: np.ndarray, row: np.ndarray, qo: np.ndarray) -> np.ndarray:
         """Whether each (queue key, record, queue offset) is one of the units (False for key -1)."""
-        return (key >= 0) & np.isin(_triples(key, row, qo), self.packed)
-
-
-def _triples(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """(a[i], b[i], c[i]) as one comparable value each (three int64 as 24 bytes), for set operations."""
-    out = np.empty((len(a), 3), np.int64)
-    out[:, 0], out[:, 1], out[:, 2] = a, b, c
-    return out.view(np.dtype((np.void, 24))).ravel()
+        return (key >= 0) & np.isin(packed_rows(key, row, qo), self.packed)

@@ -14,6 +14,7 @@ import numpy as np
 
 from rmqstore_cli.formats.records import TRANSACTION_COMMIT, TRANSACTION_NOT
 
+from ..arrays import queue_key
 from ..derived.lmq import LmqTargets, MultiDispatchRule, window_targets
 from .records import ERROR, _Agg
 
@@ -61,7 +62,7 @@ class LmqDispatchCheck:
         self.units_named += len(lt)
         # the queues' bounds per (name, queue id) named here, then every target at once: present (or cleaned before
         # the queue's first file) when its offset is below the queue's end; only the missing ones are looked at
-        pair = (lt.name.astype(np.int64) << 32) | (np.asarray(lt.queue_id, np.int64) & 0xFFFFFFFF)
+        pair = queue_key(lt.name.astype(np.int64), np.asarray(lt.queue_id, np.int64))
         keys, inv = np.unique(pair, return_inverse=True)
         ends = np.empty(len(keys), np.int64)
         has_queue = np.empty(len(keys), bool)

@@ -19,7 +19,7 @@ from rmqstore_cli.formats.checkkernel import RUN_EXT, RUN_ORDERED, RUN_OTHERS
 from rmqstore_cli.formats.extaddr import MAX_ADDR
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE
 
-from ..arrays import sampled_runs
+from ..arrays import queue_key, sampled_runs
 from ..derived.lmq import window_targets, window_targets_by_record
 from ..log.segments import QUEUE_FILES
 from .records import _Records
@@ -218,7 +218,7 @@ class QueueRuns:
         named = lmq & (nid >= 0)
         if not named.any():
             return key, None
-        key[named] = (nid[named] << 32) | (e["qid"][ids][named] & 0xFFFFFFFF)
+        key[named] = queue_key(nid[named], e["qid"][ids][named])
         return key, window_targets_by_record(recs)
 
     def _check(self, w: int, recs: _Records, marks, others, todo: np.ndarray, ids: np.ndarray, lo: np.ndarray,

@@ -9,6 +9,7 @@ from rmqstore_cli.formats import checkkernel
 from rmqstore_cli.formats.extaddr import MAX_ADDR, undecorate
 from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
+from ..arrays import packed_rows, queue_key
 from ..derived.lmq import is_lmq, window_targets
 from ..log.segments import data_extents
 from ..findings import Finding
@@ -272,17 +273,10 @@ def _lmq_match(recs: _Records, ri, queue_offsets, topic: str, qid: int) -> np.nd
     name = name_ids.get(topic)
     if name is None:
         return out
-    key = (name << 32) | (qid & 0xFFFFFFFF)
+    key = queue_key(name, qid)
     mine = order[np.searchsorted(keys, key):np.searchsorted(keys, key, side="right")]
-    named = _pairs(lt.row[mine], lt.queue_offset[mine])
-    return np.isin(_pairs(np.asarray(ri), np.asarray(queue_offsets)), named)
-
-
-def _pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(a[i], b[i]) as one comparable value each (16 bytes: two int64), for set operations on pairs."""
-    both = np.empty((len(a), 2), np.int64)
-    both[:, 0], both[:, 1] = a, b
-    return both.view(np.dtype((np.void, 16))).ravel()
+    named = packed_rows(lt.row[mine], lt.queue_offset[mine])
+    return np.isin(packed_rows(np.asarray(ri), np.asarray(queue_offsets)), named)
 
 
 def _check_cq_holes(cq, end_offset: int, agg: _Agg, group) -> None:
