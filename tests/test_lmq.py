@@ -260,22 +260,11 @@ def test_settings_inferred_from_lmq_queues(tmp_path):
     assert (cfg.enableMultiDispatch, cfg.enableLmq) == (False, False)
 
 
-@pytest.mark.parametrize("damage", ["lmq_tail", "own_tail", "abort"])
-def test_windowed_check_plans_as_the_whole_table(store_copy, damage, monkeypatch):
-    """Recovery's derived check window by window (multi-dispatch units checked against their window's records) gives
-    the plan the whole-record-table check gives."""
+def _windowed_and_whole(root, monkeypatch) -> tuple:
+    """(the windowed check's verdicts, the plan with it, the plan with the whole-record-table check instead)."""
     from rmqstore_cli.engine.repair import derived_windows
     from rmqstore_cli.engine.repair.recovery import plan_recovery
     from rmqstore_cli.engine.store import Store
-
-    root = store_copy(NAME)
-    if damage == "lmq_tail":
-        _zero_from(root / "consumequeue" / "%LMQ%room1" / "0" / ("%020d" % 0), 30)
-    elif damage == "own_tail":
-        _zero_from(root / "consumequeue" / "LmqTopicA" / "0" / ("%020d" % 0), 40)
-    else:
-        (root / "abort").write_bytes(b"")
-        _zero_from(root / "consumequeue" / "%LMQ%dev%7" / "0" / ("%020d" % 0), 20)
 
     def plan():
         with Store.open(str(root)) as st:
@@ -286,9 +275,26 @@ def test_windowed_check_plans_as_the_whole_table(store_copy, damage, monkeypatch
     finish = derived_windows.WindowedCheck.finish
     monkeypatch.setattr(derived_windows.WindowedCheck, "finish", lambda self: answers.append(finish(self)) or answers[-1])
     windowed = plan()
-    assert answers and answers[0] is not None  # the windowed check gave the verdicts
     monkeypatch.setattr(derived_windows.WindowedCheck, "start", classmethod(lambda cls, planner: None))
-    assert plan() == windowed
+    return answers, windowed, plan()
+
+
+@pytest.mark.parametrize("damage", ["lmq_tail", "own_tail", "abort"])
+def test_windowed_check_plans_as_the_whole_table(store_copy, damage, monkeypatch):
+    """Recovery's derived check window by window (multi-dispatch units checked against their window's records) gives
+    the plan the whole-record-table check gives."""
+    root = store_copy(NAME)
+    if damage == "lmq_tail":
+        _zero_from(root / "consumequeue" / "%LMQ%room1" / "0" / ("%020d" % 0), 30)
+    elif damage == "own_tail":
+        _zero_from(root / "consumequeue" / "LmqTopicA" / "0" / ("%020d" % 0), 40)
+    else:
+        (root / "abort").write_bytes(b"")
+        _zero_from(root / "consumequeue" / "%LMQ%dev%7" / "0" / ("%020d" % 0), 20)
+
+    answers, windowed, whole = _windowed_and_whole(root, monkeypatch)
+    assert answers and answers[0] is not None  # the windowed check gave the verdicts
+    assert whole == windowed
 
 
 def test_window_decodes_multi_dispatch_once(monkeypatch, store_copy):
@@ -403,7 +409,7 @@ def test_lmq_units_matched_at_once_as_by_a_set(seed):
     pairs in one array operation, the same answer as a set of pairs (repeated pairs, negative offsets included)."""
     import numpy as np
 
-    from rmqstore_cli.engine.verify.queues import _pairs
+    from rmqstore_cli.engine.arrays import packed_rows
 
     print("seed", seed)
     rng = np.random.default_rng(seed)
@@ -411,7 +417,7 @@ def test_lmq_units_matched_at_once_as_by_a_set(seed):
     u_row, u_qo = rng.integers(0, 60, 400), rng.integers(-5, 45, 400)
     named = set(zip(t_row.tolist(), t_qo.tolist()))
     want = np.asarray([(r, q) in named for r, q in zip(u_row.tolist(), u_qo.tolist())])
-    got = np.isin(_pairs(u_row, u_qo), _pairs(t_row, t_qo))
+    got = np.isin(packed_rows(u_row, u_qo), packed_rows(t_row, t_qo))
     assert want.any() and not want.all()
     assert (got == want).all()
 
@@ -535,10 +541,6 @@ def test_windowed_check_plans_as_the_whole_table_on_seeded_damage(store_copy, mo
     columns (repair/lmqtails.py)."""
     import random
 
-    from rmqstore_cli.engine.repair import derived_windows
-    from rmqstore_cli.engine.repair.recovery import plan_recovery
-    from rmqstore_cli.engine.store import Store
-
     print("seed", seed)
     rng = random.Random(seed)
     root = store_copy(NAME)
@@ -553,19 +555,10 @@ def test_windowed_check_plans_as_the_whole_table_on_seeded_damage(store_copy, mo
         (root / "abort").write_bytes(b"")
         done.append("abort")
 
-    def plan():
-        with Store.open(str(root)) as st:
-            p = plan_recovery(st)
-            return [a.__dict__ for a in p.actions], p.notes, p.dispatch, p.summary
-
-    answers = []
-    finish = derived_windows.WindowedCheck.finish
-    monkeypatch.setattr(derived_windows.WindowedCheck, "finish", lambda self: answers.append(finish(self)) or answers[-1])
-    windowed = plan()
+    answers, windowed, whole = _windowed_and_whole(root, monkeypatch)
     # lost tails alone: the windowed check gives the verdicts (units that lie send it back to the whole table)
     assert lies or (answers and answers[0] is not None), (seed, done)
-    monkeypatch.setattr(derived_windows.WindowedCheck, "start", classmethod(lambda cls, planner: None))
-    assert plan() == windowed, (seed, done)
+    assert whole == windowed, (seed, done)
 
 
 @pytest.mark.parametrize("seed", [41, 42, 43])
