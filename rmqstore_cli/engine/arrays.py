@@ -28,6 +28,12 @@ def queue_key(number, queue_id):
     return (number << 32) | (queue_id & 0xFFFFFFFF)
 
 
+def queue_of_key(key: int) -> tuple[int, int]:
+    """(number, queue id) of a :func:`queue_key` (an int): the queue id signed again, as the Java int it was."""
+    q = key & 0xFFFFFFFF
+    return key >> 32, q - (1 << 32) if q >= 1 << 31 else q
+
+
 def packed_rows(*cols: np.ndarray) -> np.ndarray:
     """Row ``i`` of the int64 columns ``cols`` as one comparable value each (8 bytes per column), for set
     operations on tuples (``np.isin``)."""

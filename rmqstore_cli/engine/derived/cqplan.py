@@ -17,6 +17,7 @@ import numpy as np
 
 from rmqstore_cli.formats.records import CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
+from ..arrays import queue_key
 from .consumequeue import CQ_DTYPE
 
 
@@ -68,7 +69,7 @@ def queue_plan(b) -> QueuePlan:
     p.names, sel, tid, p.unsafe = taken_rows(b)
     p.last_row = int(sel[-1]) if len(sel) else -1
     qid = b.queue_id[sel]
-    key = (tid << 32) | (qid & 0xFFFFFFFF)
+    key = queue_key(tid, qid)
     if not len(key) or (key == key[0]).all():
         order = None
         rows = sel

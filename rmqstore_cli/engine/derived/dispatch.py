@@ -32,6 +32,7 @@ from rmqstore_cli.formats.extaddr import is_ext_addr
 from rmqstore_cli.formats.records import INDEX_ENTRY_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 from rmqstore_cli.formats.tags import TagsCodeError, tags_code
 
+from ..arrays import queue_key
 from ..log.checkpointwriter import CheckpointWriter
 from ..config.storeconfig import StoreConfig
 from .cqwriter import ConsumeQueueExtWriter, ConsumeQueueWriter
@@ -265,7 +266,7 @@ class Dispatcher:
         ok = (t == TRANSACTION_NOT) | (t == TRANSACTION_COMMIT)
         if not ok.all():
             lt = LmqTargets(lt.row[ok], lt.name[ok], lt.queue_id[ok], lt.queue_offset[ok], lt.names)
-        key = (lt.name << 32) | (lt.queue_id & 0xFFFFFFFF)
+        key = queue_key(lt.name, lt.queue_id)
         order = np.argsort(key, kind="stable")
         ks = key[order]
         cuts = np.flatnonzero(ks[1:] != ks[:-1]) + 1

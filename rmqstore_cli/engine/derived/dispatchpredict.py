@@ -14,6 +14,7 @@ import numpy as np
 
 from rmqstore_cli.formats import fast
 
+from ..arrays import queue_key
 from ..log.walk import cq_dispatched
 from .dispatchcolumns import VerifyTopicIds
 from .batchcq import chunk_batch_fields
@@ -101,7 +102,7 @@ class DispatchPrediction:
         if not len(phy):  # only empty parts (a chunk none of whose records the rules act on)
             return
         names = {v: k for k, v in self.topics.items()}
-        key = (tid << 32) | (qid & 0xFFFFFFFF)
+        key = queue_key(tid, qid)
         order = np.argsort(key, kind="stable")  # per queue, log order kept
         skey = key[order]
         cuts = np.flatnonzero(np.diff(skey)) + 1

@@ -39,6 +39,7 @@ from rmqstore_cli.formats.records import (MAGIC_V1, MAX_PROPERTIES_LENGTH, SYSFL
                                           TRANSACTION_PREPARED, TRANSACTION_ROLLBACK)
 from rmqstore_cli.formats.tags import SCHEDULE_TOPIC
 
+from ..arrays import queue_key
 from .appender import AppendResult, Appender
 from .commitlog import Chunk
 from .linejson import line_messages
@@ -327,7 +328,7 @@ class DumpReplay:
         qo = np.zeros(n, np.int64)
         counted = np.flatnonzero(~np.isin(sysflag & 0xC, (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK)))
         if len(counted):
-            key = (group[counted] << 32) | qid[counted]
+            key = queue_key(group[counted], qid[counted])
             uniq, first, inv, count = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
             order = np.argsort(inv, kind="stable")
             rank = np.empty(len(counted), np.int64)

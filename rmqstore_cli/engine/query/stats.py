@@ -22,6 +22,7 @@ import numpy as np
 
 from rmqstore_cli.formats.fast import Headers
 
+from ..arrays import queue_key
 from ..derived.dispatchcolumns import topic_ids
 from ..derived.lmq import LMQ_PREFIX
 from ..timer.report import timer_stats
@@ -80,7 +81,7 @@ class StatsAccumulator:
         transactional = is_trans_t[tid] | (tx != 0)
         qoff = np.asarray(queue_offset, np.int64)
         msgs = np.ones(len(tid), np.int64) if messages is None else np.asarray(messages, np.int64)
-        key = (tid << 32) | (qid & 0xFFFFFFFF)
+        key = queue_key(tid, qid)
         groups, inv = np.unique(key, return_inverse=True)
         inv = inv.reshape(-1)
         order = np.argsort(inv, kind="stable")
@@ -159,7 +160,7 @@ class StatsAccumulator:
             remap[oid] = self.topics.setdefault(name, len(self.topics))
         keys = other.queue_keys
         if len(keys):
-            keys = (remap[keys >> 32] << 32) | (keys & 0xFFFFFFFF)
+            keys = queue_key(remap[keys >> 32], keys)
             order = np.argsort(keys, kind="stable")
             self._merge_rows(keys[order], other.queue_rows[order])
         self.size_hist += other.size_hist

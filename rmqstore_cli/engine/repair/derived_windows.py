@@ -15,6 +15,7 @@ import numpy as np
 
 from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_COMMIT, TRANSACTION_NOT
 
+from ..arrays import queue_key
 from ..derived.lmq import MultiDispatchRule, record_targets
 from .derived import QueueVerdict, RecordTable, in_file_order, record_table, table_of_reports, tail_redispatch
 from ..verify.commitlog import first_windows, iter_segment_windows, window_starts
@@ -95,7 +96,7 @@ class WindowedCheck:
         self.topic_of_key = np.asarray([self.topic_index[t] for t, _ in kept.keys], np.int64)
         self.qid_of_key = np.asarray([q for _, q in kept.keys], np.int64)
         # each queue with files: (topic number << 32 | queue id), sorted, and the queue offset its units end at
-        ends = sorted((self.topic_index[t] << 32 | (q & 0xFFFFFFFF), qs.max_offset) for (t, q), (qs, _, _, _) in queues.items())
+        ends = sorted((queue_key(self.topic_index[t], q), qs.max_offset) for (t, q), (qs, _, _, _) in queues.items())
         self.end_keys = np.asarray([k for k, _ in ends], np.int64)
         self.end_offsets = np.asarray([v for _, v in ends], np.int64)
         self.tails: dict = {}  # key -> list of (phy, size, queueOffset) of records at or past the queue's end
@@ -405,13 +406,13 @@ def _collect_tails(t, disp: np.ndarray, check, tails: dict) -> None:
     qo = c["queueOffset"][rows].astype(np.int64)
     if len(check.end_keys):
         number = np.fromiter((check.topic_index.get(name, -1) for name in t.topics), np.int64, len(t.topics))[tid]
-        key = (number << 32) | (qid & 0xFFFFFFFF)
+        key = queue_key(number, qid)
         j = np.minimum(np.searchsorted(check.end_keys, key), len(check.end_keys) - 1)
         held = (number >= 0) & (check.end_keys[j] == key) & (qo < check.end_offsets[j])  # its unit exists
         rows, tid, qid, qo = rows[~held], tid[~held], qid[~held], qo[~held]
         if not len(rows):
             return
-    pair = (tid << 32) | (qid & 0xFFFFFFFF)
+    pair = queue_key(tid, qid)
     order = np.argsort(pair, kind="stable")  # each queue's records together, in log order
     grouped = pair[order]
     cut = (np.flatnonzero(grouped[1:] != grouped[:-1]) + 1).tolist()

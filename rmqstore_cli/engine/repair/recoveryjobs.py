@@ -17,6 +17,7 @@ import numpy as np
 
 from rmqstore_cli.formats import fast
 
+from ..arrays import queue_key, queue_of_key
 from ..derived.dispatchpredict import DispatchPrediction
 from ..log.walk import LogTally, WalkStop, broker_walk
 from .probes import SegmentFrom
@@ -45,7 +46,7 @@ class _PredictionInputs(DispatchPrediction):
     def _limit(self, key: int) -> int:
         got = self._limits.get(key)
         if got is None:
-            tid, qid = key >> 32, key & 0xFFFFFFFF
+            tid, qid = queue_of_key(key)  # the state's keys hold the queue id signed
             if tid >= len(self._names):
                 self._names = [None] * len(self.topics)
                 for name, v in self.topics.items():
@@ -57,7 +58,7 @@ class _PredictionInputs(DispatchPrediction):
     def add(self, phy, size, tid, qid, qo) -> None:
         phy, size, tid, qid, qo = (np.asarray(a, np.int64) for a in (phy, size, tid, qid, qo))
         if len(phy):
-            keys, inv = np.unique((tid << 32) | (qid & 0xFFFFFFFF), return_inverse=True)
+            keys, inv = np.unique(queue_key(tid, qid), return_inverse=True)
             limit = np.asarray([self._limit(k) for k in keys.tolist()], np.int64)[inv]
             keep = phy + size > limit
             if not keep.all():

@@ -21,6 +21,7 @@ import numpy as np
 from rmqstore_cli.formats import fast
 from rmqstore_cli.formats.records import MAGIC_V1
 
+from ..arrays import queue_key, queue_of_key
 from ..derived.dispatchcolumns import VerifyTopicIds
 from ..derived.dispatchpredict import DispatchPrediction
 from ..derived.lmq import MultiDispatchRule, RowTopics, chunk_targets
@@ -73,7 +74,7 @@ class _LiveRecords:
         """``topics``: what verify's walk found for the chunk (verify.commitlog.ChunkTopics), or None."""
         pred = self.pred
         tid = self._topic_ids(buf, h, topics)
-        key = (tid << 32) | (h.queueId.astype(np.int64) & 0xFFFFFFFF)
+        key = queue_key(tid, h.queueId.astype(np.int64))
         at = np.searchsorted(self.keys, key)
         if not (at < len(self.keys)).all() or not (self.keys[np.minimum(at, len(self.keys) - 1)] == key).all():
             self._learn(np.setdiff1d(key, self.keys))
@@ -92,8 +93,8 @@ class _LiveRecords:
         names = {v: n for n, v in self.pred.topics.items()}
         maxp = []
         for k in new.tolist():
-            q = k & 0xFFFFFFFF
-            st = self.pred.state.get((names[k >> 32], q - (1 << 32) if q >= 1 << 31 else q))
+            number, q = queue_of_key(k)
+            st = self.pred.state.get((names[number], q))
             maxp.append(st[1] if st is not None else -(1 << 62))
         keys = np.concatenate([self.keys, new])
         order = np.argsort(keys, kind="stable")

@@ -14,6 +14,7 @@ import numpy as np
 
 from rmqstore_cli.formats.records import TRANSACTION_COMMIT, TRANSACTION_NOT
 
+from ..arrays import queue_key
 from .queues import add_not_dispatched, dispatch_high_water, dispatch_lag_finding
 from .records import _Agg, _Records
 
@@ -39,7 +40,7 @@ class _Missing:
         """(topic, queueId, count, first phy, its segment, its queue offset) per queue, lowest offset first."""
         if not len(self.phy):
             return
-        key = (self.tid.astype(np.int64) << 32) | (self.qid.astype(np.int64) & 0xFFFFFFFF)
+        key = queue_key(self.tid.astype(np.int64), self.qid.astype(np.int64))
         _, first, counts = np.unique(key, return_index=True, return_counts=True)
         for i, n in zip(first.tolist(), counts.tolist()):
             yield (self.names[int(self.tid[i])], int(self.qid[i]), int(n), int(self.phy[i]), int(self.seg[i]),

@@ -14,7 +14,7 @@ import numpy as np
 
 from rmqstore_cli.formats.records import TRANSACTION_COMMIT, TRANSACTION_NOT
 
-from ..arrays import queue_key
+from ..arrays import queue_key, queue_of_key
 from ..derived.lmq import LmqTargets, MultiDispatchRule, window_targets
 from .records import ERROR, _Agg
 
@@ -67,8 +67,8 @@ class LmqDispatchCheck:
         ends = np.empty(len(keys), np.int64)
         has_queue = np.empty(len(keys), bool)
         for j, key in enumerate(keys.tolist()):
-            qid = key & 0xFFFFFFFF
-            b = self._bounds((lt.names[key >> 32], qid - (1 << 32) if qid >= 1 << 31 else qid))
+            number, qid = queue_of_key(key)
+            b = self._bounds((lt.names[number], qid))
             has_queue[j] = b is not None
             ends[j] = b[1] if b is not None else 0
         missing = ~(has_queue[inv] & (lt.queue_offset < ends[inv]))
