@@ -228,3 +228,60 @@ def group_spans(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tupl
     firsts = np.empty(n, dtype=np.int64)
     count = _kernels().group_spans(_view(u8), starts, lengths, group, firsts, _scratch_slots(n)) if n else 0
     return group, firsts[:count]
+
+
+PICKED = ("TAGS", "UNIQ_KEY", "KEYS")  # the names whose last entry is picked per record (formats.propentries' PICK_*)
+_PICKED_BYTES = np.frombuffer("".join(PICKED).encode("ascii"), np.uint8)
+_PICKED_OFF = np.cumsum([0] + [len(p) for p in PICKED]).astype(np.int64)
+
+
+@dataclass
+class PropertyEntries:
+    """Every entry of some records' property strings, as absolute byte spans (:func:`property_entries`)."""
+
+    parent: np.ndarray  # the record of each entry
+    name_s: np.ndarray
+    name_e: np.ndarray
+    value_s: np.ndarray
+    value_e: np.ndarray
+    counts: np.ndarray  # entries per record
+    picks: np.ndarray  # (3, records): the entry of the last TAGS, UNIQ_KEY, KEYS; -1 if none
+    tok_s: np.ndarray  # the non-empty space-separated tokens of each record's KEYS value
+    tok_e: np.ndarray
+    tok_counts: np.ndarray  # tokens per record
+    duplicate: bool  # a record names a key twice: the spans do not say which value Java's map keeps
+
+
+def property_entries(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> PropertyEntries:
+    """The entries of the property strings ``u8[starts:starts+lengths]`` (well-formed UTF-8), by the broker parser's
+    rules (compiled: :func:`formats.propentries.property_entries`, a pass to count and a pass to fill)."""
+    from .aot import kernels
+
+    k = kernels("propentries")
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    n = len(starts)
+    u8 = _view(u8)
+    none = np.zeros(0, np.int64)
+    entries, tokens, _ = k.property_entries(u8, starts, lengths, False, _PICKED_BYTES, _PICKED_OFF, none, none, none,
+                                            none, none, none, np.zeros((len(PICKED), 0), np.int64), none, none, none)
+    e = [np.empty(entries, np.int64) for _ in range(5)]
+    counts, tok_counts = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    picks = np.full((len(PICKED), n), -1, np.int64)
+    tok_s, tok_e = np.empty(tokens, np.int64), np.empty(tokens, np.int64)
+    _, _, dup = k.property_entries(u8, starts, lengths, True, _PICKED_BYTES, _PICKED_OFF, *e, counts, picks, tok_s,
+                                   tok_e, tok_counts)
+    return PropertyEntries(*e, counts, picks, tok_s, tok_e, tok_counts, bool(dup))
+
+
+def span_bytes(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the bytes ``u8[starts[i]:ends[i]]`` back to back, int32 offsets of where each begins and the last ends):
+    an Arrow string or binary array's buffers (compiled: :func:`formats.propentries.copy_spans`)."""
+    from .aot import kernels
+
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    ends = np.ascontiguousarray(ends, dtype=np.int64)
+    out = np.empty(int((ends - starts).sum()), np.uint8)
+    offsets = np.empty(len(starts) + 1, np.int32)
+    kernels("propentries").copy_spans(_view(u8), starts, ends, out, offsets)
+    return out, offsets

@@ -56,6 +56,8 @@ def _warm_reads() -> None:
                          np.zeros(1, np.int64))
     propscan.java_hash_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
     propscan.group_spans(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
+    propscan.property_entries(u8, np.zeros(1, np.int64), np.ones(1, np.int64))  # the export's property columns
+    propscan.span_bytes(u8, np.zeros(1, np.int64), np.ones(1, np.int64))
     indexchain.chain_block(np.ones(1, np.int32), np.zeros(1, np.int32), 1, 4, np.zeros(4, np.int32))
     entrykernel.warm_up()  # verify's cross-check passes (formats.checkkernel's too)
 

@@ -1,0 +1,131 @@
+"""formats/arrow.py: the export's host and property columns, built over whole batches, against the record-by-record
+rules (hosts formatted one by one; properties by the broker's parser), on seeded random batches."""
+
+import random
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from rmqstore_cli.formats.arrow import _hosts, _property_columns, _property_columns_python
+from rmqstore_cli.formats.msgid import host_to_str
+from rmqstore_cli.formats.properties import parse_properties
+
+SEEDS = range(6)
+
+
+def _host_text(ip: bytes, port: int) -> str:
+    s = host_to_str(ip)
+    return f"[{s}]:{port}" if len(ip) == 16 else f"{s}:{port}"
+
+
+def _hosts_batch(rng: random.Random, n: int, runs: bool):
+    """A buffer holding ``n`` host fields (4- or 16-byte address, 4-byte port) and their starts and widths; the
+    hosts drawn from a few, in runs (one producer after another) or changing at every row."""
+    pool = [(bytes(rng.randrange(256) for _ in range(4)), rng.randrange(-5, 70_000)) for _ in range(3)]
+    pool += [(bytes(rng.randrange(256) for _ in range(16)), rng.randrange(70_000)) for _ in range(2)]
+    pool.append((pool[0][0], pool[0][1] + 1))  # same address, another port
+    buf, starts, widths, want = bytearray(), [], [], []
+    k = 0
+    for i in range(n):
+        if not runs or rng.random() < 0.05:
+            k = rng.randrange(len(pool))
+        ip, port = pool[k]
+        buf += bytes(rng.randrange(256) for _ in range(rng.randrange(3)))  # other fields between
+        starts.append(len(buf))
+        widths.append(len(ip) + 4)
+        buf += ip + port.to_bytes(4, "big", signed=True)
+        want.append(_host_text(ip, port))
+    buf += bytes(24)
+    return np.frombuffer(bytes(buf), np.uint8), np.asarray(starts, np.int64), np.asarray(widths, np.int32), want
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_hosts_column_equals_each_host_formatted_alone(seed):
+    print("seed", seed)
+    rng = random.Random(seed)
+    for runs in (True, False):
+        for n in (1, 2, 37, 500):
+            u8, starts, widths, want = _hosts_batch(rng, n, runs)
+            assert _hosts(u8, starts, widths).to_pylist() == want, (runs, n)
+
+
+NAMES = ["TAGS", "KEYS", "UNIQ_KEY", "WAIT", "DELAY", "a", "τ"]
+
+
+def _property_text(rng: random.Random, duplicates: bool) -> str:
+    """A property string of entries and of pieces that are not entries; each name once unless ``duplicates``."""
+    entries = []
+    unused = rng.sample(NAMES, len(NAMES))
+    for _ in range(rng.randrange(7)):
+        r = rng.random()
+        if r < 0.08:
+            entries.append("")  # two separators in a row
+        elif r < 0.14:
+            entries.append(rng.choice(NAMES))  # no \x01: not an entry
+        elif r < 0.2:
+            entries.append("\x01" + rng.choice(["v", "w"]))  # empty name
+        else:
+            name = unused.pop()
+            value = rng.choice(["", "v", "k1 k2", " k3  ", "\x01x", "ß", "U" * rng.randrange(1, 40)])
+            entries.append(f"{name}\x01{value}")
+    if duplicates and entries:
+        entries.append(f"{rng.choice(NAMES)}\x01again")
+    return "\x02".join(entries)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_property_columns_follow_the_broker_parser_on_random_batches(seed):
+    print("seed", seed)
+    rng = random.Random(seed)
+    for duplicates in (False, True):
+        texts = [_property_text(rng, duplicates and rng.random() < 0.02) for _ in range(400)]
+        props = pa.array(texts, pa.string())
+        ok = np.ones(len(texts), bool)
+        fast_cols = _property_columns(props, ok)
+        slow_cols = _property_columns_python(props, ok)
+        assert [c.to_pylist() for c in fast_cols] == [c.to_pylist() for c in slow_cols]
+        assert [dict(m) for m in fast_cols[3].to_pylist()] == [parse_properties(t) for t in texts]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_host_bytes_read_past_either_end_as_the_nearest_byte(seed):
+    from rmqstore_cli.formats.arrow import _host_bytes
+
+    print("seed", seed)
+    rng = np.random.default_rng(seed)
+    for size in (1, 20, 21, 22, 300):
+        u8 = rng.integers(0, 256, size).astype(np.uint8)
+        starts = rng.integers(-30, size + 30, 200).astype(np.int64)
+        want = np.asarray([[u8[min(max(s + j, 0), size - 1)] for j in range(21)] for s in starts.tolist()], np.uint8)
+        assert (_host_bytes(u8, starts) == want).all(), size
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_property_columns_of_the_bytes_follow_the_broker_parser(seed):
+    """The compiled pass over the property strings where they lie (between other bytes) gives the columns of the
+    broker's parser, or None exactly when a record names a key twice."""
+    from rmqstore_cli.formats.arrow import _property_columns_of_bytes
+
+    print("seed", seed)
+    rng = random.Random(seed)
+    for duplicates in (False, True):
+        texts = [_property_text(rng, duplicates and rng.random() < 0.02) for _ in range(400)]
+        buf, starts, lengths = bytearray(b"\x02\x01"), [], []
+        for t in texts:
+            buf += bytes(rng.choice((1, 2, 32, 65)) for _ in range(rng.randrange(4)))  # other fields between
+            raw = t.encode()
+            starts.append(len(buf))
+            lengths.append(len(raw))
+            buf += raw
+        buf += b"\x02KEYS\x01tail"
+        u8 = np.frombuffer(bytes(buf), np.uint8)
+        got = _property_columns_of_bytes(u8, np.asarray(starts, np.int64), np.asarray(lengths, np.int64))
+        repeated = any(len(parse_properties(t)) < len([e for e in t.split("\x02") if "\x01" in e and
+                                                       e.split("\x01", 1)[0] and e.split("\x01", 1)[1]]) for t in texts)
+        if repeated:
+            assert got is None
+            continue
+        want = _property_columns_python(pa.array(texts, pa.string()), np.ones(len(texts), bool))
+        assert [c.to_pylist() for c in got] == [c.to_pylist() for c in want]
+        assert [c.type for c in got] == [c.type for c in want]
