@@ -129,3 +129,10 @@ def test_property_columns_of_the_bytes_follow_the_broker_parser(seed):
         want = _property_columns_python(pa.array(texts, pa.string()), np.ones(len(texts), bool))
         assert [c.to_pylist() for c in got] == [c.to_pylist() for c in want]
         assert [c.type for c in got] == [c.type for c in want]
+
+
+def test_columns_written_without_a_dictionary_are_columns():
+    from rmqstore_cli.formats.arrow import COLUMNS
+    from rmqstore_cli.spark.arrow_export import NO_DICTIONARY
+
+    assert set(NO_DICTIONARY) <= {name for name, _ in COLUMNS}  # a renamed column would be dictionary-encoded again

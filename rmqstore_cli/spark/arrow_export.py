@@ -32,9 +32,12 @@ import uuid
 from . import datasource
 from .common import CODECS, DEFAULT_CODEC, commitlog_bytes
 
-# Columns stored without a dictionary: bodies are almost never repeated, so the writer would
-# only build a dictionary page to throw it away.
-NO_DICTIONARY = ("body",)
+# Columns stored without a dictionary: their values are almost never repeated (bodies, offsets, CRCs, times, unique
+# keys; the keys and property maps of each record), so the writer would only fill a dictionary to throw it away at
+# its size limit. Measured on 256 MiB of the 1 KiB bench store: the Parquet write's CPU 0.36-0.47 s with
+# dictionaries for all but the body, 0.26 s without these, and the file 2 MB smaller (26 MB).
+NO_DICTIONARY = ("body", "commitLogOffset", "queueOffset", "physicalOffsetField", "bodyCRC", "uniqKey", "bornTimestamp",
+                 "storeTimestamp", "storeSize", "keys", "properties")
 SPARK_ROW_METADATA = "org.apache.spark.sql.parquet.row.metadata"
 
 
