@@ -191,6 +191,10 @@ def test_split_for_keeps_every_core_busy():
     assert split_for(100 << 20, 2) == 25 << 20  # 4 tasks: two per core
     assert split_for(3 << 20, 8) == 1 << 20  # never below 1 MiB
     assert split_for(0, 2) == 64 << 20
+    # commitlog files larger than a task, at least two per core: a task per file (the driver cuts none)
+    assert split_for(8 << 30, 2, files=[1 << 30] * 8) == 1 << 30
+    assert split_for(8 << 30, 8, files=[1 << 30] * 8) == 64 << 20  # too few files for 8 cores: cut into 64 MiB
+    assert split_for(1 << 30, 2, files=[64 << 20] * 16) == 64 << 20  # files no larger than a task: as before
 
 
 @pytest.mark.parametrize("args,error", [

@@ -65,14 +65,19 @@ def _write_findings(spark, rows: list[dict], out: str, fmt: str) -> None:
 
 def commitlog_bytes(root: str) -> int:
     """Bytes of the commitlog files (of a DLedger store: its data files)."""
+    return sum(commitlog_file_sizes(root))
+
+
+def commitlog_file_sizes(root: str) -> list[int]:
+    """The size of each commitlog file (of a DLedger store: each data file)."""
     import glob
 
     dirs = [os.path.join(root, "commitlog")] + sorted(glob.glob(os.path.join(root, "dledger-*", "data")))
     for d in dirs:
         try:
-            n = sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
+            sizes = [os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.isdigit()]
         except OSError:
             continue
-        if n:
-            return n
-    return 0
+        if sum(sizes):
+            return sizes
+    return []
