@@ -279,11 +279,14 @@ def build_batch(schema: pa.Schema, *, store: str, segment: str, seg_start: int, 
     props_bin = field(h.propsStart, h.propsLength)
     topic = _strings(topic_bin)
     try:
-        props_bin.cast(pa.string())  # well-formed UTF-8: split as bytes
+        props_bin.cast(pa.string())
+        well_formed = True
+    except pa.ArrowInvalid:  # Java's decoder puts U+FFFD in: the text is split as decoded
+        well_formed = False
+    prop_cols = None
+    if well_formed:  # split as bytes
         prop_cols = _property_columns_of_bytes(u8, np.where(ok, h.propsStart, h.offsets),
                                                np.where(ok, np.maximum(h.propsLength, 0), 0))
-    except pa.ArrowInvalid:  # Java's decoder puts U+FFFD in: split the text as decoded
-        prop_cols = None
     if prop_cols is None:
         prop_cols = _property_columns(_strings(props_bin), ok)
     tags, keys, uniq, pmap = prop_cols

@@ -136,3 +136,56 @@ def test_columns_written_without_a_dictionary_are_columns():
     from rmqstore_cli.spark.arrow_export import NO_DICTIONARY
 
     assert set(NO_DICTIONARY) <= {name for name, _ in COLUMNS}  # a renamed column would be dictionary-encoded again
+
+
+def test_batches_with_malformed_or_repeated_properties_follow_the_broker_parser(store_copy):
+    """The three routes of a batch's property columns on a broker-written segment: records whose property strings are
+    well-formed (the compiled pass), one with a byte that is not UTF-8 (the batch split as Java decodes it), and one
+    naming a key twice (the parser, record by record); each record's map, tags, keys and uniqKey as the broker's
+    parser reads its property string."""
+    from rmqstore_cli.formats import fast
+    from rmqstore_cli.formats.arrow import arrow_schema
+    from rmqstore_cli.spark.datasource import group_batches, plan
+
+    root = store_copy("4.9.3-clean")
+    seg = sorted((root / "commitlog").iterdir())[0]
+    data = bytearray(seg.read_bytes())
+    w = fast.walk(bytes(data), 0, len(data))
+    h = fast.decode_headers(bytes(data), w.offsets)
+    starts, lengths = h.propsStart.tolist(), h.propsLength.tolist()
+
+    def props_of(i: int) -> bytes:
+        return bytes(data[starts[i]:starts[i] + lengths[i]])
+
+    def batch_columns():
+        got = {}
+        for b in group_batches([r for r in plan([str(root)], {}) if r.path == str(seg)], arrow_schema(False),
+                               with_body=False, check_crc=True, batch_rows=1 << 20, failfast=False):
+            for row in b.select(["commitLogOffset", "tags", "keys", "uniqKey", "properties"]).to_pylist():
+                got[row["commitLogOffset"]] = row
+        return got
+
+    def check(got):
+        for i, off in enumerate(h.offsets.tolist()):
+            want = parse_properties(props_of(i).decode("utf-8", "replace"))
+            row = got[int(off)]
+            assert row["properties"] == list(want.items()), i  # each name once, in the parser's order
+            assert row["tags"] == want.get("TAGS") and row["uniqKey"] == want.get("UNIQ_KEY"), i
+            assert row["keys"] == [k for k in want.get("KEYS", "").split(" ") if k], i
+
+    check(batch_columns())  # well-formed
+    i = next(i for i in range(len(starts)) if b"TAGS\x01" in props_of(i))
+    at = starts[i] + props_of(i).index(b"TAGS\x01") + 5
+    data[at] = 0xFF  # the first byte of the TAGS value: not UTF-8 (the body CRC does not cover it)
+    seg.write_bytes(bytes(data))
+    got = batch_columns()
+    check(got)
+    assert "\ufffd" in got[int(h.offsets[i])]["tags"]
+    data[at] = ord("x")
+    j = next(j for j in range(len(starts)) if b"TAGS\x01" in props_of(j) and b"KEYS\x01" in props_of(j))
+    keys_at = starts[j] + props_of(j).index(b"KEYS\x01")
+    data[keys_at:keys_at + 4] = b"TAGS"  # TAGS given twice: the last one's value stays
+    seg.write_bytes(bytes(data))
+    got = batch_columns()
+    check(got)
+    assert props_of(j).count(b"TAGS\x01") == 2  # the record does name TAGS twice
