@@ -32,12 +32,12 @@ def _same(u8, a, b, names, c, d):
     return True
 
 
-def _property_entries(u8, starts, lengths, fill, names, name_off, parent, name_s, name_e, value_s, value_e, counts,
+def _property_entries(u8, starts, lengths, fill, names, name_off, name_s, name_e, value_s, value_e, counts,
                       picks, tok_s, tok_e, tok_counts):
     """The entries of the property strings ``u8[starts[i]:starts[i]+lengths[i]]``, record after record.
 
     Returns (entries, KEYS tokens, whether a record names a key twice). With ``fill``, also writes each entry's
-    record (``parent``), name span (``name_s``/``name_e``) and value span (``value_s``/``value_e``), how many entries
+    name span (``name_s``/``name_e``) and value span (``value_s``/``value_e``), how many entries
     each record has (``counts``), per record the entry of the last of each name ``names[name_off[k]:name_off[k+1]]``
     (``picks[k, i]``, -1 if none: TAGS, UNIQ_KEY, KEYS) and the non-empty space-separated tokens of the last KEYS
     value (``tok_s``/``tok_e``, how many in ``tok_counts``). Without ``fill`` only the two counts are made (the
@@ -64,7 +64,6 @@ def _property_entries(u8, starts, lengths, fill, names, name_off, parent, name_s
                     for q in range(first, t):
                         if _same(u8, name_s[q], name_e[q], u8, j, a):
                             dup = True
-                    parent[t] = i
                     name_s[t] = j
                     name_e[t] = a
                     value_s[t] = a + 1

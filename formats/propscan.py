@@ -239,8 +239,7 @@ _PICKED_OFF = np.cumsum([0] + [len(p) for p in PICKED]).astype(np.int64)
 class PropertyEntries:
     """Every entry of some records' property strings, as absolute byte spans (:func:`property_entries`)."""
 
-    parent: np.ndarray  # the record of each entry
-    name_s: np.ndarray
+    name_s: np.ndarray  # in record order (``counts`` per record)
     name_e: np.ndarray
     value_s: np.ndarray
     value_e: np.ndarray
@@ -264,8 +263,8 @@ def property_entries(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray) ->
     u8 = _view(u8)
     none = np.zeros(0, np.int64)
     entries, tokens, _ = k.property_entries(u8, starts, lengths, False, _PICKED_BYTES, _PICKED_OFF, none, none, none,
-                                            none, none, none, np.zeros((len(PICKED), 0), np.int64), none, none, none)
-    e = [np.empty(entries, np.int64) for _ in range(5)]
+                                            none, none, np.zeros((len(PICKED), 0), np.int64), none, none, none)
+    e = [np.empty(entries, np.int64) for _ in range(4)]
     counts, tok_counts = np.zeros(n, np.int64), np.zeros(n, np.int64)
     picks = np.full((len(PICKED), n), -1, np.int64)
     tok_s, tok_e = np.empty(tokens, np.int64), np.empty(tokens, np.int64)
