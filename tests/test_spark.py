@@ -334,29 +334,6 @@ def test_spark_stats_equals_stats(spark, name):
     assert got["records"] == len(broker_read(name)["clmsg"])
 
 
-def test_vectorised_property_columns_follow_the_broker_parser():
-    import numpy as np
-    import pyarrow as pa
-
-    from rmqstore_cli.formats.properties import parse_properties
-    from rmqstore_cli.formats.arrow import _property_columns, _property_columns_python
-
-    texts = ["", "TAGS\x01a\x02KEYS\x01k1  k2 \x02UNIQ_KEY\x01U1", "KEYS\x01\x02TAGS\x01\x01x\x02\x01v\x02ab",
-             "a\x01b\x01c\x02\x02\x02TAGS\x01τ-ß\x02", "KEYS\x01 \x02UNIQ_KEY\x01\x02", "x\x01y\x02"]
-    props = pa.array(texts, pa.string())
-    ok = np.ones(len(texts), bool)
-    fast_cols = _property_columns(props, ok)
-    slow_cols = _property_columns_python(props, ok)
-    assert [c.to_pylist() for c in fast_cols] == [c.to_pylist() for c in slow_cols]
-    assert [dict(m) for m in fast_cols[3].to_pylist()] == [parse_properties(t) for t in texts]
-    assert fast_cols[0].to_pylist() == [None, "a", "\x01x", "τ-ß", None, None]
-    assert fast_cols[1].to_pylist() == [[], ["k1", "k2"], [], [], [], []]
-    # A name given twice: the map keeps the last value, as Java's HashMap does.
-    dup = pa.array(["TAGS\x01a\x02TAGS\x01b"], pa.string())
-    assert _property_columns(dup, np.ones(1, bool))[0].to_pylist() == ["b"]
-    assert dict(_property_columns(dup, np.ones(1, bool))[3].to_pylist()[0]) == {"TAGS": "b"}
-
-
 def test_tasks_yield_arrow_batches_of_batch_rows(spark):
     from rmqstore_cli.spark.datasource import RocketMQReader
 
