@@ -71,8 +71,9 @@ class ChildRun:
     killed_rss: bool = False  # killed because RssAnon passed kill_above
     samples: int = 0
     stderr: bytes = b""
-    worker_rss_anon_peak: int = 0  # bytes, sampled: the highest of any one descendant process (-j workers)
+    worker_rss_anon_peak: int = 0  # bytes, sampled: the highest of any one descendant process (-j workers), a JVM aside
     workers_seen: int = 0  # descendant processes sampled at least once
+    jvm_rss_anon_peak: int = 0  # bytes, sampled: the highest of any descendant JVM (Spark's; its heap is Spark's setting)
 
 
 def run_sampled(cmd: list[str], *, stdout=subprocess.DEVNULL, cwd: str | None = None, env=None,
@@ -81,7 +82,8 @@ def run_sampled(cmd: list[str], *, stdout=subprocess.DEVNULL, cwd: str | None = 
     """Run ``cmd``, sampling its RssAnon every ``every`` seconds until it exits (see module doc)."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True)
-    state = {"peak": 0, "samples": 0, "timed_out": False, "killed_rss": False, "worker_peak": 0, "workers": set()}
+    state = {"peak": 0, "samples": 0, "timed_out": False, "killed_rss": False, "worker_peak": 0, "workers": set(),
+             "jvm_peak": 0}
     done = threading.Event()
 
     def kill():
@@ -103,7 +105,9 @@ def run_sampled(cmd: list[str], *, stdout=subprocess.DEVNULL, cwd: str | None = 
                 wv = rss_anon_bytes(w)
                 if wv is not None:
                     state["workers"].add(w)
-                    state["worker_peak"] = max(state["worker_peak"], wv)
+                    # read at each sample: a JVM is started by a script that execs it (its name changes)
+                    key = "jvm_peak" if _command_name(w) == "java" else "worker_peak"
+                    state[key] = max(state[key], wv)
                     if kill_above is not None and wv > kill_above and not state["killed_rss"]:
                         state["killed_rss"] = True
                         kill()
@@ -122,4 +126,14 @@ def run_sampled(cmd: list[str], *, stdout=subprocess.DEVNULL, cwd: str | None = 
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     return ChildRun(cmd, dt, state["peak"], usage.ru_maxrss * 1024, p.returncode, state["timed_out"],
-                    state["killed_rss"], state["samples"], err, state["worker_peak"], len(state["workers"]))
+                    state["killed_rss"], state["samples"], err, state["worker_peak"], len(state["workers"]),
+                    state["jvm_peak"])
+
+
+def _command_name(pid: int) -> str | None:
+    """``/proc/PID/comm`` (``java`` for a JVM), or None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None

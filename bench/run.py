@@ -205,7 +205,7 @@ class Bench:
         ``nbytes``, ``prepare``, ``cleanup``, ``start``); ``budget``: seconds of timed runs a round may take and
         still be repeated. Returns the rows (None for a variant that failed, reported as failed)."""
         times: list[list] = [[] for _ in variants]
-        peaks = [[0, 0, 0, 0] for _ in variants]  # anon, maxrss, worker, workers
+        peaks = [[0, 0, 0, 0, 0] for _ in variants]  # anon, maxrss, worker, workers, jvm
         failed: list = [None] * len(variants)
         for k in range(self.repeat):
             took = 0.0
@@ -226,7 +226,7 @@ class Bench:
                 took += c.seconds
                 pk = peaks[i]
                 pk[:] = [max(pk[0], c.rss_anon_peak), max(pk[1], c.ru_maxrss), max(pk[2], c.worker_rss_anon_peak),
-                         max(pk[3], c.workers_seen)]
+                         max(pk[3], c.workers_seen), max(pk[4], c.jvm_rss_anon_peak)]
             if took * (self.repeat - k - 1) > budget * len(variants):  # keep the whole run under 20 minutes
                 break
         rows = []
@@ -258,13 +258,15 @@ class Bench:
         return rows
 
     def _row(self, name, store_name, times, peaks, records, nbytes) -> dict:
-        anon, maxrss, worker, workers = peaks
+        anon, maxrss, worker, workers, jvm = peaks
         med = statistics.median(times)
         row = {"workload": name, "store": store_name, "seconds": round(med, 3), "runs": [round(t, 3) for t in times],
                "MB_s": round(nbytes / med / MB, 1), "msg_s": round(records / med),
                "rss_anon_MB": round(anon / MB, 1), "maxrss_MB": round(maxrss / MB, 1)}
         if workers:  # -j workers (or any child process): the highest RssAnon of any one of them
             row.update(worker_rss_anon_MB=round(worker / MB, 1), workers=workers)
+        if jvm:  # Spark's JVM, apart: its heap is Spark's own setting (--driver-memory), not rmqstore's memory
+            row.update(jvm_rss_anon_MB=round(jvm / MB, 1))
         self.results.append(row)
         print(f"# {name} {store_name}: {row['MB_s']} MB/s {row['msg_s']} msg/s RssAnon {row['rss_anon_MB']} MB",
               file=sys.stderr)

@@ -47,9 +47,11 @@ TARGETS = [
     ("verify on DLedger >= 0.8x verify (same messages) at 1 KiB", "verify (DLedger)", "1KiB",
      "ratio:verify (classic, beside DLedger)", 0.8),
 ]
-# production rows whose main process and every -j worker must stay under RSS_ANON_LIMIT_MB
+# production rows whose main process and every -j worker must stay under RSS_ANON_LIMIT_MB (the Spark export's
+# workers are its Python workers; Spark's JVM is shown apart, its heap being Spark's own setting)
 PRODUCTION_MEMORY = ("verify -j 1 (8 GiB)", "verify -j 2 (8 GiB)", "recover (crash) -j 1 (8 GiB)",
-                     "recover (crash) -j 2 (8 GiB)", "rebuild all -j 1 (8 GiB)", "rebuild all -j 2 (8 GiB)")
+                     "recover (crash) -j 2 (8 GiB)", "rebuild all -j 1 (8 GiB)", "rebuild all -j 2 (8 GiB)",
+                     "spark export local[2] (8 GiB)")
 
 
 def _find(results, workload, store):
@@ -142,6 +144,8 @@ def production_memory_rows(results: list[dict]) -> list[dict]:
         worker = r.get("worker_rss_anon_MB")
         worst = max(r["rss_anon_MB"], worker or 0)
         shown = f"main {r['rss_anon_MB']} MB" + (f", worker {worker} MB ({r.get('workers')} processes)" if worker else "")
+        if r.get("jvm_rss_anon_MB"):
+            shown += f"; Spark's JVM {r['jvm_rss_anon_MB']} MB (not judged)"
         rows.append({"target": label, "measured": worst, "shown": shown, "vs_kernel": "—",
                      "pass": worst < RSS_ANON_LIMIT_MB})
     return rows

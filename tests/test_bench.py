@@ -45,6 +45,17 @@ def test_sampler_ignores_mapped_file_pages(tmp_path):
     assert c.ru_maxrss >= c.rss_anon_peak + 50e6, (c.ru_maxrss, c.rss_anon_peak)
 
 
+def test_sampler_keeps_a_jvm_apart_from_the_workers():
+    """A descendant named ``java`` (Spark's JVM) is sampled apart: the workers' peak is the other descendants'."""
+    child = ("import subprocess, sys; procs = [subprocess.Popen([sys.executable, '-c', c]) for c in sys.argv[1:]]; "
+             "[p.wait() for p in procs]")
+    java = "open('/proc/self/comm', 'w').write('java'); " + ALLOCATE_50MB
+    c = memory.run_sampled([PY, "-c", child, java, IDLE])
+    assert c.returncode == 0 and c.workers_seen >= 2
+    assert c.jvm_rss_anon_peak >= 40e6, c.jvm_rss_anon_peak
+    assert 0 < c.worker_rss_anon_peak < 40e6, c.worker_rss_anon_peak
+
+
 def test_timeout_and_memory_cap_are_failures():
     c = memory.run_sampled([PY, "-c", "import time; time.sleep(30)"], timeout=0.5)
     assert c.timed_out and c.returncode != 0
@@ -71,6 +82,8 @@ def _synthetic_results():
         {"workload": "verify -j 2 (8 GiB)", "store": prod, "MB_s": 1700.0, "msg_s": 1, "net_MB_s": 2280.0, "net_msg_s": 2,
          "rss_anon_MB": 120.0, "worker_rss_anon_MB": 310.0, "workers": 2},
         {"workload": "recover (crash) -j 2 (8 GiB)", "store": prod, "not_available": "no -j"},
+        {"workload": "spark export local[2] (8 GiB)", "store": prod, "MB_s": 210.0, "msg_s": 1, "rss_anon_MB": 76.0,
+         "worker_rss_anon_MB": 256.0, "workers": 10, "jvm_rss_anon_MB": 410.0},
     ]
 SMALL, LARGE = targets.MEMORY_STORES
 
@@ -106,6 +119,8 @@ def test_evaluate_gives_the_expected_verdicts():
     prod = {t: r for t, r in rows.items() if "main process and each worker" in t}
     assert prod["verify -j 1 (8 GiB): RssAnon < 300 MB, main process and each worker"]["pass"] is True
     assert prod["verify -j 2 (8 GiB): RssAnon < 300 MB, main process and each worker"]["pass"] is False  # a worker
+    spark = prod["spark export local[2] (8 GiB): RssAnon < 300 MB, main process and each worker"]
+    assert spark["pass"] is True and spark["measured"] == 256.0 and "JVM 410.0 MB (not judged)" in spark["shown"]
     assert rows["index query p50 < 5 ms"]["pass"] is True
     mem = lambda cmd, what: rows[f"{cmd}: RssAnon " + {  # noqa: E731
         "limit": "< 300 MB at 1 GiB and 4 GiB", "flat": "at 4 GiB within 10 % of 1 GiB"}[what]]["pass"]
@@ -292,6 +307,7 @@ def test_rows_measured_side_by_side_take_turns(monkeypatch):
     class Child:
         def __init__(self, s):
             self.seconds, self.rss_anon_peak, self.ru_maxrss, self.worker_rss_anon_peak, self.workers_seen = s, 1, 1, 0, 0
+            self.jvm_rss_anon_peak = 0
 
     def fake_run(cmd):
         calls.append(cmd[0])

@@ -59,7 +59,7 @@ def split_for(total_bytes: int, parallelism: int, default: int = datasource.DEFA
 
 
 def _task(index, groups, *, schema_bytes: bytes, dest: str, job: str, codec: str, with_body: bool, check_crc: bool,
-          batch_rows: int, failfast: bool):
+          batch_rows: int, failfast: bool, batch_bytes: int = datasource.DEFAULT_BATCH_BYTES):
     """Executor side: one Parquet file for the ranges of this partition; yields one summary dict."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -82,7 +82,8 @@ def _task(index, groups, *, schema_bytes: bytes, dest: str, job: str, codec: str
     try:
         for g in groups:
             for batch in datasource.group_batches(g.ranges, schema, with_body=with_body, check_crc=check_crc,
-                                                  batch_rows=batch_rows, failfast=failfast):
+                                                  batch_rows=batch_rows, failfast=failfast,
+                                                  batch_bytes=batch_bytes):
                 if writer is None:
                     writer = open_writer(tmp, schema, codec)
                 writer.write_batch(batch)
@@ -163,7 +164,8 @@ def export_parquet(spark, roots: list[str], dest: str, *, with_body: bool, overw
     task = functools.partial(
         _task, schema_bytes=schema.serialize().to_pybytes(), dest=dest, job=job, codec=codec, with_body=with_body,
         check_crc=str(opts.get("checkcrc", "true")).lower() in ("true", "1", "yes"),
-        batch_rows=int(opts.get("batchrows") or datasource.DEFAULT_BATCH_ROWS), failfast=mode == "failfast")
+        batch_rows=int(opts.get("batchrows") or datasource.DEFAULT_BATCH_ROWS), failfast=mode == "failfast",
+        batch_bytes=datasource.batch_bytes_of(opts))
     try:
         results = []
         if groups:

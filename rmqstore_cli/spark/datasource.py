@@ -8,7 +8,8 @@ yield Arrow batches. A region that is not a record becomes a row with ``finding`
 (mode ``permissive``, the default) or fails the task (``failfast``).
 
 Options: ``body`` (true), ``mode`` (permissive|failfast), ``splitSize`` (bytes per task,
-64 MiB), ``batchRows`` (65536), ``checkCrc`` (true), ``brokerVersion``, ``commitlogFileSize``,
+64 MiB), ``batchRows`` (65536), ``batchBytes`` (16 MiB of records: a batch holds at most that many rows and about
+that many bytes, so messages of any size keep a task's memory bounded), ``checkCrc`` (true), ``brokerVersion``, ``commitlogFileSize``,
 ``config`` (a broker.conf), ``since``/``until`` (epoch ms, inclusive: only records stored in that
 range; the driver finds the byte range by binary search and plans only the segments in it).
 """
@@ -34,6 +35,9 @@ from rmqstore_cli.formats.arrow import build_batch, ddl, finding_batch
 
 DEFAULT_SPLIT = 64 << 20
 DEFAULT_BATCH_ROWS = 65536
+# A batch's records take at most about this many bytes (the Arrow batch, then the Parquet writer's row group made
+# from it, are each about that size): with rows alone, 65,536 records of 16 KiB would be a 1 GiB batch.
+DEFAULT_BATCH_BYTES = 16 << 20
 
 
 def _flag(options, name: str, default: bool) -> bool:
@@ -209,6 +213,7 @@ class RocketMQReader(DataSourceReader):
         self.with_body = _flag(options, "body", True)
         self.check_crc = _flag(options, "checkcrc", True)
         self.batch_rows = int(options.get("batchrows") or DEFAULT_BATCH_ROWS)
+        self.batch_bytes = batch_bytes_of(options)
 
     def partitions(self):
         split = int(self.options.get("splitsize") or DEFAULT_SPLIT)
@@ -219,36 +224,65 @@ class RocketMQReader(DataSourceReader):
 
         schema = to_arrow_schema(self.schema, timezone="UTC")
         yield from group_batches(partition.ranges, schema, with_body=self.with_body, check_crc=self.check_crc,
-                                 batch_rows=self.batch_rows, failfast=self.failfast)
+                                 batch_rows=self.batch_rows, failfast=self.failfast, batch_bytes=self.batch_bytes)
+
+
+def batch_bytes_of(options: dict) -> int:
+    """The ``batchBytes`` option (options keyed in lower case), at least 1."""
+    return max(1, int(options.get("batchbytes") or DEFAULT_BATCH_BYTES))
 
 
 def group_batches(ranges: list[SegmentRange], schema, *, with_body: bool, check_crc: bool, batch_rows: int,
-                  failfast: bool) -> Iterator[pa.RecordBatch]:
-    """The batches of some ranges; ranges of small segments give small batches, passed on in batches of
-    ``batch_rows`` rows."""
-    pending, rows = [], 0
+                  failfast: bool, batch_bytes: int = DEFAULT_BATCH_BYTES) -> Iterator[pa.RecordBatch]:
+    """The batches of some ranges; ranges of small segments give small batches, passed on together up to
+    ``batch_rows`` rows or ``batch_bytes`` bytes of Arrow buffers."""
+    pending, rows, size = [], 0, 0
     for r in ranges:
         for b in read_range(r, schema, with_body=with_body, check_crc=check_crc, batch_rows=batch_rows,
-                            failfast=failfast):
-            if not pending and b.num_rows >= batch_rows:
+                            failfast=failfast, batch_bytes=batch_bytes):
+            if not pending and (b.num_rows >= batch_rows or b.nbytes >= batch_bytes):
                 yield b
                 continue
+            if pending and size + b.nbytes > batch_bytes:
+                yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+                pending, rows, size = [], 0, 0
             pending.append(b)
             rows += b.num_rows
-            if rows >= batch_rows:
+            size += b.nbytes
+            if rows >= batch_rows or size >= batch_bytes:
                 yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
-                pending, rows = [], 0
+                pending, rows, size = [], 0, 0
     if pending:
         yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+
+
+def byte_pieces(sizes: np.ndarray, budget: int) -> list[tuple[int, int]]:
+    """Cut records of ``sizes`` bytes, in order, into runs [a, b) of at most ``budget`` bytes each; a record larger
+    than the budget is a run of its own. A size below 0 (a damaged record's header) counts as 0."""
+    n = len(sizes)
+    if n == 0:
+        return []
+    ends = np.cumsum(np.maximum(sizes.astype(np.int64), 0))
+    if int(ends[-1]) <= budget:
+        return [(0, n)]
+    pieces, a, base = [], 0, 0
+    while a < n:
+        b = int(np.searchsorted(ends, base + budget, side="right"))
+        b = max(b, a + 1)
+        pieces.append((a, b))
+        base = int(ends[b - 1])
+        a = b
+    return pieces
 
 
 class CorruptRecordError(RuntimeError):
     """Raised in failfast mode at the first finding."""
 
 
-def _row_batch(p: SegmentRange, schema, buf, u8, h, *, with_body: bool, check_crc: bool, failfast: bool,
-               reason_codes: dict):
-    """One Arrow batch of decoded records (the damaged ones with their finding), the time filter applied."""
+def _row_batches(p: SegmentRange, schema, buf, u8, h, *, with_body: bool, check_crc: bool, failfast: bool,
+                 reason_codes: dict, batch_bytes: int):
+    """Arrow batches of decoded records (the damaged ones with their finding), the time filter applied; each holds
+    records of at most ``batch_bytes`` bytes in all (or a single larger record)."""
     if p.since is not None or p.until is not None:
         keep = np.ones(len(h), bool)
         if p.since is not None:
@@ -269,12 +303,16 @@ def _row_batch(p: SegmentRange, schema, buf, u8, h, *, with_body: bool, check_cr
         if failfast:
             raise CorruptRecordError(f"{found[i]} at commitlog offset {p.start + int(h.offsets[i])} "
                                      f"({p.path}): {texts[i]}")
-    return build_batch(schema, store=p.store, segment=p.name, seg_start=p.start, buf=buf, u8=u8, h=h,
-                       crc_ok=crc_ok if check_crc else np.ones(len(h), bool), findings=found,
-                       messages=texts, with_body=with_body)
+    if not check_crc:
+        crc_ok = np.ones(len(h), bool)
+    for a, b in byte_pieces(h.totalSize, batch_bytes):
+        part = h if (a, b) == (0, len(h)) else h.select(slice(a, b))  # views, no copy
+        yield build_batch(schema, store=p.store, segment=p.name, seg_start=p.start, buf=buf, u8=u8, h=part,
+                          crc_ok=crc_ok[a:b], findings=found[a:b], messages=texts[a:b], with_body=with_body)
 
 
-def read_dledger_range(p: SegmentRange, schema, *, with_body: bool, check_crc: bool, batch_rows: int, failfast: bool):
+def read_dledger_range(p: SegmentRange, schema, *, with_body: bool, check_crc: bool, batch_rows: int, failfast: bool,
+                       batch_bytes: int = DEFAULT_BATCH_BYTES):
     """The messages inside the entries of one DLedger data file (entry pos + 48), damaged ones as findings (the
     broker serves them), and a broken entry header where the entries end."""
     from rmqstore_cli.engine.log.dledger import DLedgerCommitLog, EntryWalk, walk_entries
@@ -287,8 +325,8 @@ def read_dledger_range(p: SegmentRange, schema, *, with_body: bool, check_crc: b
         walk = EntryWalk()
         for ec in walk_entries([seg], result=walk, chunk=batch_rows):
             h, _ = cl.messages(ec, check_crc, prop, magics)
-            yield _row_batch(p, schema, ec.buf, fast.as_u8(ec.buf), h, with_body=with_body, check_crc=check_crc,
-                             failfast=failfast, reason_codes=codes.DLEDGER_REASON_CODES)
+            yield from _row_batches(p, schema, ec.buf, fast.as_u8(ec.buf), h, with_body=with_body, check_crc=check_crc,
+                                    failfast=failfast, reason_codes=codes.DLEDGER_REASON_CODES, batch_bytes=batch_bytes)
         s = walk.stop
         if s is not None and s.kind not in (fast.STOP_ZERO, fast.STOP_BLANK, fast.STOP_EOF):
             code = codes.DLEDGER_STOP_CODES.get(s.kind, "DL_ENTRY_INVALID")
@@ -301,10 +339,11 @@ def read_dledger_range(p: SegmentRange, schema, *, with_body: bool, check_crc: b
         seg.close()
 
 
-def read_range(p: SegmentRange, schema, *, with_body: bool, check_crc: bool, batch_rows: int, failfast: bool):
+def read_range(p: SegmentRange, schema, *, with_body: bool, check_crc: bool, batch_rows: int, failfast: bool,
+               batch_bytes: int = DEFAULT_BATCH_BYTES):
     if p.dledger:
         yield from read_dledger_range(p, schema, with_body=with_body, check_crc=check_crc, batch_rows=batch_rows,
-                                      failfast=failfast)
+                                      failfast=failfast, batch_bytes=batch_bytes)
         return
     if not p.path or p.end <= p.pos and p.tail_kind in (None, fast.STOP_EOF, fast.STOP_ZERO, fast.STOP_BLANK):
         return
@@ -321,8 +360,8 @@ def read_range(p: SegmentRange, schema, *, with_body: bool, check_crc: bool, bat
             h = fast.decode_headers(buf, w.offsets, u8) if len(w.offsets) else None
             if h is not None:
                 cl.validate(buf, u8, h, check_crc)
-                yield _row_batch(p, schema, buf, u8, h, with_body=with_body, check_crc=check_crc, failfast=failfast,
-                                 reason_codes=codes.REASON_CODES)
+                yield from _row_batches(p, schema, buf, u8, h, with_body=with_body, check_crc=check_crc,
+                                        failfast=failfast, reason_codes=codes.REASON_CODES, batch_bytes=batch_bytes)
                 del h
             pos = w.stop
             if w.kind != fast.STOP_CHUNK:
