@@ -73,7 +73,7 @@ class ChildRun:
     stderr: bytes = b""
     worker_rss_anon_peak: int = 0  # bytes, sampled: the highest of any one descendant process (-j workers), a JVM aside
     workers_seen: int = 0  # descendant processes sampled at least once
-    jvm_rss_anon_peak: int = 0  # bytes, sampled: the highest of any descendant JVM (Spark's; its heap is Spark's setting)
+    jvm_rss_anon_peak: int = 0  # bytes, sampled: the highest of any descendant JVM (Spark's heap is its own setting)
 
 
 def run_sampled(cmd: list[str], *, stdout=subprocess.DEVNULL, cwd: str | None = None, env=None,

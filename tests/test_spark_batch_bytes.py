@@ -13,8 +13,9 @@ import pytest
 pytest.importorskip("pyspark")
 
 from rmqstore_cli.formats.arrow import arrow_schema  # noqa: E402
-from rmqstore_cli.spark import arrow_export, datasource  # noqa: E402
+from rmqstore_cli.spark import datasource  # noqa: E402
 from tests.conftest import broker_read, shared_store  # noqa: E402
+from tests.test_spark_export import _task_for  # noqa: E402
 
 SEED = 20261128
 
@@ -93,15 +94,11 @@ def test_the_default_budget_cuts_a_segment_of_clean_records():
 def test_the_export_task_writes_a_row_group_per_bounded_batch(tmp_path):
     """The Arrow export's task with a small ``batchBytes``: more row groups, each within the budget (or one
     record), and the same rows as with the default budget."""
-    root = str(shared_store("4.9.3-clean"))
-    groups = datasource.group_ranges(datasource.plan([root], {}), 1 << 40)
+    root = shared_store("4.9.3-clean")
 
     def run(dest, budget):
         (dest / "_temporary" / "j").mkdir(parents=True)
-        task = functools.partial(arrow_export._task, schema_bytes=arrow_schema(True).serialize().to_pybytes(),
-                                 dest=str(dest), job="j", codec="snappy", with_body=True, check_crc=True,
-                                 batch_rows=datasource.DEFAULT_BATCH_ROWS, failfast=False, batch_bytes=budget)
-        (res,) = list(task(0, iter(groups)))
+        (res,) = list(_task_for(root, dest, "j", with_body=True, batch_bytes=budget))
         return res, pq.ParquetFile(res["tmp"])
 
     small_res, small = run(tmp_path / "small", 20_000)

@@ -94,7 +94,7 @@ def test_arrow_writer_keeps_finding_rows_and_failfast_leaves_nothing(spark, stor
     assert not dest.exists()
 
 
-def _task_for(root, dest, job):
+def _task_for(root, dest, job, with_body=False, batch_bytes=None):
     """The executor side of one export task over the whole of ``root``, as the job would launch it."""
     import functools
 
@@ -102,9 +102,10 @@ def _task_for(root, dest, job):
     from rmqstore_cli.spark import arrow_export, datasource
 
     groups = datasource.group_ranges(datasource.plan([str(root)], {}), 1 << 40)
-    return functools.partial(arrow_export._task, schema_bytes=arrow_schema(False).serialize().to_pybytes(),
-                             dest=str(dest), job=job, codec="snappy", with_body=False, check_crc=True,
-                             batch_rows=datasource.DEFAULT_BATCH_ROWS, failfast=False)(0, iter(groups))
+    return functools.partial(arrow_export._task, schema_bytes=arrow_schema(with_body).serialize().to_pybytes(),
+                             dest=str(dest), job=job, codec="snappy", with_body=with_body, check_crc=True,
+                             batch_rows=datasource.DEFAULT_BATCH_ROWS, failfast=False,
+                             batch_bytes=batch_bytes or datasource.DEFAULT_BATCH_BYTES)(0, iter(groups))
 
 
 def test_a_task_that_outlives_a_failed_export_cannot_recreate_it(tmp_path):

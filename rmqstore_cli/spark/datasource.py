@@ -8,9 +8,9 @@ yield Arrow batches. A region that is not a record becomes a row with ``finding`
 (mode ``permissive``, the default) or fails the task (``failfast``).
 
 Options: ``body`` (true), ``mode`` (permissive|failfast), ``splitSize`` (bytes per task,
-64 MiB), ``batchRows`` (65536), ``batchBytes`` (16 MiB of records: a batch holds at most that many rows and about
-that many bytes, so messages of any size keep a task's memory bounded), ``checkCrc`` (true), ``brokerVersion``, ``commitlogFileSize``,
-``config`` (a broker.conf), ``since``/``until`` (epoch ms, inclusive: only records stored in that
+64 MiB), ``batchRows`` (65536), ``batchBytes`` (16 MiB of records: a batch holds at most that many rows and
+about that many bytes, so messages of any size keep a task's memory bounded), ``checkCrc`` (true),
+``brokerVersion``, ``commitlogFileSize``, ``config`` (a broker.conf), ``since``/``until`` (epoch ms, inclusive: only records stored in that
 range; the driver finds the byte range by binary search and plans only the segments in it).
 """
 
