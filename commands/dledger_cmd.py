@@ -7,8 +7,6 @@ from typing import Optional
 
 import typer
 
-from rmqstore_cli.engine.log.dledger import EntryWalk
-from rmqstore_cli.engine.query.dledger import end_row, entry_rows, state_rows, unit_rows
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .output import Output, handle_errors, stdout
@@ -40,6 +38,9 @@ def dump_dledger(
     st = open_store(store, geometry, command="dump dledger")
     out = Output(json_)
     with st:
+        from rmqstore_cli.engine.log.dledger import EntryWalk  # the DLedger modules load only for this command
+        from rmqstore_cli.engine.query.dledger import end_row, entry_rows, state_rows, unit_rows
+
         head = state_rows(st)
         walk = EntryWalk()
         rows = entry_rows(st, start_index=from_index, limit=limit, walk=walk)

@@ -8,9 +8,6 @@ from typing import Optional
 
 import typer
 
-from rmqstore_cli.engine.timer.lines import pending_lines, unit_lines
-from rmqstore_cli.engine.timer.report import pending_rows, slot_rows, unit_rows
-from rmqstore_cli.engine.timer.store import TimerStore
 
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store, parse_time_option
 from .output import Output, handle_errors, warn
@@ -44,6 +41,11 @@ def dump_timer(
     since_ms, until_ms = parse_time_option(since, "--since"), parse_time_option(until, "--until")
     st = open_store(store, geometry, command="dump timer")
     with st:
+        # the timer modules load only for this command (the dump group's other commands share this module)
+        from rmqstore_cli.engine.timer.lines import pending_lines, unit_lines
+        from rmqstore_cli.engine.timer.report import pending_rows, slot_rows, unit_rows
+        from rmqstore_cli.engine.timer.store import TimerStore
+
         ts = TimerStore(st)
         try:
             if not ts.present:

@@ -8,7 +8,6 @@ they inherit the opened store (read-only mappings) and nothing has to be re-open
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import weakref
 from typing import Callable, Iterator, Sequence
@@ -21,6 +20,13 @@ def split(n: int, parts: int) -> list[range]:
     parts = max(1, min(parts, n))
     bounds = [n * k // parts for k in range(parts + 1)]
     return [range(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _fork_context():
+    """multiprocessing's fork context, imported when a command first forks (a -j 1 start does not load it)."""
+    import multiprocessing
+
+    return multiprocessing.get_context("fork")
 
 
 def default_jobs() -> int:
@@ -68,7 +74,7 @@ def map_ranges(fn: Callable, ranges: Sequence[range], jobs: int, *args, on_resul
         return out
     _TASK = (fn, args)
     try:
-        ctx = multiprocessing.get_context("fork")
+        ctx = _fork_context()
         with ctx.Pool(min(jobs, len(ranges)), initializer=die_with_parent) as pool:
             out = []
             for r, res in zip(ranges, pool.imap(_call, ranges)):
@@ -118,7 +124,7 @@ def stream_segments(items: Callable, n: int, jobs: int, *args, done: Callable[[i
         if exchange is not None:
             raise ValueError("an exchange needs at least two workers")
         return _serial(items, n, args, done)
-    ctx = multiprocessing.get_context("fork")
+    ctx = _fork_context()
     workers = min(jobs, n)
     queues = [ctx.Queue(maxsize=SPILL_AHEAD if spill else AHEAD) for _ in range(workers)]
     inboxes = [ctx.Queue(maxsize=1) for _ in range(workers)] if exchange is not None else [None] * workers
@@ -381,7 +387,7 @@ class Background:
     what it raised). For work that needs nothing this process computes meanwhile, so a core left idle takes it."""
 
     def __init__(self, fn: Callable, *args):
-        ctx = multiprocessing.get_context("fork")
+        ctx = _fork_context()
         self._queue = ctx.Queue(maxsize=1)
         self._proc = ctx.Process(target=_background, args=(fn, args, self._queue), daemon=True)
         self._proc.start()

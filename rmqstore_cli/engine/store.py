@@ -8,17 +8,20 @@ from __future__ import annotations
 import fcntl
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .log.checkpoint import Checkpoint, read_checkpoint, read_checkpoint_head
 from .log.commitlog import CommitLog
 from .config.files import parse_fastjson, read_store_config_json  # noqa: F401  (parse_fastjson: callers import it here)
 from .config.storeconfig import StoreConfig, apply_settings, infer_geometry, read_broker_conf
 from .derived.consumequeue import ConsumeQueue, ConsumeQueueExt, list_queues
-from .derived.rocksdbqueue import RocksDBConsumeQueue, RocksDBConsumeQueueStore
 from .errors import NotAStoreError, UsageError
 from .findings import Finding
 from .layout import READ, WRITE, Layout, detect_layout, is_rocksdb_dir, require_understood
 from .derived.index import IndexService
+
+if TYPE_CHECKING:
+    from .derived.rocksdbqueue import RocksDBConsumeQueue, RocksDBConsumeQueueStore
 
 KNOWN_ENTRIES = {
     "commitlog", "consumequeue", "consumequeue_ext", "batchconsumequeue", "index", "checkpoint", "abort",
@@ -29,6 +32,8 @@ KNOWN_ENTRIES = {
 
 @dataclass
 class LockState:
+    """Whether the store's ``lock`` file exists and a broker holds it."""
+
     exists: bool
     held: bool | None  # None: could not probe (no permission)
     detail: str = ""
@@ -148,6 +153,8 @@ class Store:
             if not is_rocksdb_dir(cq_dir) and list_queues(self.root, "consumequeue"):
                 raise UsageError(f"the broker's settings say storeType=defaultRocksDB but {cq_dir} holds file consume "
                                  "queues: check --config")
+            from .derived.rocksdbqueue import RocksDBConsumeQueueStore  # only a RocksDB store needs it (and tempfile)
+
             self._rocksdb = RocksDBConsumeQueueStore(cq_dir, lambda: self.commitlog.min_offset)
         return self._rocksdb
 

@@ -11,7 +11,6 @@ from rmqstore_cli.formats.message import RecordError, render_body
 
 from ..derived.consumequeue import is_filler
 from ..errors import NotFoundError
-from .rocksdbqueue import unit_rows
 from .timesearch import queue_range_by_time
 
 EXT_FIELDS = ("size", "tagsCode", "msgStoreTime", "bitMapSize", "filterBitMapHex")
@@ -94,6 +93,8 @@ def queue_unit_rows(st, topic, queue, from_, to, with_msg: bool, body: str, sinc
 
 def _rocksdb_unit_rows(st, topic, queue, from_, to, with_msg: bool, body: str, since=None, until=None, starts=None):
     """The units of a RocksDB consume queue (they carry their store time: --since/--until select by it)."""
+    from .rocksdbqueue import unit_rows  # the RocksDB modules load only for a RocksDB store
+
     for t, q in select_queues(st, topic, queue) if starts is None else sorted(starts):
         first = from_ if starts is None else max(starts[(t, q)], from_ or 0)
         for row in unit_rows(st.queue(t, q), first, to, since, until):

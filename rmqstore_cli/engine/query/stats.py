@@ -25,7 +25,7 @@ from rmqstore_cli.formats.fast import Headers
 from ..arrays import queue_key
 from ..derived.dispatchcolumns import topic_ids
 from ..derived.lmq import LMQ_PREFIX
-from ..timer.report import timer_stats
+from ..timer.presence import may_be_present as timer_may_be_present
 from .timecounts import TimeCounts
 
 SIZE_BINS = 32  # bin k counts records with 2**k <= size < 2**(k+1)
@@ -270,7 +270,11 @@ def compute_stats(store, since: int | None = None, until: int | None = None, job
     out["lmqQueues"] = lmq_queues(store)
     if timed:
         out["timeRange"] = {"since": since, "until": until}
-    timer = timer_stats(store)
+    timer = {}
+    if timer_may_be_present(store):  # the timer modules load only for a store that may have a timer store
+        from ..timer.report import timer_stats
+
+        timer = timer_stats(store)
     if timer:
         out["timer"] = timer
     return out

@@ -31,7 +31,7 @@ from .extplan import cut_exts_to_queues, recover_ext
 from .indexplan import index_after_crash, index_past_end, load_index
 from .plan import Action, QueueState, RecoveryPlan, cut_files, store_fingerprint
 from .plan_summary import summarize
-from .timerfix import plan_timer_for_recovery
+from ..timer.presence import may_be_present as timer_may_be_present
 from .probes import file_has_data, first_unit, invalid_unit, nonzero_after, SegmentFrom, queue_file_units
 
 REFUSE = "the broker would refuse to start: "
@@ -130,7 +130,7 @@ class Planner:
             if self.cl_kept:
                 check_batch_queues(self)
         self._dispatch(cp)
-        plan_timer_for_recovery(self)
+        _plan_timer(self)
         plan_checkpoint_and_abort(self, cp)
         summarize(self)
         if not self.broker_only:
@@ -304,7 +304,7 @@ class Planner:
         if self.cl_kept:
             check_batch_queues(self)
         self._dispatch(cp)
-        plan_timer_for_recovery(self)
+        _plan_timer(self)
         self.last_cq_ts = None
         plan_checkpoint_and_abort(self, cp)  # consistent with the cut log (engine/repair/checkpointfix.py)
         summarize(self)
@@ -505,3 +505,13 @@ def plan_truncate(store: Store, offset: int, version: int | None = None, jobs: i
                              f"{before if before is not None else '-'} and {after if after is not None else '-'}")
     v = version or store.config.version
     return Planner(store, v, cut_at=offset, jobs=jobs).run()
+
+
+def _plan_timer(planner) -> None:
+    """:func:`.timerfix.plan_timer_for_recovery`, its modules loaded only when the store may have a timer store
+    (without one the plan has nothing to make consistent: no action, no note, ``timer_repair`` stays None)."""
+    if not timer_may_be_present(planner.store):
+        return
+    from .timerfix import plan_timer_for_recovery
+
+    plan_timer_for_recovery(planner)

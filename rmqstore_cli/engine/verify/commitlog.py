@@ -21,8 +21,6 @@ from rmqstore_cli.formats import fast
 from ..log.commitlog import CommitLog, ScanResult
 from ..findings import Finding
 from ..log.walk import next_by_size
-from ..log.dledger import recovery_start_file, resume_by_unit
-from .dledger import message_stop
 from ..derived.dispatchcolumns import TopicInterner, dispatch_chunk
 from .records import _COL_TYPES, _COLS, ERROR, WARNING
 
@@ -307,6 +305,8 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
         if dledger and stop.kind == fast.STOP_INVALID and not stop.entry_level:
             # a damaged message inside an entry DLedger keeps: reported, and the walk goes on at the next entry
             rep.invalid.append(seg.start + p)
+            from .dledger import message_stop  # DLedger's modules load only for a DLedger log
+
             nxt = message_stop(commitlog, seg, stop, u8, at)
             if nxt is None:
                 rep.data_end = seg.start + p
@@ -318,6 +318,8 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
         if dledger and stop.kind not in (fast.STOP_BLANK, fast.STOP_ZERO):
             # the entries end here: the entry checks (verify/dledger.check_dledger) say why; in a file DLedger's
             # recovery never reads, the broker serves the entries after it: the walk goes on at the next one
+            from ..log.dledger import recovery_start_file, resume_by_unit
+
             nxt = resume_by_unit(view, res.entry_walk) if i < recovery_start_file(commitlog) and res.entry_walk else None
             if nxt is not None and nxt[1] > p:
                 pos = nxt[1]

@@ -29,7 +29,6 @@ from .commitlog import (REASON_CODES, SegmentReport, _resync, iter_segments_para
                         as_windows, first_windows, iter_windows, verify_segments, verify_segments_parallel,
                         whole_segments, window_report)
 from .batchqueues import BatchQueueCheck
-from .dledger import check_dledger
 from .indexcoverage import IndexCoverage
 from .index import _check_checkpoint, _check_index, _check_root
 from .lmq import check_lmq_dispatch
@@ -37,8 +36,7 @@ from .queues import _check_consume_queues, _check_dispatch
 from .records import (ERROR, INFO, SEVERITY_ORDER, WARNING, _Agg, _Records, _RefClassifier,  # noqa: F401
                       keep_freed_heap, map_large_allocations)
 from .rocksdbqueues import check_database
-from ..timer.check import check_timer_store
-from ..timer.store import TimerStore
+from ..timer.presence import may_be_present as timer_may_be_present
 from .dispatch import NotMergeable
 from .windowchecks import WindowChecks, add_store_time_finding, check_delay_properties as _check_delay_properties  # noqa: F401
 from .windows import segments_overlap
@@ -46,6 +44,8 @@ from .windows import segments_overlap
 
 @dataclass
 class VerifyResult:
+    """verify's findings and its summary of the store."""
+
     findings: list
     summary: dict
 
@@ -155,6 +155,8 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
             summary["dledger"] = dledger["dledger"]
     if getattr(cl, "is_dledger", False) and (tail is None or parallel):
         # with -j the entry walk is split by data file, after the window workers
+        from .dledger import check_dledger  # DLedger's modules load only for a DLedger log
+
         check_dledger(store, findings, summary, jobs=jobs if parallel else 1)
     sort_findings(findings, summary)
     return VerifyResult(findings, summary)
@@ -185,6 +187,10 @@ def _has_log_independent_checks(store, with_dledger: bool = True) -> bool:
     """Whether :func:`_log_independent_checks` has anything to read (else no process is forked for it)."""
     if with_dledger and getattr(store.commitlog, "is_dledger", False):
         return True
+    if not timer_may_be_present(store):
+        return False
+    from ..timer.store import TimerStore
+
     ts = TimerStore(store)
     try:
         return bool(ts.present)
@@ -197,10 +203,12 @@ def _log_independent_checks(store, with_dledger: bool = True, captured=None) -> 
     :func:`_verify_in_windows` adds them, the ``timer`` summary, the DLedger summary parts). ``captured``: see
     :func:`.dledger.check_dledger`."""
     findings: list = []
-    timer = check_timer_store(store, findings)
+    timer = _timer_checks(store, findings)
     dledger = None
     if with_dledger and getattr(store.commitlog, "is_dledger", False):
         part: dict = {"commitlog": {}}
+        from .dledger import check_dledger
+
         check_dledger(store, findings, part, captured=captured)
         dledger = {"recoveryEnd": part["commitlog"]["recoveryEnd"], "dledger": part["dledger"]}
     return findings, timer, dledger
@@ -278,6 +286,8 @@ def _verify_whole_log(store, *, check_crc: bool = True, reports: list[SegmentRep
     _check_root(store, findings)
     _check_timer(store, findings, summary)
     if getattr(cl, "is_dledger", False):
+        from .dledger import check_dledger
+
         check_dledger(store, findings, summary)
     sort_findings(findings, summary)
     return VerifyResult(findings, summary)
@@ -285,9 +295,18 @@ def _verify_whole_log(store, *, check_crc: bool = True, reports: list[SegmentRep
 
 def _check_timer(store, findings: list, summary: dict) -> None:
     """The 5.x timer store (timerlog, wheel, timercheck, timermetrics), when the store has one."""
-    timer = check_timer_store(store, findings)
+    timer = _timer_checks(store, findings)
     if timer:
         summary["timer"] = timer
+
+
+def _timer_checks(store, findings: list) -> dict:
+    """:func:`..timer.check.check_timer_store`, its modules loaded only when the store may have a timer store."""
+    if not timer_may_be_present(store):
+        return {}
+    from ..timer.check import check_timer_store
+
+    return check_timer_store(store, findings)
 
 
 def lost_tail_finding(cl, data_end: int, lost_refs: int) -> Finding:

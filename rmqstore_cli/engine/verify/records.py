@@ -122,9 +122,8 @@ def _mallopt(*settings: tuple[int, int]) -> None:
     """glibc's mallopt(param, value) for each setting; nothing where libc has no mallopt."""
     try:
         import ctypes
-        import ctypes.util
 
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # the process's own symbols, libc's among them (ctypes.util costs ~10 ms to import)
         for param, value in settings:
             libc.mallopt(param, value)
     except (OSError, AttributeError, TypeError):
