@@ -42,6 +42,8 @@ def encode_offset_msgid(store_ip: bytes, store_port: int, phy_offset: int) -> st
 
 @dataclass(frozen=True)
 class OffsetMsgId:
+    """The broker's offset message id (MessageDecoder.createMessageId): store host, port and commitlog offset."""
+
     ip: bytes
     port: int
     offset: int
@@ -66,6 +68,8 @@ def decode_offset_msgid(msgid: str) -> OffsetMsgId:
 
 @dataclass(frozen=True)
 class UniqKey:
+    """The client's unique key (MessageClientIDSetter): ip, pid, class-loader hash, time in the month, counter."""
+
     ip: bytes
     pid: int
     class_loader_hash: int

@@ -2,24 +2,39 @@
 
 These Structs are the single source of truth for every layout. The hot paths in
 :mod:`formats.fast` (numpy dtypes, ``struct`` formats, field offsets) are derived
-from the field lists below, and ``tests/test_formats_layout.py`` checks they agree.
+from the field lists below, and ``tests/test_formats_structs.py`` checks they agree.
 
-Everything is big-endian and signed, as Java's ``ByteBuffer`` writes it.
+Every fixed field is a big-endian signed integer, as Java's ``ByteBuffer`` writes it: the field lists name
+their widths with :class:`Int` (``Int32sb`` here is construct's ``Int32sb`` in the Structs). The Structs
+themselves are assembled from the same lists when one is first used (:func:`__getattr__`): importing
+construct costs ~20 ms, and a command that reads records through the derived views never needs it.
 """
 
 from __future__ import annotations
 
-from construct import (
-    Bytes,
-    Const,
-    IfThenElse,
-    Int8sb,
-    Int16sb,
-    Int32sb,
-    Int64sb,
-    Struct,
-    this,
-)
+
+class Int:
+    """A big-endian signed integer field of ``width`` bytes: construct's ``Int{8,16,32,64}sb``, which the Structs
+    put in its place; ``sizeof()`` as construct's."""
+
+    __slots__ = ("width",)
+
+    def __init__(self, width: int):
+        self.width = width
+
+    def sizeof(self) -> int:
+        return self.width
+
+    def __repr__(self) -> str:
+        return f"Int{self.width * 8}sb"
+
+
+Int8sb, Int16sb, Int32sb, Int64sb = Int(1), Int(2), Int(4), Int(8)
+
+
+def fields_size(fields) -> int:
+    """The bytes of a record of fixed fields, from its declaration."""
+    return sum(ctype.sizeof() for _, ctype in fields)
 
 MAGIC_V1 = -626843481  # 0xDAA320A7
 MAGIC_V2 = -626843477  # 0xDAA320AB (5.x, 2-byte topic length)
@@ -46,9 +61,6 @@ MAX_PROPERTIES_LENGTH = 32767
 
 # --- commitlog message (§2.1) ------------------------------------------------
 
-HOST_V4 = Struct("ip" / Bytes(4), "port" / Int32sb)
-HOST_V6 = Struct("ip" / Bytes(16), "port" / Int32sb)
-
 # The fixed prefix every record shares, up to (not including) the born host.
 # Field order, names and widths here drive formats.fast.
 MESSAGE_PREFIX_FIELDS = (
@@ -72,30 +84,13 @@ MESSAGE_MIDDLE_FIELDS = (
     ("bodyLength", Int32sb),
 )
 
-MESSAGE = Struct(
-    *[name / ctype for name, ctype in MESSAGE_PREFIX_FIELDS],
-    "bornHost" / IfThenElse(this.sysFlag & SYSFLAG_BORNHOST_V6, HOST_V6, HOST_V4),
-    "storeTimestamp" / Int64sb,
-    "storeHost" / IfThenElse(this.sysFlag & SYSFLAG_STOREHOST_V6, HOST_V6, HOST_V4),
-    "reconsumeTimes" / Int32sb,
-    "preparedTransactionOffset" / Int64sb,
-    "bodyLength" / Int32sb,
-    "body" / Bytes(lambda ctx: max(ctx.bodyLength, 0)),
-    "topicLength" / IfThenElse(this.magicCode == MAGIC_V2, Int16sb, Int8sb),
-    "topic" / Bytes(lambda ctx: max(ctx.topicLength, 0)),
-    "propertiesLength" / Int16sb,
-    "properties" / Bytes(lambda ctx: max(ctx.propertiesLength, 0)),
-)
 
 # --- BLANK end-of-segment marker (§2.6) ---------------------------------------
-
-BLANK = Struct("totalSize" / Int32sb, "magicCode" / Const(MAGIC_BLANK, Int32sb))
 
 # --- consume queue unit (§7.1) -------------------------------------------------
 
 CQ_UNIT_FIELDS = (("phyOffset", Int64sb), ("size", Int32sb), ("tagsCode", Int64sb))
-CQ_UNIT = Struct(*[name / ctype for name, ctype in CQ_UNIT_FIELDS])
-CQ_UNIT_SIZE = CQ_UNIT.sizeof()  # 20
+CQ_UNIT_SIZE = fields_size(CQ_UNIT_FIELDS)  # 20
 CQ_FILLER = (0, 0x7FFFFFFF, 0)  # pre-blank filling unit (§7.3)
 
 # --- batch consume queue unit (§9.2) -------------------------------------------
@@ -110,8 +105,7 @@ BCQ_UNIT_FIELDS = (
     ("compactedOffset", Int32sb),  # written as INVALID_POS (-1)
     ("reserved", Int32sb),  # written as 0
 )
-BCQ_UNIT = Struct(*[name / ctype for name, ctype in BCQ_UNIT_FIELDS])
-BCQ_UNIT_SIZE = BCQ_UNIT.sizeof()  # 46
+BCQ_UNIT_SIZE = fields_size(BCQ_UNIT_FIELDS)  # 46
 BCQ_INVALID_POS = -1
 DEFAULT_BCQ_FILE_SIZE = 300_000 * BCQ_UNIT_SIZE  # mapperFileSizeBatchConsumeQueue
 
@@ -122,10 +116,6 @@ CQEXT_HEADER_FIELDS = (
     ("tagsCode", Int64sb),
     ("msgStoreTime", Int64sb),
     ("bitMapSize", Int16sb),
-)
-CQEXT_UNIT = Struct(
-    *[name / ctype for name, ctype in CQEXT_HEADER_FIELDS],
-    "filterBitMap" / Bytes(lambda ctx: max(ctx.bitMapSize, 0)),
 )
 CQEXT_MIN_UNIT_SIZE = 20
 CQEXT_MAX_UNIT_SIZE = 32767
@@ -141,18 +131,16 @@ INDEX_HEADER_FIELDS = (
     ("hashSlotCount", Int32sb),
     ("indexCount", Int32sb),
 )
-INDEX_HEADER = Struct(*[name / ctype for name, ctype in INDEX_HEADER_FIELDS])
-INDEX_HEADER_SIZE = INDEX_HEADER.sizeof()  # 40
-INDEX_SLOT = Struct("entry" / Int32sb)
-INDEX_SLOT_SIZE = INDEX_SLOT.sizeof()  # 4
+INDEX_HEADER_SIZE = fields_size(INDEX_HEADER_FIELDS)  # 40
+INDEX_SLOT_FIELDS = (("entry", Int32sb),)
+INDEX_SLOT_SIZE = fields_size(INDEX_SLOT_FIELDS)  # 4
 INDEX_ENTRY_FIELDS = (
     ("keyHash", Int32sb),
     ("phyOffset", Int64sb),
     ("timeDiff", Int32sb),
     ("prevIndex", Int32sb),
 )
-INDEX_ENTRY = Struct(*[name / ctype for name, ctype in INDEX_ENTRY_FIELDS])
-INDEX_ENTRY_SIZE = INDEX_ENTRY.sizeof()  # 20
+INDEX_ENTRY_SIZE = fields_size(INDEX_ENTRY_FIELDS)  # 20
 
 # --- checkpoint (§11) ----------------------------------------------------------
 
@@ -163,7 +151,6 @@ CHECKPOINT_FIELDS = (
     ("masterFlushedOffset", Int64sb),  # 5.x
     ("confirmPhyOffset", Int64sb),  # 5.x
 )
-CHECKPOINT = Struct(*[name / ctype for name, ctype in CHECKPOINT_FIELDS])
 CHECKPOINT_FILE_SIZE = 4096
 CHECKPOINT_USED_4X = 24
 CHECKPOINT_USED_5X = 40
@@ -208,3 +195,64 @@ def fields_dtype(fields):
     import numpy as np
 
     return np.dtype([(name, f">i{ctype.sizeof()}") for name, ctype in fields])
+
+
+# --- the Structs, assembled from the declarations above when first used ------------------------------------------
+
+STRUCT_NAMES = ("HOST_V4", "HOST_V6", "MESSAGE", "BLANK", "CQ_UNIT", "BCQ_UNIT", "CQEXT_UNIT", "INDEX_HEADER",
+                "INDEX_SLOT", "INDEX_ENTRY", "CHECKPOINT")
+_STRUCTS: dict = {}
+
+
+def _declare() -> dict:
+    from construct import Bytes, Const, IfThenElse, Int8sb, Int16sb, Int32sb, Int64sb, Struct, this
+
+    construct_int = {1: Int8sb, 2: Int16sb, 4: Int32sb, 8: Int64sb}
+
+    def c(ctype: Int):
+        return construct_int[ctype.width]
+
+    def fixed(fields):
+        return Struct(*[name / c(ctype) for name, ctype in fields])
+
+    host_v4 = Struct("ip" / Bytes(4), "port" / Int32sb)
+    host_v6 = Struct("ip" / Bytes(16), "port" / Int32sb)
+    message = Struct(
+        *[name / c(ctype) for name, ctype in MESSAGE_PREFIX_FIELDS],
+        "bornHost" / IfThenElse(this.sysFlag & SYSFLAG_BORNHOST_V6, host_v6, host_v4),
+        "storeTimestamp" / Int64sb,
+        "storeHost" / IfThenElse(this.sysFlag & SYSFLAG_STOREHOST_V6, host_v6, host_v4),
+        "reconsumeTimes" / Int32sb,
+        "preparedTransactionOffset" / Int64sb,
+        "bodyLength" / Int32sb,
+        "body" / Bytes(lambda ctx: max(ctx.bodyLength, 0)),
+        "topicLength" / IfThenElse(this.magicCode == MAGIC_V2, Int16sb, Int8sb),
+        "topic" / Bytes(lambda ctx: max(ctx.topicLength, 0)),
+        "propertiesLength" / Int16sb,
+        "properties" / Bytes(lambda ctx: max(ctx.propertiesLength, 0)),
+    )
+    return {
+        "HOST_V4": host_v4,
+        "HOST_V6": host_v6,
+        "MESSAGE": message,
+        "BLANK": Struct("totalSize" / Int32sb, "magicCode" / Const(MAGIC_BLANK, Int32sb)),
+        "CQ_UNIT": fixed(CQ_UNIT_FIELDS),
+        "BCQ_UNIT": fixed(BCQ_UNIT_FIELDS),
+        "CQEXT_UNIT": Struct(
+            *[name / c(ctype) for name, ctype in CQEXT_HEADER_FIELDS],
+            "filterBitMap" / Bytes(lambda ctx: max(ctx.bitMapSize, 0)),
+        ),
+        "INDEX_HEADER": fixed(INDEX_HEADER_FIELDS),
+        "INDEX_SLOT": fixed(INDEX_SLOT_FIELDS),
+        "INDEX_ENTRY": fixed(INDEX_ENTRY_FIELDS),
+        "CHECKPOINT": fixed(CHECKPOINT_FIELDS),
+    }
+
+
+def __getattr__(name: str):
+    """The construct Structs (:data:`STRUCT_NAMES`), all made at the first use of one (PEP 562)."""
+    if name in STRUCT_NAMES:
+        if not _STRUCTS:
+            _STRUCTS.update(_declare())
+        return _STRUCTS[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

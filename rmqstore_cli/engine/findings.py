@@ -15,6 +15,8 @@ SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}  # how every report sorts its f
 
 @dataclass
 class Finding:
+    """One thing verify (or a plan) found: a stable code (docs/findings.md), its severity, where, and what."""
+
     code: str
     severity: str
     path: str | None

@@ -353,6 +353,8 @@ def _fsync_dir(path: str) -> None:
 
 @dataclass
 class WriteResult:
+    """What writing one config file did: its path, whether a .bak was written, the steps taken."""
+
     path: str
     bak_written: bool
     steps: list = field(default_factory=list)

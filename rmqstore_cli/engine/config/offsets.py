@@ -108,6 +108,8 @@ def _explain(row: dict) -> str:
 
 @dataclass
 class Audit:
+    """The consumer offsets and config files read against the store: rows, findings and the files read."""
+
     rows: list  # one per committed offset
     delay_rows: list
     findings: list

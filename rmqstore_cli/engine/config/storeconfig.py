@@ -30,6 +30,8 @@ DEFAULT_TIMERLOG_SIZE = 100 * 1024 * 1024
 
 @dataclass
 class StoreConfig:
+    """The broker settings the store's layout depends on (the broker's MessageStoreConfig, the part read here)."""
+
     version: int = 4  # 4 = 4.9.x rules, 5 = 5.x rules
     mappedFileSizeCommitLog: int = DEFAULT_COMMITLOG_SIZE
     mappedFileSizeConsumeQueue: int = DEFAULT_CQ_SIZE

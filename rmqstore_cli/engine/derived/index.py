@@ -27,6 +27,8 @@ MAX_MSGS_NUM_BATCH = 64
 
 @dataclass
 class IndexHeader:
+    """An index file's 40-byte header (the broker's IndexHeader)."""
+
     beginTimestamp: int
     endTimestamp: int
     beginPhyOffset: int

@@ -6,14 +6,15 @@ import os
 import struct
 from dataclasses import asdict, dataclass
 
-from rmqstore_cli.formats.records import CHECKPOINT, CHECKPOINT_FIELDS, CHECKPOINT_FILE_SIZE
+from rmqstore_cli.formats.records import CHECKPOINT_FIELDS, CHECKPOINT_FILE_SIZE, struct_format
 
-_FMT = struct.Struct(">" + "q" * len(CHECKPOINT_FIELDS))
-assert _FMT.size == CHECKPOINT.sizeof()
+_FMT = struct.Struct(struct_format(CHECKPOINT_FIELDS))  # equal to records.CHECKPOINT (tests/test_formats_structs.py)
 
 
 @dataclass
 class Checkpoint:
+    """The checkpoint file's fields (the broker's StoreCheckpoint); ``exists`` False when there is none."""
+
     physicMsgTimestamp: int = 0
     logicsMsgTimestamp: int = 0
     indexMsgTimestamp: int = 0

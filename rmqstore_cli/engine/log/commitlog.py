@@ -110,6 +110,8 @@ class RecordFilter:
 
 @dataclass
 class ScanResult:
+    """How a walk of the log ended: its stop, the BLANK markers passed, the records and bytes read."""
+
     stop: Stop | None = None
     blanks: list = field(default_factory=list)  # (absolute offset, totalSize)
     records: int = 0

@@ -29,6 +29,8 @@ END_OF_LOG = (1 << 63) - 1
 
 @dataclass
 class WalkStop:
+    """Where the broker's recovery walk ends (its processOffset) and why."""
+
     offset: int  # absolute offset where the walk ended (= processOffset)
     segment_index: int
     position: int

@@ -68,6 +68,8 @@ class FileEnd:
 
 @dataclass
 class TimerLogWalk:
+    """What a walk of the timerlog found: each file's end, the units, where the data ends and what stopped it."""
+
     ends: list = field(default_factory=list)  # FileEnd per file walked
     units: int = 0
     data_end: int = 0  # absolute position after the last unit (where the broker's recovery truncates)

@@ -159,6 +159,8 @@ class Wheel:
 
 @dataclass
 class ScannedChunk:
+    """A chunk of timerlog units as the scan yields it, with the wheel's expectations and their messages."""
+
     units: UnitChunk
     expected_prev: np.ndarray
     slot_units: np.ndarray  # slot time / precision
