@@ -83,9 +83,11 @@ MESSAGE_MIDDLE_FIELDS = (
     ("preparedTransactionOffset", Int64sb),
     ("bodyLength", Int32sb),
 )
-
+# the whole record (hosts by sysFlag, body, topic, properties): MESSAGE, assembled in _declare below
 
 # --- BLANK end-of-segment marker (§2.6) ---------------------------------------
+
+# int totalSize (the bytes left in the file), int magicCode = MAGIC_BLANK: BLANK, in _declare below
 
 # --- consume queue unit (§7.1) -------------------------------------------------
 

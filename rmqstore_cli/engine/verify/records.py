@@ -123,7 +123,7 @@ def _mallopt(*settings: tuple[int, int]) -> None:
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None)  # the process's own symbols, libc's among them (ctypes.util costs ~10 ms to import)
+        libc = ctypes.CDLL(None)  # the process's own symbols, libc's among them (importing ctypes.util took 15-19 ms)
         for param, value in settings:
             libc.mallopt(param, value)
     except (OSError, AttributeError, TypeError):
