@@ -7,7 +7,6 @@ from typing import Optional
 
 import typer
 
-
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store
 from .output import Output, handle_errors, stdout
 

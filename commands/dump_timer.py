@@ -8,7 +8,6 @@ from typing import Optional
 
 import typer
 
-
 from .common import Geometry, JsonOpt, StoreArg, geometry_options, open_store, parse_time_option
 from .output import Output, handle_errors, warn
 

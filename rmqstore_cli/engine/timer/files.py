@@ -19,6 +19,7 @@ from rmqstore_cli.formats.timer import (TIMER_CHECKPOINT_DTYPE, TIMER_CHECKPOINT
                            TIMER_UNIT_SIZE, TIMER_UNIT_STRUCT, WHEEL_FILE_SIZE, WHEEL_SLOTS)
 
 from ..log.segments import SegmentQueue
+from .presence import CHECKPOINT_FILE, TIMERLOG_DIR, WHEEL_FILE
 
 _UNIT_NAMES = tuple(name for name, _ in TIMER_UNIT_FIELDS)
 TIMERLOG_MAPPED_FILES = 64
@@ -80,7 +81,7 @@ class TimerLog:
     """``timerlog/``: mirrors the broker's TimerLog (a MappedFileQueue of 52-byte units)."""
 
     def __init__(self, root: str, file_size: int):
-        self.directory = os.path.join(root, "timerlog")
+        self.directory = os.path.join(root, TIMERLOG_DIR)
         self.file_size = file_size
         self.segments = SegmentQueue(self.directory, file_size, "timerlog")
         # slot chains jump between files (a unit's previous one can be days of files back): keep more of
@@ -155,7 +156,7 @@ class TimerWheel:
     """``timerwheel``: mirrors the broker's TimerWheel (2 x 604800 slots of 32 bytes, one file)."""
 
     def __init__(self, root: str):
-        self.path = os.path.join(root, "timerwheel")
+        self.path = os.path.join(root, WHEEL_FILE)
         self.exists = os.path.isfile(self.path)
         self.size = os.path.getsize(self.path) if self.exists else 0
         self._map = None
@@ -217,7 +218,7 @@ class TimerCheckpoint:
 
     @classmethod
     def read(cls, root: str) -> "TimerCheckpoint":
-        path = os.path.join(root, "config", "timercheck")
+        path = os.path.join(root, CHECKPOINT_FILE)
         try:
             with open(path, "rb") as f:
                 data = f.read(4096)

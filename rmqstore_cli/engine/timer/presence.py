@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import os
 
+# where the timer store's files are, below the store root (TimerLog, TimerWheel, TimerCheckpoint in files.py)
+TIMERLOG_DIR = "timerlog"
+WHEEL_FILE = "timerwheel"
+CHECKPOINT_FILE = os.path.join("config", "timercheck")
+
 
 def may_be_present(store) -> bool:
     """False only when :attr:`.store.TimerStore.present` is False and opening a TimerStore could raise nothing:
@@ -18,11 +23,11 @@ def may_be_present(store) -> bool:
     if "timerPrecisionMs" in store.config.explicit:
         return True
     root = store.root
-    for path in (os.path.join(root, "timerwheel"), os.path.join(root, "config", "timercheck")):
+    for path in (os.path.join(root, WHEEL_FILE), os.path.join(root, CHECKPOINT_FILE)):
         if os.path.lexists(path):
             return True
     try:
-        with os.scandir(os.path.join(root, "timerlog")) as it:
+        with os.scandir(os.path.join(root, TIMERLOG_DIR)) as it:
             return any(True for _ in it)
     except (FileNotFoundError, NotADirectoryError):  # TimerLog finds no segment there either
         return False

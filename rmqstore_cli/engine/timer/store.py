@@ -10,7 +10,6 @@ unit is re-put, and re-enqueued, only when its slot fires); its delivery time is
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -322,7 +321,3 @@ class TimerStore:
     def close(self) -> None:
         self.timerlog.close()
         self.wheel.close()
-
-
-def has_timer_files(root: str) -> bool:
-    return any(os.path.exists(os.path.join(root, p)) for p in ("timerlog", "timerwheel", os.path.join("config", "timercheck")))
