@@ -1,8 +1,9 @@
 """The one place code reaches the compiled kernels through: the ahead-of-time (AOT) extension when it is built
 and matches the sources, else the numba modules as before (JIT, numba's cache).
 
-``scripts/setup.sh`` builds ``_aotkernels`` (a C extension, :mod:`formats.aotbuild`, numba's ``pycc``) beside
-this file after the kernel warm-up: every kernel of the modules routed through here, with every argument-type
+``scripts/setup.sh`` builds ``_aotkernels`` (C extensions, :mod:`formats.aotbuild`, numba's ``pycc``: one per part
+of the kernels, the parts compiled by processes side by side, ``_aotkernels``, ``_aotkernels1``...) beside this file
+after the kernel warm-up: every kernel of the modules routed through here, with every argument-type
 combination the warm-up compiled, from the same kernel source. A start that finds it loads no numba at all
 (~0.15 s of CPU: numba's import and the cached kernels' loading, docs/start.md). It is used only when its
 manifest's key equals the current one: the hash of the formats sources the build read, numba's and llvmlite's
@@ -30,6 +31,7 @@ import numpy as np
 
 EXTENSION = "_aotkernels"
 MANIFEST = EXTENSION + ".manifest"
+COMPILE_TIMES = EXTENSION + ".compile-times.{part}.json"  # what the warm-up measured (formats/warmup.py)
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = __name__.rpartition(".")[0]
 
@@ -108,11 +110,15 @@ def _load():
             manifest = pickle.load(f)
         if manifest.get("key") != current_key(manifest["sources"]):
             return None, None
-        ext = importlib.import_module(PACKAGE + "." + EXTENSION)
         import ctypes
 
-        ctypes.c_void_p.in_dll(ctypes.CDLL(ext.__file__), manifest["crc_target"]).value = _crc_address()
-        return manifest, ext
+        crc = _crc_address()
+        parts = []
+        for name in manifest["extensions"]:  # the build's parts, compiled side by side (aotbuild.build)
+            ext = importlib.import_module(PACKAGE + "." + name)
+            ctypes.c_void_p.in_dll(ctypes.CDLL(ext.__file__), manifest["crc_target"]).value = crc
+            parts.append(ext)
+        return manifest, parts
     except Exception:  # absent, unreadable or not loadable here: the numba route, as without it
         return None, None
 
@@ -202,11 +208,11 @@ class AotKernel:
 
 
 def _kernel(module: str, func: str, fallback):
-    manifest, ext = _STATE
+    manifest, parts = _STATE
     exports = manifest["kernels"].get((module, func))
     if not exports:
         return None
-    return AotKernel(f"{module}.{func}", {key: getattr(ext, symbol) for key, symbol in exports}, fallback)
+    return AotKernel(f"{module}.{func}", {key: getattr(parts[part], symbol) for key, symbol, part in exports}, fallback)
 
 
 def _real(module: str):

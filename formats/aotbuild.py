@@ -23,6 +23,7 @@ import marshal
 import os
 import pickle
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -161,27 +162,106 @@ def current() -> bool:
     try:
         with open(os.path.join(aot.HERE, aot.MANIFEST), "rb") as f:
             manifest = pickle.load(f)
+        names = os.listdir(aot.HERE)
         return os.path.basename(__file__) in manifest["sources"] and manifest["key"] == aot.current_key(
-            manifest["sources"]) and any(
-            n.startswith(aot.EXTENSION + ".") and not n.endswith(".manifest") for n in os.listdir(aot.HERE))
+            manifest["sources"]) and all(any(n.startswith(ext + ".") and not n.endswith(".manifest") for n in names)
+                                         for ext in manifest["extensions"])
     except Exception:
         return False
 
 
-def build(verbose: bool = False) -> dict:
+def part_count() -> int:
+    """How many processes compile the extension's parts side by side: one per core, at most 4 (each part is one more
+    extension a start imports, ~0.3 ms)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def deal(weights: dict, parts: int) -> dict:
+    """(module, func) -> part: the kernels dealt largest first, each to the part with the least weight so far
+    (weight: a rough measure of a kernel's compile time; its inline helpers compile into it, so it is only rough)."""
+    loads = [0] * parts
+    out = {}
+    for kernel, weight in sorted(weights.items(), key=lambda kw: (-kw[1], kw[0])):
+        k = loads.index(min(loads))
+        out[kernel] = k
+        loads[k] += weight
+    return out
+
+
+def compile_weights(dispatchers: dict) -> dict:
+    """(module, func) -> weight to deal by: the seconds numba took to compile each kernel when the set-up's warm-up
+    compiled them all (recorded by :func:`formats.warmup.record_compile_times`), else :func:`compile_weight` times
+    its signatures. One kernel can take half of the whole (``jsonkernel._write_lines``, ~100 s of ~190 s in the JIT
+    on a slow host), which the bytecode measure does not see."""
+    import glob
+    import json
+
+    recorded: dict = {}
+    for path in sorted(glob.glob(os.path.join(aot.HERE, aot.COMPILE_TIMES.format(part="*")))):
+        try:
+            with open(path) as f:
+                recorded.update(json.load(f))
+        except (OSError, ValueError):
+            continue
+    if all(f"{m}.{f}" in recorded for m, f in dispatchers):
+        return {(m, f): recorded[f"{m}.{f}"] for m, f in dispatchers}
+    return {k: len(d.nopython_signatures) * compile_weight(d.py_func) for k, d in dispatchers.items()}
+
+
+def compile_weight(func) -> int:
+    """A rough measure of a kernel's compile time: the bytecode of its function and of every function of ours it
+    reaches, by a global name or a module's attribute (its jitted and inline helpers compile into it)."""
+    import dis
+
+    seen, todo, size = set(), [func], 0
+    while todo:
+        f = todo.pop()
+        f = getattr(f, "py_func", f)  # a numba dispatcher: its Python function
+        code = getattr(f, "__code__", None)
+        if code is None or id(code) in seen or not str(getattr(f, "__module__", "")).startswith(aot.PACKAGE):
+            continue
+        seen.add(id(code))
+        codes, names, attrs = [code], set(), set()
+        while codes:
+            c = codes.pop()
+            size += len(c.co_code)
+            for ins in dis.get_instructions(c):
+                if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                    names.add(ins.argval)
+                elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                    attrs.add(ins.argval)
+            codes.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+        for name in names:
+            value = f.__globals__.get(name)
+            if isinstance(value, types.ModuleType) and value.__name__.startswith(aot.PACKAGE):
+                todo.extend(getattr(value, a) for a in attrs if callable(getattr(value, a, None)))
+            elif callable(value):
+                todo.append(value)
+    return size
+
+
+def _extension_name(part: int) -> str:
+    return aot.EXTENSION if part == 0 else f"{aot.EXTENSION}{part}"
+
+
+def _compile_part(part: int, parts: int, verbose: bool) -> tuple[dict, dict]:
+    """Warm up through numba's route, then compile this part's kernels into its extension. Returns (this part's
+    exports: (module, func) -> [(key, symbol, part)], the routed modules' kernel dispatchers by module)."""
     from numba.core.dispatcher import Dispatcher
     from numba.pycc import CC
     import llvmlite.binding as llvm
 
     from . import warmup
 
-    t0 = time.time()
     warmup.warm_up(full=True)  # through numba's route, recording the modules routed through formats.aot
     for module in sorted(aot.ROUTED):
         aot._real(module)
     routed = {aot.PACKAGE + "." + m: m for m in aot.ROUTED}
-    dispatchers = [d for d in gc.get_objects() if isinstance(d, Dispatcher) and d.overloads
-                   and d.py_func.__module__ in routed]
+    dispatchers = {}
+    for d in gc.get_objects():
+        if isinstance(d, Dispatcher) and d.overloads and d.py_func.__module__ in routed:
+            dispatchers.setdefault((routed[d.py_func.__module__], d.py_func.__name__), d)
+    mine = deal(compile_weights(dispatchers), parts)
 
     shim = os.path.join(tempfile.mkdtemp(prefix="rmqstore-aot-"), "crcshim.c")
     from . import kernel
@@ -204,25 +284,63 @@ def build(verbose: bool = False) -> dict:
     cpu_target.typing_context.refresh()
     cpu_target.target_context.refresh()
     _fresh_flags_per_export()
-    cc = KernelCC(aot.EXTENSION)
+    cc = KernelCC(_extension_name(part))
     cc.output_dir = aot.HERE
     cc.target_cpu = llvm.get_host_cpu_name()
     exports: dict = {}
-    seen = set()
-    for d in sorted(dispatchers, key=lambda d: (d.py_func.__module__, d.py_func.__name__)):
-        module, func = routed[d.py_func.__module__], d.py_func.__name__
-        if (module, func) in seen:
+    for (module, func), d in sorted(dispatchers.items()):
+        if mine[module, func] != part:
             continue
-        seen.add((module, func))
         for i, sig in enumerate(d.nopython_signatures):
             key = tuple(signature_key(t) for t in sig.args)
             if None in key:
                 continue
             symbol = f"{module}__{func.lstrip('_')}__{i}"
             cc.export(symbol, sig)(d.py_func)
-            exports.setdefault((module, func), []).append((key, symbol))
+            exports.setdefault((module, func), []).append((key, symbol, part))
             if verbose:
-                print(f"  {module}.{func}{sig.args}", file=sys.stderr)
+                print(f"  part {part}: {module}.{func}{sig.args}", file=sys.stderr)
+    try:
+        cc.compile()
+    finally:
+        shutil.rmtree(os.path.dirname(shim), ignore_errors=True)
+    return exports, routed
+
+
+def build(verbose: bool = False, parts: int | None = None) -> dict:
+    """Build the extension: part 0 in this process, the others (:func:`part_count`) in child processes at the same
+    time (pycc compiles one export after another, ~2.5 min in one process on a slow 2-core host); then the
+    manifest, last, naming every part."""
+    from numba.core.dispatcher import Dispatcher
+
+    t0 = time.time()
+    parts = parts or part_count()
+    manifest_path = os.path.join(aot.HERE, aot.MANIFEST)
+    try:
+        os.unlink(manifest_path)  # no manifest while the extension is replaced
+    except FileNotFoundError:
+        pass
+    out_dir = tempfile.mkdtemp(prefix="rmqstore-aot-parts-")
+    children = []
+    try:
+        for k in range(1, parts):
+            out = os.path.join(out_dir, f"part{k}.pickle")
+            argv = [sys.executable, "-m", __spec__.name if __spec__ else aot.PACKAGE + ".aotbuild",
+                    "--part", str(k), "--parts", str(parts), "--exports-out", out] + (["-v"] if verbose else [])
+            children.append((k, out, subprocess.Popen(argv)))
+        exports, routed = _compile_part(0, parts, verbose)
+        for k, out, child in children:
+            if child.wait() != 0:
+                raise RuntimeError(f"part {k} of the ahead-of-time build failed (exit {child.returncode})")
+            with open(out, "rb") as f:
+                for kernel, entries in pickle.load(f).items():
+                    exports.setdefault(kernel, []).extend(entries)
+    finally:
+        for _k, _out, child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        shutil.rmtree(out_dir, ignore_errors=True)
     faces = {}
     for full, module in routed.items():
         mod = sys.modules[full]
@@ -230,30 +348,32 @@ def build(verbose: bool = False) -> dict:
                    if isinstance(v, Dispatcher) and (module, v.py_func.__name__) in exports}
         faces[module] = face_of(mod, kernels)
     sources = _sources()
-    manifest_path = os.path.join(aot.HERE, aot.MANIFEST)
-    try:
-        os.unlink(manifest_path)  # no manifest while the extension is replaced
-    except FileNotFoundError:
-        pass
-    try:
-        cc.compile()
-    finally:
-        shutil.rmtree(os.path.dirname(shim), ignore_errors=True)
     manifest = {"key": aot.current_key(sources), "sources": sources, "kernels": exports, "faces": faces,
-                "crc_target": CRC_TARGET}
+                "crc_target": CRC_TARGET, "extensions": [_extension_name(k) for k in range(parts)]}
     fd, tmp = tempfile.mkstemp(dir=aot.HERE, prefix=".aot-")
     with os.fdopen(fd, "wb") as f:
         pickle.dump(manifest, f, protocol=pickle.HIGHEST_PROTOCOL)
     os.chmod(tmp, 0o644)
     os.replace(tmp, manifest_path)
     n = sum(len(v) for v in exports.values())
-    print(f"rmqstore AOT kernels: {n} exports of {len(exports)} kernels in {time.time() - t0:.0f} s "
-          f"({hashlib.sha256(manifest['key'].encode()).hexdigest()[:12]})")
+    print(f"rmqstore AOT kernels: {n} exports of {len(exports)} kernels in {time.time() - t0:.0f} s, {parts} part(s) "
+          f"compiled side by side ({hashlib.sha256(manifest['key'].encode()).hexdigest()[:12]})")
     return manifest
 
 
+def _child(argv: list) -> None:
+    """One part compiled by a child process of :func:`build`; its exports are handed back in a pickle file."""
+    part, parts, out = int(argv[argv.index("--part") + 1]), int(argv[argv.index("--parts") + 1]), \
+        argv[argv.index("--exports-out") + 1]
+    exports, _routed = _compile_part(part, parts, verbose="-v" in argv)
+    with open(out, "wb") as f:
+        pickle.dump(exports, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 if __name__ == "__main__":
-    if "--force" not in sys.argv and current():
+    if "--part" in sys.argv:
+        _child(sys.argv)
+    elif "--force" not in sys.argv and current():
         print("rmqstore AOT kernels: up to date")
     else:
         build(verbose="-v" in sys.argv)

@@ -92,6 +92,36 @@ def _warm_writes() -> None:
     replayencode.layout(one * 100, 0, 1 << 20, np.zeros(1, np.int64), np.zeros(1, np.int64))
 
 
+def record_compile_times(part: int | None) -> None:
+    """The seconds numba took to compile each kernel in this process (those not loaded from its cache), kept beside
+    the ahead-of-time build (``aot.COMPILE_TIMES``, one file per warm-up part): the build deals the kernels to
+    the processes compiling its parts by them (:func:`formats.aotbuild.deal`)."""
+    import gc
+    import json
+    import os
+
+    from numba.core.dispatcher import Dispatcher
+
+    from . import aot
+
+    times: dict = {}
+    for d in gc.get_objects():
+        if isinstance(d, Dispatcher) and d.py_func.__module__.startswith(aot.PACKAGE + "."):
+            spent = sum((cres.metadata or {}).get("timers", {}).get("compiler_lock", 0.0)
+                        for cres in d.overloads.values())
+            if spent:
+                key = d.py_func.__module__.rpartition(".")[2] + "." + d.py_func.__name__
+                times[key] = times.get(key, 0.0) + spent
+    if times:
+        path = os.path.join(aot.HERE, aot.COMPILE_TIMES.format(part=part or 0))
+        try:
+            with open(path + ".tmp", "w") as f:
+                json.dump(times, f, sort_keys=True)
+            os.replace(path + ".tmp", path)
+        except OSError:  # a read-only install: the build deals by its own rough measure
+            pass
+
+
 if __name__ == "__main__":
     import sys
 
@@ -99,5 +129,6 @@ if __name__ == "__main__":
 
     half = int(sys.argv[sys.argv.index("--part") + 1]) if "--part" in sys.argv else None  # the set-up: 0 and 1 at once
     warm_up(full=True, part=half)
+    record_compile_times(half)
     if half != 1:
         print(f"rmqstore kernels ready (CRC32: {kernel.CRC_IMPLEMENTATION}; cache: {kernel.scan_records.stats.cache_path})")

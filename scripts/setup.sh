@@ -16,7 +16,8 @@ fi
 warm_writers=$!
 .venv/bin/python -m rmqstore_cli.formats.warmup --part 0
 wait "$warm_writers"
-# Then compile the same kernels ahead of time into a C extension (formats/aotbuild.py, numba's pycc; ~1 min of CPU):
+# Then compile the same kernels ahead of time into C extensions (formats/aotbuild.py, numba's pycc; ~2.5 min of CPU,
+# in parts compiled by one process per core, at most 4):
 # a start that finds it current imports no numba (~0.15 s less per command, docs/start.md). Without it (no C
 # compiler, a failed build) everything runs as before through numba; RMQSTORE_AOT=0 skips building it.
 if [ "${RMQSTORE_AOT:-1}" != "0" ]; then

@@ -269,3 +269,28 @@ def test_dledger_verify_prints_the_same_through_both_routes():
         args = ["verify", str(STORES / rel), "--json"]
         aot_run, numba_run = _cli(args, True), _cli(args, False)
         assert aot_run == numba_run and "records in" in aot_run[1], (rel, aot_run[1][-500:])
+
+
+def test_the_kernels_are_dealt_to_the_parts_largest_first():
+    """aotbuild.deal: each kernel, largest first, to the part with the least weight so far (worked by hand)."""
+    from rmqstore_cli.formats.aotbuild import deal
+
+    weights = {("m", "a"): 10, ("m", "b"): 7, ("m", "c"): 5, ("m", "d"): 3, ("n", "e"): 3}
+    # a -> 0 (10, 0); b -> 1 (10, 7); c -> 1 (10, 12); d and e weigh the same: by name, d -> 0 (13, 12), e -> 1
+    assert deal(weights, 2) == {("m", "a"): 0, ("m", "b"): 1, ("m", "c"): 1, ("m", "d"): 0, ("n", "e"): 1}
+    assert deal(weights, 1) == {k: 0 for k in weights}
+    assert sorted(deal(weights, 8).values()) == [0, 1, 2, 3, 4]  # more parts than kernels: one each
+
+
+@needs_extension
+def test_every_part_of_the_extension_is_loaded_and_holds_the_kernels_the_manifest_gives_it():
+    manifest, parts = aot._STATE
+    assert [p.__name__.rpartition(".")[2] for p in parts] == manifest["extensions"]
+    assert manifest["extensions"][0] == aot.EXTENSION
+    held = {}
+    for (module, func), entries in manifest["kernels"].items():
+        for _key, symbol, part in entries:
+            assert callable(getattr(parts[part], symbol)), (module, func, part)
+            held.setdefault(part, set()).add(symbol)
+    assert sorted(held) == list(range(len(parts)))  # every part holds kernels
+    print(f"{len(parts)} part(s): {[len(held[k]) for k in sorted(held)]} exports")
