@@ -294,3 +294,38 @@ def test_every_part_of_the_extension_is_loaded_and_holds_the_kernels_the_manifes
             held.setdefault(part, set()).add(symbol)
     assert sorted(held) == list(range(len(parts)))  # every part holds kernels
     print(f"{len(parts)} part(s): {[len(held[k]) for k in sorted(held)]} exports")
+
+
+def _weighed_helper(x):
+    return x + 1
+
+
+def _weighed_kernel(x):
+    return _weighed_helper(x) * 2
+
+
+_weighed_helper.__module__ = _weighed_kernel.__module__ = aot.PACKAGE + ".kernel"  # as if ours: compile_weight follows
+
+
+def test_the_build_deals_by_the_warm_ups_compile_times_when_it_has_one_for_every_kernel(tmp_path, monkeypatch):
+    """aotbuild.compile_weights: the seconds the warm-up recorded (its parts' files merged); a kernel without one
+    makes the build fall back to the bytecode measure for all (compile_weight times the signatures)."""
+    import json
+    import types
+
+    from rmqstore_cli.formats import aotbuild
+
+    monkeypatch.setattr(aot, "HERE", str(tmp_path))
+    (tmp_path / aot.COMPILE_TIMES.format(part=0)).write_text(json.dumps({"kernel._a": 2.5, "other._z": 9.0}))
+    (tmp_path / aot.COMPILE_TIMES.format(part=1)).write_text(json.dumps({"jsonkernel._b": 40.0}))
+
+    helper, kernel_a = _weighed_helper, _weighed_kernel
+    a = types.SimpleNamespace(py_func=kernel_a, nopython_signatures=[1, 2])
+    b = types.SimpleNamespace(py_func=helper, nopython_signatures=[1])
+    assert aotbuild.compile_weights({("kernel", "_a"): a, ("jsonkernel", "_b"): b}) == \
+        {("kernel", "_a"): 2.5, ("jsonkernel", "_b"): 40.0}
+    fallback = aotbuild.compile_weights({("kernel", "_a"): a, ("jsonkernel", "_c"): b})
+    assert fallback == {("kernel", "_a"): 2 * aotbuild.compile_weight(kernel_a),
+                        ("jsonkernel", "_c"): aotbuild.compile_weight(helper)}
+    # the helper's bytecode counts in the kernel that calls it
+    assert aotbuild.compile_weight(kernel_a) == len(kernel_a.__code__.co_code) + len(helper.__code__.co_code)
