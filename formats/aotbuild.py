@@ -250,7 +250,7 @@ def _extension_name(part: int) -> str:
 
 def _compile_part(part: int, parts: int, verbose: bool) -> tuple[dict, dict]:
     """Warm up through numba's route, then compile this part's kernels into its extension. Returns (this part's
-    exports: (module, func) -> [(key, symbol, part)], the routed modules' kernel dispatchers by module)."""
+    exports: (module, func) -> [(key, symbol, part)], the routed modules: full name -> short name)."""
     from numba.core.dispatcher import Dispatcher
     from numba.pycc import CC
     import llvmlite.binding as llvm

@@ -94,8 +94,9 @@ def _warm_writes() -> None:
 
 def record_compile_times(part: int | None) -> None:
     """The seconds numba took to compile each kernel in this process (those not loaded from its cache), kept beside
-    the ahead-of-time build (``aot.COMPILE_TIMES``, one file per warm-up part): the build deals the kernels to
-    the processes compiling its parts by them (:func:`formats.aotbuild.deal`)."""
+    the ahead-of-time build (``aot.COMPILE_TIMES``, one file per warm-up part; a kernel loaded from the cache this
+    time keeps the seconds recorded when it was compiled): the build deals the kernels to the processes compiling
+    its parts by them (:func:`formats.aotbuild.deal`)."""
     import gc
     import json
     import os
@@ -114,6 +115,11 @@ def record_compile_times(part: int | None) -> None:
                 times[key] = times.get(key, 0.0) + spent
     if times:
         path = os.path.join(aot.HERE, aot.COMPILE_TIMES.format(part=part or 0))
+        try:
+            with open(path) as f:
+                times = {**json.load(f), **times}
+        except (OSError, ValueError, TypeError):
+            pass
         try:
             with open(path + ".tmp", "w") as f:
                 json.dump(times, f, sort_keys=True)

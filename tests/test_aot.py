@@ -329,3 +329,28 @@ def test_the_build_deals_by_the_warm_ups_compile_times_when_it_has_one_for_every
                         ("jsonkernel", "_c"): aotbuild.compile_weight(helper)}
     # the helper's bytecode counts in the kernel that calls it
     assert aotbuild.compile_weight(kernel_a) == len(kernel_a.__code__.co_code) + len(helper.__code__.co_code)
+
+
+def test_the_warm_up_records_the_kernels_it_compiled_and_keeps_those_it_loaded(tmp_path, monkeypatch):
+    """warmup.record_compile_times: a kernel numba compiled in this process gets its seconds; one recorded before
+    (loaded from the cache this time: no timers) keeps its old entry."""
+    import json
+
+    import numba
+
+    from rmqstore_cli.formats import warmup
+
+    monkeypatch.setattr(aot, "HERE", str(tmp_path))
+    path = tmp_path / aot.COMPILE_TIMES.format(part=1)
+    path.write_text(json.dumps({"kernel._loaded_before": 7.5}))
+
+    def _timed_probe(x):
+        return x * 3
+
+    _timed_probe.__module__ = aot.PACKAGE + ".kernel"  # as if one of ours
+    probe = numba.njit(_timed_probe)
+    assert probe(2) == 6  # compiled here
+    warmup.record_compile_times(1)
+    times = json.loads(path.read_text())
+    assert times["kernel._loaded_before"] == 7.5
+    assert times["kernel._timed_probe"] > 0
