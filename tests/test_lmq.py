@@ -275,7 +275,7 @@ def _windowed_and_whole(root, monkeypatch) -> tuple:
     finish = derived_windows.WindowedCheck.finish
     monkeypatch.setattr(derived_windows.WindowedCheck, "finish", lambda self: answers.append(finish(self)) or answers[-1])
     windowed = plan()
-    monkeypatch.setattr(derived_windows.WindowedCheck, "start", classmethod(lambda cls, planner: None))
+    monkeypatch.setattr(derived_windows.WindowedCheck, "start", classmethod(lambda cls, planner, **kw: None))
     return answers, windowed, plan()
 
 

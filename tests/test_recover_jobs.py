@@ -265,9 +265,9 @@ def test_one_file_log_is_set_up_once(monkeypatch):
     real = derived_windows.WindowedCheck.start.__func__
     starts = []
 
-    def counting(cls, planner):
+    def counting(cls, planner, **kwargs):
         starts.append(planner.jobs)
-        return real(cls, planner)
+        return real(cls, planner, **kwargs)
 
     monkeypatch.setattr(derived_windows.WindowedCheck, "start", classmethod(counting))
     runs = {}

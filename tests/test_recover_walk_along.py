@@ -157,11 +157,17 @@ def _damage(rng: random.Random, root, kind: str) -> str:
 KINDS = ("crc", "torn", "zeros", "blank", "magic", "size")
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
-def test_walk_along_plans_like_separate_walks_on_seeded_damage(store_copy, jobs):
+@pytest.mark.parametrize("jobs,group", [(1, None), (2, None), (1, 3 * 65536)])
+def test_walk_along_plans_like_separate_walks_on_seeded_damage(store_copy, monkeypatch, jobs, group):
     """Two fixed cases first, so both paths are compared whatever the seed: an undamaged crash copy, whose walk
     verify's reports prove, and 5.3.3's magic v2 records under 4.9's rules, which they cannot (4.9's walk stops at
-    the first one); then 18 cases of seeded damage."""
+    the first one); then 18 cases of seeded damage. In one process the walk along checks windows of several
+    segments (all of a small store's, or three 64 KiB segments each with ``group``), the separate walk a window per
+    segment."""
+    from rmqstore_cli.engine.verify import commitlog as verify_commitlog
+
+    if group is not None:
+        monkeypatch.setattr(verify_commitlog, "GROUP_BYTES", group)
     print("seed", SEED)
     fixed = []
     for name in ("4.9.3-clean", "5.3.3-v2topic"):

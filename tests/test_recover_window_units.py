@@ -42,7 +42,7 @@ def _plans(root, monkeypatch, chunk: int) -> tuple:
     windowed = plan()
     monkeypatch.setattr(derived_windows.WindowedCheck, "finish", finish)
     monkeypatch.setattr(derived_windows.WindowedCheck, "window", window)
-    monkeypatch.setattr(derived_windows.WindowedCheck, "start", classmethod(lambda cls, planner: None))
+    monkeypatch.setattr(derived_windows.WindowedCheck, "start", classmethod(lambda cls, planner, **kw: None))
     whole = plan()
     return windows, answers, windowed, whole
 

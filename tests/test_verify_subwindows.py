@@ -73,6 +73,30 @@ def _same(root) -> tuple[list, dict]:
     return want, whole.summary
 
 
+@pytest.mark.parametrize("name", ["4.9.3-clean", "4.9.3-crash", "5.3.3-clean"])
+def test_windows_of_several_segments_verify_equal_whole_log_verify(tmp_path, monkeypatch, name):
+    """Runs of small segments share a window (verify_commitlog.grouped_windows): two to five 64 KiB segments each,
+    the store as written, damage to the first records of segments (next to a boundary inside a window or between
+    two) and random damage to the log, queues and index files give the whole-log findings and summary."""
+    print(f"seed {SEED} (RMQSTORE_VMEM_SEED)")
+    rng = random.Random(SEED)
+    for case in range(4):
+        segments = (2, 3, 5, 4)[case]
+        monkeypatch.setattr(verify_commitlog, "GROUP_BYTES", segments * 65536 + rng.randrange(65536))
+        root = copy_store(name, tmp_path / f"{name}-{case}")
+        if case:
+            _damage_near_boundary(root, rng, 65536)
+            for damage in rng.sample([_damage_index, _damage_queues, _damage_log], rng.randint(0, 2)):
+                damage(root, rng)
+        with Store.open(str(root)) as st:
+            cl = st.commitlog
+            starts, group = verify_commitlog.grouped_windows(cl.segments.segments, cl.segments.file_size)
+            assert len(group) == len(cl.segments.segments) and 1 < len(starts) <= -(-len(group) // segments) + 1
+        findings, _ = _same(root)
+        if case:
+            assert findings, case  # the damage is seen
+
+
 @pytest.mark.parametrize("name", ["4.9.3-clean", "4.9.3-crash", "5.3.3-clean", "5.3.3-v2topic"])
 def test_small_windows_verify_equals_whole_log_verify(tmp_path, monkeypatch, name):
     """Many windows per segment: the store as written, seeded damage near window boundaries, and random damage
@@ -245,3 +269,32 @@ def test_verify_memory_is_flat_with_thousands_of_small_windows(small_bench_store
     print(f"verify peak, 4 KiB windows: {small >> 10} KiB ({n_small} records), {large >> 10} KiB ({n_large} records)")
     assert n_large > 3 * n_small
     assert large - small < 1 << 20, (small, large)
+
+
+def test_grouped_windows_join_runs_of_one_window_segments(monkeypatch):
+    """Worked by hand: segments of one window join the window being filled up to GROUP_BYTES; a segment of several
+    windows keeps its own and ends the run; each report of the log's numbering maps to the window holding it."""
+    from types import SimpleNamespace as NS
+
+    monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 300)
+    monkeypatch.setattr(verify_commitlog, "GROUP_BYTES", 250)
+    segs = [NS(start=0, size=60), NS(start=400, size=60), NS(start=800, size=400), NS(start=1200, size=60),
+            NS(start=1600, size=60), NS(start=2000, size=400)]
+    cl = NS(segments=NS(segments=segs, file_size=400))
+    starts, group = verify_commitlog.grouped_windows(segs, 400)
+    # the log's windows: A, B, C (two), D, E, F (two)
+    assert starts.tolist() == [0, 800, 1100, 1200, 2000, 2300]
+    assert group.tolist() == [0, 0, 1, 2, 3, 3, 4, 5]
+    w = verify_windows.Windows(cl, grouped=True)
+    assert [w.of_report(k) for k in range(8)] == [(0, False), (0, True), (1, True), (2, True), (3, False), (3, True),
+                                                  (4, True), (5, True)]
+    assert [list(w.members(g)) for g in range(6)] == [[0, 1], [2], [3], [4, 5], [6], [7]]
+    assert w.bounds(0) == (0, 800) and w.of(np.asarray([0, 799, 800, 1250, 1999])).tolist() == [0, 0, 1, 3, 3]
+    monkeypatch.setattr(verify_commitlog, "GROUP_BYTES", 120)  # two 60-byte segments still fit, three do not
+    starts, group = verify_commitlog.grouped_windows(segs[:2] + [NS(start=800, size=60)], 400)
+    assert (starts.tolist(), group.tolist()) == ([0, 800], [0, 0, 1])
+    monkeypatch.setattr(verify_commitlog, "WINDOW_BYTES", 100)  # a window never holds more than WINDOW_BYTES
+    starts, group = verify_commitlog.grouped_windows(segs[:2], 400)
+    assert (starts.tolist(), group.tolist()) == ([0, 400], [0, 1])
+    ungrouped = verify_windows.Windows(cl)
+    assert ungrouped.group is None and ungrouped.of_report(4) == (4, True) and list(ungrouped.members(4)) == [4]

@@ -102,7 +102,7 @@ def _verify_along(planner) -> dict | None:
             return None
         found = fed.verdicts() if fed is not None else None
         return found if found is not None else windowed_verdicts(planner)
-    check = WindowedCheck.start(planner) if planner.cl_kept else None
+    check = WindowedCheck.start(planner, grouped=True) if planner.cl_kept else None  # fed by verify in this process
 
     def reports():
         for rep in iter_windows(store.commitlog):

@@ -18,7 +18,7 @@ from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_CO
 from ..arrays import queue_key
 from ..derived.lmq import MultiDispatchRule, record_targets
 from .derived import QueueVerdict, RecordTable, in_file_order, record_table, table_of_reports, tail_redispatch
-from ..verify.commitlog import first_windows, iter_segment_windows, window_starts
+from ..verify.commitlog import first_windows, grouped_windows, iter_segment_windows, window_starts
 from .lmqtails import NamedUnits, collect_lmq_tails
 from .windowunits import WindowUnits
 
@@ -87,8 +87,10 @@ class WindowedCheck:
     (:func:`windowed_verdicts`) or by another pass over verify's window reports (:meth:`report`:
     recovery's verify of the store before the apply, so the log is walked once for both)."""
 
-    def __init__(self, planner, segs, limits, wbounds, queues, kept):
+    def __init__(self, planner, segs, limits, wbounds, queues, kept, group=None):
         self.planner, self.segs, self.limits, self.wbounds, self.queues = planner, segs, limits, wbounds, queues
+        self.group = group  # grouped windows: the window holding each of verify's (verify.commitlog.grouped_windows)
+        self._pending: list = []  # the reports of the window being gathered (a window of several segments)
         self.kept = kept  # the queues' kept units, by window (windowunits.WindowUnits)
         self.topic_index: dict = {}  # topic -> its number, of every queue with files
         for t, _ in queues:
@@ -107,7 +109,9 @@ class WindowedCheck:
         self.lmq_checked = self.multi_dispatch.enabled and MultiDispatchRule.checked(planner.cfg)
 
     @classmethod
-    def start(cls, planner) -> "WindowedCheck | None":
+    def start(cls, planner, grouped: bool = False) -> "WindowedCheck | None":
+        """``grouped``: runs of small segments share a window (only when fed by verify's walk in one process,
+        :meth:`report`; a ``-j`` worker takes whole segments)."""
         store, end = planner.store, planner.end
         if planner.cfg.enableConsumeQueueExt:
             return None  # ext units: the whole table decides
@@ -117,7 +121,7 @@ class WindowedCheck:
             return None
         bounds = np.asarray([s.start for s in segs], np.int64)
         limits = np.asarray([min(s.start + s.size, end) for s in segs], np.int64)
-        wbounds = _window_bounds(cl, segs)
+        wbounds, group = grouped_windows(segs, cl.segments.file_size) if grouped else (_window_bounds(cl, segs), None)
         # Per queue with files: its units per file, where the first real unit is (pre-blank fillers before it,
         # §7.3), and which windows each file's units point into.
         queues = {}
@@ -144,7 +148,7 @@ class WindowedCheck:
             # (its files' state, the last unit's (phyOffset, size), the first real unit, the highest real phyOffset)
             queues[key] = (qs, last_unit, first_real, max_real)
         kept.done()
-        return cls(planner, segs, limits, wbounds, queues, kept)
+        return cls(planner, segs, limits, wbounds, queues, kept, group)
 
     def report(self, rep) -> None:
         """One of verify's window reports (log order, every window of the log): its records inside the
@@ -158,12 +162,21 @@ class WindowedCheck:
             self.invalid_seen = True  # past the recovered end both passes' records are cut away
         if self.lied or self.invalid_seen or rep.segment >= len(self.segs):
             return
-        k, i = rep.index, rep.segment
-        hi = min(int(self.wbounds[k + 1]) if k + 1 < len(self.wbounds) else self.planner.end, int(self.limits[i]))
         mine = copy.copy(rep)
         mine.cols = dict(rep.cols)
-        t = table_of_reports(self.planner.store, [mine], self.planner.end)
-        self.window(k, rep.window_start, hi, t.recs)
+        self._pending.append(mine)
+        group = self.group
+        if group is None or rep.index + 1 >= len(group) or group[rep.index + 1] != group[rep.index]:
+            self._check_pending()
+
+    def _check_pending(self) -> None:
+        """The window whose reports :meth:`report` gathered, checked."""
+        reports, self._pending = self._pending, []
+        first, i = reports[0], reports[-1].segment
+        k = first.index if self.group is None else int(self.group[first.index])
+        hi = min(int(self.wbounds[k + 1]) if k + 1 < len(self.wbounds) else self.planner.end, int(self.limits[i]))
+        t = table_of_reports(self.planner.store, reports, self.planner.end)
+        self.window(k, first.window_start, hi, t.recs)
 
     def window(self, k: int, lo: int, hi: int, t) -> bool:
         """Window ``k``'s records [lo, hi) (cut at the recovered end); False once a unit lies."""
@@ -228,6 +241,8 @@ class WindowedCheck:
 
     def finish(self) -> dict | None:
         """The verdicts (``windowed_verdicts``'s answer), or None after a lying unit."""
+        if self._pending and not (self.lied or self.invalid_seen):
+            self._check_pending()  # a window whose last report did not come (the walk yields every one: not expected)
         if self.lied:
             return None
         planner = self.planner

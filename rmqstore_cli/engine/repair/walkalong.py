@@ -183,7 +183,7 @@ class WalkAlong:
         planner = self.planner
         last = self.segs[-1]
         planner.end = last.start + last.size  # the derived check's assumption: the log is recovered to its data end
-        self.check = WindowedCheck.start(planner)
+        self.check = WindowedCheck.start(planner, grouped=True)  # fed by verify's walk in this process
         self.snapshot = queue_snapshot(planner)
         planner.verify_findings = verify_store(planner.store, reports=self._reports()).findings
         planner.walk_along = self

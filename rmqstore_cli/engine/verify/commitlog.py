@@ -3,7 +3,8 @@
 One walk per segment (:func:`iter_segment_windows`) yields the segment's records in *windows*: fixed
 offset ranges ``[seg.start + k*WINDOW_BYTES, seg.start + (k+1)*WINDOW_BYTES)`` inside the segment, a
 record belonging to the window its first byte lies in. A production segment is 1 GiB (millions of
-small records), so a windowed verify holds one window's columns at a time, not a segment's.
+small records), so a windowed verify holds one window's columns at a time, not a segment's. The checks may take
+the windows of several small segments as one (:func:`grouped_windows`).
 :func:`verify_segments` gives one :class:`SegmentReport` per whole segment from the same walk (the
 Spark job and the whole-log formulation); ``-j`` streams window reports from worker processes.
 """
@@ -34,6 +35,9 @@ REASON_CODES = {
 }
 _SYSFLAG_KNOWN = {4: 0x3F, 5: 0x7FF}
 WINDOW_BYTES = 64 << 20  # a window's offset range: 64 MiB of 100 B records are ~40 MB of columns
+# a window of several small segments holds at most this much log (or WINDOW_BYTES, if less): the checks' fixed work
+# per window spread over thousands of records, their columns a few MB
+GROUP_BYTES = 4 << 20
 
 
 def window_starts(seg, file_size: int, window_bytes: int | None = None) -> np.ndarray:
@@ -43,6 +47,30 @@ def window_starts(seg, file_size: int, window_bytes: int | None = None) -> np.nd
     extent = min(seg.size, file_size)
     n = max(1, -(-extent // wb)) if wb > 0 else 1
     return seg.start + np.arange(n, dtype=np.int64) * wb
+
+
+def grouped_windows(segments: list, file_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Windows of ``segments`` (the log's, or the first of them) that may span several small segments: (start of
+    each, and which of them holds each window of the log's numbering, :func:`first_windows`). A run of segments that
+    are one window each joins one window while their readable parts add up to at most ``GROUP_BYTES``
+    (``WINDOW_BYTES`` if less); a segment of several windows keeps them. Each small segment would otherwise cost the
+    checks' fixed work per window (~1 ms) for a few records."""
+    limit = min(GROUP_BYTES, WINDOW_BYTES)
+    starts: list[int] = []
+    group: list[int] = []
+    filled = None  # bytes in the window being filled; None: the next segment starts a new one
+    for seg in segments:
+        ws = window_starts(seg, file_size)
+        extent = min(seg.size, file_size)
+        if len(ws) == 1 and filled is not None and filled + extent <= limit:
+            filled += extent
+            group.append(len(starts) - 1)
+            continue
+        for s in ws.tolist():
+            group.append(len(starts))
+            starts.append(s)
+        filled = extent if len(ws) == 1 else None
+    return np.asarray(starts, dtype=np.int64), np.asarray(group, dtype=np.int64)
 
 
 def first_windows(commitlog: CommitLog) -> list[int]:

@@ -78,7 +78,9 @@ class WindowChecks:
         self.extra = extra
         cl = self.cl = store.commitlog
         self.store, self.check_crc, self.findings = store, check_crc, findings
-        self.windows = windows = Windows(cl)
+        # in one process, runs of small segments share a window; a -j worker takes whole segments, so each keeps its own
+        self.windows = windows = Windows(cl, grouped=jobs <= 1)
+        self._pending: list = []  # the reports of the window being gathered (a window of several segments)
         rocksdb = store.rocksdb
         keys = store.queues()
         self.plan = None
@@ -115,7 +117,8 @@ class WindowChecks:
         else:  # the database's checkpoint is where the broker's next start dispatches from
             self.dispatch = CheckpointDispatch(store.rocksdb.checkpoint)
         self.lmq = LmqDispatchCheck(store, after_furthest_unit(max(phy_maxes) if phy_maxes else None))
-        self.dispatch.reread_with(lambda w: _Records(store, [window_report(cl, w, check_crc=check_crc)]))
+        self.dispatch.reread_with(lambda w: _Records(store, [window_report(cl, k, check_crc=check_crc)
+                                                             for k in windows.members(w)]))
         self._fresh()
 
     # -- the file checks shared out among the workers (parallel.stream_segments' exchange) ---------------------
@@ -147,12 +150,23 @@ class WindowChecks:
         self.kept: list = []  # the segments' last window reports: the segment-level fields
 
     def window(self, rep) -> None:
-        """One window's report (in log order here; in segment order within a worker)."""
-        self.findings += rep.findings
-        recs = _Records(self.store, [rep])  # consumes the report's columns
-        if rep.last:
-            self.kept.append(rep)
-        w = rep.index
+        """One window's report (in log order here; in segment order within a worker), checked once the window that
+        holds it is whole (a window of several small segments: its last segment's report)."""
+        w, complete = self.windows.of_report(rep.index)
+        if self._pending and self._pending_window != w:
+            self._check_window()  # a report of the window was missing (the walk yields each one: not expected)
+        self._pending.append(rep)
+        self._pending_window = w
+        if complete:
+            self._check_window()
+
+    def _check_window(self) -> None:
+        reports, w = self._pending, self._pending_window
+        self._pending = []
+        for rep in reports:
+            self.findings += rep.findings
+        recs = _Records(self.store, reports)  # consumes the reports' columns
+        self.kept += [rep for rep in reports if rep.last]
         self.n_records += len(recs)
         if len(recs):
             ts = recs.c["storeTimestamp"]
@@ -179,6 +193,8 @@ class WindowChecks:
 
     def settle(self) -> None:
         """The queues' checks brought up to date with what the windows found (before their results are read)."""
+        if self._pending:
+            self._check_window()
         self.queue_runs.settle()
 
     def _checkers(self):

@@ -1,7 +1,8 @@
 """Verify in commitlog windows: one window's records at a time, never the whole log's.
 
 Each window is the records starting in a fixed offset range inside one segment (phase 1 of
-:mod:`.commitlog`, ``WINDOW_BYTES``: a 1 GiB production segment is many windows), as a small
+:mod:`.commitlog`, ``WINDOW_BYTES``: a 1 GiB production segment is many windows), or in one process those of a
+run of small segments (``GROUP_BYTES``: a 64 KiB segment holds a few records), as a small
 :class:`~.records._Records`. The references into the log are routed to windows by the offset
 they point at (window *w* owns ``[start_w, start_{w+1})``): every consume-queue unit and index entry
 is checked against the records of the one window it points into, then the window is dropped. What
@@ -29,7 +30,7 @@ from rmqstore_cli.formats.records import CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_H
 
 from ..findings import Finding
 from . import index as verify_index
-from .commitlog import window_starts
+from .commitlog import grouped_windows, window_starts
 from .index import _drop_pages, _last_live_entry
 from .index import _no_record as _entry_no_record
 from .dispatch import DispatchWindows, _Missing  # noqa: F401 (callers import them from here)
@@ -46,12 +47,18 @@ def segments_overlap(cl) -> bool:
 
 class Windows:
     """Window *w* owns the offsets ``[start_w, start_{w+1})``; the last one everything after its start. The
-    windows are each segment's (:func:`.commitlog.window_starts`), numbered along the log."""
+    windows are each segment's (:func:`.commitlog.window_starts`), numbered along the log; ``grouped``: runs of
+    small segments share one (:func:`.commitlog.grouped_windows`), and :meth:`of_report` says which window a
+    report of the log's numbering belongs to."""
 
-    def __init__(self, cl):
-        fs = cl.segments.file_size
-        parts = [window_starts(s, fs) for s in cl.segments.segments]
-        self.starts = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    def __init__(self, cl, grouped: bool = False):
+        if grouped:
+            self.starts, self.group = grouped_windows(cl.segments.segments, cl.segments.file_size)
+        else:
+            fs = cl.segments.file_size
+            parts = [window_starts(s, fs) for s in cl.segments.segments]
+            self.starts = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+            self.group = None
 
     def bounds(self, w: int) -> tuple[int, int]:
         """The offsets ``[start, end)`` window ``w`` owns."""
@@ -60,6 +67,20 @@ class Windows:
     def of(self, phys: np.ndarray) -> np.ndarray:
         """Window of each offset; -1 before the first segment."""
         return np.searchsorted(self.starts, phys, side="right") - 1
+
+    def of_report(self, index: int) -> tuple[int, bool]:
+        """(the window holding the log's window ``index``, whether ``index`` is the last one it holds)."""
+        if self.group is None:
+            return index, True
+        g = int(self.group[index])
+        return g, index + 1 >= len(self.group) or int(self.group[index + 1]) != g
+
+    def members(self, w: int) -> range:
+        """The log's windows that window ``w`` holds."""
+        if self.group is None:
+            return range(w, w + 1)
+        a, b = np.searchsorted(self.group, [w, w + 1]).tolist()
+        return range(a, b)
 
 
 class Deferred:
