@@ -122,15 +122,17 @@ def apply_settings(cfg: StoreConfig, settings: dict) -> StoreConfig:
     return cfg
 
 
-def _file_sizes(directory: str) -> set[int]:
-    sizes = set()
+def _file_sizes(directory: str) -> Counter:
+    """How many of the files named by digits (segment files) in ``directory`` have each non-zero size: one stat per
+    file (every store open infers the geometry; a test broker's store has dozens of small segments)."""
+    sizes: Counter = Counter()
     try:
-        for name in os.listdir(directory):
-            p = os.path.join(directory, name)
-            if name.isdigit() and os.path.isfile(p):
-                s = os.path.getsize(p)
-                if s > 0:
-                    sizes.add(s)
+        with os.scandir(directory) as entries:
+            for e in entries:
+                if e.name.isdigit() and e.is_file():
+                    s = e.stat().st_size
+                    if s > 0:
+                        sizes[s] += 1
     except OSError:
         pass
     return sizes
@@ -146,9 +148,8 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
     if "mappedFileSizeCommitLog" not in cfg.explicit:
         sizes = _file_sizes(cl_dir)
         if len(sizes) >= 1:
-            # The most common size wins; a wrong-size stray is reported by verify.
-            counts = Counter(os.path.getsize(os.path.join(cl_dir, n)) for n in os.listdir(cl_dir) if n.isdigit())
-            size = max(sizes, key=lambda s: counts[s])
+            # The most common size wins (the larger on a tie); a wrong-size stray is reported by verify.
+            size = max(sizes, key=lambda s: (sizes[s], s))
             cfg.mappedFileSizeCommitLog = size
             cfg.inferred["mappedFileSizeCommitLog"] = "size of the DLedger data files" if dledger_data \
                 else "size of the commitlog files"
@@ -158,7 +159,7 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
         # Every queue, not the first: one truncated file must not set the geometry of all the others.
         for topic in _listdir(cq_root):
             for qid in _listdir(os.path.join(cq_root, topic)):
-                sizes |= _file_sizes(os.path.join(cq_root, topic, qid))
+                sizes.update(_file_sizes(os.path.join(cq_root, topic, qid)))
         sizes = {s for s in sizes if s % 20 == 0}
         if sizes:
             cfg.mappedFileSizeConsumeQueue = max(sizes)
@@ -180,7 +181,7 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
         ext_sizes: set[int] = set()
         for topic in _listdir(ext_root):
             for qid in _listdir(os.path.join(ext_root, topic)):
-                ext_sizes |= _file_sizes(os.path.join(ext_root, topic, qid))
+                ext_sizes.update(_file_sizes(os.path.join(ext_root, topic, qid)))
         if ext_sizes:
             cfg.mappedFileSizeConsumeQueueExt = max(ext_sizes)
             cfg.inferred["mappedFileSizeConsumeQueueExt"] = "size of the ext files"
@@ -189,7 +190,7 @@ def infer_geometry(cfg: StoreConfig, root: str) -> StoreConfig:
         bcq_sizes: set[int] = set()
         for topic in _listdir(bcq_root):
             for qid in _listdir(os.path.join(bcq_root, topic)):
-                bcq_sizes |= _file_sizes(os.path.join(bcq_root, topic, qid))
+                bcq_sizes.update(_file_sizes(os.path.join(bcq_root, topic, qid)))
         bcq_sizes = {s for s in bcq_sizes if s % BCQ_UNIT_SIZE == 0}
         if bcq_sizes:
             cfg.mapperFileSizeBatchConsumeQueue = max(bcq_sizes)
@@ -223,8 +224,14 @@ def infer_index_geometry(idx_dir: str) -> tuple[int, int, str] | None:
     Otherwise the default 1:4 ratio when the size allows it, else the first of a few common ratios under
     which the file's slots and entries are consistent (every slot names an entry below indexCount, every
     entry after the last one is zero)."""
-    names = sorted(n for n in _listdir(idx_dir) if n.isdigit() and os.path.isfile(os.path.join(idx_dir, n)))
-    sizes = Counter(os.path.getsize(os.path.join(idx_dir, n)) for n in names)
+    size_of = {}
+    try:
+        with os.scandir(idx_dir) as entries:
+            size_of = {e.name: e.stat().st_size for e in entries if e.name.isdigit() and e.is_file()}
+    except OSError:
+        pass
+    names = sorted(size_of)
+    sizes = Counter(size_of.values())
     sizes = {s: c for s, c in sizes.items() if s > 40}
     if not sizes:
         return None
@@ -232,7 +239,7 @@ def infer_index_geometry(idx_dir: str) -> tuple[int, int, str] | None:
     area = size - 40
     for n in names[:-1]:
         p = os.path.join(idx_dir, n)
-        if os.path.getsize(p) != size:
+        if size_of[n] != size:
             continue
         with open(p, "rb") as f:
             head = f.read(40)
@@ -241,9 +248,9 @@ def infer_index_geometry(idx_dir: str) -> tuple[int, int, str] | None:
             return (area - 20 * count) // 4, count, f"index file {n} (left behind full: indexCount {count}), {size} bytes"
     if area % 84 == 0:
         return area // 84, area // 84 * 4, f"index file size {size} with the default 1:4 ratio"
-    last = os.path.join(idx_dir, names[-1]) if names else None
-    if last is None or os.path.getsize(last) != size:
+    if not names or size_of[names[-1]] != size:
         return None
+    last = os.path.join(idx_dir, names[-1])
     with open(last, "rb") as f:
         data = f.read()
     count = _INDEX_HEAD.unpack_from(data, 0)[5]

@@ -22,7 +22,8 @@ _ROW_BYTES = 128  # topics compared as rows up to this length (the broker's topi
 
 
 class TopicInterner:
-    """Topic bytes -> small ids, per segment (ids are remapped when segments are merged).
+    """Topic bytes -> small ids, per walk of the log (or of a segment, in a ``-j`` worker; ids are remapped by name
+    when reports are merged).
 
     A chunk's topic groups whose topic is already known are matched in a few array operations: by their
     (Java hash, length) key in a sorted table of the known topics' keys, then byte for byte against that topic.
@@ -31,6 +32,7 @@ class TopicInterner:
 
     def __init__(self):
         self.ids: dict[bytes, int] = {}
+        self._names: list[str] = []  # the topics decoded, in id order
         self.prefix: list[int] = []  # uint32 java hash of "topic#" per id
         self.schedule: list[bool] = []
         self._key_of: list[int] = []  # per id: its (hash << 16 ^ length) key as the chunk passes computed it
@@ -80,6 +82,7 @@ class TopicInterner:
         if i is None:
             i = self.ids[raw] = len(self.ids)
             t = decode_utf8(raw)
+            self._names.append(t)
             self.prefix.append(java_hash(t + "#") & 0xFFFFFFFF)
             self.schedule.append(t == SCHEDULE_TOPIC)
             self._key_of.append(key)
@@ -104,7 +107,7 @@ class TopicInterner:
         self._keys, self._key_ids = keys[first], order[first].astype(np.int64)
 
     def topics(self) -> list[str]:
-        return [decode_utf8(t) for t in self.ids]
+        return self._names[:]
 
 
 def topic_ids(buf, h, registry: dict[str, int], u8: np.ndarray | None = None) -> np.ndarray:

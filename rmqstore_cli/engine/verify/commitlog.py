@@ -140,9 +140,10 @@ def iter_windows(commitlog: CommitLog, *, check_crc: bool = True,
     """Every window report of the log, in log order (numbered as :func:`first_windows`); ``chunk_sink``: see
     :func:`iter_segment_windows`."""
     firsts = first_windows(commitlog)
+    interner = TopicInterner()  # one for the walk: a segment's topics are mostly the ones before it
     for i in range(len(commitlog.segments.segments)):
         yield from iter_segment_windows(commitlog, i, check_crc=check_crc, progress=progress, first_window=firsts[i],
-                                        chunk_sink=chunk_sink)
+                                        chunk_sink=chunk_sink, interner=interner)
 
 
 def window_report(commitlog: CommitLog, w: int, *, check_crc: bool = True) -> SegmentReport:
@@ -199,7 +200,7 @@ def _verify_range(r: range, commitlog: CommitLog, check_crc: bool) -> list[Segme
 @dataclass
 class ChunkTopics:
     """What verify's property pass found for a chunk, handed to a chunk sink: each record's topic id in ``interner``
-    (the segment's :class:`~..derived.dispatchcolumns.TopicInterner`: its ``ids``, topic bytes -> id, grow as the walk
+    (the walk's :class:`~..derived.dispatchcolumns.TopicInterner`: its ``ids``, topic bytes -> id, grow as the walk
     goes on) and whether it carries both multi-dispatch properties (``multi``); and the rest of the record's dispatch
     columns: tagsCode (``codes``), whether Java cannot compute it (``tags_bad``), index keys per record (``counts``)
     and their hashes (``hashes``, in record order)."""
@@ -254,13 +255,14 @@ class _Columns:
 
 def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True, progress=None,
                          window_bytes: int | None = None, first_window: int | None = None,
-                         chunk_sink=None) -> Iterator[SegmentReport]:
+                         chunk_sink=None, interner: TopicInterner | None = None) -> Iterator[SegmentReport]:
     """Walk segment ``i`` once and yield a report per window (:func:`window_starts`; ``window_bytes=0``: one
     report for the whole segment, numbered ``i``), in order, each as soon as the walk has passed its end.
     Windows are numbered from ``first_window`` (default: the log's numbering, :func:`first_windows`).
     ``chunk_sink(i, seg, buf, headers, topics)`` also gets each chunk of valid records as the walk decodes it (another
     pass reading the same records: recover's recovery walk, repair/walkalong.py), with what the walk's property pass
-    found (:class:`ChunkTopics`)."""
+    found (:class:`ChunkTopics`). ``interner``: the walk's topic ids, shared with the segments before (a new one
+    by default)."""
     seg = commitlog.segments.segments[i]
     cfg = commitlog.config
     starts = window_starts(seg, commitlog.segments.file_size, window_bytes)
@@ -277,7 +279,7 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
     limit = min(seg.size, commitlog.segments.file_size)
     wrong_size = seg.size != commitlog.segments.file_size
     acc = _Columns()
-    interner = TopicInterner()
+    interner = TopicInterner() if interner is None else interner
     delay_table = cfg.delay_table
     known = _SYSFLAG_KNOWN.get(cfg.version, 0x7FF)
     max_size = cfg.maxMessageSize + (65536 if cfg.version >= 5 else 0)
