@@ -223,3 +223,36 @@ def test_look_past_skips_a_zero_tail(store_copy, monkeypatch, gap):
     assert plans[0]["commitlog"]["stopKind"] == "zero"
     assert plans[0] == plans[1]
     assert ("salvage" in str(plans[0])) or gap.startswith("to")
+
+
+@pytest.mark.parametrize("group", [None, 3 * 65536])
+@pytest.mark.parametrize("name", ["4.9.3-clean", "4.9.3-crash", "5.3.3-clean"])
+def test_walk_along_check_answers_from_whole_windows(store_copy, monkeypatch, name, group):
+    """On a broker-written store the derived check fed by verify's walk answers by itself, every record of the log
+    checked once in windows of several segments (all of the store's in one, or three 64 KiB segments each with
+    ``group``): a window checked without some of its segments' records would find units pointing at nothing, and
+    the plan would come from a second, separate walk instead."""
+    from rmqstore_cli.engine.repair import derived_windows
+    from rmqstore_cli.engine.verify import commitlog as verify_commitlog
+    from rmqstore_cli.engine.verify.pipeline import verify_store
+
+    if group is not None:
+        monkeypatch.setattr(verify_commitlog, "GROUP_BYTES", group)
+    root = store_copy(name)
+    finished = []
+    finish = derived_windows.WindowedCheck.finish
+
+    def spy(self):
+        finished.append((self.group is not None, self.lied, self.invalid_seen, self.count, len(self.wbounds)))
+        return finish(self)
+
+    monkeypatch.setattr(derived_windows.WindowedCheck, "finish", spy)
+    with Store.open(str(root)) as st:
+        records = verify_store(st).summary["commitlog"]["records"]
+        segments = len(st.commitlog.segments.segments)
+    with Store.open(str(root)) as st:
+        plan_recovery(st, with_verify=True)  # as `recover` plans: verify in the plan's walk
+    assert len(finished) == 1, finished
+    grouped, lied, invalid, count, windows = finished[0]
+    assert (grouped, lied, invalid, count) == (True, False, False, records)
+    assert windows == (1 if group is None else -(-segments // 3))
