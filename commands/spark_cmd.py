@@ -136,7 +136,7 @@ def verify_cmd(
 @geometry_options
 def rebuild_cmd(
     store: str = typer.Argument(..., help="Store root.", show_default=False),
-    what: str = typer.Option(..., "--what", help="consumequeue|index"),
+    what: str = typer.Option(..., "--what", help="consumequeue|index|all (both, in one Spark session)"),
     out: str = typer.Option(..., "--out", help="New directory to write consumequeue/ (+ consumequeue_ext/) or index/ into; "
                             "the store itself is never changed."),
     master: Optional[str] = MasterOpt,
@@ -144,33 +144,38 @@ def rebuild_cmd(
     json_: bool = JsonOpt,
     geometry: Geometry = None,
 ):
-    """Compute consume queues (one task per queue) or index files (one task per file) from the commitlog."""
+    """Compute consume queues (one task per queue), index files (one task per file) or both from the commitlog."""
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.spark import rebuild
     from rmqstore_cli.spark.session import job_progress
 
-    if what not in ("consumequeue", "index"):
-        raise UsageError("--what must be consumequeue or index")
-    target = os.path.join(out, what)
-    if os.path.exists(target) or (what == "consumequeue" and os.path.exists(os.path.join(out, "consumequeue_ext"))):
-        raise UsageError(f"{target} already exists; give a new --out directory")
+    if what not in ("consumequeue", "index", "all"):
+        raise UsageError("--what must be consumequeue, index or all")
+    parts = ("consumequeue", "index") if what == "all" else (what,)
+    for part in parts:
+        target = os.path.join(out, part)
+        if os.path.exists(target) or (part == "consumequeue" and os.path.exists(os.path.join(out, "consumequeue_ext"))):
+            raise UsageError(f"{target} already exists; give a new --out directory")
     ov = _overrides(geometry)
     st = Store.open(store, config_file=geometry.config, overrides=ov)
     st.require(f"spark rebuild {what}")
     os.makedirs(out, exist_ok=True)
     spark = _session(master, driver_memory)
+    done = []
     try:
-        with job_progress(spark, f"rebuild {what}"):
-            fn = rebuild.rebuild_consumequeue if what == "consumequeue" else rebuild.rebuild_index
-            res = fn(spark, st, os.path.abspath(out), overrides=ov, config_file=geometry.config)
+        for part in parts:  # one session for both: the JVM's start and its first job's warm-up are paid once
+            with job_progress(spark, f"rebuild {part}"):
+                fn = rebuild.rebuild_consumequeue if part == "consumequeue" else rebuild.rebuild_index
+                done.append((part, fn(spark, st, os.path.abspath(out), overrides=ov, config_file=geometry.config)))
     finally:
         st.close()
     o = Output(json_)
-    if what == "consumequeue":
-        o.table(res["queues"], [("topic", "topic"), ("queueId", "queue"), ("units", "units"), ("files", "files"),
-                                ("skipped", "skipped")], title=f"consume queues written to {out}")
-    else:
-        o.table(res["files"], [("name", "file"), ("entries", "entries")], title=f"index files written to {out}")
+    for part, res in done:
+        if part == "consumequeue":
+            o.table(res["queues"], [("topic", "topic"), ("queueId", "queue"), ("units", "units"), ("files", "files"),
+                                    ("skipped", "skipped")], title=f"consume queues written to {out}")
+        else:
+            o.table(res["files"], [("name", "file"), ("entries", "entries")], title=f"index files written to {out}")
 
 
 @spark_app.command("stats")

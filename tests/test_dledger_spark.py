@@ -87,7 +87,7 @@ def test_spark_verify_command_on_a_dledger_store(spark):
     assert codes == ["DL_MESSAGE_CRC"]
 
 
-@pytest.mark.parametrize("what", ["consumequeue", "index"])
+@pytest.mark.parametrize("what", ["consumequeue", "index", "all"])
 def test_spark_rebuild_is_refused_and_says_why(tmp_path, what):
     """Refused before any Spark session starts: one line naming the DLedger log and the command that does it."""
     from typer.testing import CliRunner

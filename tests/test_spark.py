@@ -312,6 +312,37 @@ def test_spark_rebuild_index_content_identical(spark, tmp_path, name):
     assert res["entries"] == sum(max(f["indexCount"], 1) - 1 for f in broker_read(name)["index"][0]["files"])
 
 
+def test_spark_rebuild_all_writes_both_in_one_command(spark, tmp_path):
+    """``spark rebuild --what all``: the consume queues and the index files of one command (the CLI takes the test
+    run's Spark session, as it has the same master), each as the broker wrote them; a second run into the same
+    folder, or into one that holds either part, is refused before anything is written."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from rmqstore_cli.app import app
+
+    name = "4.9.3-clean"
+    src = shared_store(name)
+    out = tmp_path / "out"
+    args = ["spark", "rebuild", str(src), "--what", "all", "--master", "local[2]", "--json", "--out"]
+    r = CliRunner().invoke(app, args + [str(out)])
+    assert r.exit_code == 0, r.output
+    assert _files(out / "consumequeue") == _files(src / "consumequeue")
+    # the same contents; a file is named by its first entry's store time, the broker's by when it made it
+    assert [open(out / "index" / f, "rb").read() for f in sorted(os.listdir(out / "index"))] == \
+        [open(src / "index" / f, "rb").read() for f in sorted(os.listdir(src / "index"))]
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert sum(row["units"] for row in rows if "units" in row) == len(broker_read(name)["cqe"])
+    assert sorted(row["name"] for row in rows if "entries" in row) == sorted(os.listdir(out / "index"))
+    before = _files(out)
+    (tmp_path / "only-index" / "index").mkdir(parents=True)
+    for target in (out, tmp_path / "only-index"):
+        r = CliRunner().invoke(app, args + [str(target)])
+        assert r.exit_code == 3 and "already exists" in r.output and "Traceback" not in r.output, r.output
+    assert _files(out) == before and not (tmp_path / "only-index" / "consumequeue").exists()
+
+
 def test_index_file_task_edge_cases(tmp_path):
     import numpy as np
 

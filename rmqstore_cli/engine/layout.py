@@ -79,7 +79,7 @@ COMMAND_REASONS = {
     **{("dledger", f"spark rebuild {what}"): "the Spark rebuild cuts classic commitlog segments into tasks and has not been "
                                              f"made to read the messages inside DLedger entries; `rmqstore rebuild {what}` "
                                              "rebuilds them from the entries (in place, with a backup)"
-       for what in ("consumequeue", "index")},
+       for what in ("consumequeue", "index", "all")},
     ("dledger", "dump timer"): "no broker-written DLedger sample holds a timer store, so its offsets into the entries "
                                "were never checked against the broker",
     ("rocksdb-cq", "salvage --to"): "the new store would get file consume queues while the broker's settings keep "
