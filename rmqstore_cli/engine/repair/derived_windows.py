@@ -18,7 +18,7 @@ from rmqstore_cli.formats.records import CQ_FILLER, CQ_UNIT_SIZE, TRANSACTION_CO
 from ..arrays import queue_key
 from ..derived.lmq import MultiDispatchRule, record_targets
 from .derived import QueueVerdict, RecordTable, in_file_order, record_table, table_of_reports, tail_redispatch
-from ..verify.commitlog import first_windows, grouped_windows, iter_segment_windows, window_starts
+from ..verify.commitlog import first_windows, grouped_windows, holding_window, iter_segment_windows, window_starts
 from .lmqtails import NamedUnits, collect_lmq_tails
 from .windowunits import WindowUnits
 
@@ -165,15 +165,14 @@ class WindowedCheck:
         mine = copy.copy(rep)
         mine.cols = dict(rep.cols)
         self._pending.append(mine)
-        group = self.group
-        if group is None or rep.index + 1 >= len(group) or group[rep.index + 1] != group[rep.index]:
+        if holding_window(self.group, rep.index)[1]:
             self._check_pending()
 
     def _check_pending(self) -> None:
         """The window whose reports :meth:`report` gathered, checked."""
         reports, self._pending = self._pending, []
         first, i = reports[0], reports[-1].segment
-        k = first.index if self.group is None else int(self.group[first.index])
+        k = holding_window(self.group, first.index)[0]
         hi = min(int(self.wbounds[k + 1]) if k + 1 < len(self.wbounds) else self.planner.end, int(self.limits[i]))
         t = table_of_reports(self.planner.store, reports, self.planner.end)
         self.window(k, first.window_start, hi, t.recs)

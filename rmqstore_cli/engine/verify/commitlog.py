@@ -73,6 +73,15 @@ def grouped_windows(segments: list, file_size: int) -> tuple[np.ndarray, np.ndar
     return np.asarray(starts, dtype=np.int64), np.asarray(group, dtype=np.int64)
 
 
+def holding_window(group: np.ndarray | None, index: int) -> tuple[int, bool]:
+    """(the window holding the log's window ``index`` under ``group``, :func:`grouped_windows`' second answer, and
+    whether ``index`` is the last one it holds); ``group`` None: windows are not grouped."""
+    if group is None:
+        return index, True
+    g = int(group[index])
+    return g, index + 1 >= len(group) or int(group[index + 1]) != g
+
+
 def first_windows(commitlog: CommitLog) -> list[int]:
     """Number of each segment's first window in the log's window numbering (plus the total, last)."""
     fs = commitlog.segments.file_size

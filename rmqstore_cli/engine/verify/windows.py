@@ -30,7 +30,7 @@ from rmqstore_cli.formats.records import CQ_UNIT_SIZE, INDEX_ENTRY_SIZE, INDEX_H
 
 from ..findings import Finding
 from . import index as verify_index
-from .commitlog import grouped_windows, window_starts
+from .commitlog import grouped_windows, holding_window, window_starts
 from .index import _drop_pages, _last_live_entry
 from .index import _no_record as _entry_no_record
 from .dispatch import DispatchWindows, _Missing  # noqa: F401 (callers import them from here)
@@ -70,10 +70,7 @@ class Windows:
 
     def of_report(self, index: int) -> tuple[int, bool]:
         """(the window holding the log's window ``index``, whether ``index`` is the last one it holds)."""
-        if self.group is None:
-            return index, True
-        g = int(self.group[index])
-        return g, index + 1 >= len(self.group) or int(self.group[index + 1]) != g
+        return holding_window(self.group, index)
 
     def members(self, w: int) -> range:
         """The log's windows that window ``w`` holds."""
