@@ -62,13 +62,17 @@ def _patch(path, at: int, raw: bytes) -> None:
 def damage_dledger(root, rng: random.Random) -> list[str]:
     """One to three of: a flipped message body byte (CRC), a torn entry (its second half and the rest of the file
     zeroed), garbage over an entry header, a chain break at a file's first entry (index or term), a wrong index
-    unit. Returns what was done."""
+    unit. Returns what was done.
+
+    Entries are listed once, before any damage: a second pick must not read an index that garbage just wrote over
+    (a "unit" damage aimed at such an index would point past the last index file)."""
     data, index = _data_files(root)
+    entries = [_entries(f) for f in data]
     done = []
     for _ in range(rng.randint(1, 3)):
         how = rng.choice(["crc", "torn", "garbage", "first-index", "first-term", "unit"])
         k = rng.randrange(len(data)) if how not in ("first-index", "first-term") else rng.randrange(1, len(data))
-        ents = _entries(data[k])
+        ents = entries[k]
         if not ents:
             continue
         pos, size, idx, term = ents[0] if how.startswith("first") else rng.choice(ents)
