@@ -265,7 +265,8 @@ CONTRACT_SEED = int(os.environ.get("RMQSTORE_FUZZ_SEED", "20261122") if os.envir
 
 
 def contract_case(tmp_path, label: str, name: str, damaged, dmg, fuzzlib) -> list[str]:
-    """recover --dry-run then recover, on a copy per broker version of the damaged store ``damaged``."""
+    """recover --dry-run then recover, on a copy per broker version of the damaged store ``damaged`` (a clone whose
+    untouched files are hard links to the template: every file is copied here before recover may write it)."""
     failures, results = [], {}
     for v in (4, 5):
         root = tmp_path / f"{label}-v{v}"
@@ -318,17 +319,26 @@ def test_fuzz_damage_follows_the_contract(tmp_path):
     print(f"\ncontract fuzz seed {CONTRACT_SEED}: every class, then {CONTRACT_CASES} random cases "
           f"(RMQSTORE_FUZZ_SEED={CONTRACT_SEED} RMQSTORE_FUZZ_CONTRACT_CASES=n)")
     failures, covered, missed = [], [], []
+    digests = {}  # each template's files, read when it is made: the cases' clones hard-link to them
+
+    def template_of(name):
+        dest = tmp_path / "templates" / name
+        if name not in digests:
+            fuzzlib.make_template(name, dest)
+            digests[name] = fuzzlib.content_digest(dest)
+        return dest
+
     sweep = [("5.3.3-v2topic", k) for k in fuzzlib.KINDS if k != "ext"] + [("4.9.3-ext", "ext")]
     for name, kind in sweep:
         m = fuzzlib.model(name)
         if not m.by_kind(kind):
             continue
-        template = fuzzlib.make_template(name, tmp_path / "templates" / name)
+        template = template_of(name)
         for op in fuzzlib.OPS:
             for k in range(400):  # the class is drawn inside fuzzlib: draw until this one comes up
                 rng = random.Random(f"{CONTRACT_SEED}:contract:{name}:{kind}:{op}:{k}")
                 damaged = tmp_path / f"class-{kind}-{op}"
-                dmg = fuzzlib.plan_and_apply(rng, m, lambda _p: fuzzlib.clone(template, damaged, set(m.files)))
+                dmg = fuzzlib.plan_and_apply(rng, m, lambda touched: fuzzlib.clone(template, damaged, touched))
                 if (dmg.kind, dmg.op) == (kind, op):
                     failures += contract_case(tmp_path, f"class {kind}/{op} (k={k})", name, damaged, dmg, fuzzlib)
                     covered.append(f"{kind}/{op}")
@@ -344,12 +354,14 @@ def test_fuzz_damage_follows_the_contract(tmp_path):
         rng = random.Random(f"{CONTRACT_SEED}:contract:{case}")
         name = rng.choices(names, [weights[n] for n in names])[0]
         m = fuzzlib.model(name)
-        template = fuzzlib.make_template(name, tmp_path / "templates" / name)
+        template = template_of(name)
         damaged = tmp_path / f"case{case}"
-        dmg = fuzzlib.plan_and_apply(rng, m, lambda _p: fuzzlib.clone(template, damaged, set(m.files)))
+        dmg = fuzzlib.plan_and_apply(rng, m, lambda touched: fuzzlib.clone(template, damaged, touched))
         failures += contract_case(tmp_path, f"case {case}", name, damaged, dmg, fuzzlib)
         shutil.rmtree(damaged, ignore_errors=True)
     assert not failures, f"seed {CONTRACT_SEED}: {len(failures)} failures:\n" + "\n".join(failures[:12])
+    for name, before in digests.items():
+        assert fuzzlib.content_digest(tmp_path / "templates" / name) == before, f"template of {name} was written"
 
 
 @pytest.mark.parametrize("name", ["4.9.3-ext", "5.3.3-v2topic"])
