@@ -15,6 +15,7 @@ import signal
 import stat
 import struct
 import sys
+import time
 import tracemalloc
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -499,40 +500,81 @@ class Run:
     traced_peak: int = 0
 
 
+_status_fd: tuple[int, int] | None = None  # (pid, fd of /proc/self/status): kept open, re-read from offset 0
+
+
 def _rss_anon() -> int:
     """Anonymous resident memory (RssAnon): what the process really holds. VmHWM/VmRSS also count the
     file pages it has mapped and touched (a default-geometry index file is 420 MB of them), which the
     kernel can drop at any time (NOTES-performance)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    global _status_fd
+    pid = os.getpid()
+    if _status_fd is None or _status_fd[0] != pid:  # a forked worker opens its own
+        _status_fd = (pid, os.open("/proc/self/status", os.O_RDONLY))
+    text = os.pread(_status_fd[1], 8192, 0)
+    at = text.find(b"RssAnon:")
+    return int(text[at + 8 : text.index(b"kB", at)]) * 1024 if at >= 0 else 0
+
+
+class _Sampler:
+    """One thread per process that samples RssAnon every ``every`` seconds while a command runs (armed). Made
+    once, not per command: a thread started and joined for each of the fuzz's ~25,000 commands cost more than
+    many of the commands. ``gen`` numbers the runs, so a sample taken during one run never lands in the next."""
+
+    def __init__(self, every: float):
+        import threading
+
+        self.every, self.pid = every, os.getpid()
+        self.lock = threading.Lock()
+        self.armed = threading.Event()
+        self.gen, self.peak = 0, 0
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            self.armed.wait()
+            gen = self.gen
+            v = _rss_anon()
+            with self.lock:
+                if gen == self.gen and self.armed.is_set():
+                    self.peak = max(self.peak, v)
+            time.sleep(self.every)
+
+    def start(self) -> int:
+        base = _rss_anon()
+        with self.lock:
+            self.gen += 1
+            self.peak = base
+            self.armed.set()
+        return base
+
+    def stop(self) -> int:
+        with self.lock:
+            self.armed.clear()
+            self.gen += 1
+            peak = self.peak
+        return max(peak, _rss_anon())
+
+
+_sampler: _Sampler | None = None
 
 
 class _AnonPeak:
     """High-water mark of RssAnon while a command runs (there is no kernel counter for it): sampled."""
 
     def __init__(self, every: float = 0.002):
-        import threading
-
-        self.every = every
-        self.base = self.peak = _rss_anon()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            self.peak = max(self.peak, _rss_anon())
+        global _sampler
+        if _sampler is None or _sampler.pid != os.getpid():  # threads do not survive a fork
+            _sampler = _Sampler(every)
+        self.sampler = _sampler
+        self.base = self.peak = 0
 
     def __enter__(self):
-        self._thread.start()
+        self.base = self.peak = self.sampler.start()
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss_anon())
+        self.peak = self.sampler.stop()
 
     @property
     def growth(self) -> int:
