@@ -20,9 +20,19 @@ wait "$warm_writers"
 # in parts compiled by one process per core, at most 4):
 # a start that finds it current imports no numba (~0.15 s less per command, docs/start.md). Without it (no C
 # compiler, a failed build) everything runs as before through numba; RMQSTORE_AOT=0 skips building it.
+# Beside it, the class-data archive of Spark's driver JVM (rmqstore_cli/spark/cdsbuild.py: a spark command's JVM then
+# starts in about half the time; ~1 min, mostly the JVM's; it runs numba's cached kernels, not the ones being built).
+cds_builder=
+if [ "${RMQSTORE_SPARK_CDS:-1}" != "0" ]; then
+  RMQSTORE_AOT=0 .venv/bin/python -m rmqstore_cli.spark.cdsbuild 2> >(grep -v "incubator modules" >&2) &
+  cds_builder=$!
+fi
 if [ "${RMQSTORE_AOT:-1}" != "0" ]; then
   .venv/bin/python -m rmqstore_cli.formats.aotbuild \
     || echo "setup: the ahead-of-time kernels were not built; commands use numba's JIT kernels (slower start)" >&2
+fi
+if [ -n "$cds_builder" ]; then
+  wait "$cds_builder" || echo "setup: spark commands start without the class-data archive (slower)" >&2
 fi
 # Byte-compile the sources: PYTHONDONTWRITEBYTECODE (set on some machines) would otherwise make every command
 # start compile ~120 modules from source (0.15-0.2 s of CPU each time).
