@@ -58,11 +58,15 @@ def build_archive() -> str:
     tmp = f"{path}.{os.getpid()}.tmp"
     os.environ[ENV] = "0"  # this JVM dumps an archive; it maps none
     work = tempfile.mkdtemp(prefix="rmqstore-cds-")
+    proc = None
     try:
         store, out = os.path.join(work, "store"), os.path.join(work, "out")
         _training_store(store)
         spark = build_session("local[2]", "rmqstore-cds", conf={
             "spark.driver.extraJavaOptions": _session_java_opts(f"-XX:ArchiveClassesAtExit={tmp} {QUIET}")})
+        proc = getattr(spark.sparkContext._gateway, "proc", None)
+        if proc is None:
+            raise RuntimeError("the Spark JVM was not started by this process")
         from . import jobs, rebuild
         from rmqstore_cli.engine.store import Store
 
@@ -71,14 +75,8 @@ def build_archive() -> str:
             rebuild.rebuild_consumequeue(spark, st, os.path.join(out, "rebuilt"))
             rebuild.rebuild_index(spark, st, os.path.join(out, "rebuilt"))
         jobs.export(spark, [store], os.path.join(out, "export"), writer="arrow")
-        gateway = spark.sparkContext._gateway
         spark.stop()
-        # The JVM writes the archive as it exits, and it exits once its standard input closes.
-        proc = getattr(gateway, "proc", None)
-        if proc is None:
-            raise RuntimeError("the Spark JVM was not started by this process")
-        proc.stdin.close()
-        proc.wait(timeout=300)
+        _end_jvm(proc)
         if not os.path.isfile(tmp) or os.path.getsize(tmp) == 0:
             raise RuntimeError("the JVM wrote no archive (a JDK before 13 has no dynamic archives)")
         check_archive(tmp)
@@ -91,9 +89,18 @@ def build_archive() -> str:
         os.replace(seal_path(path) + ".tmp", seal_path(path))
         return path
     finally:
+        if proc is not None and proc.poll() is None:
+            _end_jvm(proc)  # a failed run: let its JVM write its archive now, so the file removed below stays removed
         shutil.rmtree(work, ignore_errors=True)
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _end_jvm(proc) -> None:
+    """The JVM writes the archive as it exits, and it exits once its standard input closes."""
+    if proc.stdin and not proc.stdin.closed:
+        proc.stdin.close()
+    proc.wait(timeout=300)
 
 
 def _session_java_opts(extra: str) -> str:
