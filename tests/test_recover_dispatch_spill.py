@@ -124,3 +124,34 @@ def test_a_killed_recovers_folder_is_removed_by_the_next(tmp_path, monkeypatch):
         assert live.exists() and other.exists()
     finally:
         s.remove()
+
+
+def test_a_chunks_columns_read_back_as_written(tmp_path):
+    """The column files' framing (dispatchspill.write_chunk / read_chunk): every column comes back with its values and
+    the type the re-dispatch takes, chunk after chunk (one with no key hashes, one with none of either); a file cut
+    inside a chunk is an error, not a shorter log."""
+    import numpy as np
+
+    rng = np.random.default_rng(SEED)
+    print("seed", SEED)
+    chunks = []
+    for n, m in ((5, 9), (3, 0), (0, 0), (700, 1400)):
+        cols = tuple(rng.integers(-(1 << 31), 1 << 31, n).astype(dtype) for _, dtype in dispatchspill._COLUMNS)
+        chunks.append((cols, rng.integers(-(1 << 31), 1 << 31, m).astype(np.int32)))
+    path = tmp_path / "columns"
+    with open(path, "wb") as f:
+        for cols, hashes in chunks:
+            dispatchspill.write_chunk(f, cols, hashes)
+    with open(path, "rb") as f:
+        for cols, hashes in chunks:
+            got_cols, got_hashes = dispatchspill.read_chunk(f)
+            for (name, dtype), want, got in zip(dispatchspill._COLUMNS, cols, got_cols):
+                assert got.dtype == dtype and np.array_equal(got, want), name
+            assert got_hashes.dtype == np.int32 and np.array_equal(got_hashes, hashes)
+        assert dispatchspill.read_chunk(f) is None
+    whole = path.read_bytes()
+    for cut in (3, 16 + 8 * 5 - 1, len(whole) - 1):
+        path.write_bytes(whole[:cut])
+        with open(path, "rb") as f, pytest.raises(EOFError):
+            while dispatchspill.read_chunk(f) is not None:
+                pass

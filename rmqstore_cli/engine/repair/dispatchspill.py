@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import pickle
 import shutil
 
 import numpy as np
@@ -28,12 +27,46 @@ from ..derived.dispatchbatch import DispatchBatch
 
 PREFIX = ".rmqstore-columns-"  # then the process id, "-" and a random part
 
+# A chunk in a segment's file: (records, key hashes) as two int64, then each column's bytes, raw, in this order and
+# type: written and read back with no pickling (the columns are copied once each way, not twice).
+_COLUMNS = (("phy", np.int64), ("size", np.int32), ("queue_id", np.int32), ("queue_offset", np.int64),
+            ("sysflag", np.int32), ("store_timestamp", np.int64), ("tids", np.int32), ("codes", np.int64),
+            ("counts", np.int16))
+_HASHES = np.int32
+
+
+def write_chunk(f, cols: tuple, hashes: np.ndarray) -> None:
+    """One chunk's columns (``cols`` in :data:`_COLUMNS`' order, one value per record) and its key hashes."""
+    n = len(cols[0])
+    f.write(np.asarray([n, len(hashes)], np.int64).tobytes())
+    for (_, dtype), c in zip(_COLUMNS, cols):
+        f.write(memoryview(np.ascontiguousarray(c, dtype=dtype)).cast("B"))
+    f.write(memoryview(np.ascontiguousarray(hashes, dtype=_HASHES)).cast("B"))
+
+
+def read_chunk(f) -> tuple | None:
+    """The next chunk written by :func:`write_chunk`: (columns, hashes), or None at the end of the file."""
+    head = np.empty(2, np.int64)
+    got = f.readinto(memoryview(head).cast("B"))
+    if not got:
+        return None
+    if got != head.nbytes:
+        raise EOFError("a dispatch column file ends inside a chunk")
+    n, m = int(head[0]), int(head[1])
+    out = []
+    for _, dtype in _COLUMNS + (("hashes", _HASHES),):
+        a = np.empty(m if dtype is _HASHES and len(out) == len(_COLUMNS) else n, dtype)
+        if f.readinto(memoryview(a).cast("B")) != a.nbytes:
+            raise EOFError("a dispatch column file ends inside a chunk")
+        out.append(a)
+    return tuple(out[:-1]), out[-1]
+
 class _SegmentFile:
     """One segment's columns being written (in this process or a ``-j`` worker)."""
 
     def __init__(self, path: str):
         self.path = path
-        self.f = open(path, "wb")
+        self.f = open(path, "wb")  # buffered: its write() writes every byte
         self.ok = True
         self.interner = None
 
@@ -44,9 +77,8 @@ class _SegmentFile:
             self.ok = False  # needs what the columns do not hold: the re-dispatch reads this segment itself
             return
         self.interner = topics.interner
-        cols = (h.offsets + seg_start, h.totalSize, h.queueId, h.queueOffset, h.sysFlag, h.storeTimestamp,
-                topics.tids, topics.codes, topics.counts, topics.hashes)
-        pickle.dump(tuple(np.ascontiguousarray(c) for c in cols), self.f, protocol=pickle.HIGHEST_PROTOCOL)
+        write_chunk(self.f, (h.offsets + seg_start, h.totalSize, h.queueId, h.queueOffset, h.sysFlag, h.storeTimestamp,
+                             topics.tids, topics.codes, topics.counts), topics.hashes)
 
     def close(self) -> tuple:
         """(ok, topic names of the segment's ids)"""
@@ -127,12 +159,12 @@ class DispatchSpill:
         if part is None:
             return
         names = part[1]
-        with open(self.path(seg_start), "rb") as f:
+        with open(self.path(seg_start), "rb") as f:  # buffered: readinto() fills the array unless the file ends
             while True:
-                try:
-                    phy, size, qid, qo, flag, ts, tids, codes, counts, hashes = pickle.load(f)
-                except EOFError:
+                chunk = read_chunk(f)
+                if chunk is None:
                     return
+                (phy, size, qid, qo, flag, ts, tids, codes, counts), hashes = chunk
                 n = len(phy)
                 yield DispatchBatch(phy, size, None, qid, qo, flag, ts, codes, None, None, topic_ids=tids,
                                     topic_names=names, key_count=counts, key_hashes=hashes, strings=None,
