@@ -151,6 +151,9 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
             if refused is not None:
                 backup.mark("complete")  # nothing applied: not an interrupted run to resume
                 return refused
+        spill = getattr(plan, "dispatch_spill", None) if jobs <= 1 else None  # the plan applied: planned again?
+        if spill is not None:
+            spill.keep = True  # read again by verify after the apply (one process), then removed
         res = apply_plan(plan, root, config, backup, index_namer=index_namer, jobs=jobs)
         backup.mark("complete")
     finally:
@@ -162,7 +165,11 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
                  f"(undo with: rmqstore restore {backup.dir})", markup=False, highlight=False)
     if json_:
         out.line({"type": "applied", "backup": backup.dir, "steps": res.steps, "dispatch": res.dispatch})
-    code = run_verify(root, config, out, json_, plan.kept_findings, plan.left_findings, jobs)
+    try:
+        code = run_verify(root, config, out, json_, plan.kept_findings, plan.left_findings, jobs, spill)
+    finally:
+        if spill is not None:
+            spill.remove()
     if not plan.commitlog.get("dledger"):
         from .explain_view import print_next_start
 
@@ -197,14 +204,17 @@ def _plan_again(replan, out: Output, command: str, root: str, backup, json_: boo
         st.close()
 
 
-def run_verify(root: str, config, out: Output, json_: bool, kept: list = (), left: list = (), jobs: int = 1) -> int:
+def run_verify(root: str, config, out: Output, json_: bool, kept: list = (), left: list = (), jobs: int = 1,
+               spill=None) -> int:
     """verify after apply; exit 0 when clean or when only the findings the plan kept on purpose remain."""
-    return report_verify(verify_after(root, config, jobs), root, out, json_, kept, left)
+    return report_verify(verify_after(root, config, jobs, spill), root, out, json_, kept, left)
 
 
-def verify_after(root: str, config, jobs: int = 1):
+def verify_after(root: str, config, jobs: int = 1, spill=None):
     """verify of the store as the apply left it (opened afresh, with the geometry the command used);
-    ``jobs`` > 1 walks the commitlog segments in that many processes, as ``verify -j``."""
+    ``jobs`` > 1 walks the commitlog segments in that many processes, as ``verify -j``. ``spill``: the dispatch
+    columns the plan's one-process walk kept (repair/dispatchspill.py), taken for the records the apply left as
+    they were instead of running the property pass over them again."""
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.engine.verify.pipeline import verify_store_jobs
 
@@ -212,7 +222,12 @@ def verify_after(root: str, config, jobs: int = 1):
         "version", "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "mappedFileSizeConsumeQueueExt",
         "enableConsumeQueueExt", "maxHashSlotNum", "maxIndexNum", "dLegerSelfId")})
     with st:
-        return verify_store_jobs(st, jobs)
+        columns = None
+        if spill is not None and jobs <= 1:
+            from rmqstore_cli.engine.repair.dispatchspill import SpilledColumns
+
+            columns = SpilledColumns(spill, st.config.delay_table)
+        return verify_store_jobs(st, jobs, columns=columns)
 
 
 def report_verify(result, root: str, out: Output, json_: bool, kept: list = (), left: list = ()) -> int:

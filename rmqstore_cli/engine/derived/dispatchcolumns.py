@@ -77,6 +77,24 @@ class TopicInterner:
                 self._index()  # grown by a quarter: rebuilds cost a few passes over all topics in all
         return out
 
+    def known(self) -> list[bytes]:
+        """The topics' bytes, in id order."""
+        return list(self.ids)
+
+    def learn(self, raws: list[bytes], upto: int) -> None:
+        """Ids up to ``upto`` are ``raws``' (another walk's topics over the same records, in its id order, of which
+        this one's are the first): the ones not known yet are added in that order, as this walk would add them."""
+        new = raws[len(self.ids):upto]
+        if not new:
+            return
+        buf = np.frombuffer(b"".join(new), np.uint8)
+        ends = np.cumsum([len(r) for r in new], dtype=np.int64)
+        hashes = propscan.java_hash_spans(buf, ends - [len(r) for r in new], ends)  # keyed as group_ids keys them
+        for raw, h in zip(new, hashes.tolist()):
+            self._id(raw, (int(h) << 16) ^ len(raw))
+        if len(self.ids) - self._indexed > self._indexed // 4:
+            self._index()
+
     def _id(self, raw: bytes, key: int) -> int:
         i = self.ids.get(raw)
         if i is None:

@@ -296,7 +296,7 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
     finally:
         d.close(flush=False)
         st.close()
-        if spill is not None:
+        if spill is not None and not spill.keep:
             spill.remove()
     s = d.stats
     backup.mark("dispatch-end", records=s.records, cqUnits=s.cq_units, indexEntries=s.index_entries)

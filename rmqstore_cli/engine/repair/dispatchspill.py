@@ -81,10 +81,11 @@ class _SegmentFile:
                              topics.tids, topics.codes, topics.counts), topics.hashes)
 
     def close(self) -> tuple:
-        """(ok, topic names of the segment's ids)"""
+        """(ok, topic names of the segment's ids, their bytes)"""
         self.f.close()
         names = list(self.interner.topics()) if self.interner is not None else []
-        return self.ok, names
+        raws = list(self.interner.ids) if self.interner is not None else []  # in id order
+        return self.ok, names, raws
 
 
 class DispatchSpill:
@@ -97,6 +98,7 @@ class DispatchSpill:
         self._open: dict = {}  # segment start -> _SegmentFile being written here
         self.usable = False  # set by the planner: the walk's records are the re-dispatch's
         self.delay_table = None  # the delay levels the walk's tagsCode used (the re-dispatch's must be the same)
+        self.keep = False  # set by a caller that reads the columns again after the re-dispatch (and removes them)
         atexit.register(self.remove)
 
     @classmethod
@@ -170,11 +172,74 @@ class DispatchSpill:
                                     topic_names=names, key_count=counts, key_hashes=hashes, strings=None,
                                     rows=np.arange(n, dtype=np.int64), lmq=None)
 
+    def chunks(self, seg_start: int):
+        """The segment's chunks as the walk wrote them, ``(columns, hashes)`` (:func:`read_chunk`), with the bytes of
+        the topics of its walk's ids (in id order); None when the segment's columns are not whole and usable."""
+        part = self.parts.get(seg_start)
+        if not self.usable or part is None or not part[0]:
+            return None
+        return _read_all(self.path(seg_start)), part[2]
+
     def remove(self) -> None:
         for f in self._open.values():
             f.f.close()
         self._open, self.parts, self.usable = {}, {}, False
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _read_all(path: str):
+    with open(path, "rb") as f:
+        while True:
+            chunk = read_chunk(f)
+            if chunk is None:
+                return
+            yield chunk
+
+
+class SpilledColumns:
+    """verify's walk after the apply fed the dispatch columns the plan's walk kept, instead of computing them again
+    (verify.commitlog.iter_segment_windows, ``columns``): both are verify's one-pass property kernel over the same
+    bytes (the apply writes nothing into the log before its recovered end, and the lock is held throughout), so
+    they are the same columns; each chunk's records are checked to be the plan's (offsets and sizes), and after
+    the first that is not, every later chunk is computed as usual. Only for a one-process walk: its topic ids
+    follow the whole log's, as the plan's one-process walk gave them."""
+
+    def __init__(self, spill: DispatchSpill, delay_table: dict):
+        self.spill = spill
+        self.dead = spill is None or not spill.usable or not _same_delays(spill.delay_table, delay_table)
+        self._segment = None  # (chunks of the segment being walked, the topics' bytes)
+
+    def start_segment(self, seg_start: int, known_topics: list) -> bool:
+        """The walk enters the segment at ``seg_start`` knowing these topics (their bytes, in id order): whether
+        its chunks can be taken from the columns."""
+        self._segment = None
+        if self.dead:
+            return False
+        got = self.spill.chunks(seg_start)
+        if got is None:
+            return False
+        if got[1][:len(known_topics)] != known_topics:
+            self.dead = True  # not the ids of this walk
+            return False
+        self._segment = got
+        return True
+
+    def take(self, phy: np.ndarray, size: np.ndarray):
+        """The kept (topic ids, tagsCode, keyCount, key hashes) of the chunk whose records start at ``phy`` with these
+        sizes, and the topics' bytes in id order; None (and none again) when the records are not the plan's."""
+        if self.dead or self._segment is None:
+            return None
+        chunks, raws = self._segment
+        got = next(chunks, None)
+        if got is None or not (np.array_equal(got[0][0], phy) and np.array_equal(got[0][1], size)):
+            self.dead = True
+            return None
+        (_, _, _, _, _, _, tids, codes, counts), hashes = got
+        return tids, codes, counts, hashes, raws
+
+
+def _same_delays(a, b) -> bool:
+    return a is not None and a == b
 
 
 def discard(plan) -> None:

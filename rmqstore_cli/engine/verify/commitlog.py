@@ -145,14 +145,14 @@ def verify_segments(commitlog: CommitLog, indexes: Iterable[int], *, check_crc: 
 
 
 def iter_windows(commitlog: CommitLog, *, check_crc: bool = True,
-                 progress: Callable[[int], None] | None = None, chunk_sink=None) -> Iterator[SegmentReport]:
-    """Every window report of the log, in log order (numbered as :func:`first_windows`); ``chunk_sink``: see
-    :func:`iter_segment_windows`."""
+                 progress: Callable[[int], None] | None = None, chunk_sink=None, columns=None) -> Iterator[SegmentReport]:
+    """Every window report of the log, in log order (numbered as :func:`first_windows`); ``chunk_sink``, ``columns``:
+    see :func:`iter_segment_windows`."""
     firsts = first_windows(commitlog)
     interner = TopicInterner()  # one for the walk: a segment's topics are mostly the ones before it
     for i in range(len(commitlog.segments.segments)):
         yield from iter_segment_windows(commitlog, i, check_crc=check_crc, progress=progress, first_window=firsts[i],
-                                        chunk_sink=chunk_sink, interner=interner)
+                                        chunk_sink=chunk_sink, interner=interner, columns=columns)
 
 
 def window_report(commitlog: CommitLog, w: int, *, check_crc: bool = True) -> SegmentReport:
@@ -264,14 +264,16 @@ class _Columns:
 
 def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True, progress=None,
                          window_bytes: int | None = None, first_window: int | None = None,
-                         chunk_sink=None, interner: TopicInterner | None = None) -> Iterator[SegmentReport]:
+                         chunk_sink=None, interner: TopicInterner | None = None, columns=None) -> Iterator[SegmentReport]:
     """Walk segment ``i`` once and yield a report per window (:func:`window_starts`; ``window_bytes=0``: one
     report for the whole segment, numbered ``i``), in order, each as soon as the walk has passed its end.
     Windows are numbered from ``first_window`` (default: the log's numbering, :func:`first_windows`).
     ``chunk_sink(i, seg, buf, headers, topics)`` also gets each chunk of valid records as the walk decodes it (another
     pass reading the same records: recover's recovery walk, repair/walkalong.py), with what the walk's property pass
     found (:class:`ChunkTopics`). ``interner``: the walk's topic ids, shared with the segments before (a new one
-    by default)."""
+    by default). ``columns``: the dispatch columns an earlier walk of the same records with the same ids kept
+    (repair/dispatchspill.SpilledColumns: ``start_segment``, ``take``), taken instead of the property pass for the
+    chunks whose records are that walk's."""
     seg = commitlog.segments.segments[i]
     cfg = commitlog.config
     starts = window_starts(seg, commitlog.segments.file_size, window_bytes)
@@ -312,13 +314,22 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
         f.append(Finding(code, sev, seg.path, pos, msg, {"phyOffset": seg.start + pos, **extra}))
 
     dledger = getattr(commitlog, "is_dledger", False)
+    if columns is not None and not columns.start_segment(seg.start, interner.known()):
+        columns = None
     pos = 0
     while True:
         res = ScanResult()
         for chunk in view.scan(start_position=pos, check_crc=check_crc, result=res):
             h = chunk.headers
             phy = chunk.phy
-            tids, codes, tags_bad, counts, hashes, multi = dispatch_chunk(u8, h, interner, delay_table)
+            kept = columns.take(phy, h.totalSize) if columns is not None else None
+            if kept is None:
+                columns = None
+                tids, codes, tags_bad, counts, hashes, multi = dispatch_chunk(u8, h, interner, delay_table)
+            else:
+                tids, codes, counts, hashes, raws = kept
+                interner.learn(raws, int(tids.max()) + 1 if len(tids) else 0)
+                tags_bad = multi = np.zeros(len(h), bool)  # a segment's columns are kept only without either
             if chunk_sink is not None:
                 chunk_sink(i, seg, buf, h, ChunkTopics(tids, interner, multi, codes, tags_bad, counts, hashes))
             acc.add({"phy": phy, "size": h.totalSize, "queueId": h.queueId, "queueOffset": h.queueOffset,

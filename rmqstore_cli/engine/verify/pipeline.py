@@ -69,26 +69,30 @@ class InProcessCrossChecks:
 
 
 def verify_store(store, *, check_crc: bool = True, reports: Iterable[SegmentReport] | None = None,
-                 progress: Callable[[int], None] | None = None, cross_checks=InProcessCrossChecks) -> VerifyResult:
+                 progress: Callable[[int], None] | None = None, cross_checks=InProcessCrossChecks,
+                 columns=None) -> VerifyResult:
     """Verify everything in ``store``; ``reports`` (in segment order) may come from parallel
     :func:`verify_segments` calls, e.g. the stream of :func:`iter_segments_parallel` (they are consumed:
     their record columns are released once used).
 
     In process, the log is verified in windows (:mod:`.windows`): one window's records at a
-    time (whole-segment reports are cut into windows). A distributed ``cross_checks``, or segments that overlap, take the whole-log formulation."""
+    time (whole-segment reports are cut into windows). A distributed ``cross_checks``, or segments that overlap, take the whole-log formulation.
+    ``columns``: dispatch columns an earlier one-process walk of the same log kept, for the windowed walk
+    (:func:`.commitlog.iter_segment_windows`)."""
     if store.rocksdb is not None:
         if cross_checks is not InProcessCrossChecks or segments_overlap(store.commitlog):
             raise UsageError("a RocksDB consume queue is verified in process, on commitlog files that do not overlap")
         return _verify_in_windows(store, check_crc=check_crc, reports=reports, progress=progress)
     if cross_checks is InProcessCrossChecks and not segments_overlap(store.commitlog):
-        return _verify_in_windows(store, check_crc=check_crc, reports=reports, progress=progress)
+        return _verify_in_windows(store, check_crc=check_crc, reports=reports, progress=progress, columns=columns)
     return _verify_whole_log(store, check_crc=check_crc, reports=None if reports is None else list(whole_segments(reports)),
                              progress=progress,
                              cross_checks=cross_checks)
 
 
 def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[SegmentReport] | None = None,
-                       progress: Callable[[int], None] | None = None, jobs: int = 1, extra=None) -> VerifyResult:
+                       progress: Callable[[int], None] | None = None, jobs: int = 1, extra=None,
+                       columns=None) -> VerifyResult:
     keep_freed_heap()  # the walk's chunk columns reuse freed heap memory (in -j's forked workers too)
     cl = store.commitlog
     findings: list[Finding] = []
@@ -107,7 +111,7 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
         if reports is None and _entries_along_walk(store):
             tail = _EntriesAlongWalk(store)
         if reports is None:
-            source = iter_windows(cl, check_crc=check_crc, progress=progress)
+            source = iter_windows(cl, check_crc=check_crc, progress=progress, columns=columns)
         else:
             firsts = first_windows(cl)
             source = (w for rep in reports for w in as_windows(rep, cl, firsts))
@@ -221,11 +225,12 @@ def parallel_checks(store, jobs: int) -> bool:
 
 
 def verify_store_jobs(store, jobs: int, *, check_crc: bool = True, progress: Callable[[int], None] | None = None,
-                      extra=None) -> VerifyResult:
+                      extra=None, columns=None) -> VerifyResult:
     """:func:`verify_store` on ``jobs`` processes: the window checks in the workers where the store allows
     (:func:`parallel_checks`), else the walk alone; the same result as one process. ``extra``: the caller's own
     per-window work done by the same workers in the same walk (:class:`.windowchecks.WindowChecks`); it is fed
-    only when the workers run the window checks (the caller sees what it was given)."""
+    only when the workers run the window checks (the caller sees what it was given). ``columns``: see
+    :func:`verify_store` (one process only)."""
     keep_freed_heap()  # before any worker is forked: they inherit it
     if parallel_checks(store, jobs):
         try:
@@ -233,7 +238,8 @@ def verify_store_jobs(store, jobs: int, *, check_crc: bool = True, progress: Cal
         except NotMergeable:  # the workers' summaries cannot decide it: the records are read again here
             return verify_store(store, check_crc=check_crc)
     reports = iter_segments_parallel(store.commitlog, jobs, check_crc=check_crc, progress=progress) if jobs > 1 else None
-    return verify_store(store, check_crc=check_crc, reports=reports, progress=progress)
+    return verify_store(store, check_crc=check_crc, reports=reports, progress=progress,
+                        columns=columns if jobs <= 1 else None)
 
 
 class _Newest:
