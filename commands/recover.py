@@ -151,9 +151,9 @@ def apply_and_verify(st, plan, out: Output, *, backup_dir, force: bool, command:
             if refused is not None:
                 backup.mark("complete")  # nothing applied: not an interrupted run to resume
                 return refused
-        spill = getattr(plan, "dispatch_spill", None) if jobs <= 1 else None  # the plan applied: planned again?
+        spill = getattr(plan, "dispatch_spill", None)  # of the plan applied (it may have been planned again)
         if spill is not None:
-            spill.keep = True  # read again by verify after the apply (one process), then removed
+            spill.keep = True  # read again by verify after the apply, then removed
         res = apply_plan(plan, root, config, backup, index_namer=index_namer, jobs=jobs)
         backup.mark("complete")
     finally:
@@ -213,8 +213,8 @@ def run_verify(root: str, config, out: Output, json_: bool, kept: list = (), lef
 def verify_after(root: str, config, jobs: int = 1, spill=None):
     """verify of the store as the apply left it (opened afresh, with the geometry the command used);
     ``jobs`` > 1 walks the commitlog segments in that many processes, as ``verify -j``. ``spill``: the dispatch
-    columns the plan's one-process walk kept (repair/dispatchspill.py), taken for the records the apply left as
-    they were instead of running the property pass over them again."""
+    columns the plan's walk kept (repair/dispatchspill.py), taken for the records the apply left as they were
+    instead of running the property pass over them again."""
     from rmqstore_cli.engine.store import Store
     from rmqstore_cli.engine.verify.pipeline import verify_store_jobs
 
@@ -223,7 +223,7 @@ def verify_after(root: str, config, jobs: int = 1, spill=None):
         "enableConsumeQueueExt", "maxHashSlotNum", "maxIndexNum", "dLegerSelfId")})
     with st:
         columns = None
-        if spill is not None and jobs <= 1:
+        if spill is not None:
             from rmqstore_cli.engine.repair.dispatchspill import SpilledColumns
 
             columns = SpilledColumns(spill, st.config.delay_table)

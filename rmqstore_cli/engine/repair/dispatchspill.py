@@ -99,6 +99,7 @@ class DispatchSpill:
         self.usable = False  # set by the planner: the walk's records are the re-dispatch's
         self.delay_table = None  # the delay levels the walk's tagsCode used (the re-dispatch's must be the same)
         self.keep = False  # set by a caller that reads the columns again after the re-dispatch (and removes them)
+        self.segment_ids = False  # the topic ids are each segment's own (a -j walk's), not the whole log's
         atexit.register(self.remove)
 
     @classmethod
@@ -201,19 +202,19 @@ class SpilledColumns:
     (verify.commitlog.iter_segment_windows, ``columns``): both are verify's one-pass property kernel over the same
     bytes (the apply writes nothing into the log before its recovered end, and the lock is held throughout), so
     they are the same columns; each chunk's records are checked to be the plan's (offsets and sizes), and after
-    the first that is not, every later chunk is computed as usual. Only for a one-process walk: its topic ids
-    follow the whole log's, as the plan's one-process walk gave them."""
+    the first that is not, every later chunk is computed as usual. The walk numbers topics as the plan's did: over
+    the whole log in one process, each segment on its own in a ``-j`` worker."""
 
     def __init__(self, spill: DispatchSpill, delay_table: dict):
         self.spill = spill
         self.dead = spill is None or not spill.usable or not _same_delays(spill.delay_table, delay_table)
         self._segment = None  # (chunks of the segment being walked, the topics' bytes)
 
-    def start_segment(self, seg_start: int, known_topics: list) -> bool:
-        """The walk enters the segment at ``seg_start`` knowing these topics (their bytes, in id order): whether
-        its chunks can be taken from the columns."""
+    def start_segment(self, seg_start: int, known_topics: list, whole_log_ids: bool) -> bool:
+        """The walk enters the segment at ``seg_start`` knowing these topics (their bytes, in id order; its ids
+        are the whole log's, or the segment's own): whether its chunks can be taken from the columns."""
         self._segment = None
-        if self.dead:
+        if self.dead or whole_log_ids == self.spill.segment_ids:
             return False
         got = self.spill.chunks(seg_start)
         if got is None:

@@ -112,6 +112,7 @@ class _Along:
         w = self.walk
         if spilled is not None and w.spill is not None:
             w.spill.parts[w.segs[i].start] = spilled
+            w.spill.segment_ids = True  # a worker's walk numbers each segment's topics on its own
         w.merge(i, p)
 
 

@@ -290,6 +290,7 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
     limit = min(seg.size, commitlog.segments.file_size)
     wrong_size = seg.size != commitlog.segments.file_size
     acc = _Columns()
+    whole_log_ids = interner is not None  # the walk's topic ids: shared with the segments before, or this one's
     interner = TopicInterner() if interner is None else interner
     delay_table = cfg.delay_table
     known = _SYSFLAG_KNOWN.get(cfg.version, 0x7FF)
@@ -314,7 +315,7 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
         f.append(Finding(code, sev, seg.path, pos, msg, {"phyOffset": seg.start + pos, **extra}))
 
     dledger = getattr(commitlog, "is_dledger", False)
-    if columns is not None and not columns.start_segment(seg.start, interner.known()):
+    if columns is not None and not columns.start_segment(seg.start, interner.known(), whole_log_ids):
         columns = None
     pos = 0
     while True:

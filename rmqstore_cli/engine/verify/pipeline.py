@@ -99,7 +99,7 @@ def _verify_in_windows(store, *, check_crc: bool = True, reports: Iterable[Segme
     findings += cl.segments.problems
     parallel = reports is None and parallel_checks(store, jobs)
     checks = WindowChecks(store, findings, check_crc=check_crc, jobs=jobs if parallel else 1,
-                          extra=extra if parallel else None)
+                          extra=extra if parallel else None, columns=columns if parallel else None)
     tail = None
     if parallel:
         if _has_log_independent_checks(store, with_dledger=False):  # -j splits the DLedger walk itself
@@ -230,11 +230,12 @@ def verify_store_jobs(store, jobs: int, *, check_crc: bool = True, progress: Cal
     (:func:`parallel_checks`), else the walk alone; the same result as one process. ``extra``: the caller's own
     per-window work done by the same workers in the same walk (:class:`.windowchecks.WindowChecks`); it is fed
     only when the workers run the window checks (the caller sees what it was given). ``columns``: see
-    :func:`verify_store` (one process only)."""
+    :func:`verify_store` (one process, or the workers when they run the window checks)."""
     keep_freed_heap()  # before any worker is forked: they inherit it
     if parallel_checks(store, jobs):
         try:
-            return _verify_in_windows(store, check_crc=check_crc, progress=progress, jobs=jobs, extra=extra)
+            return _verify_in_windows(store, check_crc=check_crc, progress=progress, jobs=jobs, extra=extra,
+                                      columns=columns)
         except NotMergeable:  # the workers' summaries cannot decide it: the records are read again here
             return verify_store(store, check_crc=check_crc)
     reports = iter_segments_parallel(store.commitlog, jobs, check_crc=check_crc, progress=progress) if jobs > 1 else None

@@ -66,7 +66,7 @@ class WindowChecks:
     """The commitlog side of the broker's consistency: what ``ReputMessageService`` would have dispatched
     (consume queues, batch queues, LMQ, index entries) checked against the records, one window at a time."""
 
-    def __init__(self, store, findings: list, *, check_crc: bool = True, jobs: int = 1, extra=None):
+    def __init__(self, store, findings: list, *, check_crc: bool = True, jobs: int = 1, extra=None, columns=None):
         """The record-independent checks of every queue and index file are made here, or with ``jobs`` > 1 by the
         workers of :meth:`run_parallel` (this process then has them once that call has started the workers).
 
@@ -74,8 +74,10 @@ class WindowChecks:
         for it: in a worker ``extra.window(rep)`` gets each window report before the checks consume its columns
         (it must not consume them), ``extra.chunk`` (if it has one) each chunk of valid records as the walk decodes
         them (iter_segment_windows' ``chunk_sink``), and ``extra.segment_result(i)`` (picklable) ends segment ``i``;
-        this process gets those in log order as ``extra.merge(i, result)``."""
+        this process gets those in log order as ``extra.merge(i, result)``. ``columns``: kept dispatch columns for
+        the workers' walks (iter_segment_windows)."""
         self.extra = extra
+        self.columns = columns
         cl = self.cl = store.commitlog
         self.store, self.check_crc, self.findings = store, check_crc, findings
         # in one process, runs of small segments share a window; a -j worker takes whole segments, so each keeps its own
@@ -295,7 +297,7 @@ _WALK_AHEAD = 3  # windows a worker walks before it waits for the shared file ch
 def _segment_checks(i: int, checks: WindowChecks, firsts: list):
     pending: list = []  # windows walked while the shared file checks were on their way
     for rep in iter_segment_windows(checks.cl, i, check_crc=checks.check_crc, first_window=firsts[i],
-                                    chunk_sink=getattr(checks.extra, "chunk", None)):
+                                    chunk_sink=getattr(checks.extra, "chunk", None), columns=checks.columns):
         if checks.extra is not None:
             checks.extra.window(rep)
         if not checks.enter_worker(wait=len(pending) >= _WALK_AHEAD):
