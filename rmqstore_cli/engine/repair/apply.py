@@ -239,7 +239,7 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
         if s.start <= start:
             start_index = k
     spilled = (spill is not None and not st.batch_topics() and not st.config.enableConsumeQueueExt
-               and st.config.maxIndexNum >= 2 and _same_delays(spill.delay_table, st.config.delay_table)
+               and st.config.maxIndexNum >= 2 and spill.same_delays(st.config.delay_table)
                and spill.covers([s.start for s in segs[start_index:] if s.start < end]))
     parallel = not spilled and jobs > 1 and start_index == 0 and len(segs) > 1
     if parallel:
@@ -302,10 +302,6 @@ def run_dispatch(root: str, config, backup: Backup, start: int, end: int, gainin
     backup.mark("dispatch-end", records=s.records, cqUnits=s.cq_units, indexEntries=s.index_entries)
     return {"records": s.records, "cqUnits": s.cq_units, "cqSkipped": s.cq_skipped, "extUnits": s.ext_units,
             "indexEntries": s.index_entries, "problems": [p.as_json() for p in d.problems]}
-
-
-def _same_delays(a, b) -> bool:
-    return a is not None and a == b
 
 
 def _inside(batch, start: int, end: int):

@@ -53,13 +53,15 @@ def read_chunk(f) -> tuple | None:
     if got != head.nbytes:
         raise EOFError("a dispatch column file ends inside a chunk")
     n, m = int(head[0]), int(head[1])
-    out = []
-    for _, dtype in _COLUMNS + (("hashes", _HASHES),):
-        a = np.empty(m if dtype is _HASHES and len(out) == len(_COLUMNS) else n, dtype)
-        if f.readinto(memoryview(a).cast("B")) != a.nbytes:
-            raise EOFError("a dispatch column file ends inside a chunk")
-        out.append(a)
-    return tuple(out[:-1]), out[-1]
+    cols = tuple(_read_array(f, n, dtype) for _, dtype in _COLUMNS)
+    return cols, _read_array(f, m, _HASHES)
+
+
+def _read_array(f, n: int, dtype) -> np.ndarray:
+    a = np.empty(n, dtype)
+    if f.readinto(memoryview(a).cast("B")) != a.nbytes:
+        raise EOFError("a dispatch column file ends inside a chunk")
+    return a
 
 class _SegmentFile:
     """One segment's columns being written (in this process or a ``-j`` worker)."""
@@ -173,6 +175,10 @@ class DispatchSpill:
                                     topic_names=names, key_count=counts, key_hashes=hashes, strings=None,
                                     rows=np.arange(n, dtype=np.int64), lmq=None)
 
+    def same_delays(self, delay_table: dict) -> bool:
+        """Whether the walk's tagsCode were computed with these delay levels (a reader's must be the same)."""
+        return self.delay_table is not None and self.delay_table == delay_table
+
     def chunks(self, seg_start: int):
         """The segment's chunks as the walk wrote them, ``(columns, hashes)`` (:func:`read_chunk`), with the bytes of
         the topics of its walk's ids (in id order); None when the segment's columns are not whole and usable."""
@@ -207,7 +213,7 @@ class SpilledColumns:
 
     def __init__(self, spill: DispatchSpill, delay_table: dict):
         self.spill = spill
-        self.dead = spill is None or not spill.usable or not _same_delays(spill.delay_table, delay_table)
+        self.dead = spill is None or not spill.usable or not spill.same_delays(delay_table)
         self._segment = None  # (chunks of the segment being walked, the topics' bytes)
 
     def start_segment(self, seg_start: int, known_topics: list, whole_log_ids: bool) -> bool:
@@ -237,10 +243,6 @@ class SpilledColumns:
             return None
         (_, _, _, _, _, _, tids, codes, counts), hashes = got
         return tids, codes, counts, hashes, raws
-
-
-def _same_delays(a, b) -> bool:
-    return a is not None and a == b
 
 
 def discard(plan) -> None:
