@@ -31,7 +31,7 @@ import numpy as np
 import numba
 
 from .jsontext import _HEXL, _HEXU, _esc, _hex, _host, _int, _lit
-from .wordops import _same_bytes
+from .wordops import _copy_words, _json_special32, _low_bit_index, _same_bytes
 from .kernel import _jit
 
 MAGIC_V2 = -626843477  # formats.records.MAGIC_V2 (a literal: numba freezes globals)
@@ -125,41 +125,64 @@ def _props(u8, s, e, out, p, hexl, ent):
     return p + 1, not (bad and k > 1)
 
 
+def _entry_fast(u8, ent, k, a, sep, b):
+    """Entry ``u8[a:b]`` (its ``\x01`` at ``sep``, -1: none seen) as the ``k``-th of :func:`_props_fast`: the
+    entries so far plus this one, or -1 when it is not the common case (no separator, an empty key or value, a
+    repeated key, too many entries)."""
+    if sep <= a or sep >= b - 1 or k == ent.shape[0]:
+        return -1
+    for j in range(k):
+        if ent[j, 1] - ent[j, 0] == sep - a and _same_bytes(u8, ent[j, 0], u8, a, sep - a):
+            return -1
+    ent[k, 0] = a
+    ent[k, 1] = sep
+    ent[k, 3] = b
+    return k + 1
+
+
 def _props_fast(u8, s, e, out, p, ent, plain):
     """The ``properties`` object and, after the ``propertiesRaw`` key, the raw string, in one pass,
     when every byte is plain (printable ASCII but ``"`` and ``\\``) besides the separators, every entry
     has one ``\x01``, a key and a value, and no key repeats: the common case. Returns the end of the
-    raw string's text, or -1 (nothing usable written: the general path renders the record)."""
+    raw string's text, or -1 (nothing usable written: the general path renders the record).
+    The bytes are tested 32 at a time (:func:`_json_special32`); only the few that are not plain are looked at."""
+    n = u8.shape[0]
     k = 0
-    a = s
-    objlen = 2
-    while a < e:
-        sep = -1
-        b = a
-        while b < e:
-            c = u8[b]
-            if c == 2:
-                break
-            if c == 1:
-                if sep >= 0:
+    a = s  # the current entry's start
+    sep = -1  # its \x01
+    i = s
+    while i < e:
+        if i + 32 <= n:
+            m = _json_special32(u8, i)
+        else:  # the buffer's last bytes
+            m = np.uint64(0)
+            for t in range(min(32, e - i)):
+                if not plain[u8[i + t]]:
+                    m |= np.uint64(1) << np.uint64(t)
+        if e - i < 32:
+            m &= (np.uint64(1) << np.uint64(e - i)) - np.uint64(1)
+        while m:
+            j = i + _low_bit_index(m)
+            m &= m - np.uint64(1)
+            c = u8[j]
+            if c == 1 and sep < 0:
+                sep = j
+            elif c == 2:
+                k = _entry_fast(u8, ent, k, a, sep, j)
+                if k < 0:
                     return -1
-                sep = b
-            elif not plain[c]:
+                a = j + 1
+                sep = -1
+            else:
                 return -1
-            b += 1
-        if sep <= a or sep >= b - 1 or k == ent.shape[0]:
+        i += 32
+    if a < e:
+        k = _entry_fast(u8, ent, k, a, sep, e)
+        if k < 0:
             return -1
-        for j in range(k):
-            if ent[j, 1] - ent[j, 0] == sep - a and _same_bytes(u8, ent[j, 0], u8, a, sep - a):
-                return -1
-        ent[k, 0] = a
-        ent[k, 1] = sep
-        ent[k, 3] = b
-        objlen += b - a + 4  # "key":"value"
-        k += 1
-        a = b + 1
-    if k > 1:
-        objlen += k - 1
+    objlen = 2 + (k - 1 if k > 1 else 0)
+    for j in range(k):
+        objlen += ent[j, 3] - ent[j, 0] + 4  # "key":"value"
     q = p + objlen + _L19.shape[0]  # the raw string's text
     out[p] = 0x7B
     p += 1
@@ -172,29 +195,23 @@ def _props_fast(u8, s, e, out, p, ent, plain):
         a = ent[j, 0]
         sep = ent[j, 1]
         b = ent[j, 3]
-        for i in range(a, sep):
-            out[p] = u8[i]
-            out[q] = u8[i]
-            p += 1
-            q += 1
+        _copy_words(out, p, u8, a, sep - a)
+        _copy_words(out, q, u8, a, sep - a)
+        p += sep - a
+        q += sep - a
         out[p] = 0x22
         out[p + 1] = 0x3A
         out[p + 2] = 0x22
         p += 3
-        for t in range(6):
-            out[q + t] = _U0001[t]
-        q += 6
-        for i in range(sep + 1, b):
-            out[p] = u8[i]
-            out[q] = u8[i]
-            p += 1
-            q += 1
+        q = _lit(out, q, _U0001)
+        _copy_words(out, p, u8, sep + 1, b - sep - 1)
+        _copy_words(out, q, u8, sep + 1, b - sep - 1)
+        p += b - sep - 1
+        q += b - sep - 1
         out[p] = 0x22
         p += 1
         if b < e:
-            for t in range(6):
-                out[q + t] = _U0002[t]
-            q += 6
+            q = _lit(out, q, _U0002)
     out[p] = 0x7D
     p += 1
     _lit(out, p, _L19)
@@ -316,9 +333,10 @@ def _write_lines(u8, base, body_mode, offsets, total, magic, body_crc, queue_id,
 
 # helpers are inlined into the kernels (a call per field cost more than the field's text)
 _inline = numba.njit(inline="always")
-_props = _jit(_props)
+_props = _jit(_props, refcounts=False)  # makes no array: no reference counting (kernel._jit)
+_entry_fast = _inline(_entry_fast)
 _props_fast = _inline(_props_fast)
-write_lines = _jit(_write_lines)
+write_lines = _jit(_write_lines, refcounts=False)
 
 
 def record_capacity(h, body_mode: int) -> np.ndarray:

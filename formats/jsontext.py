@@ -10,6 +10,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from .wordops import _copy
+
 _HEXL = np.frombuffer(b"0123456789abcdef", np.uint8).copy()
 _HEXU = np.frombuffer(b"0123456789ABCDEF", np.uint8).copy()
 _POW10 = np.array([10**k for k in range(20)], dtype=np.uint64)
@@ -22,8 +24,7 @@ _L2 = np.frombuffer(b'","port":', np.uint8).copy()
 
 
 def _lit(out, p, s):
-    for k in range(s.shape[0]):
-        out[p + k] = s[k]
+    _copy(out, p, s, 0, s.shape[0])
     return p + s.shape[0]
 
 
