@@ -129,7 +129,8 @@ def _walk_messages(u8, pos, end, file_start, last_index, last_term, max_entries,
         pos += size
 
 
-_be = _jit(_be)
-_take_entry = _jit(_take_entry)
-walk_entries = _jit(_walk_entries)
-walk_messages = _jit(_walk_messages)
+# none makes an array: compiled without reference counting (kernel._jit)
+_be = _jit(_be, refcounts=False)
+_take_entry = _jit(_take_entry, refcounts=False)
+walk_entries = _jit(_walk_entries, refcounts=False)
+walk_messages = _jit(_walk_messages, refcounts=False)

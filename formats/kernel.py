@@ -197,6 +197,12 @@ def _jit(fn, refcounts: bool = True):
 NO_REFCOUNTS = "_rmqstore_no_refcounts"  # attribute of a kernel's Python function: compile it without NRT
 
 
+def _jit_no_refcounts(fn):
+    """``_jit(fn, refcounts=False)`` as a decorator: a kernel or helper that makes no array. Each call of a compiled
+    helper otherwise takes and drops a reference to every array it is handed (two atomic operations each)."""
+    return _jit(fn, refcounts=False)
+
+
 # --- big-endian reads ---------------------------------------------------------------------------
 
 def _load_be(bits):

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from .jsonscan import _HEX, _inline
-from .kernel import _crc, _jit
+from .kernel import _crc, _jit_no_refcounts
+from .wordops import _copy
 from .replaykernel import (I_BODY, I_BODYLEN, I_BORN_HEX, I_BORN_HEXLEN, I_BORN_PORT, I_BORN_TS, I_FLAG, I_PREPARED,
                            I_QUEUE, I_RAW, I_RAWLEN, I_RECONSUME, I_STORE_HEX, I_STORE_HEXLEN, I_STORE_PORT, I_STORE_TS,
                            I_SYSFLAG, I_TOPIC, I_TOPICLEN, MAGIC_V2)
@@ -33,7 +34,7 @@ def _put_host(u8, out, p, hexpos, hexlen, port):
     return p + 4
 
 
-@_jit
+@_jit_no_refcounts
 def encode_records(u8, side, cols, rows, magic, total, queue_offset, phy, out, at):
     """Write the record of line ``rows[j]`` at ``out[at[j]]`` (TOTALSIZE ``total[j]``, ``magic[j]``)."""
     for j in range(len(rows)):
@@ -57,7 +58,7 @@ def encode_records(u8, side, cols, rows, magic, total, queue_offset, phy, out, a
         q += 16
         body = q
         s = cols[i, I_BODY]
-        out[q:q + blen] = side[s:s + blen]
+        _copy(out, q, side, s, blen)
         q += blen
         crc = np.int64(_crc(out, body, blen) & np.uint32(0x7FFFFFFF)) if blen else 0
         _put_be(out, p + 8, crc, 4)
@@ -75,10 +76,10 @@ def encode_records(u8, side, cols, rows, magic, total, queue_offset, phy, out, a
         rn = cols[i, I_RAWLEN]
         _put_be(out, q, rn, 2)
         s = cols[i, I_RAW]
-        out[q + 2:q + 2 + rn] = side[s:s + rn]
+        _copy(out, q + 2, side, s, rn)
 
 
-@_jit
+@_jit_no_refcounts
 def layout(total, offset, file_size, phy, blank_after):
     """Place records one put each (FORMAT.md §2.4): a record whose TOTALSIZE + 8 does not fit in what
     remains of its segment goes to the next one after a BLANK. ``phy[j]``: its offset;

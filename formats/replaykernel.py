@@ -26,7 +26,7 @@ import numpy as np
 
 
 from .jsonscan import _HEX, _inline, _int_end, _int_value, _read_string, _string_end, _unescape, _ws
-from .kernel import _jit
+from .kernel import _jit_no_refcounts
 from .replayprops import _props_match
 from .wordops import _low_byte_index, _word
 from .wordstore import _bswap, _store_word
@@ -115,7 +115,7 @@ def _special(raw, rn, v5):
     return False
 
 
-@_jit
+@_jit_no_refcounts
 def _host(u8, p, e, port_col, hex_col, cols, at):
     """An ``{"ip": str, "ipHex": hex of 4 or 16 bytes, "port": 0..2^31-1}`` object at ``p``; returns its end or -1."""
     if p >= e or u8[p] != 123:
@@ -178,7 +178,7 @@ def _host(u8, p, e, port_col, hex_col, cols, at):
         return -1
 
 
-@_jit
+@_jit_no_refcounts
 def _parse_line(u8, s, e, cols, at, side, cursor, scratch, ents, table, ends, v5):
     p = _ws(u8, s, e)
     if p == e:
@@ -407,7 +407,7 @@ def _zero_bytes(x):
     return ~(((x & low7) + low7) | x | low7)
 
 
-@_jit
+@_jit_no_refcounts
 def line_ends(u8, ends):
     """Every ``\\n`` of ``u8``, 8 bytes a step: its positions into ``ends`` and (count, any ``\\r``, any byte
     >= 0x80). A count of -1: more lines than ``ends`` holds (the caller looks again another way)."""
@@ -445,11 +445,11 @@ def line_ends(u8, ends):
     return count, cr, wide
 
 
-@_jit
-def parse_lines(u8, starts, ends, cols, status, side, scratch, ents, table, ends_table, v5):
+@_jit_no_refcounts
+def parse_lines(u8, starts, ends, cols, status, side, cursor, scratch, ents, table, ends_table, v5):
     """Parse each line ``u8[starts[i]:ends[i]]`` into ``cols[i]``; ``status[i]`` OK, BLANK or SLOW. Bodies
-    and decoded property strings go to ``side`` (at ``cols[i, I_BODY]``, ``cols[i, I_RAW]``)."""
-    cursor = np.zeros(1, np.int64)
+    and decoded property strings go to ``side`` (at ``cols[i, I_BODY]``, ``cols[i, I_RAW]``) from ``cursor[0]``
+    (0 at the call: the kernel makes no array, so it runs without reference counting, kernel._jit)."""
     for i in range(len(starts)):
         for c in range(N_COLUMNS):
             cols[i, c] = 0
@@ -465,5 +465,5 @@ def parse(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray, v5: bool):
     scratch = np.empty(longest + 16, np.uint8)
     side = np.empty(len(u8) + 16, np.uint8)  # a decoded body or string is never longer than its JSON text
     ents = np.empty((MAX_ENTRIES, 5), np.int64)
-    parse_lines(u8, starts, ends, cols, status, side, scratch, ents, _FIELD_BYTES, _FIELD_ENDS, v5)
+    parse_lines(u8, starts, ends, cols, status, side, np.zeros(1, np.int64), scratch, ents, _FIELD_BYTES, _FIELD_ENDS, v5)
     return cols, status, side

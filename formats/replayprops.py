@@ -8,7 +8,7 @@ parser only to keep each under 500 lines (numba caches a kernel by its own file:
 from __future__ import annotations
 
 from .jsonscan import _inline, _string_end, _unescape, _ws
-from .kernel import _jit
+from .kernel import _jit_no_refcounts
 from .wordops import _same_bytes
 
 
@@ -52,7 +52,7 @@ def _props_in_order(u8, p, e, raw, ents, m):
     return q + 1
 
 
-@_jit
+@_jit_no_refcounts
 def _props_match(u8, p, e, raw, rn, tmp, ents):
     """The ``properties`` object at ``p`` equals ``parse_properties`` of the decoded raw string ``raw[:rn]``
     (the plain route's check), told without duplicate names on either side. Returns its end or -1."""
