@@ -8,7 +8,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .kernel import _jit
+from .kernel import _jit_no_refcounts
 
 _inline = numba.njit(inline="always")
 _HEX = np.full(256, -1, np.int64)
@@ -62,7 +62,7 @@ def _hex4(u8, p):
     return (_HEX[u8[p]] << 12) | (_HEX[u8[p + 1]] << 8) | (_HEX[u8[p + 2]] << 4) | _HEX[u8[p + 3]]
 
 
-@_jit
+@_jit_no_refcounts
 def _unescape(u8, s, e, out, o):
     """The UTF-8 bytes of the JSON string content ``u8[s:e]`` (escapes valid) written at ``out[o]``;
     returns the end, or -1 for a lone surrogate (its value is the plain route's business)."""
@@ -126,7 +126,7 @@ def _unescape(u8, s, e, out, o):
     return o
 
 
-@_jit
+@_jit_no_refcounts
 def _read_string(u8, p, e, out, o):
     """The JSON string at ``u8[p]`` (its opening quote) decoded to UTF-8 at ``out[o]``, in one pass:
     (index of its closing quote, end in ``out``), or (-1, -1) if it is not a string or holds a lone surrogate."""
