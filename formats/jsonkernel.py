@@ -31,7 +31,8 @@ import numpy as np
 import numba
 
 from .jsontext import _HEXL, _HEXU, _esc, _hex, _host, _int, _lit
-from .wordops import _copy_words, _json_special32, _low_bit_index, _same_bytes
+from .wordops import _json_special32, _low_bit_index, _same_bytes
+from .wordstore import _copy_words
 from .kernel import _jit
 
 MAGIC_V2 = -626843477  # formats.records.MAGIC_V2 (a literal: numba freezes globals)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .wordops import _copy
+from .wordstore import _copy
 
 _HEXL = np.frombuffer(b"0123456789abcdef", np.uint8).copy()
 _HEXU = np.frombuffer(b"0123456789ABCDEF", np.uint8).copy()

@@ -13,7 +13,7 @@ import numpy as np
 
 from .jsonscan import _HEX, _inline
 from .kernel import _crc, _jit_no_refcounts
-from .wordops import _copy
+from .wordstore import _copy
 from .replaykernel import (I_BODY, I_BODYLEN, I_BORN_HEX, I_BORN_HEXLEN, I_BORN_PORT, I_BORN_TS, I_FLAG, I_PREPARED,
                            I_QUEUE, I_RAW, I_RAWLEN, I_RECONSUME, I_STORE_HEX, I_STORE_HEXLEN, I_STORE_PORT, I_STORE_TS,
                            I_SYSFLAG, I_TOPIC, I_TOPICLEN, MAGIC_V2)

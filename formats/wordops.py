@@ -32,45 +32,6 @@ def _word(typingctx, arr, idx):
 
 
 @numba.extending.intrinsic
-def _copy(typingctx, dst, di, src, si, n):
-    """``dst[di:di+n] = src[si:si+n]`` as one ``llvm.memcpy`` (a few moves when ``n`` is a constant, such as a
-    literal's length): a byte loop indexed by signed positions makes numba test each index for negative
-    wraparound, which kept the JSON writer's literal copies ~6x slower. The caller makes sure both spans lie
-    inside their arrays and do not overlap."""
-    sig = types.void(dst, types.intp, src, types.intp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        d = context.make_array(signature.args[0])(context, builder, args[0])
-        s = context.make_array(signature.args[2])(context, builder, args[2])
-        i8p = ir.IntType(8).as_pointer()
-        dp = builder.bitcast(builder.gep(d.data, [args[1]]), i8p)
-        sp = builder.bitcast(builder.gep(s.data, [args[3]]), i8p)
-        fn = builder.module.declare_intrinsic("llvm.memcpy", [i8p, i8p, ir.IntType(64)])
-        builder.call(fn, [dp, sp, args[4], ir.Constant(ir.IntType(1), 0)])
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@numba.extending.intrinsic
-def _put_word(typingctx, arr, idx, w):
-    """Store the uint64 ``w`` at ``u8[i]`` as 8 little-endian bytes, one unaligned store; the caller makes sure
-    ``i + 8 <= len(u8)``."""
-    sig = types.void(arr, types.intp, types.uint64)
-
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(64).as_pointer())
-        v = args[2]
-        if not np.little_endian:
-            v = builder.call(builder.module.declare_intrinsic("llvm.bswap", [ir.IntType(64)]), [v])
-        builder.store(v, ptr, align=1)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@numba.extending.intrinsic
 def _low_byte_index(typingctx, mask):
     """Index (0-7) of the lowest byte of the uint64 ``mask`` with its top bit set (count of trailing
     zero bits / 8); ``mask`` is not 0."""
@@ -141,20 +102,6 @@ def _json_special32(typingctx, arr, idx):
         return builder.zext(builder.bitcast(special, ir.IntType(32)), ir.IntType(64))
 
     return sig, codegen
-
-
-@numba.njit(inline="always")
-def _copy_words(out, p, u8, a, n):
-    """``out[p:p+n] = u8[a:a+n]`` eight bytes per step, for short spans (a call to memcpy costs more than the copy).
-    It may write up to 7 bytes past ``p + n``: the caller's buffer has room there and writes them again later."""
-    if a + n + 8 <= u8.shape[0] and p + n + 8 <= out.shape[0]:
-        t = 0
-        while t < n:
-            _put_word(out, p + t, _word(u8, a + t))
-            t += 8
-    else:
-        for t in range(n):
-            out[p + t] = u8[a + t]
 
 
 @numba.extending.intrinsic

@@ -1,6 +1,7 @@
-"""The word-at-a-time intrinsics the JSON writer and append's encoder use (formats/wordops.py), against plain Python:
-which bytes JSON must escape, 32 at a time; short copies eight bytes a step (and byte by byte at a buffer's end);
-one memcpy; an unaligned word store read back. The seed is printed; any seed must pass."""
+"""The word-at-a-time intrinsics the JSON writer and append's encoder use (formats/wordops.py,
+formats/wordstore.py), against plain Python: which bytes JSON must escape, 32 at a time; short copies eight bytes
+a step (and byte by byte at a buffer's end); one memcpy; an unaligned word store read back. The seed is printed;
+any seed must pass."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import random
 import numba
 import numpy as np
 
-from rmqstore_cli.formats.wordops import _copy, _copy_words, _json_special32, _put_word, _word
+from rmqstore_cli.formats.wordops import _json_special32, _word
+from rmqstore_cli.formats.wordstore import _copy, _copy_words, _store_word
 
 
 @numba.njit
@@ -32,7 +34,7 @@ def _memcpy(out, p, u8, a, n):
 
 @numba.njit
 def _store_then_load(out, i, w):
-    _put_word(out, i, w)
+    _store_word(out, i, w)
     return _word(out, i)
 
 
