@@ -28,27 +28,39 @@ runner = CliRunner()
 
 
 def _recover(root, backup, monkeypatch, spill: bool, jobs: int, taken: Path | None = None):
-    """``taken``: a file each chunk verify after the apply took from the kept columns adds a line to (from -j's
-    workers too)."""
+    """``taken``: a file verify after the apply adds a line to for each chunk it took from the kept columns
+    ("take OFFSET") and each segment it did not read again ("replay START"), from -j's workers too."""
     used = []
     real_batches = dispatchspill.DispatchSpill.batches
     real_take = dispatchspill.SpilledColumns.take
+    real_replay = dispatchspill.SpilledColumns.replay
 
     def batches(self, seg_start):
         used.append(seg_start)
         return real_batches(self, seg_start)
 
+    def note(line: str) -> None:
+        if taken is not None:
+            with open(taken, "a") as f:
+                f.write(line + "\n")
+
     def take(self, phy, size):
         got = real_take(self, phy, size)
-        if got is not None and taken is not None:
-            with open(taken, "a") as f:
-                f.write(f"{int(phy[0])}\n")
+        if got is not None:
+            note(f"take {int(phy[0])}")
+        return got
+
+    def replay(self, commitlog, seg, *a):
+        got = real_replay(self, commitlog, seg, *a)
+        if got is not None:
+            note(f"replay {seg.start}")
         return got
 
     with monkeypatch.context() as m:
         if spill:
             m.setattr(dispatchspill.DispatchSpill, "batches", batches)
             m.setattr(dispatchspill.SpilledColumns, "take", take)
+            m.setattr(dispatchspill.SpilledColumns, "replay", replay)
         else:
             m.setattr(dispatchspill.DispatchSpill, "create", classmethod(lambda cls, *a: None))
         r = runner.invoke(app, ["recover", str(root), "--json", "--backup-dir", str(backup), "-j", str(jobs)])
@@ -88,7 +100,10 @@ def test_dispatch_from_the_walks_columns_changes_nothing(name, variant, jobs, tm
     assert files_s == files_w, where
     if variant in ("crash", "cut") and name in ("4.9.3-clean", "5.3.3-clean", "4.9.3-crash"):
         assert used, f"{where}: the re-dispatch walked the log although the plan's walk kept its columns"
-        assert taken.exists(), f"{where}: verify after the apply ran the property pass again over unchanged records"
+        # the apply wrote no commitlog file: verify after it reads none again
+        replayed = sorted(int(line.split()[1]) for line in taken.read_text().split("\n") if line.startswith("replay "))
+        log = sorted(int(p.name) for p in (tmp_path / "spilled" / "commitlog").iterdir())
+        assert replayed == log, f"{where}: verify after the apply read unchanged segments again"
     if name == "4.9.3-ext":
         assert not used, where  # ext units: the dispatcher's own walk
 
@@ -190,8 +205,10 @@ def test_verify_fed_the_kept_columns_finds_what_it_finds_alone(name, tmp_path):
         return plan.dispatch_spill
 
     def both(root, spill):
-        taken = []
-        real_take = dispatchspill.SpilledColumns.take
+        """What verify fed the columns took from them: (each chunk's first record's offset, the start of each segment
+        it did not read again)."""
+        taken, replayed = [], []
+        real_take, real_replay = dispatchspill.SpilledColumns.take, dispatchspill.SpilledColumns.replay
 
         def take(self, phy, size):
             got = real_take(self, phy, size)
@@ -199,16 +216,22 @@ def test_verify_fed_the_kept_columns_finds_what_it_finds_alone(name, tmp_path):
                 taken.append(int(phy[0]))
             return got
 
+        def replay(self, commitlog, seg, *a):
+            got = real_replay(self, commitlog, seg, *a)
+            if got is not None:
+                replayed.append(seg.start)
+            return got
+
         with Store.open(str(root)) as st:
             alone = verify_store(st)
-            dispatchspill.SpilledColumns.take = take
+            dispatchspill.SpilledColumns.take, dispatchspill.SpilledColumns.replay = take, replay
             try:
                 fed = verify_store(st, columns=dispatchspill.SpilledColumns(spill, st.config.delay_table))
             finally:
-                dispatchspill.SpilledColumns.take = real_take
+                dispatchspill.SpilledColumns.take, dispatchspill.SpilledColumns.replay = real_take, real_replay
         key = lambda r: ([f.as_json() for f in r.findings], r.summary)  # noqa: E731
         assert key(fed) == key(alone), f"seed {SEED}: {name}"
-        return taken
+        return taken, replayed
 
     root = tmp_path / "store"
     crash_copy(name, root, "crash", rng)
@@ -217,11 +240,12 @@ def test_verify_fed_the_kept_columns_finds_what_it_finds_alone(name, tmp_path):
         assert spill is not None and spill.usable, name
         with Store.open(str(root)) as st:
             records = verify_store(st).summary["commitlog"]["records"]
-        taken = both(root, spill)
+        taken, replayed = both(root, spill)
         kept = any(part[0] for part in spill.parts.values())  # not a segment with multi-dispatch records (LMQ)
-        assert bool(taken) == (kept and records > 0), f"{name}: chunks taken {len(taken)}, segments kept: {kept}"
-        assert name != "4.9.3-clean" or taken  # the demo's broker-written twin: every segment's columns kept
+        assert bool(taken or replayed) == (kept and records > 0), f"{name}: chunks taken {len(taken)}, kept: {kept}"
         log = sorted((root / "commitlog").iterdir())
+        if name == "4.9.3-clean":  # the demo's broker-written twin: every segment's columns kept, none read again
+            assert replayed == [int(p.name) for p in log], name
         k = rng.randrange(len(log))
         seg, seg_start = log[k], int(log[k].name)
         data = bytearray(seg.read_bytes())
@@ -230,7 +254,10 @@ def test_verify_fed_the_kept_columns_finds_what_it_finds_alone(name, tmp_path):
         seg.write_bytes(bytes(data))
         for later in log[log.index(seg) + 1:]:
             later.unlink()
-        after_cut = both(root, spill)
+        after_cut, replayed_after = both(root, spill)
         assert all(p < seg_start + at for p in after_cut), f"seed {SEED}: {name}: columns taken past the cut"
+        # the segment cut was written after the plan's walk: read again, not made from what that walk kept
+        assert seg_start not in replayed_after, f"seed {SEED}: {name}: the cut segment was not read again"
+        assert set(replayed_after) <= set(replayed), name
     finally:
         spill.remove()

@@ -102,6 +102,13 @@ class DispatchSpill:
         self.delay_table = None  # the delay levels the walk's tagsCode used (the re-dispatch's must be the same)
         self.keep = False  # set by a caller that reads the columns again after the re-dispatch (and removes them)
         self.segment_ids = False  # the topic ids are each segment's own (a -j walk's), not the whole log's
+        # verify's outcome of each segment the walk read whole (verify.segmentreport.segment_outcome), by start offset,
+        # and what says a segment file is still the one it read: the plan's fingerprint of the store
+        # (plan.store_fingerprint, taken before the walk) and the rules its verify used (:func:`walk_rules`)
+        self.outcomes: dict = {}
+        self.root: str | None = None
+        self.fingerprint: dict | None = None
+        self.rules: tuple | None = None
         atexit.register(self.remove)
 
     @classmethod
@@ -132,10 +139,26 @@ class DispatchSpill:
             f = self._open[seg.start] = _SegmentFile(self.path(seg.start))
         f.add(seg.start, h, topics)
 
+    def keep_outcome(self, rep) -> None:
+        """verify's findings and segment-level fields of a segment its walk read whole (``rep``: the segment's last
+        window report, before the checks read it), for verify after the apply (:meth:`SpilledColumns.replay`)."""
+        from ..verify.segmentreport import segment_outcome
+
+        self.outcomes[rep.start] = segment_outcome(rep)
+
     def finish_segment(self, seg_start: int):
-        """The part of a segment walked (in a worker: sent to the main process), or None if it had no record."""
+        """What was kept of a segment walked (in a worker: sent to the main process): (its part, None if it had no
+        record; verify's outcome of it, or None)."""
         f = self._open.pop(seg_start, None)
-        return f.close() if f is not None else None
+        return f.close() if f is not None else None, self.outcomes.pop(seg_start, None)
+
+    def merge_segment(self, seg_start: int, kept) -> None:
+        """A worker's :meth:`finish_segment` of the segment at ``seg_start``."""
+        part, outcome = kept
+        if part is not None:
+            self.parts[seg_start] = part
+        if outcome is not None:
+            self.outcomes[seg_start] = outcome
 
     def finish(self) -> None:
         for start in list(self._open):
@@ -187,11 +210,31 @@ class DispatchSpill:
             return None
         return _read_all(self.path(seg_start)), part[2]
 
+    def unchanged(self, path: str) -> bool:
+        """Whether the file at ``path`` is the one the plan fingerprinted before its walk, not written since: same
+        size, modification time and inode (the plan's own test that the store did not change before the lock)."""
+        if self.fingerprint is None or self.root is None:
+            return False
+        want = self.fingerprint.get(os.path.relpath(os.path.abspath(path), self.root))
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        return want == (st.st_size, st.st_mtime_ns, st.st_ino)
+
     def remove(self) -> None:
         for f in self._open.values():
             f.f.close()
-        self._open, self.parts, self.usable = {}, {}, False
+        self._open, self.parts, self.outcomes, self.usable = {}, {}, {}, False
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def walk_rules(commitlog) -> tuple:
+    """What verify's reading of a segment depends on besides its bytes: the broker version, the largest record it
+    accepts, the segment size and the property-CRC rule."""
+    cfg = commitlog.config
+    return (cfg.version, cfg.maxMessageSize, commitlog.segments.file_size,
+            bool(getattr(cfg, "forceVerifyPropCRC", False)), bool(getattr(commitlog, "is_dledger", False)))
 
 
 def _read_all(path: str):
@@ -230,6 +273,29 @@ class SpilledColumns:
             return False
         self._segment = got
         return True
+
+    def replay(self, commitlog, seg, known_topics: list, whole_log_ids: bool, check_crc: bool):
+        """(the segment's kept chunks, its walk's topics' bytes, verify's outcome of it) when verify of ``seg`` can be
+        taken whole from the plan's walk instead of reading the segment again
+        (verify.segmentreport.replayed_windows); None otherwise (the segment is walked). It can when the plan's
+        walk verified this segment whole (its CRCs too, if this walk checks them) under the same rules, kept its
+        columns whole, numbered its topics as this walk does, and the file is the one the plan fingerprinted before
+        that walk, not written since. The apply writes into the log only from its cut on and holds the lock
+        throughout; a file it wrote (its cut's) has changed and is walked again."""
+        spill = self.spill
+        if self.dead or whole_log_ids == spill.segment_ids or spill.rules != walk_rules(commitlog):
+            return None
+        outcome = spill.outcomes.get(seg.start)
+        if outcome is None or (check_crc and not outcome["crc_checked"]) or not spill.unchanged(seg.path):
+            return None
+        part = spill.parts.get(seg.start)
+        if part is None:  # no record in the segment: no columns file
+            if outcome["records"] or os.path.exists(spill.path(seg.start)):
+                return None  # written but not finished
+            return iter(()), [], outcome
+        if not part[0] or part[2][:len(known_topics)] != known_topics:
+            return None
+        return _read_all(spill.path(seg.start)), part[2], outcome
 
     def take(self, phy: np.ndarray, size: np.ndarray):
         """The kept (topic ids, tagsCode, keyCount, key hashes) of the chunk whose records start at ``phy`` with these

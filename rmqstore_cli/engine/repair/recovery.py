@@ -470,7 +470,11 @@ def plan_recovery(store: Store, version: int | None = None, *, keep_valid_after:
 
         spill = DispatchSpill.create(store.root, sum(s.size for s in store.commitlog.segments.segments))
         if spill is not None:
+            from .dispatchspill import walk_rules
+
             spill.delay_table = store.commitlog.config.delay_table  # what verify's tagsCode of delay records used
+            spill.root, spill.fingerprint = os.path.abspath(store.root), fingerprint  # what the walk reads
+            spill.rules = walk_rules(store.commitlog)
     planner.dispatch_spill = spill
     try:
         plan = planner.run()

@@ -217,6 +217,8 @@ class WalkAlong:
 
         check = self.check
         for rep in iter_windows(self.planner.store.commitlog, chunk_sink=self._chunk):
+            if rep.last and self.spill is not None:
+                self.spill.keep_outcome(rep)  # before the checks read it
             if self.ok and rep.last:
                 self._segment_end(rep)
             if check is not None:

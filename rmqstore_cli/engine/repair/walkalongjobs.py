@@ -89,6 +89,8 @@ class _Along:
         if self.fed is not None:
             self.fed.window(rep)
         if rep.last:
+            if self.walk.spill is not None:
+                self.walk.spill.keep_outcome(rep)  # before the checks read it
             p = self._part(rep.segment)
             p.invalid = rep.invalid[0] if rep.invalid else None
             p.blank, p.start = bool(rep.ended_with_blank), rep.start
@@ -111,7 +113,7 @@ class _Along:
             self.fed.merge(i, fed_part)
         w = self.walk
         if spilled is not None and w.spill is not None:
-            w.spill.parts[w.segs[i].start] = spilled
+            w.spill.merge_segment(w.segs[i].start, spilled)
             w.spill.segment_ids = True  # a worker's walk numbers each segment's topics on its own
         w.merge(i, p)
 

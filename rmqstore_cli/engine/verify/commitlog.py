@@ -12,7 +12,7 @@ Spark job and the whole-log formulation); ``-j`` streams window reports from wor
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -23,7 +23,8 @@ from ..log.commitlog import CommitLog, ScanResult
 from ..findings import Finding
 from ..log.walk import next_by_size
 from ..derived.dispatchcolumns import TopicInterner, dispatch_chunk
-from .records import _COL_TYPES, _COLS, ERROR, WARNING
+from .records import ERROR, WARNING
+from .segmentreport import SegmentReport, WindowCut, _Columns, replayed_windows
 
 REASON_CODES = {
     fast.R_BODY_CRC: "CL_BODY_CRC",
@@ -89,37 +90,6 @@ def first_windows(commitlog: CommitLog) -> list[int]:
     for seg in commitlog.segments.segments:
         out.append(out[-1] + len(window_starts(seg, fs)))
     return out
-
-
-@dataclass
-class SegmentReport:
-    """What one commitlog segment holds, read on its own: the records of one of its windows, or of all of it.
-
-    The segment-level fields (findings, invalid, ended_with_blank, stop_*, data_end, unread_*, all_zero,
-    records, bytes, blanks) describe the whole segment and are set on its ``last`` report only (a
-    window report that is not the last has them empty: its ``records`` are ``len(cols["phy"])``)."""
-
-    index: int  # window number in the log (whole-segment reports: the segment's number)
-    path: str
-    start: int  # the segment's start
-    findings: list = field(default_factory=list)
-    cols: dict = field(default_factory=dict)  # name -> numpy column over the segment's valid records
-    topics: list = field(default_factory=list)  # topic strings; cols["topic"] holds indexes into it
-    key_hashes: object = None  # index key hashes of the records, cols["keyCount"] per record, in order
-    invalid: list = field(default_factory=list)  # absolute offsets of records that failed validation
-    ended_with_blank: bool = False
-    stop_offset: int = 0  # absolute offset where the walk stopped
-    stop_kind: str = ""
-    data_end: int = 0  # absolute end of the last byte that belongs to a record (valid or not)
-    unread_from: int | None = None  # absolute offset from which the rest of the file was not read as records
-    unread_reported: bool = False  # a finding already explains the unread rest
-    all_zero: bool = False
-    records: int = 0
-    bytes: int = 0
-    blanks: int = 0
-    segment: int = -1  # the segment's number
-    window_start: int = 0  # absolute start of the window (whole-segment reports: the segment's start)
-    last: bool = True  # the segment's last report: carries the segment-level fields
 
 
 def _single_segment_view(commitlog: CommitLog, seg) -> CommitLog:
@@ -223,45 +193,6 @@ class ChunkTopics:
     hashes: np.ndarray | None = None
 
 
-class _Columns:
-    """Record columns accumulated chunk by chunk during a segment's walk, cut into windows by offset."""
-
-    def __init__(self):
-        self.parts = {c: [] for c in _COLS}
-        self.keys: list = []
-
-    def add(self, cols: dict, keys: np.ndarray) -> None:
-        for c, v in cols.items():
-            self.parts[c].append(v)
-        self.keys.append(keys)
-
-    def _joined(self) -> tuple[dict, np.ndarray]:
-        cols = {c: (np.concatenate(v) if v else np.zeros(0)).astype(_COL_TYPES[c], copy=False) for c, v in self.parts.items()}
-        keys = np.concatenate(self.keys).astype(np.int32, copy=False) if self.keys else np.zeros(0, np.int32)
-        return cols, keys
-
-    def cut(self, bounds: np.ndarray) -> list[tuple[dict, np.ndarray]]:
-        """The records before each of ``bounds`` (absolute offsets, increasing) and after the previous one, one
-        piece per bound; the records from the last bound on stay accumulated. Key hashes follow keyCount."""
-        cols, keys = self._joined()
-        at = np.searchsorted(cols["phy"], bounds, side="left").tolist()
-        key_at = np.zeros(len(cols["phy"]) + 1, np.int64)
-        np.cumsum(cols["keyCount"], out=key_at[1:])
-        pieces, a = [], 0
-        for b in at:
-            pieces.append(({c: v[a:b] for c, v in cols.items()}, keys[key_at[a]:key_at[b]]))
-            a = b
-        self.parts = {c: [v[a:].copy()] for c, v in cols.items()}
-        self.keys = [keys[key_at[a]:].copy()]
-        return pieces
-
-    def take_all(self) -> tuple[dict, np.ndarray]:
-        cols, keys = self._joined()
-        self.parts = {c: [] for c in _COLS}
-        self.keys = []
-        return cols, keys
-
-
 def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True, progress=None,
                          window_bytes: int | None = None, first_window: int | None = None,
                          chunk_sink=None, interner: TopicInterner | None = None, columns=None) -> Iterator[SegmentReport]:
@@ -273,7 +204,8 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
     found (:class:`ChunkTopics`). ``interner``: the walk's topic ids, shared with the segments before (a new one
     by default). ``columns``: the dispatch columns an earlier walk of the same records with the same ids kept
     (repair/dispatchspill.SpilledColumns: ``start_segment``, ``take``), taken instead of the property pass for the
-    chunks whose records are that walk's."""
+    chunks whose records are that walk's; where that walk read this very file whole and it has not been written
+    since (``replay``), the segment's reports are made from what that walk kept, without reading it again."""
     seg = commitlog.segments.segments[i]
     cfg = commitlog.config
     starts = window_starts(seg, commitlog.segments.file_size, window_bytes)
@@ -283,33 +215,25 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
     else:
         first = first_windows(commitlog)[i] if first_window is None else first_window
     # the segment-level fields are gathered on the last window's report
-    rep = SegmentReport(first + nw - 1, seg.path, seg.start, segment=i, window_start=int(starts[-1]))
+    rep = SegmentReport(first + nw - 1, seg.path, seg.start, segment=i, window_start=int(starts[-1]),
+                        crc_checked=check_crc)
+    whole_log_ids = interner is not None  # the walk's topic ids: shared with the segments before, or this one's
+    interner = TopicInterner() if interner is None else interner
+    cut = WindowCut(rep, seg, i, first, starts, interner, progress)
+    if columns is not None and chunk_sink is None and window_bytes is None:
+        kept_walk = columns.replay(commitlog, seg, interner.known(), whole_log_ids, check_crc)
+        if kept_walk is not None:  # the segment as the plan's walk read it: not read again
+            yield from replayed_windows(cut, *kept_walk)
+            return
     view = _single_segment_view(commitlog, seg)
     buf = seg.buffer()
     u8 = fast.as_u8(buf) if seg.size else np.zeros(0, np.uint8)
     limit = min(seg.size, commitlog.segments.file_size)
     wrong_size = seg.size != commitlog.segments.file_size
-    acc = _Columns()
-    whole_log_ids = interner is not None  # the walk's topic ids: shared with the segments before, or this one's
-    interner = TopicInterner() if interner is None else interner
     delay_table = cfg.delay_table
     known = _SYSFLAG_KNOWN.get(cfg.version, 0x7FF)
     max_size = cfg.maxMessageSize + (65536 if cfg.version >= 5 else 0)
     f = rep.findings
-    k = 0  # the window being filled
-    totals = [0, 0]  # records, bytes
-
-    def window(cols: dict, keys: np.ndarray) -> SegmentReport:
-        nonlocal k
-        last = k == nw - 1
-        out = rep if last else SegmentReport(first + k, seg.path, seg.start, segment=i, window_start=int(starts[k]), last=False)
-        out.cols, out.key_hashes, out.topics = cols, keys, interner.topics()
-        totals[0] += len(cols["phy"])
-        totals[1] += int(cols["size"].sum()) if len(cols["phy"]) else 0
-        if progress:
-            progress(int((starts[k + 1] if not last else seg.start + seg.size) - starts[k]))
-        k += 1
-        return out
 
     def at(pos: int, code: str, sev: str, msg: str, **extra) -> None:
         f.append(Finding(code, sev, seg.path, pos, msg, {"phyOffset": seg.start + pos, **extra}))
@@ -333,9 +257,9 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
                 tags_bad = multi = np.zeros(len(h), bool)  # a segment's columns are kept only without either
             if chunk_sink is not None:
                 chunk_sink(i, seg, buf, h, ChunkTopics(tids, interner, multi, codes, tags_bad, counts, hashes))
-            acc.add({"phy": phy, "size": h.totalSize, "queueId": h.queueId, "queueOffset": h.queueOffset,
-                     "sysFlag": h.sysFlag, "storeTimestamp": h.storeTimestamp, "topic": tids, "tagsCode": codes,
-                     "tagsBad": tags_bad, "keyCount": counts}, hashes)
+            cols = {"phy": phy, "size": h.totalSize, "queueId": h.queueId, "queueOffset": h.queueOffset,
+                    "sysFlag": h.sysFlag, "storeTimestamp": h.storeTimestamp, "topic": tids, "tagsCode": codes,
+                    "tagsBad": tags_bad, "keyCount": counts}
             rep.data_end = int(phy[-1] + h.totalSize[-1])
             # Checks the broker does not make (§13.3 "Not checked by Java"); one pass over the chunk says whether
             # any record breaks one of them, and only then each rule's records are looked for
@@ -344,12 +268,8 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
                 bad_flags |= ((h.sysFlag & 0x700) >> 8) >= 4
             if (bad_flags | (h.physicalOffset != phy) | (h.queueId < 0) | (h.queueOffset < 0) | (h.totalSize > max_size)).any():
                 _field_checks(h, phy, bad_flags, max_size, at)
-            if k + 1 < nw and int(phy[-1]) >= starts[k + 1]:  # the walk passed the end of one window or more
-                passed = starts[k + 1:int(np.searchsorted(starts, int(phy[-1]), side="right"))]
-                for cols, keys in acc.cut(passed):
-                    yield window(cols, keys)
-                del cols, keys
-            del chunk, h, phy, tids, codes, tags_bad, counts, hashes, multi
+            yield from cut.add(cols, hashes)  # the reports of the windows the walk passed the end of
+            del chunk, h, phy, tids, codes, tags_bad, counts, hashes, multi, cols
         stop = res.stop
         rep.blanks += 1 if stop.kind == fast.STOP_BLANK else 0
         p = stop.position
@@ -428,15 +348,8 @@ def iter_segment_windows(commitlog: CommitLog, i: int, *, check_crc: bool = True
             at(p, "CL_GARBAGE", ERROR, f"{what} (magic 0x{stop.magic & 0xFFFFFFFF:08X}); the broker's recovery ends the log here")
             rep.unread_reported = True
         break
-    cols, keys = acc.take_all()
-    while k < nw - 1:  # the window the walk ended in, then the empty ones after it
-        yield window(cols, keys)
-        cols, keys = {c: v[:0] for c, v in cols.items()}, keys[:0]
-    last = window(cols, keys)
-    del cols, keys
-    rep.records, rep.bytes = totals
-    rep.all_zero = rep.records == 0 and not rep.invalid and _first_nonzero(u8, 0, seg.size) is None
-    yield last
+    rep.all_zero = cut.records == 0 and not rep.invalid and _first_nonzero(u8, 0, seg.size) is None
+    yield from cut.finish()  # the window the walk ended in, the empty ones after it, the last
 
 
 def _field_checks(h, phy: np.ndarray, bad_flags: np.ndarray, max_size: int, at) -> None:
