@@ -261,3 +261,71 @@ def test_verify_fed_the_kept_columns_finds_what_it_finds_alone(name, tmp_path):
         assert set(replayed_after) <= set(replayed), name
     finally:
         spill.remove()
+
+
+def test_verify_reads_a_segment_again_when_its_kept_columns_are_gone(tmp_path):
+    """A scratch file of the plan's walk removed before verify after the apply (a temporary-folder cleaner): that
+    segment is read again, the others are taken from what the walk kept, and the result is verify's alone."""
+    from rmqstore_cli.engine.repair.recovery import plan_recovery
+    from rmqstore_cli.engine.store import Store
+    from rmqstore_cli.engine.verify.pipeline import verify_store
+
+    print(f"seed {SEED} (RMQSTORE_SPILL_SEED)")
+    root = tmp_path / "store"
+    crash_copy("4.9.3-clean", root, "crash", random.Random(SEED))
+    with Store.open(str(root)) as st:
+        spill = plan_recovery(st, st.config.version, with_verify=True, jobs=1, spill_dispatch=True).dispatch_spill
+    try:
+        assert spill is not None and spill.usable
+        log = sorted(int(p.name) for p in (root / "commitlog").iterdir())
+        gone = random.Random(SEED).choice([s for s in log if os.path.exists(spill.path(s))])
+        os.unlink(spill.path(gone))
+        replayed = []
+        real_replay = dispatchspill.SpilledColumns.replay
+
+        def replay(self, commitlog, seg, *a):
+            got = real_replay(self, commitlog, seg, *a)
+            if got is not None:
+                replayed.append(seg.start)
+            return got
+
+        with Store.open(str(root)) as st:
+            alone = verify_store(st)
+            dispatchspill.SpilledColumns.replay = replay
+            try:
+                fed = verify_store(st, columns=dispatchspill.SpilledColumns(spill, st.config.delay_table))
+            finally:
+                dispatchspill.SpilledColumns.replay = real_replay
+        key = lambda r: ([f.as_json() for f in r.findings], r.summary)  # noqa: E731
+        assert key(fed) == key(alone), f"seed {SEED}"
+        assert gone not in replayed and replayed, (gone, replayed)
+    finally:
+        spill.remove()
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_recover_with_a_scratch_file_gone_before_the_apply(jobs, tmp_path, monkeypatch):
+    """A scratch file of the plan's walk removed between the plan and the apply: the re-dispatch walks the log
+    itself and verify after the apply reads that segment again; files, output and exit code are those of a recover
+    that kept no columns."""
+    from rmqstore_cli.engine.repair import apply as apply_mod
+
+    print(f"seed {SEED} (RMQSTORE_SPILL_SEED)")
+    real_apply = apply_mod.apply_plan
+
+    def apply_plan(plan, *a, **k):
+        spill = plan.dispatch_spill
+        files = sorted(os.listdir(spill.dir))
+        os.unlink(os.path.join(spill.dir, random.Random(SEED).choice(files)))
+        return real_apply(plan, *a, **k)
+
+    root = tmp_path / "store"
+    _case("4.9.3-clean", root, "crash", random.Random(SEED))
+    with monkeypatch.context() as m:
+        m.setattr(apply_mod, "apply_plan", apply_plan)
+        code_s, out_s, files_s, used = _recover(root, tmp_path / "bak", monkeypatch, True, jobs)
+    assert not used  # not every segment's columns: the re-dispatch walked
+    root.rename(tmp_path / "spilled")
+    _case("4.9.3-clean", root, "crash", random.Random(SEED))
+    code_w, out_w, files_w, _ = _recover(root, tmp_path / "bak2", monkeypatch, False, jobs)
+    assert (code_s, out_s, files_s) == (code_w, out_w, files_w), f"seed {SEED}, -j {jobs}"

@@ -177,7 +177,7 @@ class DispatchSpill:
                 if os.path.exists(self.path(s)):
                     return False  # written but not finished
                 continue
-            if not part[0]:
+            if not part[0] or not os.path.isfile(self.path(s)):  # a file removed since (a temporary-folder cleaner)
                 return False
         return True
 
@@ -206,7 +206,7 @@ class DispatchSpill:
         """The segment's chunks as the walk wrote them, ``(columns, hashes)`` (:func:`read_chunk`), with the bytes of
         the topics of its walk's ids (in id order); None when the segment's columns are not whole and usable."""
         part = self.parts.get(seg_start)
-        if not self.usable or part is None or not part[0]:
+        if not self.usable or part is None or not part[0] or not os.path.isfile(self.path(seg_start)):
             return None
         return _read_all(self.path(seg_start)), part[2]
 
@@ -293,7 +293,7 @@ class SpilledColumns:
             if outcome["records"] or os.path.exists(spill.path(seg.start)):
                 return None  # written but not finished
             return iter(()), [], outcome
-        if not part[0] or part[2][:len(known_topics)] != known_topics:
+        if not part[0] or part[2][:len(known_topics)] != known_topics or not os.path.isfile(spill.path(seg.start)):
             return None
         return _read_all(spill.path(seg.start)), part[2], outcome
 
