@@ -102,11 +102,15 @@ def run_sampled(cmd: list[str], *, stdout=subprocess.DEVNULL, cwd: str | None = 
                     state["killed_rss"] = True
                     kill()
             for w in descendants(p.pid):
+                # the name read at each sample (a JVM is started by a script that execs it: its name changes), before
+                # and after its RssAnon: a process gone in between (Spark's JVM at the end) has no name to judge it
+                # by, and its last reading is not counted as a worker's
+                before = _command_name(w)
                 wv = rss_anon_bytes(w)
-                if wv is not None:
+                after = _command_name(w)
+                if wv is not None and before is not None and after is not None:
                     state["workers"].add(w)
-                    # read at each sample: a JVM is started by a script that execs it (its name changes)
-                    key = "jvm_peak" if _command_name(w) == "java" else "worker_peak"
+                    key = "jvm_peak" if "java" in (before, after) else "worker_peak"
                     state[key] = max(state[key], wv)
                     if kill_above is not None and wv > kill_above and not state["killed_rss"]:
                         state["killed_rss"] = True

@@ -56,6 +56,37 @@ def test_sampler_keeps_a_jvm_apart_from_the_workers():
     assert 0 < c.worker_rss_anon_peak < 40e6, c.worker_rss_anon_peak
 
 
+def test_sampler_counts_no_worker_for_a_process_gone_while_sampled(monkeypatch):
+    """A descendant that exits between its RssAnon reading and its name's (Spark's JVM at the end of an export) is
+    judged by no name: its last reading counts as neither a worker's nor the JVM's. Here a made-up descendant whose
+    name reads ``java`` until its memory is read, and nothing after (it is gone)."""
+    gone_pid = 1 << 30  # no such process
+    gone = []
+    real_descendants, real_rss, real_name = memory.descendants, memory.rss_anon_bytes, memory._command_name
+
+    def descendants(pid):
+        return real_descendants(pid) + [gone_pid]
+
+    def rss_anon_bytes(pid):
+        if pid != gone_pid:
+            return real_rss(pid)
+        if gone:
+            return None
+        gone.append(True)
+        return 400 << 20
+
+    def command_name(pid):
+        return real_name(pid) if pid != gone_pid else (None if gone else "java")
+
+    monkeypatch.setattr(memory, "descendants", descendants)
+    monkeypatch.setattr(memory, "rss_anon_bytes", rss_anon_bytes)
+    monkeypatch.setattr(memory, "_command_name", command_name)
+    c = memory.run_sampled([PY, "-c", IDLE])
+    assert gone, "the sampler never read the made-up descendant"
+    assert c.returncode == 0 and c.worker_rss_anon_peak < 300 << 20 and c.jvm_rss_anon_peak < 300 << 20, (
+        c.worker_rss_anon_peak, c.jvm_rss_anon_peak)
+
+
 def test_timeout_and_memory_cap_are_failures():
     c = memory.run_sampled([PY, "-c", "import time; time.sleep(30)"], timeout=0.5)
     assert c.timed_out and c.returncode != 0
