@@ -185,6 +185,39 @@ def test_a_chunks_columns_read_back_as_written(tmp_path):
                 pass
 
 
+def _verify_fed_and_alone(root, spill, where: str):
+    """verify of the store at ``root`` fed what the plan's walk kept (``spill``) asserted equal to verify alone; returns
+    what it took from the kept walk: (each chunk's first record's offset, the start of each segment not read again)."""
+    from rmqstore_cli.engine.store import Store
+    from rmqstore_cli.engine.verify.pipeline import verify_store
+
+    taken, replayed = [], []
+    real_take, real_replay = dispatchspill.SpilledColumns.take, dispatchspill.SpilledColumns.replay
+
+    def take(self, phy, size):
+        got = real_take(self, phy, size)
+        if got is not None:
+            taken.append(int(phy[0]))
+        return got
+
+    def replay(self, commitlog, seg, *a):
+        got = real_replay(self, commitlog, seg, *a)
+        if got is not None:
+            replayed.append(seg.start)
+        return got
+
+    with Store.open(str(root)) as st:
+        alone = verify_store(st)
+        dispatchspill.SpilledColumns.take, dispatchspill.SpilledColumns.replay = take, replay
+        try:
+            fed = verify_store(st, columns=dispatchspill.SpilledColumns(spill, st.config.delay_table))
+        finally:
+            dispatchspill.SpilledColumns.take, dispatchspill.SpilledColumns.replay = real_take, real_replay
+    key = lambda r: ([f.as_json() for f in r.findings], r.summary)  # noqa: E731
+    assert key(fed) == key(alone), where
+    return taken, replayed
+
+
 @pytest.mark.parametrize("name", STORE_NAMES)
 def test_verify_fed_the_kept_columns_finds_what_it_finds_alone(name, tmp_path):
     """verify's walk fed the columns a plan's one-process walk kept (dispatchspill.SpilledColumns) gives the same
@@ -205,33 +238,7 @@ def test_verify_fed_the_kept_columns_finds_what_it_finds_alone(name, tmp_path):
         return plan.dispatch_spill
 
     def both(root, spill):
-        """What verify fed the columns took from them: (each chunk's first record's offset, the start of each segment
-        it did not read again)."""
-        taken, replayed = [], []
-        real_take, real_replay = dispatchspill.SpilledColumns.take, dispatchspill.SpilledColumns.replay
-
-        def take(self, phy, size):
-            got = real_take(self, phy, size)
-            if got is not None:
-                taken.append(int(phy[0]))
-            return got
-
-        def replay(self, commitlog, seg, *a):
-            got = real_replay(self, commitlog, seg, *a)
-            if got is not None:
-                replayed.append(seg.start)
-            return got
-
-        with Store.open(str(root)) as st:
-            alone = verify_store(st)
-            dispatchspill.SpilledColumns.take, dispatchspill.SpilledColumns.replay = take, replay
-            try:
-                fed = verify_store(st, columns=dispatchspill.SpilledColumns(spill, st.config.delay_table))
-            finally:
-                dispatchspill.SpilledColumns.take, dispatchspill.SpilledColumns.replay = real_take, real_replay
-        key = lambda r: ([f.as_json() for f in r.findings], r.summary)  # noqa: E731
-        assert key(fed) == key(alone), f"seed {SEED}: {name}"
-        return taken, replayed
+        return _verify_fed_and_alone(root, spill, f"seed {SEED}: {name}")
 
     root = tmp_path / "store"
     crash_copy(name, root, "crash", rng)
@@ -268,7 +275,6 @@ def test_verify_reads_a_segment_again_when_its_kept_columns_are_gone(tmp_path):
     segment is read again, the others are taken from what the walk kept, and the result is verify's alone."""
     from rmqstore_cli.engine.repair.recovery import plan_recovery
     from rmqstore_cli.engine.store import Store
-    from rmqstore_cli.engine.verify.pipeline import verify_store
 
     print(f"seed {SEED} (RMQSTORE_SPILL_SEED)")
     root = tmp_path / "store"
@@ -280,24 +286,7 @@ def test_verify_reads_a_segment_again_when_its_kept_columns_are_gone(tmp_path):
         log = sorted(int(p.name) for p in (root / "commitlog").iterdir())
         gone = random.Random(SEED).choice([s for s in log if os.path.exists(spill.path(s))])
         os.unlink(spill.path(gone))
-        replayed = []
-        real_replay = dispatchspill.SpilledColumns.replay
-
-        def replay(self, commitlog, seg, *a):
-            got = real_replay(self, commitlog, seg, *a)
-            if got is not None:
-                replayed.append(seg.start)
-            return got
-
-        with Store.open(str(root)) as st:
-            alone = verify_store(st)
-            dispatchspill.SpilledColumns.replay = replay
-            try:
-                fed = verify_store(st, columns=dispatchspill.SpilledColumns(spill, st.config.delay_table))
-            finally:
-                dispatchspill.SpilledColumns.replay = real_replay
-        key = lambda r: ([f.as_json() for f in r.findings], r.summary)  # noqa: E731
-        assert key(fed) == key(alone), f"seed {SEED}"
+        _, replayed = _verify_fed_and_alone(root, spill, f"seed {SEED}")
         assert gone not in replayed and replayed, (gone, replayed)
     finally:
         spill.remove()
