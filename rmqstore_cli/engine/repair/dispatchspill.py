@@ -288,14 +288,14 @@ class SpilledColumns:
         outcome = spill.outcomes.get(seg.start)
         if outcome is None or (check_crc and not outcome["crc_checked"]) or not spill.unchanged(seg.path):
             return None
-        part = spill.parts.get(seg.start)
-        if part is None:  # no record in the segment: no columns file
+        if seg.start not in spill.parts:  # no record in the segment: no columns file
             if outcome["records"] or os.path.exists(spill.path(seg.start)):
                 return None  # written but not finished
             return iter(()), [], outcome
-        if not part[0] or part[2][:len(known_topics)] != known_topics or not os.path.isfile(spill.path(seg.start)):
+        got = spill.chunks(seg.start)
+        if got is None or got[1][:len(known_topics)] != known_topics:
             return None
-        return _read_all(spill.path(seg.start)), part[2], outcome
+        return got[0], got[1], outcome
 
     def take(self, phy: np.ndarray, size: np.ndarray):
         """The kept (topic ids, tagsCode, keyCount, key hashes) of the chunk whose records start at ``phy`` with these
