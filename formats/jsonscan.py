@@ -9,6 +9,8 @@ import numba
 import numpy as np
 
 from .kernel import _jit_no_refcounts
+from .wordops import _json_special32, _low_bit_index
+from .wordstore import _copy
 
 _inline = numba.njit(inline="always")
 _HEX = np.full(256, -1, np.int64)
@@ -32,6 +34,12 @@ def _string_end(u8, p, e):
         return -1
     p += 1
     while p < e:
+        if p + 32 <= e:  # 32 bytes tested at once: most strings end within them, or have no byte to look at
+            m = _json_special32(u8, p)
+            if m == 0:
+                p += 32
+                continue
+            p += _low_bit_index(m)
         c = u8[p]
         if c == 34:
             return p
@@ -129,11 +137,24 @@ def _unescape(u8, s, e, out, o):
 @_jit_no_refcounts
 def _read_string(u8, p, e, out, o):
     """The JSON string at ``u8[p]`` (its opening quote) decoded to UTF-8 at ``out[o]``, in one pass:
-    (index of its closing quote, end in ``out``), or (-1, -1) if it is not a string or holds a lone surrogate."""
+    (index of its closing quote, end in ``out``), or (-1, -1) if it is not a string or holds a lone surrogate.
+    The caller makes sure ``o <= p`` and ``len(out) >= len(u8)`` (what is decoded is never longer than its text:
+    the 32-byte copies stay inside ``out``)."""
     if p >= e or u8[p] != 34:
         return -1, -1
     p += 1
     while p < e:
+        if p + 32 <= e:  # 32 bytes tested and copied at once (o <= p: the copy stays inside ``out``), up to the first
+            # byte to look at; what is copied past it is written over next
+            m = _json_special32(u8, p)
+            _copy(out, o, u8, p, 32)
+            if m == 0:
+                o += 32
+                p += 32
+                continue
+            k = _low_bit_index(m)
+            o += k
+            p += k
         c = u8[p]
         if c == 34:
             return p, o
@@ -143,6 +164,12 @@ def _read_string(u8, p, e, out, o):
             out[o] = c
             o += 1
             p += 1
+            continue
+        if (p + 5 < e and u8[p + 1] == 117 and u8[p + 2] == 48 and u8[p + 3] == 48 and 0 <= _HEX[u8[p + 4]] < 8
+                and _HEX[u8[p + 5]] >= 0):  # \u00XX below 0x80 (the property separators): one byte
+            out[o] = (_HEX[u8[p + 4]] << 4) | _HEX[u8[p + 5]]
+            o += 1
+            p += 6
             continue
         q = _string_end_escape(u8, p, e)
         if q < 0:
@@ -205,3 +232,27 @@ def _int_value(u8, p, q):
         v = v * 10 + (u8[p] - 48)
         p += 1
     return -v if neg else v
+
+
+@_inline
+def _int_read(u8, p, e):
+    """(end, value) of a JSON integer of at most 18 digits at ``p`` (no fraction/exponent) in one pass, else
+    (-1, 0): what :func:`_int_end` then :func:`_int_value` give."""
+    q = p
+    neg = q < e and u8[q] == 45
+    if neg:
+        q += 1
+    d = q
+    v = np.int64(0)
+    while q < e:
+        c = u8[q]
+        if c < 48 or c > 57:
+            break
+        v = v * 10 + (c - 48)
+        q += 1
+    n = q - d
+    if n == 0 or n > 18 or (n > 1 and u8[d] == 48):
+        return -1, np.int64(0)
+    if q < e and (u8[q] == 46 or u8[q] == 101 or u8[q] == 69):
+        return -1, np.int64(0)
+    return q, -v if neg else v

@@ -7,9 +7,28 @@ parser only to keep each under 500 lines (numba caches a kernel by its own file:
 
 from __future__ import annotations
 
+import numpy as np
+
 from .jsonscan import _inline, _string_end, _unescape, _ws
 from .kernel import _jit_no_refcounts
-from .wordops import _same_bytes
+from .wordops import _bytes_equal_mask, _low_byte_index, _same_bytes, _word
+
+
+_ONES, _TWOS = 0x0101010101010101, 0x0202020202020202  # the property separators, in every byte
+
+
+@_inline
+def _next_byte(raw, i, end, rep, byte):
+    """Index of the first ``byte`` in ``raw[i:end]`` (``rep``: it in every byte of a word), ``end`` if none; eight
+    bytes a step."""
+    while i + 8 <= end:
+        m = _bytes_equal_mask(_word(raw, i), np.uint64(rep))
+        if m:
+            return i + _low_byte_index(m)
+        i += 8
+    while i < end and raw[i] != byte:
+        i += 1
+    return i
 
 
 @_inline
@@ -59,13 +78,9 @@ def _props_match(u8, p, e, raw, rn, tmp, ents):
     m = 0
     start = 0
     while start < rn:  # MessageDecoder.string2messageProperties
-        end = start
-        while end < rn and raw[end] != 2:
-            end += 1
+        end = _next_byte(raw, start, rn, _TWOS, 2)
         if end - start >= 3:
-            sep = start
-            while sep < end and raw[sep] != 1:
-                sep += 1
+            sep = _next_byte(raw, start, end, _ONES, 1)
             if start < sep < end - 1:
                 if m == len(ents):
                     return -1

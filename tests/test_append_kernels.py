@@ -199,3 +199,117 @@ def test_blocks_are_whole_lines_of_the_input(monkeypatch):
         blocks = [bytes(b) for b in replay_mod._blocks(stream)]
         assert b"".join(blocks) == data, (seed, trial)
         assert all(blocks) and all(b.endswith(b"\n") for b in blocks[:-1]), (seed, trial)
+
+
+LONG_CHARS = ["a", "Z", "0", "é", "键", "😀", "\"", "\\", "/", "\t", "\x1f", "\x7f", "\x01", "\x02", "\u2028", " "]
+
+
+def _long_word(rng: random.Random) -> str:
+    """Runs of plain letters (whole 32-byte steps) broken by characters JSON escapes or UTF-8 widens."""
+    out = []
+    for _ in range(rng.randrange(0, 4)):
+        out.append("x" * rng.choice([0, 1, 7, 8, 31, 32, 33, 64]))
+        out.append("".join(rng.choice(LONG_CHARS) for _ in range(rng.randrange(0, 4))))
+    return "".join(out)
+
+
+def test_long_strings_decoded_like_python():
+    """Long property strings and ids (32 bytes tested and copied at once, ``\\u00XX`` below 0x80 decoded in one
+    step, ``INNER_MULTI_`` / ``__CRC32#`` looked for a word at a time): the decoded propertiesRaw equals Python's
+    UTF-8 of the string, and a line is OK exactly when its JSON is valid, its object holds the raw string's
+    entries and neither special key is in the raw string."""
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    cases, lines = [], []
+    for _ in range(3000):
+        raw = "\x02".join(f"{_long_word(rng)}\x01{_long_word(rng)}" for _ in range(rng.randrange(1, 4)))
+        if rng.random() < 0.15:  # a special key at any offset
+            at = rng.randrange(len(raw) + 1)
+            raw = raw[:at] + rng.choice(["INNER_MULTI_", "__CRC32#", "INNER_MULTJ_", "__CRC32"]) + raw[at:]
+        entries = _raw_entries(raw)
+        ascii_only = rng.random() < 0.5
+        text = "{" + ",".join(json.dumps(k, ensure_ascii=ascii_only) + ":" + json.dumps(v, ensure_ascii=ascii_only)
+                              for k, v in entries) + "}"
+        msg_id = _long_word(rng)
+        id_text = json.dumps(msg_id, ensure_ascii=ascii_only)
+        broken = rng.random() < 0.1 and len(id_text) > 2
+        if broken:  # a raw control character inside a string: not JSON
+            at = rng.randrange(1, len(id_text) - 1)
+            id_text = id_text[:at] + "\x03" + id_text[at:]
+        line = _line("QUJD").decode()
+        line = line.replace('"properties":{"a":"b"}', '"properties":' + text)
+        line = line.replace('"propertiesRaw":"a\\u0001b"', '"propertiesRaw":' + json.dumps(raw, ensure_ascii=ascii_only)
+                            + ',"msgId":' + id_text)
+        want = not broken and _props_ok(raw, text) and "INNER_MULTI_" not in raw and "__CRC32#" not in raw
+        cases.append((raw, want))
+        lines.append(line.encode())
+    data = b"\n".join(lines) + b"\n"
+    u8 = np.frombuffer(data, np.uint8)
+    ends = np.flatnonzero(u8 == 10)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    cols, status, side = replaykernel.parse(u8, starts, ends, True)
+    ok = 0
+    for i, (raw, want) in enumerate(cases):
+        assert (status[i] == replaykernel.OK) == want, (seed, i, raw, int(status[i]))
+        if want:
+            s, n = int(cols[i, replaykernel.I_RAW]), int(cols[i, replaykernel.I_RAWLEN])
+            assert bytes(side[s:s + n]) == raw.encode("utf-8"), (seed, i, raw)
+            ok += 1
+    assert 1000 < ok < len(cases) - 200, ok
+
+
+def test_integers_read_in_one_pass_like_json():
+    """_int_read gives what _int_end then _int_value give, and what Python's JSON reads for an integer of at most
+    18 digits (no leading zero, no fraction or exponent); anything else is -1."""
+    from rmqstore_cli.formats.jsonscan import _int_end, _int_read, _int_value
+
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    good = 0
+    for trial in range(3000):
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.choice([0, 1, 2, 5, 13, 17, 18, 19, 20])))
+        text = rng.choice(["", "-"]) + digits + rng.choice(["", ",", "}", ".5", "e3", "E", " ", "x"])
+        u8 = np.frombuffer(text.encode() + b"!", np.uint8)
+        e = len(text)
+        q, v = _int_read(u8, 0, e)
+        m = re.match(r"-?(0|[1-9][0-9]{0,17})(?![0-9.eE])", text)
+        if m:
+            assert (q, v) == (m.end(), int(m.group())), (seed, text)
+            good += 1
+        else:
+            assert q == -1, (seed, text)
+        end = _int_end(u8, 0, e)
+        assert end == q and (end < 0 or _int_value(u8, 0, end) == v), (seed, text)
+    assert good > 500
+
+
+def test_base64_decode32_equals_python():
+    """32 base64 digits decoded at once equal binascii's 24 bytes; a character that is not a digit at any of the
+    32 places gives False."""
+    import numba
+
+    from rmqstore_cli.formats.wordstore import _base64_decode32
+
+    @numba.njit
+    def decode(dst, di, src, si):
+        return _base64_decode32(dst, di, src, si)
+
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rng = random.Random(seed)
+    for trial in range(2000):
+        text = bytearray(rng.choice(B64_DIGITS.encode()) for _ in range(32))
+        bad = rng.random() < 0.4
+        if bad:
+            text[rng.randrange(32)] = rng.choice(b"=-_ .!~\"\x00\x7f\x80\xff@[`{:")
+        lead = rng.randrange(8)
+        src = np.frombuffer(b"#" * lead + bytes(text) + b"#" * rng.randrange(3), np.uint8)
+        dst = np.zeros(40, np.uint8)
+        at = rng.randrange(16)
+        got = decode(dst, at, src, lead)
+        assert got == (not bad), (seed, bytes(text))
+        if not bad:
+            assert bytes(dst[at:at + 24]) == binascii.a2b_base64(bytes(text)), (seed, bytes(text))
+            assert not dst[:at].any() and not dst[at + 24:].any(), (seed, bytes(text))
