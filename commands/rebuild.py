@@ -62,12 +62,25 @@ def rebuild(
     from rmqstore_cli.engine.repair.backup import Backup
     from rmqstore_cli.engine.repair.rebuild import rebuild as engine_rebuild
 
-    from .offsets_cmd import print_consumer_impact, queue_bounds_now, rebuild_impact
+    from .offsets_cmd import queue_bounds_now
 
     backup = Backup.create(st.root, backup_dir, "rebuild", {"what": what, "topic": topic, "fromOffset": from_offset})
     with locked_backup(st.root, backup, force), st:
         bounds_before = queue_bounds_now(st)  # for the consumers' side
-        res = engine_rebuild(st, what, topic=topic, from_offset=from_offset, backup=backup, jobs=jobs)
+        res = engine_rebuild(st, what, topic=topic, from_offset=from_offset, backup=backup, jobs=jobs, keep_columns=True)
+    columns = res.pop("_columns")  # what the rebuild's walk kept for verify after, or None
+    try:
+        _report_and_verify(st, out, json_, res, backup, bounds_before, parts, topic, jobs, columns)
+    finally:
+        if columns is not None:
+            columns.remove()
+
+
+def _report_and_verify(st, out: Output, json_: bool, res: dict, backup, bounds_before, parts: list, topic, jobs: int,
+                       columns) -> None:
+    """The rebuild's result, then verify after it (fed what the rebuild's walk kept); exits with the contract's code."""
+    from .offsets_cmd import print_consumer_impact, rebuild_impact
+
     if json_:
         out.line({"type": "rebuild", "backup": backup.dir, **res})
     stderr.print(f"rmqstore: rebuilt {', '.join(res['rebuilt']) or 'nothing'} from {res['records']} records "
@@ -78,7 +91,7 @@ def rebuild(
             say_line(f"  {p['severity']} {p['code']} at {p['offset']}: {p['message']}", st.root)
         if res.get("checkpoint"):
             say_line(f"  checkpoint: {', '.join(f'{k} = {v}' for k, v in res['checkpoint'].items())}")
-    result = verify_after(st.root, st.config, jobs)
+    result = verify_after(st.root, st.config, jobs, spill=columns)
     kept = kept_after_rebuild(st.root, parts, topic, result.findings)
     if not json_:
         for k in kept[:10]:

@@ -31,6 +31,15 @@ from .test_rebuild_jobs import _middle_record, _rebuild, _zeroed_tail
 SEEDS = seed_params(6, 1, 2, 3)
 
 
+@pytest.fixture(autouse=True)
+def _workers_path(monkeypatch):
+    """The command takes the workers' path when verify's walk kept no columns that stand for every segment
+    (engine/repair/rebuildwalk.py): that walk is left out here, so that these tests run the workers' path."""
+    from rmqstore_cli.engine.repair import rebuildwalk
+
+    monkeypatch.setattr(rebuildwalk, "walk_once", lambda store, jobs: None)
+
+
 def _sequence(rng: random.Random, clean: bool) -> list[tuple]:
     """(phy, size, tags, queue offset) of one queue's records in log order: ends increasing; with ``clean`` the
     offsets run on from a first one (not always 0: the pre-blank fill), otherwise with the odd gap or repeat."""

@@ -164,6 +164,15 @@ class DispatchSpill:
         for start in list(self._open):
             self.parts[start] = self._open.pop(start).close()
 
+    def drop_segment(self, seg_start: int) -> None:
+        """The segment's columns and outcome are not to be used (its file removed): readers read it themselves."""
+        self.parts.pop(seg_start, None)
+        self.outcomes.pop(seg_start, None)
+        try:
+            os.unlink(self.path(seg_start))
+        except FileNotFoundError:
+            pass
+
     # -- reading: the apply's re-dispatch --
 
     def covers(self, seg_starts: list) -> bool:

@@ -64,7 +64,10 @@ def cut_queue_dir(d: str, phy: int, batch: bool = False) -> None:
 
 
 def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | None = None,
-            backup: Backup | None = None, index_namer=store_time_namer, jobs: int = 1) -> dict:
+            backup: Backup | None = None, index_namer=store_time_namer, jobs: int = 1, keep_columns: bool = False) -> dict:
+    """Regenerate ``what`` (PARTS) from the commitlog into a scratch folder and swap it in; the result as a dict.
+    ``keep_columns`` (verify after follows): the log is walked once, by verify's walk (:mod:`.rebuildwalk`), and what
+    it kept is ``result["_columns"]`` (a DispatchSpill for verify after, or None) for the caller to remove."""
     from ..derived.dispatch import Dispatcher
     from ..verify.records import keep_freed_heap
 
@@ -87,6 +90,7 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
         shutil.rmtree(tmp)
     os.makedirs(tmp)
     start = 0
+    walked = None
     try:
         if from_offset is not None:
             start = from_offset
@@ -113,7 +117,12 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
                     else:
                         start = min(start, end)
         dcfg = cfg.with_(messageIndexEnable=cfg.messageIndexEnable and "index" in parts)
-        direct = (jobs > 1 and from_offset is None and topic is None and not cfg.enableConsumeQueueExt and cfg.maxIndexNum >= 2
+        if (keep_columns and from_offset is None and topic is None and not cfg.enableConsumeQueueExt
+                and cfg.maxIndexNum >= 2 and not store.batch_topics()):
+            from .rebuildwalk import walk_once
+
+            walked = walk_once(store, jobs)
+        direct = (walked is None and jobs > 1 and from_offset is None and topic is None and not cfg.enableConsumeQueueExt and cfg.maxIndexNum >= 2
                   and not store.batch_topics() and cfg.mappedFileSizeConsumeQueue % CQ_UNIT_SIZE == 0
                   and len(store.commitlog.segments.segments) > 1)
         if direct:
@@ -134,7 +143,12 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
                 direct = False
         if not direct:
             d = Dispatcher(tmp, dcfg, index_namer=index_namer, batch_topics=store.batch_topics())
-            _dispatch_all(store, d, jobs, start, topic)
+            if walked is not None:
+                from .rebuildwalk import dispatch_walked
+
+                dispatch_walked(store, d, walked, jobs, DispatchWriteback(d))
+            else:
+                _dispatch_all(store, d, jobs, start, topic)
         stats = d.stats
         for dp, _, fn in os.walk(tmp):
             for f in fn:
@@ -158,9 +172,14 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
             fsync_path(os.path.dirname(old), True)
             swapped.append(rel)
         checkpoint = _checkpoint_after_rebuild(root, cfg, parts, topic, d, backup) if swapped else {}
+    except BaseException:
+        if walked is not None:
+            walked.spill.remove()
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"rebuilt": swapped, "checkpoint": checkpoint, "records": stats.records, "cqUnits": stats.cq_units, "extUnits": stats.ext_units,
+    kept = {"_columns": walked.spill if walked is not None else None} if keep_columns else {}
+    return kept | {"rebuilt": swapped, "checkpoint": checkpoint, "records": stats.records, "cqUnits": stats.cq_units, "extUnits": stats.ext_units,
             "indexEntries": stats.index_entries, "from": start,
             "problems": [f.as_json() for f in getattr(d, "problems", [])]}  # records not dispatched, and why
 
