@@ -37,7 +37,7 @@ def _workers_path(monkeypatch):
     (engine/repair/rebuildwalk.py): that walk is left out here, so that these tests run the workers' path."""
     from rmqstore_cli.engine.repair import rebuildwalk
 
-    monkeypatch.setattr(rebuildwalk, "walk_once", lambda store, jobs: None)
+    monkeypatch.setattr(rebuildwalk, "_new_spill", lambda store: None)
 
 
 def _sequence(rng: random.Random, clean: bool) -> list[tuple]:

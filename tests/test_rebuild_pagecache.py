@@ -77,7 +77,7 @@ def test_workers_writeback_of_queue_units_changes_no_byte(tmp_path, monkeypatch)
 
     from rmqstore_cli.engine.repair import rebuild as rebuild_mod, rebuildwalk
 
-    monkeypatch.setattr(rebuildwalk, "walk_once", lambda store, jobs: None)  # the workers' path, not verify's walk
+    monkeypatch.setattr(rebuildwalk, "_new_spill", lambda store: None)  # the workers' path, not verify's walk
     monkeypatch.setattr(cqdirect, "WRITEBACK_BYTES", 1)
     monkeypatch.setattr(rebuild_mod, "_sync_file_range", lambda: record)
     root = copy_store("5.3.3-clean", tmp_path / "store")

@@ -119,9 +119,16 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
         dcfg = cfg.with_(messageIndexEnable=cfg.messageIndexEnable and "index" in parts)
         if (keep_columns and from_offset is None and topic is None and not cfg.enableConsumeQueueExt
                 and cfg.maxIndexNum >= 2 and not store.batch_topics()):
-            from .rebuildwalk import walk_once
+            from .rebuildwalk import ColumnsRefused, walk_and_dispatch
 
-            walked = walk_once(store, jobs)
+            d = Dispatcher(tmp, dcfg, index_namer=index_namer, batch_topics=store.batch_topics())
+            try:
+                walked = walk_and_dispatch(store, d, jobs, DispatchWriteback(d))
+            except ColumnsRefused:  # -j: the workers' way, as if the walk had not been made
+                pass
+            if walked is None:
+                shutil.rmtree(tmp)
+                os.makedirs(tmp)
         direct = (walked is None and jobs > 1 and from_offset is None and topic is None and not cfg.enableConsumeQueueExt and cfg.maxIndexNum >= 2
                   and not store.batch_topics() and cfg.mappedFileSizeConsumeQueue % CQ_UNIT_SIZE == 0
                   and len(store.commitlog.segments.segments) > 1)
@@ -141,14 +148,9 @@ def rebuild(store, what: str, *, topic: str | None = None, from_offset: int | No
                 shutil.rmtree(tmp)
                 os.makedirs(tmp)
                 direct = False
-        if not direct:
+        if not direct and walked is None:
             d = Dispatcher(tmp, dcfg, index_namer=index_namer, batch_topics=store.batch_topics())
-            if walked is not None:
-                from .rebuildwalk import dispatch_walked
-
-                dispatch_walked(store, d, walked, jobs, DispatchWriteback(d))
-            else:
-                _dispatch_all(store, d, jobs, start, topic)
+            _dispatch_all(store, d, jobs, start, topic)
         stats = d.stats
         for dp, _, fn in os.walk(tmp):
             for f in fn:

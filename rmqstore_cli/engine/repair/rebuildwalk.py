@@ -14,9 +14,10 @@ A segment's columns stand for rebuild's scan of it when verify found no invalid 
 without CRC; a record verify rejects is a record the two read differently). Records that need more than the
 columns (a tagsCode Java cannot compute, multi-dispatch units) leave their segment's columns unusable too. Such a
 segment is scanned by the rebuild itself, and read again by verify after it; the scan goes on into the next
-segment only after a BLANK, as one scan of the whole log does. With ``-j`` the columns are used only when they
-stand for every segment (else the workers parse the log as before: a parent scanning segments one by one would
-be the slowest part). Either way the same files.
+segment only after a BLANK, as one scan of the whole log does. Each segment is dispatched as soon as it is walked
+(with ``-j``, while the workers walk the next ones). With ``-j`` the main process scans at most one such segment
+itself; at the second, everything is built again the workers' way (rebuild.direct_requests): a main process
+scanning segments one by one would be the slowest part. Either way the same files.
 """
 
 from __future__ import annotations
@@ -25,54 +26,98 @@ import os
 
 from .dispatchspill import DispatchSpill, walk_rules
 
+MAX_SCANNED_HERE = 1  # with -j: segments the main process scans itself before it gives the workers the rebuild
+
+
+class ColumnsRefused(Exception):
+    """With ``-j``: too many segments' columns do not stand for the scan; the rebuild is made again the workers' way
+    (what was dispatched into the scratch folder is thrown away)."""
+
 
 class WalkedLog:
     """What verify's walk kept (``spill``) and how each segment ended: ``ends[i]`` = (valid records, an invalid
     record was found, it ended with a BLANK)."""
 
-    def __init__(self, spill: DispatchSpill, ends: dict):
-        self.spill, self.ends = spill, ends
+    def __init__(self, spill: DispatchSpill):
+        self.spill, self.ends = spill, {}
 
     def stands_for(self, i: int, seg_start: int) -> bool:
         """Whether segment ``i``'s columns are rebuild's scan of it."""
         return not self.ends[i][1] and self.spill.covers([seg_start])
 
-    def ended_with_blank(self, i: int) -> bool:
-        return self.ends[i][2]
+
+def walk_and_dispatch(store, d, jobs: int, writeback) -> WalkedLog | None:
+    """verify's walk of the whole log (``jobs`` > 1: in workers) keeping each segment's dispatch columns and verify's
+    outcome, every record dispatched by ``d`` (closed after) in log order as its segment comes in: from the columns
+    where they stand for rebuild's scan, else scanned here; on into the next segment only after a BLANK.
+    ``writeback``: rebuild.DispatchWriteback of ``d``. Returns what was kept (the spill's ``keep`` set: the caller
+    removes it after verify after), or None when no scratch folder could be made (nothing was dispatched). Raises
+    ColumnsRefused with ``jobs`` > 1 (see MAX_SCANNED_HERE)."""
+    cl = store.commitlog
+    segs = cl.segments.segments
+    spill = _new_spill(store) if segs and not getattr(cl, "is_dledger", False) else None
+    if spill is None:
+        d.close(flush=False)
+        return None
+    walked = WalkedLog(spill)
+    parallel = jobs > 1 and len(segs) > 1
+    spill.usable = True  # per segment: WalkedLog.stands_for, DispatchSpill.drop_segment
+    spill.segment_ids = parallel  # a worker's walk numbers each segment's topics on its own
+    dispatching, scanned = True, 0
+    walk = _walked_segments(cl, spill, jobs)
+    try:
+        for i, end in walk:
+            walked.ends[i] = end
+            if end[1]:  # an invalid record: verify's records there are not the scan's, read again by both
+                spill.drop_segment(segs[i].start)
+            if not dispatching:
+                continue  # the scan stopped before this segment: walked for verify after only
+            if walked.stands_for(i, segs[i].start):
+                for batch in spill.batches(segs[i].start):
+                    d.dispatch_many(batch)
+                    writeback.after(batch)
+                dispatching = end[2]
+            else:
+                scanned += 1
+                if parallel and scanned > MAX_SCANNED_HERE:
+                    raise ColumnsRefused(f"{scanned} segments need the rebuild's own scan")
+                dispatching = _scan_segment(cl, i, d, writeback)
+        spill.usable = set(walked.ends) == set(range(len(segs)))
+        d.flush(checkpoint=False)
+    except BaseException:
+        walk.close()  # the workers stopped now, before anyone builds again or removes what they write into
+        spill.remove()
+        raise
+    finally:
+        d.close(flush=False)
+    return walked
 
 
-def walk_once(store, jobs: int) -> WalkedLog | None:
-    """verify's walk of the whole log keeping each segment's dispatch columns and verify's outcome (the spill's
-    ``keep`` set: the caller removes it after verify after); None when nothing was kept or, with ``jobs`` > 1, the
-    columns do not stand for every segment."""
+def _new_spill(store) -> DispatchSpill | None:
     from .plan import store_fingerprint
 
     cl = store.commitlog
-    segs = cl.segments.segments
-    if not segs or getattr(cl, "is_dledger", False):
-        return None
-    spill = DispatchSpill.create(store.root, sum(s.size for s in segs))
-    if spill is None:
-        return None
-    spill.delay_table = cl.config.delay_table  # what verify's tagsCode of delay records used
-    spill.root, spill.fingerprint = os.path.abspath(store.root), store_fingerprint(store.root)
-    spill.rules = walk_rules(cl)
-    spill.keep = True
-    try:
-        ends = _walk_jobs(cl, spill, jobs) if jobs > 1 and len(segs) > 1 else _walk_here(cl, spill)
-        spill.finish()
-        spill.usable = set(ends) == set(range(len(segs)))  # every segment walked to its end
-        for i, (_, invalid, _) in ends.items():
-            if invalid:  # verify's records there are not the scan's: read again by both
-                spill.drop_segment(segs[i].start)
-        walked = WalkedLog(spill, ends)
-        if spill.usable and (jobs <= 1 or all(walked.stands_for(i, s.start) for i, s in enumerate(segs))):
-            return walked
-    except BaseException:
-        spill.remove()
-        raise
-    spill.remove()
-    return None
+    spill = DispatchSpill.create(store.root, sum(s.size for s in cl.segments.segments))
+    if spill is not None:
+        spill.delay_table = cl.config.delay_table  # what verify's tagsCode of delay records used
+        spill.root, spill.fingerprint = os.path.abspath(store.root), store_fingerprint(store.root)
+        spill.rules = walk_rules(cl)
+        spill.keep = True
+    return spill
+
+
+def _scan_segment(cl, i: int, d, writeback) -> bool:
+    """Segment ``i``'s records dispatched as rebuild's scan reads them (rebuild._dispatch_all); whether it ended with
+    a BLANK (the scan goes on into the next segment)."""
+    from ..log.commitlog import ScanResult
+
+    seg = cl.segments.segments[i]
+    res = ScanResult()
+    for chunk in cl.scan(start_index=i, end_index=i + 1, check_crc=False, result=res):
+        batch = d.requests_from_chunk(chunk)
+        d.dispatch_many(batch)
+        writeback.after(batch)
+    return res.stop is not None and res.stop.kind == "blank" and res.stop.segment is seg
 
 
 def _segment_end(rep) -> tuple:
@@ -80,18 +125,35 @@ def _segment_end(rep) -> tuple:
     return rep.records, bool(rep.invalid), bool(rep.ended_with_blank)
 
 
-def _walk_here(cl, spill: DispatchSpill) -> dict:
+def _walked_segments(cl, spill: DispatchSpill, jobs: int):
+    """(segment number, its end) of each segment in log order, once verify's walk of it is done and its columns and
+    outcome are in the spill (``jobs`` > 1: walked by workers, a few segments ahead)."""
+    segs = cl.segments.segments
+    if jobs > 1 and len(segs) > 1:
+        from rmqstore_cli.formats.warmup import warm_up
+
+        from ..parallel import stream_segments
+        from ..verify.commitlog import first_windows
+
+        warm_up()  # every kernel loaded once, before the fork
+        stream = stream_segments(_walk_segment, len(segs), jobs, cl, first_windows(cl), spill, balance=True)
+        try:
+            for i, kept, end in stream:
+                spill.merge_segment(segs[i].start, kept)
+                yield i, end
+        finally:
+            stream.close()  # the workers stopped (an early end: an error, ColumnsRefused)
+        return
     from ..verify.commitlog import iter_windows
 
     def sink(i, seg, buf, h, topics=None):
         spill.add(seg, h, topics)
 
-    ends = {}
     for rep in iter_windows(cl, chunk_sink=sink):
         if rep.last:
             spill.keep_outcome(rep)
-            ends[rep.segment] = _segment_end(rep)
-    return ends
+            spill.finish()  # the segment's file closed: whole
+            yield rep.segment, _segment_end(rep)
 
 
 def _walk_segment(i: int, cl, firsts: list, spill: DispatchSpill):
@@ -108,50 +170,3 @@ def _walk_segment(i: int, cl, firsts: list, spill: DispatchSpill):
             spill.keep_outcome(rep)
             end = _segment_end(rep)
     yield i, spill.finish_segment(cl.segments.segments[i].start), end
-
-
-def _walk_jobs(cl, spill: DispatchSpill, jobs: int) -> dict:
-    from rmqstore_cli.formats.warmup import warm_up
-
-    from ..parallel import stream_segments
-    from ..verify.commitlog import first_windows
-
-    segs = cl.segments.segments
-    warm_up()  # every kernel loaded once, before the fork
-    ends = {}
-    for i, kept, end in stream_segments(_walk_segment, len(segs), jobs, cl, first_windows(cl), spill, balance=True):
-        spill.merge_segment(segs[i].start, kept)
-        if end is not None:
-            ends[i] = end
-    spill.segment_ids = True  # a worker's walk numbers each segment's topics on its own
-    return ends
-
-
-def dispatch_walked(store, d, walked: WalkedLog, jobs: int, writeback) -> None:
-    """The records of the log dispatched by ``d`` (closed after) in log order: each segment from the columns verify's
-    walk kept where they stand for the scan, else scanned here; on into the next segment only after a BLANK, as one
-    scan of the whole log goes (rebuild._dispatch_all). ``writeback``: rebuild.DispatchWriteback of ``d``."""
-    from ..log.commitlog import ScanResult
-
-    def put(batch) -> None:
-        d.dispatch_many(batch)
-        writeback.after(batch)
-
-    try:
-        if jobs > 1 and d.index is not None:
-            d.index.use_idle_core()  # no worker runs now: a thread faults the index pages in ahead of the writes
-        for i, seg in enumerate(store.commitlog.segments.segments):
-            if walked.stands_for(i, seg.start):
-                for batch in walked.spill.batches(seg.start):
-                    put(batch)
-                blank = walked.ended_with_blank(i)
-            else:
-                res = ScanResult()
-                for chunk in store.commitlog.scan(start_index=i, end_index=i + 1, check_crc=False, result=res):
-                    put(d.requests_from_chunk(chunk))
-                blank = res.stop is not None and res.stop.kind == "blank" and res.stop.segment is seg
-            if not blank:
-                break
-        d.flush(checkpoint=False)
-    finally:
-        d.close(flush=False)
