@@ -50,32 +50,57 @@ def _cut_queue(case, topic: str, qid: int, keep: int) -> None:
         f.write(b"\0" * (size - at))
 
 
-def test_cut_queues_fed_check_and_broker_counts(tmp_path, used, monkeypatch):
-    """A crash (checkpoint zeroed: the whole log walked and re-dispatched) of a store whose queues were cut at seeded
-    places: -j 2 equals -j 1, the derived check answered from verify's workers, and each cut queue gains exactly the
-    units the broker had past the cut (its maxOffset in the broker's read-back)."""
+def _cut_crash(tmp_path, rng: random.Random, at_file_end: bool, monkeypatch) -> tuple:
+    """A crash (checkpoint zeroed: the whole log walked and re-dispatched) of a copy of 4.9.3-clean whose queues were
+    cut at seeded places (``at_file_end``: one of them right after a full file, its next file all zeros), recovered
+    with -j 1 and -j 2 (the same output and files); (the cuts, the broker's queue lengths, the plan)."""
     from rmqstore_cli.engine.repair import dispatchspill
 
     # the re-dispatch's own workers (not the columns the plan's walk keeps, tests/test_recover_dispatch_spill.py)
     monkeypatch.setattr(dispatchspill.DispatchSpill, "create", classmethod(lambda cls, *a: None))
-    print("seed", SEED)
-    rng = random.Random(SEED * 13 + 1)
     name = "4.9.3-clean"
     lengths = {(q["topic"], q["queueId"]): q["maxOffset"] for q in broker_read(name)["cq"]}
     case = copy_store(name, tmp_path / "case")
+    per_file = os.path.getsize(_queue_files(case, *next(iter(sorted(lengths))))[0]) // UNIT
+    keys = rng.sample(sorted(k for k, n in lengths.items() if n > 1), 3)
+    if at_file_end:  # the first one cut at the end of a full file
+        longer = sorted(k for k, n in lengths.items() if n > per_file)
+        keys = [rng.choice(longer)] + [k for k in keys if k not in longer][:2]
     cut = {}
-    for key in rng.sample(sorted(k for k, n in lengths.items() if n > 1), 3):
-        keep = rng.randrange(1, lengths[key])
+    for n, key in enumerate(keys):
+        if at_file_end and n == 0:
+            keep = per_file * rng.randrange(1, (lengths[key] - 1) // per_file + 1)
+        else:
+            keep = rng.choice([k for k in range(1, lengths[key]) if k % per_file])
         _cut_queue(case, *key, keep)
         cut[key] = keep
     add_crash(case, zero_checkpoint=True)
     code, out, err, _ = _same_with_jobs(case, tmp_path / "w", ["recover", "--json"])
     assert code in (0, 1), f"cuts {cut}: {err}"
-    gaining = _plan(out)["dispatch"]["queuesGaining"]
+    return cut, lengths, _plan(out)
+
+
+def test_cut_queues_fed_check_and_broker_counts(tmp_path, used, monkeypatch):
+    """Queues cut inside a file: -j 2 equals -j 1, the derived check answered from verify's workers, and each cut
+    queue gains exactly the units the broker had past the cut (its maxOffset in the broker's read-back)."""
+    print("seed", SEED)
+    cut, lengths, plan = _cut_crash(tmp_path, random.Random(SEED * 13 + 1), False, monkeypatch)
+    gaining = plan["dispatch"]["queuesGaining"]
     assert gaining == {f"{t}-{q}": lengths[(t, q)] - keep for (t, q), keep in sorted(cut.items())}, cut
     assert used["walk"] and used["dispatch"], used
     assert used["fed"] and not used["derived"] - used["fed"], used  # no walk of the derived check's own
     assert used["pruned"], used  # the re-dispatch's workers left out units the queues held
+
+
+def test_queue_cut_after_a_full_file_broker_counts(tmp_path, used, monkeypatch):
+    """A queue cut right after a full file (its next file all zeros): the plan's view of that queue can move during
+    the walk (the derived check then walks on its own instead of taking verify's workers' answer, a seed found it);
+    -j 2 still equals -j 1 and each cut queue gains exactly the broker's units past the cut."""
+    print("seed", SEED)
+    cut, lengths, plan = _cut_crash(tmp_path, random.Random(SEED * 13 + 4), True, monkeypatch)
+    gaining = plan["dispatch"]["queuesGaining"]
+    assert gaining == {f"{t}-{q}": lengths[(t, q)] - keep for (t, q), keep in sorted(cut.items())}, cut
+    assert used["walk"] and used["dispatch"] and used["derived"], used
 
 
 def test_invalid_record_before_the_end_takes_the_checks_own_walk(tmp_path, used):
