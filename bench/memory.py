@@ -110,7 +110,7 @@ def run_sampled(cmd: list[str], *, stdout=subprocess.DEVNULL, cwd: str | None = 
                 after = _command_name(w)
                 if wv is not None and before is not None and after is not None:
                     state["workers"].add(w)
-                    key = "jvm_peak" if "java" in (before, after) else "worker_peak"
+                    key = "jvm_peak" if _is_jvm(before) or _is_jvm(after) else "worker_peak"
                     state[key] = max(state[key], wv)
                     if kill_above is not None and wv > kill_above and not state["killed_rss"]:
                         state["killed_rss"] = True
@@ -135,9 +135,31 @@ def run_sampled(cmd: list[str], *, stdout=subprocess.DEVNULL, cwd: str | None = 
 
 
 def _command_name(pid: int) -> str | None:
-    """``/proc/PID/comm`` (``java`` for a JVM), or None once the process is gone."""
+    """``/proc/PID/comm`` and the name of the program the process runs (``/proc/PID/exe``), or None once the process
+    is gone. A child a JVM thread has just forked (to start a Python worker) shares the JVM's memory, so its RssAnon
+    is the JVM's, and is named after that thread (``Executor task l``) until it runs its own program; its program is
+    still java, so it is judged a JVM."""
+    comm = _comm(pid)
+    if comm is None:
+        return None
+    return f"{comm} {_program(pid)}".strip()
+
+
+def _comm(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/comm") as f:
             return f.read().strip()
     except OSError:
         return None
+
+
+def _program(pid: int) -> str:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return ""
+
+
+def _is_jvm(name: str) -> bool:
+    """``java`` as the process's name (a JVM started by a script that execs it) or as its program."""
+    return "java" in name.split()

@@ -87,6 +87,22 @@ def test_sampler_counts_no_worker_for_a_process_gone_while_sampled(monkeypatch):
         c.worker_rss_anon_peak, c.jvm_rss_anon_peak)
 
 
+def test_sampler_judges_a_child_a_jvm_thread_forked_as_the_jvm(monkeypatch):
+    """A child a JVM thread has just forked shares the JVM's memory (its RssAnon is the JVM's) and carries the thread's
+    name (``Executor task l``) until it runs Python: its program, java, makes it the JVM's reading, not a worker's.
+    Here a made-up descendant with that name, that program and 400 MB."""
+    forked = 1 << 30  # no such process
+    real_descendants, real_rss, real_comm, real_program = (memory.descendants, memory.rss_anon_bytes, memory._comm,
+                                                           memory._program)
+    monkeypatch.setattr(memory, "descendants", lambda pid: real_descendants(pid) + [forked])
+    monkeypatch.setattr(memory, "rss_anon_bytes", lambda pid: 400 << 20 if pid == forked else real_rss(pid))
+    monkeypatch.setattr(memory, "_comm", lambda pid: "Executor task l" if pid == forked else real_comm(pid))
+    monkeypatch.setattr(memory, "_program", lambda pid: "java" if pid == forked else real_program(pid))
+    c = memory.run_sampled([PY, "-c", IDLE])
+    assert c.returncode == 0 and c.jvm_rss_anon_peak == 400 << 20, c.jvm_rss_anon_peak
+    assert c.worker_rss_anon_peak < 300 << 20, c.worker_rss_anon_peak
+
+
 def test_timeout_and_memory_cap_are_failures():
     c = memory.run_sampled([PY, "-c", "import time; time.sleep(30)"], timeout=0.5)
     assert c.timed_out and c.returncode != 0
