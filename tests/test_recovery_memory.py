@@ -218,3 +218,27 @@ def test_crash_plan_builds_no_whole_record_table(store_copy):
             from rmqstore_cli.engine.repair.derived import record_table
 
             assert t.times() == record_table(st, planner.end).times()
+
+
+@pytest.mark.parametrize("unit", [0, 1, "last"])
+def test_a_unit_with_a_negative_phy_offset_plans_like_the_whole_table(tmp_path, monkeypatch, unit):
+    """A queue unit whose phyOffset is negative (garbage, as seed 405940158 of the test above wrote) is no record the
+    cleaner deleted: the windowed check leaves the decision to the whole table (CQ_NO_RECORD), and the plan is the
+    same either way, under both brokers' rules."""
+    import struct
+
+    from tests.conftest import copy_store
+
+    root = copy_store("5.3.3-clean", tmp_path / "store")
+    queue = sorted((root / "consumequeue").rglob("*"), key=lambda p: (-p.stat().st_size if p.is_file() else 0, str(p)))
+    path = next(p for p in queue if p.is_file() and p.name.isdigit())
+    data = bytearray(path.read_bytes())
+    used = [i for i in range(len(data) // 20) if struct.unpack_from(">qi", data, i * 20)[1] > 0]
+    i = used[-1] if unit == "last" else used[unit]
+    struct.pack_into(">qiq", data, i * 20, -5743336843260484454, 526398404, 4728716397051162048)
+    os.chmod(path, 0o644)
+    path.write_bytes(bytes(data))
+    for version in (4, 5):
+        whole, _ = _plan_json(str(root), version, True, monkeypatch)
+        windowed, _ = _plan_json(str(root), version, False, monkeypatch)
+        assert windowed == whole, (path.name, i, version)

@@ -134,7 +134,11 @@ class WindowedCheck:
                 phy = units["phyOffset"].astype(np.int64)
                 first_real, real = real_units(first, units, phy, first_real)
                 if len(bounds):
-                    real = real[real >= bounds[0]]  # behind the commitlog's first file: deleted by the cleaner
+                    behind = real < bounds[0]
+                    if behind.any():
+                        if (real < 0).any():
+                            return None  # a negative phyOffset is no record the cleaner deleted: CQ_NO_RECORD
+                        real = real[~behind]  # behind the commitlog's first file: deleted by the cleaner
                 span = window_span(real, bounds, limits, wbounds)
                 if span is None:
                     return None  # a unit points where no segment of the recovered log is: CQ_NO_RECORD
