@@ -206,38 +206,9 @@ def _string_end_escape(u8, p, e):
 
 
 @_inline
-def _int_end(u8, p, e):
-    """End of a JSON integer of at most 18 digits at ``p`` (no fraction/exponent), else -1."""
-    q = p
-    if q < e and u8[q] == 45:
-        q += 1
-    d = q
-    while q < e and 48 <= u8[q] <= 57:
-        q += 1
-    n = q - d
-    if n == 0 or n > 18 or (n > 1 and u8[d] == 48):
-        return -1
-    if q < e and (u8[q] == 46 or u8[q] == 101 or u8[q] == 69):
-        return -1
-    return q
-
-
-@_inline
-def _int_value(u8, p, q):
-    neg = u8[p] == 45
-    if neg:
-        p += 1
-    v = np.int64(0)
-    while p < q:
-        v = v * 10 + (u8[p] - 48)
-        p += 1
-    return -v if neg else v
-
-
-@_inline
 def _int_read(u8, p, e):
-    """(end, value) of a JSON integer of at most 18 digits at ``p`` (no fraction/exponent) in one pass, else
-    (-1, 0): what :func:`_int_end` then :func:`_int_value` give."""
+    """(end, value) of a JSON integer of at most 18 digits at ``p`` (no fraction/exponent, no leading zero) in one
+    pass, else (-1, 0)."""
     q = p
     neg = q < e and u8[q] == 45
     if neg:
@@ -256,3 +227,9 @@ def _int_read(u8, p, e):
     if q < e and (u8[q] == 46 or u8[q] == 101 or u8[q] == 69):
         return -1, np.int64(0)
     return q, -v if neg else v
+
+
+@_inline
+def _int_end(u8, p, e):
+    """End of a JSON integer of at most 18 digits at ``p`` (:func:`_int_read`'s rule), else -1."""
+    return _int_read(u8, p, e)[0]
